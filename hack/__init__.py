@@ -1,0 +1,1 @@
+"""Development tooling: building the real binaries and running the local environment."""

@@ -1,0 +1,209 @@
+"""Build and cache, by version, the real binaries the tests and the local environment run.
+
+Every binary comes from Go modules through the Go toolchain:
+
+* Headscale and Tailscale allow ``go install module/cmd@version``.
+* kube-apiserver and kube-controller-manager live in ``k8s.io/kubernetes``, whose go.mod
+  points its staging modules at ``./staging``; a throwaway module replaces each of them with
+  the published ``k8s.io/<name> v0.<minor>.<patch>`` and builds the commands from there.
+* etcd's server module replaces its siblings with relative paths, so it gets a throwaway
+  module of its own.
+
+Binaries land in ``<cache>/bin/<component>-<version>/``; a component whose binaries are all
+present is not rebuilt, so a second run takes seconds.
+
+Usage: ``python -m hack.binaries [build|path COMPONENT|list]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hack import versions
+
+
+class MissingToolError(RuntimeError):
+    """A prerequisite that the project cannot install by itself is absent."""
+
+
+def cache_root() -> Path:
+    """The per-user cache directory for everything this project builds."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tailnet-operator"
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    version: str
+    binaries: tuple[str, ...]
+
+    @property
+    def directory(self) -> Path:
+        return cache_root() / "bin" / f"{self.name}-{self.version}"
+
+    def path(self, binary: str) -> Path:
+        return self.directory / binary
+
+    def is_built(self) -> bool:
+        return all(self.path(b).is_file() for b in self.binaries)
+
+
+KUBERNETES = Component("kubernetes", versions.KUBERNETES, ("kube-apiserver", "kube-controller-manager"))
+ETCD = Component("etcd", versions.ETCD, ("etcd",))
+HEADSCALE = Component("headscale", versions.HEADSCALE, ("headscale",))
+TAILSCALE = Component("tailscale", versions.TAILSCALE, ("tailscaled", "tailscale"))
+COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE)
+
+_MIN_GO = (1, 26)
+
+
+def binary(name: str) -> Path:
+    """The cached path of one binary, building its component first when it is missing."""
+    for component in COMPONENTS:
+        if name in component.binaries:
+            if not component.is_built():
+                build(component)
+            return component.path(name)
+    raise KeyError(f"unknown binary {name!r}")
+
+
+def require_go() -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise MissingToolError("Go >= 1.26 is required to build the test binaries: install it from go.dev/dl")
+    out = subprocess.run([go, "version"], capture_output=True, text=True, check=True).stdout
+    match = re.search(r"go(\d+)\.(\d+)", out)
+    if match is None or (int(match[1]), int(match[2])) < _MIN_GO:
+        raise MissingToolError(f"Go >= 1.26 is required, found: {out.strip()}")
+    return go
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+    full_env = {**os.environ, "GOFLAGS": "-mod=mod", "GOWORK": "off", **(env or {})}
+    proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+def _install_into(component: Component, staging: Path) -> None:
+    """Move freshly built binaries into the versioned cache directory atomically."""
+    component.directory.parent.mkdir(parents=True, exist_ok=True)
+    final = component.directory
+    if final.exists():
+        shutil.rmtree(final)
+    staging.rename(final)
+
+
+def _build_go_install(component: Component, packages: list[str]) -> None:
+    go = require_go()
+    staging = Path(tempfile.mkdtemp(prefix=f".{component.name}-", dir=cache_root()))
+    for package in packages:
+        _run([go, "install", "-trimpath", f"{package}@v{component.version}"], cwd=staging,
+             env={"GOBIN": str(staging), "CGO_ENABLED": "0"})
+    _install_into(component, staging)
+
+
+def _throwaway_module(go: str, workdir: Path) -> None:
+    _run([go, "mod", "init", "local/testbinaries"], cwd=workdir)
+
+
+def _module_gomod(go: str, module: str, version: str, cwd: Path) -> str:
+    info = json.loads(_run([go, "mod", "download", "-json", f"{module}@{version}"], cwd=cwd))
+    return Path(info["GoMod"]).read_text()
+
+
+def _build_kubernetes(component: Component) -> None:
+    go = require_go()
+    version = component.version
+    minor_patch = version.split(".", 1)[1]
+    with tempfile.TemporaryDirectory(prefix="k8s-build-") as tmp:
+        work = Path(tmp)
+        _throwaway_module(go, work)
+        gomod = _module_gomod(go, "k8s.io/kubernetes", f"v{version}", work)
+        staged = sorted(set(re.findall(r"(k8s\.io/[a-z0-9-]+) => \./staging", gomod)))
+        with (work / "go.mod").open("a") as f:
+            for module in staged:
+                f.write(f"replace {module} => {module} v0.{minor_patch}\n")
+        _run([go, "get", f"k8s.io/kubernetes@v{version}"], cwd=work)
+        major, minor = version.split(".")[:2]
+        ldflags = (
+            "-s -w"
+            f" -X k8s.io/component-base/version.gitVersion=v{version}"
+            f" -X k8s.io/component-base/version.gitMajor={major}"
+            f" -X k8s.io/component-base/version.gitMinor={minor}"
+        )
+        staging = Path(tempfile.mkdtemp(prefix=".kubernetes-", dir=cache_root()))
+        for binary_name in component.binaries:
+            _run([go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(staging / binary_name),
+                  f"k8s.io/kubernetes/cmd/{binary_name}"], cwd=work, env={"CGO_ENABLED": "0"})
+        _install_into(component, staging)
+
+
+def _build_etcd(component: Component) -> None:
+    go = require_go()
+    with tempfile.TemporaryDirectory(prefix="etcd-build-") as tmp:
+        work = Path(tmp)
+        _throwaway_module(go, work)
+        _run([go, "get", f"go.etcd.io/etcd/server/v3@v{component.version}"], cwd=work)
+        staging = Path(tempfile.mkdtemp(prefix=".etcd-", dir=cache_root()))
+        _run([go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(staging / "etcd"),
+              "go.etcd.io/etcd/server/v3"], cwd=work, env={"CGO_ENABLED": "0"})
+        _install_into(component, staging)
+
+
+def build(component: Component) -> float:
+    """Build one component unless its binaries are cached; return the seconds it took."""
+    if component.is_built():
+        return 0.0
+    cache_root().mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    print(f"building {component.name} {component.version} ...", file=sys.stderr, flush=True)
+    if component is KUBERNETES:
+        _build_kubernetes(component)
+    elif component is ETCD:
+        _build_etcd(component)
+    elif component is HEADSCALE:
+        _build_go_install(component, ["github.com/juanfont/headscale/cmd/headscale"])
+    elif component is TAILSCALE:
+        _build_go_install(component, ["tailscale.com/cmd/tailscaled", "tailscale.com/cmd/tailscale"])
+    elapsed = time.monotonic() - started
+    print(f"built {component.name} {component.version} in {elapsed:.0f}s -> {component.directory}",
+          file=sys.stderr, flush=True)
+    return elapsed
+
+
+def main(argv: list[str]) -> int:
+    command = argv[0] if argv else "build"
+    try:
+        if command == "build":
+            total = sum(build(c) for c in COMPONENTS)
+            print(f"all binaries ready under {cache_root() / 'bin'} ({total:.0f}s spent building)",
+                  file=sys.stderr)
+        elif command == "path" and len(argv) == 2:
+            print(binary(argv[1]))
+        elif command == "list":
+            for component in COMPONENTS:
+                state = "cached" if component.is_built() else "missing"
+                print(f"{component.name:12} {component.version:10} {state:8} {component.directory}")
+        else:
+            print("usage: python -m hack.binaries [build | path BINARY | list]", file=sys.stderr)
+            return 2
+    except MissingToolError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
