@@ -2,12 +2,12 @@
 
 Every binary comes from Go modules through the Go toolchain:
 
-* Headscale and Tailscale allow ``go install module/cmd@version``.
+* Headscale, Tailscale and etcd are built from a throwaway module that requires the exact
+  version (etcd's server module replaces its siblings with relative paths, which rules out
+  ``go install``; for the others it avoids the version-list lookup ``go install`` makes).
 * kube-apiserver and kube-controller-manager live in ``k8s.io/kubernetes``, whose go.mod
   points its staging modules at ``./staging``; a throwaway module replaces each of them with
   the published ``k8s.io/<name> v0.<minor>.<patch>`` and builds the commands from there.
-* etcd's server module replaces its siblings with relative paths, so it gets a throwaway
-  module of its own.
 
 Binaries land in ``<cache>/bin/<component>-<version>/``; a component whose binaries are all
 present is not rebuilt, so a second run takes seconds.
@@ -58,7 +58,9 @@ class Component:
         return all(self.path(b).is_file() for b in self.binaries)
 
 
-KUBERNETES = Component("kubernetes", versions.KUBERNETES, ("kube-apiserver", "kube-controller-manager"))
+KUBERNETES = Component(
+    "kubernetes", versions.KUBERNETES, ("kube-apiserver", "kube-controller-manager", "kubectl")
+)
 ETCD = Component("etcd", versions.ETCD, ("etcd",))
 HEADSCALE = Component("headscale", versions.HEADSCALE, ("headscale",))
 TAILSCALE = Component("tailscale", versions.TAILSCALE, ("tailscaled", "tailscale"))
@@ -105,13 +107,24 @@ def _install_into(component: Component, staging: Path) -> None:
     staging.rename(final)
 
 
-def _build_go_install(component: Component, packages: list[str]) -> None:
+def _build_from_module(component: Component, module: str, packages: dict[str, str],
+                       ldflags: str = "-s -w") -> None:
+    """Build ``packages`` (binary name -> import path) of ``module@v<version>`` in a throwaway module.
+
+    ``go install pkg@version`` would be simpler, but it also asks the proxy for the module's
+    version list (to report deprecations), which a proxy may refuse; requiring the exact
+    version from a throwaway module needs only that version's files.
+    """
     go = require_go()
-    staging = Path(tempfile.mkdtemp(prefix=f".{component.name}-", dir=cache_root()))
-    for package in packages:
-        _run([go, "install", "-trimpath", f"{package}@v{component.version}"], cwd=staging,
-             env={"GOBIN": str(staging), "CGO_ENABLED": "0"})
-    _install_into(component, staging)
+    with tempfile.TemporaryDirectory(prefix=f"{component.name}-build-") as tmp:
+        work = Path(tmp)
+        _throwaway_module(go, work)
+        _run([go, "get", f"{module}@v{component.version}"], cwd=work)
+        staging = Path(tempfile.mkdtemp(prefix=f".{component.name}-", dir=cache_root()))
+        for binary_name, package in packages.items():
+            _run([go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(staging / binary_name), package],
+                 cwd=work, env={"CGO_ENABLED": "0"})
+        _install_into(component, staging)
 
 
 def _throwaway_module(go: str, workdir: Path) -> None:
@@ -150,18 +163,6 @@ def _build_kubernetes(component: Component) -> None:
         _install_into(component, staging)
 
 
-def _build_etcd(component: Component) -> None:
-    go = require_go()
-    with tempfile.TemporaryDirectory(prefix="etcd-build-") as tmp:
-        work = Path(tmp)
-        _throwaway_module(go, work)
-        _run([go, "get", f"go.etcd.io/etcd/server/v3@v{component.version}"], cwd=work)
-        staging = Path(tempfile.mkdtemp(prefix=".etcd-", dir=cache_root()))
-        _run([go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(staging / "etcd"),
-              "go.etcd.io/etcd/server/v3"], cwd=work, env={"CGO_ENABLED": "0"})
-        _install_into(component, staging)
-
-
 def build(component: Component) -> float:
     """Build one component unless its binaries are cached; return the seconds it took."""
     if component.is_built():
@@ -172,11 +173,13 @@ def build(component: Component) -> float:
     if component is KUBERNETES:
         _build_kubernetes(component)
     elif component is ETCD:
-        _build_etcd(component)
+        _build_from_module(component, "go.etcd.io/etcd/server/v3", {"etcd": "go.etcd.io/etcd/server/v3"})
     elif component is HEADSCALE:
-        _build_go_install(component, ["github.com/juanfont/headscale/cmd/headscale"])
+        _build_from_module(component, "github.com/juanfont/headscale",
+                           {"headscale": "github.com/juanfont/headscale/cmd/headscale"})
     elif component is TAILSCALE:
-        _build_go_install(component, ["tailscale.com/cmd/tailscaled", "tailscale.com/cmd/tailscale"])
+        _build_from_module(component, "tailscale.com", {
+            "tailscaled": "tailscale.com/cmd/tailscaled", "tailscale": "tailscale.com/cmd/tailscale"})
     elapsed = time.monotonic() - started
     print(f"built {component.name} {component.version} in {elapsed:.0f}s -> {component.directory}",
           file=sys.stderr, flush=True)

@@ -1,0 +1,57 @@
+# The developer entry points. `make run` and `make test` set up everything they need.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: run test unit lint manifests binaries prereqs e2e bench clean help
+
+help:
+	@echo "make run        start the local environment and run the operator against it (Ctrl-C stops)"
+	@echo "make test       lint, type-check and run every test against the real binaries"
+	@echo "make unit       only the fast tests (no processes)"
+	@echo "make manifests  regenerate manifests/crd from tailnet_operator/api"
+	@echo "make binaries   build and cache etcd, kube-apiserver, Headscale and tailscaled"
+	@echo "make e2e        the end-to-end suite against a kind cluster (needs Docker)"
+
+prereqs:
+	@hack/prereqs.sh
+
+$(VENV)/.installed: pyproject.toml requirements.lock | prereqs
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	@$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $@
+
+venv: $(VENV)/.installed
+
+binaries: prereqs
+	@$(PYTHON) -m hack.binaries build
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+manifests: $(VENV)/.installed
+	$(PY) -m hack.codegen
+
+unit: $(VENV)/.installed
+	$(VENV)/bin/pytest unit_tests -q $(PYTEST_ARGS)
+
+test: $(VENV)/.installed binaries lint
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+run: $(VENV)/.installed binaries
+	@$(PY) -m hack.localenv
+
+e2e:
+	@command -v docker >/dev/null && docker info >/dev/null 2>&1 || \
+	  { echo "error: make e2e runs against kind and needs a running Docker engine; 'make test' runs the same flows against the local environment" >&2; exit 1; }
+	@command -v kind >/dev/null || { echo "error: install kind (sigs.k8s.io/kind) for make e2e" >&2; exit 1; }
+	E2E_KUBECONFIG=$$(mktemp) && kind create cluster --name tailnet-e2e --kubeconfig $$E2E_KUBECONFIG && \
+	  TAILNET_E2E_KUBECONFIG=$$E2E_KUBECONFIG $(VENV)/bin/pytest e2e -m e2e; rc=$$?; \
+	  kind delete cluster --name tailnet-e2e; exit $$rc
+
+clean:
+	rm -rf $(VENV) _artifacts .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,158 @@
+"""Fixtures that start the real components on 127.0.0.1.
+
+* ``environment`` (session): owns the run directory and every process; its ``logs/`` folder
+  is named in the report of any failing test.
+* ``control_plane`` (session): etcd + kube-apiserver + kube-controller-manager.
+* ``headscale`` (per test, fresh database) and ``module_headscale`` (per module).
+* ``tailscale_nodes`` (per test): a factory of tailscaled nodes, stopped after the test.
+* ``site_host`` (per test): a factory of hosts in network namespaces.
+
+After the session, any process of this run that is still alive fails the run and is killed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import signal
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from hack.localenv import (
+    ControlPlane,
+    Environment,
+    Headscale,
+    SiteHost,
+    TailscaleNode,
+    marked_processes,
+    netns_available,
+)
+
+_ARTIFACTS = Path(__file__).resolve().parent.parent / "_artifacts" / "test-runs"
+_environment: Environment | None = None
+
+
+def _session_environment() -> Environment:
+    global _environment
+    if _environment is None:
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        root = _ARTIFACTS / f"{stamp}-{os.getpid()}"
+        _environment = Environment(root, run_id=f"pytest-{stamp}-{os.getpid()}")
+    return _environment
+
+
+@pytest.fixture(scope="session")
+def environment() -> Iterator[Environment]:
+    env = _session_environment()
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+@pytest.fixture(scope="session")
+def control_plane(environment: Environment) -> ControlPlane:
+    return environment.control_plane()
+
+
+@pytest.fixture
+def headscale(environment: Environment) -> Iterator[Headscale]:
+    server = environment.headscale()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def module_headscale(environment: Environment) -> Iterator[Headscale]:
+    server = environment.headscale()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+TailscaleFactory = Callable[..., TailscaleNode]
+
+
+@pytest.fixture
+def tailscale_nodes(environment: Environment) -> Iterator[TailscaleFactory]:
+    """``tailscale_nodes(hostname, headscale, authkey=..., advertise_routes=[...], accept_routes=...)``."""
+    started: list[TailscaleNode] = []
+
+    def start(hostname: str, headscale: Headscale, *, authkey: str | None = None,
+              advertise_routes: Sequence[str] = (), accept_routes: bool = False) -> TailscaleNode:
+        node = environment.tailscale_node(hostname, headscale, authkey=authkey,
+                                          advertise_routes=advertise_routes, accept_routes=accept_routes)
+        started.append(node)
+        return node
+
+    try:
+        yield start
+    finally:
+        for node in started:
+            node.stop()
+
+
+@pytest.fixture
+def site_host(environment: Environment) -> Iterator[Callable[[], SiteHost]]:
+    """A factory of hosts in network namespaces; needs root and iproute2."""
+    reason = netns_available()
+    if reason is not None:
+        pytest.skip(f"network namespaces unavailable: {reason}")
+    made: list[SiteHost] = []
+
+    def create() -> SiteHost:
+        host = environment.site_host()
+        made.append(host)
+        return host
+
+    try:
+        yield create
+    finally:
+        for host in made:
+            host.destroy()
+
+
+# -- reporting and the leak check ---------------------------------------------------------------
+
+_failed = False
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    report = yield
+    global _failed
+    if report.failed and _environment is not None:
+        _failed = True
+        report.sections.append(("component logs", f"logs of every component: {_environment.log_dir}"))
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _environment is None:
+        return
+    _environment.close()
+    survivors = list(marked_processes(_environment.run_id))
+    for pid, _ in survivors:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if survivors:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        lines = "\n".join(f"  pid {pid}: {cmd}" for pid, cmd in survivors)
+        if reporter is not None:
+            reporter.write_line(f"LEAK: processes started by the tests outlived them:\n{lines}", red=True)
+    elif reporter is not None:
+        reporter.write_line(f"leak check: no process of run {_environment.run_id} is left running")
+    if _failed or survivors or exitstatus != 0:
+        if reporter is not None:
+            reporter.write_line(f"component logs kept in {_environment.log_dir}")
+    else:
+        shutil.rmtree(_environment.root, ignore_errors=True)

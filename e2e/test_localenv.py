@@ -1,0 +1,106 @@
+"""The local environment itself: real tailscaled nodes on a real Headscale, real namespaces."""
+
+from __future__ import annotations
+
+import http.server
+import sys
+import threading
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hack.localenv import Environment, Headscale, ManagedProcess, SiteHost, marked_processes, wait_until
+
+from .conftest import TailscaleFactory
+
+pytestmark = pytest.mark.integration
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = f"hello from {self.server.server_address[1]} path {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def local_http_server() -> Iterator[int]:
+    """An HTTP server on 127.0.0.1 (the 'other side' of a userspace tailscaled)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _get_via(proxy: str, url: str, timeout: float = 5.0) -> str:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy}))
+    with opener.open(url, timeout=timeout) as resp:
+        return str(resp.read().decode())
+
+
+def test_two_nodes_join_see_each_other_and_carry_tcp(
+    headscale: Headscale, tailscale_nodes: TailscaleFactory, local_http_server: int
+) -> None:
+    user = headscale.create_user("env-test")
+    key = headscale.create_preauth_key(user_id=user["id"], reusable=True)
+    client = tailscale_nodes("client", headscale, authkey=key)
+    server = tailscale_nodes("server", headscale, authkey=key, advertise_routes=["198.18.250.0/24"])
+
+    wait_until(lambda: client.sees("server") and server.sees("client"), timeout=30,
+               what="the two nodes to see each other")
+    url = f"http://{server.ipv4()}:{local_http_server}/over-the-tailnet"
+    body = wait_until(lambda: _get_via(client.http_proxy, url), timeout=30,
+                      what=f"GET {url} through the client's tailnet proxy")
+    assert body == f"hello from {local_http_server} path /over-the-tailnet"
+
+    names = sorted(n["givenName"] for n in headscale.nodes())
+    assert names == ["client", "server"]
+    server_node = headscale.node_by_name("server")
+    assert server_node is not None
+    assert "198.18.250.0/24" in server_node.get("availableRoutes", [])
+    assert "198.18.250.0/24" not in server_node.get("approvedRoutes", [])
+
+
+def test_approved_subnet_route_reaches_a_host_in_a_namespace(
+    headscale: Headscale, tailscale_nodes: TailscaleFactory, site_host: Callable[[], SiteHost]
+) -> None:
+    host = site_host()
+    host.run("http", [sys.executable, "-m", "http.server", "--bind", host.address, "8080"])
+    user = headscale.create_user("site-test")
+    key = headscale.create_preauth_key(user_id=user["id"], reusable=True)
+    router = tailscale_nodes("router", headscale, authkey=key, advertise_routes=[host.subnet])
+    client = tailscale_nodes("laptop", headscale, authkey=key, accept_routes=True)
+    url = f"http://{host.address}:8080/"
+
+    with pytest.raises(OSError):
+        _get_via(client.http_proxy, url, timeout=3)  # not approved yet: no route on the tailnet
+
+    node = headscale.node_by_name("router")
+    assert node is not None
+    approved = headscale.approve_routes(node["id"], [host.subnet])
+    assert host.subnet in approved["approvedRoutes"]
+    body = wait_until(lambda: _get_via(client.http_proxy, url), timeout=30,
+                      what=f"GET {url} through the subnet router")
+    assert "Directory listing" in body
+
+
+def test_leak_check_finds_a_running_process_and_not_a_stopped_one(tmp_path: Path) -> None:
+    env = Environment(tmp_path, run_id="leakcheck-selftest")
+    proc = ManagedProcess("sleeper", ["sleep", "300"], log_dir=env.log_dir, run_id=env.run_id)
+    proc.start()
+    try:
+        assert [pid for pid, _ in marked_processes(env.run_id)] == [proc.pid]
+    finally:
+        proc.stop()
+    assert list(marked_processes(env.run_id)) == []

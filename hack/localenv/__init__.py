@@ -1,0 +1,111 @@
+"""The local environment: real etcd, kube-apiserver, kube-controller-manager, Headscale and
+tailscaled processes on 127.0.0.1, for the tests and for ``make run``.
+
+An :class:`Environment` owns one run directory (state, certificates and a ``logs/`` folder)
+and every process started through it; ``close()`` stops them all, in reverse order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import tempfile
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from ._process import RUN_MARKER, EnvironmentStartError, ManagedProcess, free_port, marked_processes, wait_until
+from .controlplane import ControlPlane
+from .headscale import Headscale, HeadscaleError
+from .netns import SiteHost, netns_available
+from .tailscale import TailscaleNode
+
+__all__ = [
+    "RUN_MARKER",
+    "ControlPlane",
+    "Environment",
+    "EnvironmentStartError",
+    "Headscale",
+    "HeadscaleError",
+    "ManagedProcess",
+    "SiteHost",
+    "TailscaleNode",
+    "free_port",
+    "marked_processes",
+    "netns_available",
+    "wait_until",
+]
+
+
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+class Environment:
+    """Starts components under one run directory and stops every one of them on ``close()``."""
+
+    def __init__(self, root: Path | None = None, *, run_id: str | None = None) -> None:
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.root = root or Path(tempfile.mkdtemp(prefix=f"tailnet-env-{self.run_id}-"))
+        self.log_dir = self.root / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._owned: list[_Stoppable | SiteHost] = []
+        self._names = itertools.count(1)
+
+    def control_plane(self) -> ControlPlane:
+        plane = ControlPlane(self._dir("controlplane"), log_dir=self.log_dir, run_id=self.run_id)
+        self._owned.append(plane)
+        return plane.start()
+
+    def headscale(self, name: str | None = None) -> Headscale:
+        name = name or f"headscale-{next(self._names)}"
+        server = Headscale(self._dir(name), log_dir=self.log_dir, run_id=self.run_id, name=name)
+        self._owned.append(server)
+        return server.start()
+
+    def tailscale_node(self, hostname: str, headscale: Headscale, *, authkey: str | None = None,
+                       advertise_routes: Sequence[str] = (), accept_routes: bool = False) -> TailscaleNode:
+        """A started tailscaled; joined to ``headscale`` when an ``authkey`` is given."""
+        node = TailscaleNode(hostname, self._dir(f"tailscale-{hostname}"), headscale=headscale,
+                             log_dir=self.log_dir, run_id=self.run_id)
+        self._owned.append(node)
+        node.start()
+        if authkey is not None:
+            node.up(authkey, advertise_routes=advertise_routes, accept_routes=accept_routes)
+        return node
+
+    def site_host(self) -> SiteHost:
+        host = SiteHost(log_dir=self.log_dir, run_id=self.run_id)
+        self._owned.append(host)
+        return host.create()
+
+    def close(self) -> None:
+        while self._owned:
+            item = self._owned.pop()
+            with contextlib.suppress(Exception):
+                if isinstance(item, SiteHost):
+                    item.destroy()
+                else:
+                    item.stop()
+
+    def survivors(self) -> list[tuple[int, str]]:
+        """Processes of this run that are still alive (none after ``close()``)."""
+        return list(marked_processes(self.run_id))
+
+    def _dir(self, name: str) -> Path:
+        path = self.root / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def __enter__(self) -> Environment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def default_root() -> Path:
+    """Where ``make run`` keeps its environment: ``$TAILNET_LOCALENV_DIR`` or ``./_artifacts/localenv``."""
+    return Path(os.environ.get("TAILNET_LOCALENV_DIR", "_artifacts/localenv")).resolve()

@@ -1,0 +1,161 @@
+"""``make run``: the local environment plus the operator, in the foreground until Ctrl-C.
+
+It starts a control plane and a Headscale under ``_artifacts/localenv`` (or
+``$TAILNET_LOCALENV_DIR``), installs the CRDs and the samples (the sample Tailnet pointed at
+the local Headscale), runs ``tailnet-operator`` against that control plane only, and stops
+everything on exit. A cluster configured elsewhere (``$KUBECONFIG``, ``~/.kube/config``) is
+never read or written: the operator gets this environment's kubeconfig explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hack import binaries
+
+from . import ControlPlane, Environment, EnvironmentStartError, Headscale, default_root, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR_NAMESPACE = "tailnet-system"
+BOOTSTRAP_SECRET = "headscale-bootstrap"
+
+
+def _documents(folder: Path) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted(folder.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def _apply(plane: ControlPlane, docs: list[dict[str, Any]]) -> None:
+    from kubernetes import dynamic
+
+    client = dynamic.DynamicClient(plane.api_client())
+    for doc in docs:
+        resource = client.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        namespace = doc["metadata"].get("namespace") or ("default" if resource.namespaced else None)
+        client.server_side_apply(resource, body=doc, name=doc["metadata"]["name"], namespace=namespace,
+                                 field_manager="tailnet-localenv", force_conflicts=True)
+
+
+def _wait_established(plane: ControlPlane, names: list[str]) -> None:
+    def established(name: str) -> bool:
+        crd = plane.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        conditions = crd.get("status", {}).get("conditions", [])
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    for name in names:
+        wait_until(lambda n=name: established(n), timeout=30, what=f"CRD {name} Established")
+
+
+def _point_samples_at(headscale: Headscale, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Aim the sample Tailnet at the local Headscale and its bootstrap Secret."""
+    for doc in samples:
+        if doc["kind"] == "Tailnet":
+            spec = doc["spec"]
+            spec["loginURL"] = headscale.url
+            spec.pop("apiURL", None)
+            spec["caBundle"] = headscale.ca_bundle.read_text()
+            spec.pop("caSecretRef", None)
+            spec["bootstrapKeySecretRef"] = {"namespace": OPERATOR_NAMESPACE, "name": BOOTSTRAP_SECRET,
+                                             "key": "apiKey"}
+    return samples
+
+
+def _link_kubectl(env: Environment) -> Path:
+    bin_dir = env.root / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    link = bin_dir / "kubectl"
+    link.unlink(missing_ok=True)
+    link.symlink_to(binaries.binary("kubectl"))
+    return bin_dir
+
+
+def main() -> int:
+    root = default_root()
+    if root.exists():
+        shutil.rmtree(root)
+    env = Environment(root, run_id=f"localenv-{os.getpid()}")
+    operator: subprocess.Popen[bytes] | None = None
+    try:
+        print("starting etcd, kube-apiserver and kube-controller-manager ...", flush=True)
+        plane = env.control_plane()
+        print("starting Headscale ...", flush=True)
+        headscale = env.headscale("headscale")
+        key_file = env.root / "headscale-bootstrap-key"
+        key_file.write_text(headscale.api_key)
+        key_file.chmod(0o600)
+
+        crds = _documents(REPO / "manifests" / "crd")
+        _apply(plane, crds)
+        _wait_established(plane, [c["metadata"]["name"] for c in crds])
+        _apply(plane, [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}},
+            {"apiVersion": "v1", "kind": "Secret",
+             "metadata": {"name": BOOTSTRAP_SECRET, "namespace": OPERATOR_NAMESPACE},
+             "stringData": {"apiKey": headscale.api_key}},
+        ])
+        samples = _point_samples_at(headscale, _documents(REPO / "manifests" / "samples"))
+        _apply(plane, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+                       for ns in sorted({d["metadata"]["namespace"] for d in samples
+                                         if d["metadata"].get("namespace")})])
+        _apply(plane, samples)
+        bin_dir = _link_kubectl(env)
+
+        print(f"""
+local environment ready (state and logs: {env.root})
+  kubeconfig:      {plane.kubeconfig}
+  kube-apiserver:  {plane.url}
+  Headscale:       {headscale.url}  (CA: {headscale.ca_bundle}; bootstrap key in {key_file})
+  component logs:  {env.log_dir}
+
+look at the samples from another shell:
+  export KUBECONFIG={plane.kubeconfig} PATH={bin_dir}:$PATH
+  kubectl get tailnet          # every kind of the project (category 'tailnet')
+  kubectl get tailnets,tailnetsites,tailnetgateways
+  kubectl get tailnetegresses,tailnetingresses -A
+  kubectl explain tailnetegress.spec
+
+running tailnet-operator against this environment; Ctrl-C stops everything.
+""", flush=True)
+        operator = subprocess.Popen([sys.executable, "-m", "tailnet_operator", "--kubeconfig",
+                                     str(plane.kubeconfig), "--metrics-bind-address", "127.0.0.1:8080",
+                                     "--health-probe-bind-address", "127.0.0.1:8081"], cwd=REPO)
+        while operator.poll() is None:
+            for proc in env_processes(plane, headscale):
+                proc.check_running()
+            time.sleep(1)
+        return operator.returncode or 0
+    except KeyboardInterrupt:
+        return 0
+    except EnvironmentStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if operator is not None and operator.poll() is None:
+            operator.send_signal(signal.SIGTERM)
+            try:
+                operator.wait(15)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+        print("stopping the local environment ...", flush=True)
+        env.close()
+
+
+def env_processes(plane: ControlPlane, headscale: Headscale) -> list[Any]:
+    return [*plane.processes(), headscale.process]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Child processes that are always stopped, and the small waiting helpers around them.
+
+Every process the local environment starts carries ``TAILNET_LOCALENV_RUN=<run id>`` in its
+environment, so a leak check can find any survivor by scanning ``/proc`` without trusting
+our own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, TypeVar
+
+RUN_MARKER = "TAILNET_LOCALENV_RUN"
+
+T = TypeVar("T")
+
+
+class EnvironmentStartError(RuntimeError):
+    """A component did not come up; the message names its log file."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(condition: Callable[[], T | None], *, timeout: float, interval: float = 0.1,
+               what: str = "condition") -> T:
+    """Poll ``condition`` until it returns a truthy value, or fail after ``timeout`` seconds.
+
+    Exceptions raised by ``condition`` count as "not yet"; the last one is chained.
+    """
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        try:
+            result = condition()
+            if result:
+                return result
+        except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+            last_error = exc
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}") from last_error
+        time.sleep(interval)
+
+
+class ManagedProcess:
+    """One child process with its own log file, stopped with SIGTERM then SIGKILL."""
+
+    def __init__(self, name: str, argv: Sequence[str | os.PathLike[str]], *, log_dir: Path,
+                 run_id: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        self.name = name
+        self.argv = [str(a) for a in argv]
+        self.log_path = log_dir / f"{name}.log"
+        self._env = {**os.environ, **(env or {}), RUN_MARKER: run_id}
+        self._cwd = cwd
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self._log.write(f"--- start: {' '.join(self.argv)}\n".encode())
+        self._log.flush()
+        self._proc = subprocess.Popen(
+            self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=self._env, cwd=self._cwd, start_new_session=True,
+        )
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def check_running(self) -> None:
+        """Raise with the tail of the log when the process has exited."""
+        if self._proc is not None and self._proc.poll() is not None:
+            raise EnvironmentStartError(
+                f"{self.name} exited with code {self._proc.returncode}; log: {self.log_path}\n"
+                + self.log_tail()
+            )
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the whole process group; idempotent."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            self._signal_group(proc, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._signal_group(proc, signal.SIGKILL)
+                proc.wait(5)
+        if proc is not None:
+            # Children that outlived their parent in the same group.
+            self._signal_group(proc, signal.SIGKILL)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def kill(self) -> None:
+        """Kill at once, as a crash would."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._signal_group(self._proc, signal.SIGKILL)
+            self._proc.wait(5)
+
+    @staticmethod
+    def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def marked_processes(run_id: str) -> Iterator[tuple[int, str]]:
+    """(pid, command line) of every live process whose environment carries ``run_id``."""
+    needle = f"{RUN_MARKER}={run_id}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            if needle not in environ.split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state == "Z":
+                continue
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        yield int(entry.name), cmdline.strip()

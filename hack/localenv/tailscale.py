@@ -1,0 +1,106 @@
+"""Real tailscaled nodes in userspace networking, joined to a test Headscale.
+
+Each node has its own state directory and socket. Outbound traffic from a node goes through
+its HTTP proxy and SOCKS5 listeners on 127.0.0.1 (userspace networking has no TUN device);
+inbound TCP to a node's tailnet address is forwarded by tailscaled to the same port on
+127.0.0.1.
+
+``TS_DEBUG_OMIT_LOCAL_ADDRS`` keeps nodes from advertising this machine's own interface
+addresses as endpoints, so peer-to-peer traffic stays on loopback or goes through DERP.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hack import binaries
+
+from ._process import ManagedProcess, free_port, wait_until
+from .headscale import Headscale
+
+START_TIMEOUT = 60.0
+
+
+class TailscaleNode:
+    """One tailscaled plus the ``tailscale`` CLI bound to its socket."""
+
+    def __init__(self, hostname: str, workdir: Path, *, headscale: Headscale, log_dir: Path,
+                 run_id: str) -> None:
+        self.hostname = hostname
+        self.headscale = headscale
+        self.workdir = workdir
+        self.socket = workdir / "tailscaled.sock"
+        self.http_proxy_port = free_port()
+        self.socks5_port = free_port()
+        env = {
+            "SSL_CERT_FILE": str(headscale.ca_bundle),
+            "TS_DEBUG_OMIT_LOCAL_ADDRS": "true",
+            "TS_NO_LOGS_NO_SUPPORT": "true",
+        }
+        self.process = ManagedProcess(f"tailscaled-{hostname}", [
+            binaries.binary("tailscaled"), "--tun=userspace-networking",
+            f"--statedir={workdir / 'state'}", f"--socket={self.socket}", "--port=0",
+            "--no-logs-no-support",
+            f"--outbound-http-proxy-listen=127.0.0.1:{self.http_proxy_port}",
+            f"--socks5-server=127.0.0.1:{self.socks5_port}",
+        ], log_dir=log_dir, run_id=run_id, env=env)
+
+    @property
+    def http_proxy(self) -> str:
+        """URL of the node's outbound HTTP proxy: requests through it travel over the tailnet."""
+        return f"http://127.0.0.1:{self.http_proxy_port}"
+
+    def start(self) -> TailscaleNode:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.process.start()
+        wait_until(lambda: self._socket_ready(), timeout=START_TIMEOUT, what=f"{self.hostname} socket")
+        return self
+
+    def up(self, authkey: str, *, advertise_routes: Sequence[str] = (), accept_routes: bool = False,
+           timeout: float = START_TIMEOUT) -> None:
+        """Join the tailnet with a pre-auth key; returns once the node is Running."""
+        args = ["up", f"--login-server={self.headscale.url}", f"--authkey={authkey}",
+                f"--hostname={self.hostname}", "--accept-dns=false", f"--timeout={int(timeout)}s"]
+        if advertise_routes:
+            args.append(f"--advertise-routes={','.join(advertise_routes)}")
+        if accept_routes:
+            args.append("--accept-routes")
+        self.cli(*args, timeout=timeout + 5)
+        wait_until(lambda: self.status().get("BackendState") == "Running", timeout=timeout,
+                   what=f"{self.hostname} Running")
+
+    def set(self, *args: str) -> None:
+        """``tailscale set ...``: change preferences such as advertised routes."""
+        self.cli("set", *args)
+
+    def cli(self, *args: str, timeout: float = 30.0) -> str:
+        proc = subprocess.run([str(binaries.binary("tailscale")), f"--socket={self.socket}", *args],
+                              capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"tailscale {args[0]} on {self.hostname} failed: {proc.stderr.strip()}"
+                               f"\nlog: {self.process.log_path}")
+        return proc.stdout
+
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = json.loads(self.cli("status", "--json"))
+        return status
+
+    def ipv4(self) -> str:
+        return str(next(ip for ip in self.status()["Self"]["TailscaleIPs"] if "." in ip))
+
+    def peers(self) -> list[dict[str, Any]]:
+        return list((self.status().get("Peer") or {}).values())
+
+    def sees(self, hostname: str) -> bool:
+        return any(p.get("HostName") == hostname for p in self.peers())
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def _socket_ready(self) -> bool:
+        self.process.check_running()
+        return self.socket.exists()
