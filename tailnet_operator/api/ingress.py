@@ -1,0 +1,286 @@
+"""TailnetIngress: exposes in-cluster Services on the tailnet as one tagged node."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Self
+
+from pydantic import ConfigDict, Field, model_validator
+
+from tailnet_operator.api.common import (
+    DNS_SUBDOMAIN_PATTERN,
+    ApiModel,
+    BoundedString,
+    Conditions,
+    DNS1035Label,
+    DNSLabel,
+    DNSName,
+    Generation,
+    LocalSecretKeyRef,
+    ObjectMeta,
+    Port,
+    Tag,
+    TailnetRef,
+    cel,
+    cel_string,
+    duplicates,
+    validations,
+)
+from tailnet_operator.api.egress import NodeStatus, PreAuthKeyStatus
+
+# The cross-expose host-name rule is quadratic in both; these keep it within the CEL budget.
+EXPOSES_MAX = 8
+HOSTS_MAX = 4
+DNS_TEMPLATE_PLACEHOLDERS = ("{hostname}", "{name}", "{namespace}")
+
+
+def render_dns_template(template: str, *, hostname: str, name: str, namespace: str) -> str:
+    """Expand ``dnsTemplate``; the CRD checks the same expansion with placeholder values."""
+    return template.replace("{hostname}", hostname).replace("{name}", name).replace("{namespace}", namespace)
+
+
+class IssuerRef(ApiModel):
+    """A cert-manager issuer."""
+
+    name: DNSName = Field(description="Name of the issuer.")
+    kind: Literal["Issuer", "ClusterIssuer"] = Field(
+        default="Issuer", description="Issuer or ClusterIssuer. Defaults to Issuer."
+    )
+    group: DNSName = Field(
+        default="cert-manager.io", description="API group of the issuer. Defaults to cert-manager.io."
+    )
+
+
+class CertManagerTLS(ApiModel):
+    """A certificate the operator requests from cert-manager."""
+
+    issuer_ref: IssuerRef = Field(description="The issuer that signs the certificate.")
+
+
+class HostTLS(ApiModel):
+    """Where the agent gets the certificate it terminates TLS with."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "has(self.secretName) != has(self.certManager)",
+                "set exactly one of secretName and certManager",
+            )
+        )
+    )
+
+    secret_name: DNSName | None = Field(
+        default=None, description="A kubernetes.io/tls Secret in this namespace; reloaded when it changes."
+    )
+    cert_manager: CertManagerTLS | None = Field(
+        default=None, description="Request the certificate from cert-manager for name and alias."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if (self.secret_name is None) == (self.cert_manager is None):
+            raise ValueError("tls: set exactly one of secretName and certManager")
+        return self
+
+
+class VirtualHost(ApiModel):
+    """A name an http expose answers to (matched by SNI and Host)."""
+
+    name: DNSName = Field(description="Fully qualified DNS name, e.g. grafana.apps.example.internal.")
+    alias: DNSLabel | None = Field(
+        default=None, description="Optional short name under the same zones, e.g. grafana."
+    )
+    tls: HostTLS = Field(description="The certificate for this name.")
+
+
+class Backend(ApiModel):
+    """The in-cluster Service traffic is forwarded to."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "!has(self.caSecretRef) || self.scheme == 'https'",
+                "caSecretRef requires scheme https",
+                ".caSecretRef",
+            )
+        )
+    )
+
+    service: DNS1035Label = Field(description="Name of a Service in this namespace.")
+    port: Port = Field(description="Port of the Service.")
+    scheme: Literal["http", "https"] = Field(
+        default="http",
+        description="http mode only: speak HTTP or HTTPS to the backend. Defaults to http.",
+    )
+    ca_secret_ref: LocalSecretKeyRef | None = Field(
+        default=None,
+        description="https only: verify the backend against this CA instead of the system roots.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.ca_secret_ref is not None and self.scheme != "https":
+            raise ValueError("caSecretRef: caSecretRef requires scheme https")
+        return self
+
+
+_EXPOSE_RULES = (
+    cel(
+        "(self.mode == 'http') == (has(self.hosts) && size(self.hosts) > 0)",
+        "hosts is required for mode http and not allowed for mode tcp",
+        ".hosts",
+    ),
+    cel(
+        "self.mode == 'http' || (self.backend.scheme == 'http' && !has(self.backend.caSecretRef))",
+        "backend.scheme https and backend.caSecretRef need mode http",
+        ".backend",
+    ),
+)
+
+
+class Expose(ApiModel):
+    """One listener of the ingress node on the tailnet."""
+
+    model_config = ConfigDict(json_schema_extra=validations(*_EXPOSE_RULES))
+
+    name: DNSLabel = Field(description="Name of the expose, unique in this object.")
+    mode: Literal["tcp", "http"] = Field(
+        default="tcp",
+        description=(
+            "tcp forwards raw TCP; http terminates TLS with each host's certificate and proxies "
+            "HTTP/1.1 and HTTP/2, routed by SNI. Defaults to tcp."
+        ),
+    )
+    port: Port = Field(description="Port the node listens on; http exposes may share one (routed by SNI).")
+    backend: Backend = Field(description="Where traffic goes.")
+    hosts: list[VirtualHost] | None = Field(
+        default=None,
+        max_length=HOSTS_MAX,
+        description="http mode only (and required there): the names this expose answers to.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        has_hosts = bool(self.hosts)
+        if (self.mode == "http") != has_hosts:
+            raise ValueError("hosts: hosts is required for mode http and not allowed for mode tcp")
+        if self.mode == "tcp" and (self.backend.scheme != "http" or self.backend.ca_secret_ref is not None):
+            raise ValueError("backend: backend.scheme https and backend.caSecretRef need mode http")
+        if self.hosts and (dups := duplicates([h.name for h in self.hosts])):
+            raise ValueError(f"hosts: duplicate host {dups}")
+        return self
+
+
+_TEMPLATE_RULE = cel(
+    "self.replace('{hostname}', 'h').replace('{name}', 'n').replace('{namespace}', 'ns')"
+    f".matches({cel_string(DNS_SUBDOMAIN_PATTERN)})",
+    "must expand to a DNS name; placeholders are {hostname}, {name} and {namespace}",
+)
+
+
+class TailnetIngressSpec(ApiModel):
+    """Desired state of a TailnetIngress."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "self.exposes.all(e, self.exposes.all(f, e.name == f.name || e.port != f.port"
+                " || (e.mode == 'http' && f.mode == 'http')))",
+                "a port may be shared only by http exposes; a tcp expose needs a port of its own",
+                ".exposes",
+            ),
+            cel(
+                "self.exposes.all(e, !has(e.hosts) || e.hosts.all(h, self.exposes.all(f, e.name == f.name"
+                " || !has(f.hosts) || f.hosts.all(g, g.name != h.name))))",
+                "a host name may appear in only one expose",
+                ".exposes",
+            ),
+        )
+    )
+
+    tailnet_ref: TailnetRef = Field(description="The Tailnet to join.")
+    tag: Tag = Field(
+        description=(
+            "The ACL tag of this ingress node; the policy's grants for the tag decide who may reach it."
+        )
+    )
+    hostname: DNSLabel = Field(description="Node name on the tailnet; its MagicDNS name is derived from it.")
+    dns_template: str | None = Field(
+        default=None,
+        max_length=253,
+        description=(
+            "A DNS name under your zone for the node, with placeholders {hostname}, {name} and {namespace}, "
+            "e.g. {hostname}.apps.example.internal; written to the Tailnet's DNS hosts file."
+        ),
+        json_schema_extra=validations(_TEMPLATE_RULE),
+    )
+    exposes: list[Expose] = Field(
+        min_length=1,
+        max_length=EXPOSES_MAX,
+        description="Listeners on the tailnet and the Services behind them.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if dups := duplicates([e.name for e in self.exposes]):
+            raise ValueError(f"exposes: duplicate expose name {dups}")
+        for e in self.exposes:
+            for f in self.exposes:
+                if e.name != f.name and e.port == f.port and not (e.mode == "http" and f.mode == "http"):
+                    raise ValueError(
+                        "exposes: a port may be shared only by http exposes; "
+                        "a tcp expose needs a port of its own"
+                    )
+        if dups := duplicates([h.name for e in self.exposes for h in e.hosts or []]):
+            raise ValueError(f"exposes: a host name may appear in only one expose: {dups}")
+        if self.dns_template is not None:
+            expanded = render_dns_template(self.dns_template, hostname="h", name="n", namespace="ns")
+            if not re.fullmatch(DNS_SUBDOMAIN_PATTERN, expanded):
+                raise ValueError("dnsTemplate: must expand to a DNS name")
+        return self
+
+
+class ExposeStatus(ApiModel):
+    """Whether one expose serves traffic."""
+
+    name: str = Field(max_length=63, description="Name of the expose.")
+    ready: bool = Field(default=False, description="Whether the listener serves traffic. Defaults to false.")
+    reason: str | None = Field(default=None, max_length=1024, description="CamelCase reason when not ready.")
+    message: str | None = Field(default=None, max_length=1024, description="Details for people.")
+
+
+class TailnetIngressStatus(ApiModel):
+    """Observed state of a TailnetIngress."""
+
+    observed_generation: Generation | None = Field(
+        default=None, description="The .metadata.generation the status was computed for."
+    )
+    conditions: Conditions | None = Field(default=None, description="Ready and more specific conditions.")
+    node: NodeStatus | None = Field(default=None, description="The agent's tailnet node.")
+    pre_auth_key: PreAuthKeyStatus | None = Field(default=None, description="The agent's pre-auth key.")
+    magic_dns_name: str | None = Field(
+        default=None, alias="magicDNSName", max_length=253, description="The node's MagicDNS name."
+    )
+    dns_names: list[BoundedString] | None = Field(
+        default=None, alias="dnsNames", max_length=64, description="Names written to the DNS hosts file."
+    )
+    exposes: list[ExposeStatus] | None = Field(
+        default=None,
+        max_length=16,
+        description="State of every expose.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+
+class TailnetIngress(ApiModel):
+    """Exposes in-cluster Services on the tailnet (namespaced)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: Literal["tailnet.dev/v1alpha1"] = "tailnet.dev/v1alpha1"
+    kind: Literal["TailnetIngress"] = "TailnetIngress"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: TailnetIngressSpec
+    status: TailnetIngressStatus | None = None
