@@ -12,11 +12,12 @@ After the session, any process of this run that is still alive fails the run and
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import shutil
 import signal
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -81,13 +82,16 @@ TailscaleFactory = Callable[..., TailscaleNode]
 
 @pytest.fixture
 def tailscale_nodes(environment: Environment) -> Iterator[TailscaleFactory]:
-    """``tailscale_nodes(hostname, headscale, authkey=..., advertise_routes=[...], accept_routes=...)``."""
+    """``tailscale_nodes(hostname, headscale, authkey=..., advertise_routes=[...], accept_routes=...,
+    site_router=...)``; a site router is the only node that can reach ``site_host`` LANs directly."""
     started: list[TailscaleNode] = []
 
     def start(hostname: str, headscale: Headscale, *, authkey: str | None = None,
-              advertise_routes: Sequence[str] = (), accept_routes: bool = False) -> TailscaleNode:
+              advertise_routes: Sequence[str] = (), accept_routes: bool = False,
+              site_router: bool = False) -> TailscaleNode:
         node = environment.tailscale_node(hostname, headscale, authkey=authkey,
-                                          advertise_routes=advertise_routes, accept_routes=accept_routes)
+                                          advertise_routes=advertise_routes, accept_routes=accept_routes,
+                                          site_router=site_router)
         started.append(node)
         return node
 
@@ -124,7 +128,9 @@ _failed = False
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     global _failed
     if report.failed and _environment is not None:
@@ -139,10 +145,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _environment.close()
     survivors = list(marked_processes(_environment.run_id))
     for pid, _ in survivors:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if survivors:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

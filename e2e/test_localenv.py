@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import http.server
-import sys
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -20,7 +19,8 @@ pytestmark = pytest.mark.integration
 
 class _Hello(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        body = f"hello from {self.server.server_address[1]} path {self.path}".encode()
+        port = self.server.server_address[1]  # type: ignore[index]
+        body = f"hello from {port} path {self.path}".encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -76,10 +76,10 @@ def test_approved_subnet_route_reaches_a_host_in_a_namespace(
     headscale: Headscale, tailscale_nodes: TailscaleFactory, site_host: Callable[[], SiteHost]
 ) -> None:
     host = site_host()
-    host.run("http", [sys.executable, "-m", "http.server", "--bind", host.address, "8080"])
+    host.serve_http(8080)
     user = headscale.create_user("site-test")
     key = headscale.create_preauth_key(user_id=user["id"], reusable=True)
-    router = tailscale_nodes("router", headscale, authkey=key, advertise_routes=[host.subnet])
+    tailscale_nodes("router", headscale, authkey=key, advertise_routes=[host.subnet], site_router=True)
     client = tailscale_nodes("laptop", headscale, authkey=key, accept_routes=True)
     url = f"http://{host.address}:8080/"
 
@@ -92,7 +92,7 @@ def test_approved_subnet_route_reaches_a_host_in_a_namespace(
     assert host.subnet in approved["approvedRoutes"]
     body = wait_until(lambda: _get_via(client.http_proxy, url), timeout=30,
                       what=f"GET {url} through the subnet router")
-    assert "Directory listing" in body
+    assert body == f"hello from {host.address}:8080 path /\n"
 
 
 def test_leak_check_finds_a_running_process_and_not_a_stopped_one(tmp_path: Path) -> None:

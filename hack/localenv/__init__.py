@@ -16,13 +16,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from ._process import RUN_MARKER, EnvironmentStartError, ManagedProcess, free_port, marked_processes, wait_until
+from ._process import (
+    RUN_MARKER,
+    EnvironmentStartError,
+    ManagedProcess,
+    free_port,
+    marked_processes,
+    wait_until,
+)
 from .controlplane import ControlPlane
 from .headscale import Headscale, HeadscaleError
-from .netns import SiteHost, netns_available
+from .netns import ROUTER_UID, SiteHost, netns_available
 from .tailscale import TailscaleNode
 
 __all__ = [
+    "ROUTER_UID",
     "RUN_MARKER",
     "ControlPlane",
     "Environment",
@@ -51,6 +59,7 @@ class Environment:
         self.root = root or Path(tempfile.mkdtemp(prefix=f"tailnet-env-{self.run_id}-"))
         self.log_dir = self.root / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o755)  # site routers run as another user and read their files here
         self._owned: list[_Stoppable | SiteHost] = []
         self._names = itertools.count(1)
 
@@ -66,10 +75,15 @@ class Environment:
         return server.start()
 
     def tailscale_node(self, hostname: str, headscale: Headscale, *, authkey: str | None = None,
-                       advertise_routes: Sequence[str] = (), accept_routes: bool = False) -> TailscaleNode:
-        """A started tailscaled; joined to ``headscale`` when an ``authkey`` is given."""
+                       advertise_routes: Sequence[str] = (), accept_routes: bool = False,
+                       site_router: bool = False) -> TailscaleNode:
+        """A started tailscaled; joined to ``headscale`` when an ``authkey`` is given.
+
+        ``site_router=True`` runs it as the user that alone can reach the site hosts' LANs.
+        """
         node = TailscaleNode(hostname, self._dir(f"tailscale-{hostname}"), headscale=headscale,
-                             log_dir=self.log_dir, run_id=self.run_id)
+                             log_dir=self.log_dir, run_id=self.run_id,
+                             user=ROUTER_UID if site_router else None)
         self._owned.append(node)
         node.start()
         if authkey is not None:

@@ -9,6 +9,7 @@ never read or written: the operator gets this environment's kubeconfig explicitl
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -56,7 +57,7 @@ def _wait_established(plane: ControlPlane, names: list[str]) -> None:
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
     for name in names:
-        wait_until(lambda n=name: established(n), timeout=30, what=f"CRD {name} Established")
+        wait_until(functools.partial(established, name), timeout=30, what=f"CRD {name} Established")
 
 
 def _point_samples_at(headscale: Headscale, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ our own bookkeeping.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -45,7 +46,7 @@ def wait_until(condition: Callable[[], T | None], *, timeout: float, interval: f
             result = condition()
             if result:
                 return result
-        except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+        except Exception as exc:
             last_error = exc
         if time.monotonic() >= deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}") from last_error
@@ -56,12 +57,14 @@ class ManagedProcess:
     """One child process with its own log file, stopped with SIGTERM then SIGKILL."""
 
     def __init__(self, name: str, argv: Sequence[str | os.PathLike[str]], *, log_dir: Path,
-                 run_id: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+                 run_id: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+                 user: int | None = None) -> None:
         self.name = name
         self.argv = [str(a) for a in argv]
         self.log_path = log_dir / f"{name}.log"
         self._env = {**os.environ, **(env or {}), RUN_MARKER: run_id}
         self._cwd = cwd
+        self._user = user
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -77,6 +80,7 @@ class ManagedProcess:
         self._proc = subprocess.Popen(
             self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=self._env, cwd=self._cwd, start_new_session=True,
+            user=self._user, group=self._user,
         )
 
     def running(self) -> bool:
@@ -121,10 +125,8 @@ class ManagedProcess:
 
     @staticmethod
     def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def marked_processes(run_id: str) -> Iterator[tuple[int, str]]:

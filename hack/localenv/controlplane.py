@@ -113,6 +113,33 @@ class ControlPlane:
         wait_until(lambda: self.request("GET", "/api/v1/namespaces/default"), timeout=START_TIMEOUT,
                    what="the default namespace")
 
+    def extra_apiserver(self, name: str = "kube-apiserver-2") -> tuple[ManagedProcess, Path]:
+        """A second kube-apiserver on the same etcd and certificates, with its own kubeconfig.
+
+        Lets a test change objects while the first apiserver is down.
+        """
+        assert self.apiserver is not None
+        port = free_port()
+        argv = [a if not a.startswith("--secure-port=") else f"--secure-port={port}"
+                for a in self.apiserver.argv[1:]]
+        extra = ManagedProcess(name, [self.apiserver.argv[0], *argv], log_dir=self.log_dir,
+                               run_id=self.run_id)
+        extra.start()
+        kubeconfig = self.workdir / f"{name}.kubeconfig"
+        self._write_kubeconfig(kubeconfig, f"https://127.0.0.1:{port}")
+
+        def ready() -> bool:
+            extra.check_running()
+            return bool(self.request("GET", "/readyz", base=f"https://127.0.0.1:{port}") == "ok")
+
+        wait_until(ready, timeout=START_TIMEOUT, what=f"{name} /readyz")
+        return extra, kubeconfig
+
+    def kubeconfig_for(self, url: str, path: Path) -> Path:
+        """An admin kubeconfig that reaches this control plane through ``url`` (e.g. a proxy)."""
+        self._write_kubeconfig(path, url)
+        return path
+
     def stop_apiserver(self) -> None:
         if self.apiserver is not None:
             self.apiserver.stop()
@@ -121,6 +148,18 @@ class ControlPlane:
         for proc in (self.controller_manager, self.apiserver, self.etcd):
             if proc is not None:
                 proc.stop()
+
+    def compact_etcd(self) -> int:
+        """Compact etcd up to its current revision, so every older resourceVersion is gone."""
+        status = json.loads(urllib.request.urlopen(urllib.request.Request(
+            f"{self.etcd_url}/v3/kv/range", data=json.dumps({"key": "AA=="}).encode(), method="POST"),
+            timeout=10).read())
+        revision = int(status["header"]["revision"])
+        urllib.request.urlopen(urllib.request.Request(
+            f"{self.etcd_url}/v3/kv/compaction",
+            data=json.dumps({"revision": str(revision), "physical": True}).encode(), method="POST"),
+            timeout=30).read()
+        return revision
 
     def processes(self) -> list[ManagedProcess]:
         return [p for p in (self.etcd, self.apiserver, self.controller_manager) if p is not None]
@@ -134,10 +173,10 @@ class ControlPlane:
         return ctx
 
     def request(self, method: str, path: str, body: Any = None,
-                content_type: str = "application/json") -> Any:
+                content_type: str = "application/json", *, base: str | None = None) -> Any:
         """A minimal admin request, for readiness checks and test setup."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
+        req = urllib.request.Request((base or self.url) + path, data=data, method=method,
                                      headers={"Content-Type": content_type})
         with urllib.request.urlopen(req, context=self.ssl_context(), timeout=10) as resp:
             payload = resp.read()
@@ -162,18 +201,19 @@ class ControlPlane:
     def _apiserver_ready(self) -> bool:
         assert self.apiserver is not None
         self.apiserver.check_running()
-        return self.request("GET", "/readyz") == "ok"
+        return bool(self.request("GET", "/readyz") == "ok")
 
-    def _write_kubeconfig(self) -> None:
+    def _write_kubeconfig(self, path: Path | None = None, server: str | None = None) -> None:
         assert self._ca is not None and self._admin is not None
+        path = path or self.kubeconfig
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "tailnet-local",
             "clusters": [{"name": "tailnet-local", "cluster": {
-                "server": self.url, "certificate-authority-data": b64encode(self._ca.pem).decode()}}],
+                "server": server or self.url, "certificate-authority-data": b64encode(self._ca.pem).decode()}}],
             "users": [{"name": "admin", "user": {
                 "client-certificate-data": b64encode(self._admin.cert.read_bytes()).decode(),
                 "client-key-data": b64encode(self._admin.key.read_bytes()).decode()}}],
             "contexts": [{"name": "tailnet-local", "context": {"cluster": "tailnet-local", "user": "admin"}}],
         }
-        self.kubeconfig.write_text(yaml.safe_dump(config))
-        self.kubeconfig.chmod(0o600)
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)

@@ -3,6 +3,11 @@
 A host is a namespace joined to the root namespace by a veth pair on a /24 from the
 benchmarking range 198.18.0.0/15 (RFC 2544), so no test ever addresses a real network.
 Processes started "on" the host run inside the namespace with ``ip netns exec``.
+
+Only processes of the router's user (``ROUTER_UID``) can reach the site from the root
+namespace: the route to the /24 lives in a routing table of its own, selected by a uid rule.
+Everything else, including tailscaled nodes that are not the site's router, must cross the
+tailnet to get there, as they would to a real branch office.
 """
 
 from __future__ import annotations
@@ -11,12 +16,16 @@ import itertools
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from ._process import ManagedProcess
 
 _counter = itertools.count(1)
+
+ROUTER_UID = 65534
+"""The user subnet-router processes run as (``nobody``); the only one routed to site LANs."""
 
 
 def netns_available() -> str | None:
@@ -44,6 +53,7 @@ class SiteHost:
         self.address = f"198.18.{subnet_octet}.2"
         self._veth_root = f"tr{os.getpid() % 10000}x{index}"
         self._veth_host = f"th{os.getpid() % 10000}x{index}"
+        self._table = str(10000 + subnet_octet)
         self._log_dir = log_dir
         self._run_id = run_id
         self._processes: list[ManagedProcess] = []
@@ -56,6 +66,13 @@ class SiteHost:
         _ip("link", "set", self._veth_host, "netns", self.name)
         _ip("addr", "add", f"{self.gateway}/24", "dev", self._veth_root)
         _ip("link", "set", self._veth_root, "up")
+        # Everyone else gets "unreachable", never the default route out of this machine.
+        _ip("route", "replace", "unreachable", self.subnet)
+        _ip("route", "add", self.subnet, "dev", self._veth_root, "src", self.gateway, "table", self._table)
+        _ip("rule", "add", "uidrange", f"{ROUTER_UID}-{ROUTER_UID}", "lookup", self._table,
+            "priority", self._table)
+        # Replies to the router's address pass the reverse-path check through the same table.
+        _ip("rule", "add", "from", self.gateway, "lookup", self._table, "priority", self._table)
         _ip("-n", self.name, "addr", "add", f"{self.address}/24", "dev", self._veth_host)
         _ip("-n", self.name, "link", "set", self._veth_host, "up")
         _ip("-n", self.name, "link", "set", "lo", "up")
@@ -70,10 +87,24 @@ class SiteHost:
         self._processes.append(proc)
         return proc
 
+    def serve_http(self, port: int = 8080) -> ManagedProcess:
+        """An HTTP server on the host's address that answers ``hello from ADDRESS:PORT path P``."""
+        from ._process import wait_until
+
+        proc = self.run(f"http-{port}", [sys.executable, "-u", str(Path(__file__).with_name("httpecho.py")),
+                                         self.address, str(port)])
+        wait_until(lambda: proc.check_running() or "listening" in proc.log_tail(), timeout=10,
+                   what=f"the HTTP server on {self.address}:{port}")
+        return proc
+
     def destroy(self) -> None:
         for proc in self._processes:
             proc.stop()
         if self._created:
+            for _ in range(2):
+                subprocess.run(["ip", "rule", "del", "priority", self._table], capture_output=True)
+            subprocess.run(["ip", "route", "del", "unreachable", self.subnet], capture_output=True)
+            subprocess.run(["ip", "route", "flush", "table", self._table], capture_output=True)
             subprocess.run(["ip", "link", "del", self._veth_root], capture_output=True)
             subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
             self._created = False

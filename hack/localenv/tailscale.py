@@ -12,6 +12,8 @@ addresses as endpoints, so peer-to-peer traffic stays on loopback or goes throug
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,15 +27,29 @@ from .headscale import Headscale
 START_TIMEOUT = 60.0
 
 
+def _binary_for(user: int | None, shared_dir: Path) -> Path:
+    """tailscaled's path; for another user, a copy outside the (private) build cache."""
+    cached = binaries.binary("tailscaled")
+    if user is None:
+        return cached
+    copy = shared_dir / "bin" / "tailscaled"
+    if not copy.exists():
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(cached, copy)
+        copy.chmod(0o755)
+    return copy
+
+
 class TailscaleNode:
     """One tailscaled plus the ``tailscale`` CLI bound to its socket."""
 
     def __init__(self, hostname: str, workdir: Path, *, headscale: Headscale, log_dir: Path,
-                 run_id: str) -> None:
+                 run_id: str, user: int | None = None) -> None:
         self.hostname = hostname
         self.headscale = headscale
         self.workdir = workdir
         self.socket = workdir / "tailscaled.sock"
+        self.user = user
         self.http_proxy_port = free_port()
         self.socks5_port = free_port()
         env = {
@@ -42,12 +58,12 @@ class TailscaleNode:
             "TS_NO_LOGS_NO_SUPPORT": "true",
         }
         self.process = ManagedProcess(f"tailscaled-{hostname}", [
-            binaries.binary("tailscaled"), "--tun=userspace-networking",
+            _binary_for(user, workdir.parent), "--tun=userspace-networking",
             f"--statedir={workdir / 'state'}", f"--socket={self.socket}", "--port=0",
             "--no-logs-no-support",
             f"--outbound-http-proxy-listen=127.0.0.1:{self.http_proxy_port}",
             f"--socks5-server=127.0.0.1:{self.socks5_port}",
-        ], log_dir=log_dir, run_id=run_id, env=env)
+        ], log_dir=log_dir, run_id=run_id, env=env, user=user)
 
     @property
     def http_proxy(self) -> str:
@@ -56,6 +72,8 @@ class TailscaleNode:
 
     def start(self) -> TailscaleNode:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.user is not None:
+            os.chown(self.workdir, self.user, self.user)
         self.process.start()
         wait_until(lambda: self._socket_ready(), timeout=START_TIMEOUT, what=f"{self.hostname} socket")
         return self

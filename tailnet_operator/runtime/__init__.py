@@ -1,0 +1,1 @@
+"""The controller runtime: workqueues, rate limiters, clocks and metrics shared by all controllers."""
