@@ -64,7 +64,9 @@ class Environment:
         self._names = itertools.count(1)
 
     def control_plane(self) -> ControlPlane:
-        plane = ControlPlane(self._dir("controlplane"), log_dir=self.log_dir, run_id=self.run_id)
+        index = next(self._names)
+        plane = ControlPlane(self._dir(f"controlplane-{index}"), log_dir=self.log_dir / f"controlplane-{index}",
+                             run_id=self.run_id)
         self._owned.append(plane)
         return plane.start()
 

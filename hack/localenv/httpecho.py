@@ -14,8 +14,7 @@ from http.server import BaseHTTPRequestHandler
 
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        host, port = self.server.server_address[:2]  # type: ignore[misc]
-        body = f"hello from {host}:{port} path {self.path}\n".encode()
+        body = f"hello from {self.server.label} path {self.path}\n".encode()  # type: ignore[attr-defined]
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(body)))
@@ -29,11 +28,13 @@ class Handler(BaseHTTPRequestHandler):
 class Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     daemon_threads = True
+    label = ""
 
 
 def main() -> None:
     address, port = sys.argv[1], int(sys.argv[2])
     with Server((address, port), Handler) as server:
+        server.label = f"{address}:{port}"
         print(f"listening on {address}:{port}", flush=True)
         server.serve_forever()
 

@@ -93,8 +93,12 @@ class SiteHost:
 
         proc = self.run(f"http-{port}", [sys.executable, "-u", str(Path(__file__).with_name("httpecho.py")),
                                          self.address, str(port)])
-        wait_until(lambda: proc.check_running() or "listening" in proc.log_tail(), timeout=10,
-                   what=f"the HTTP server on {self.address}:{port}")
+
+        def listening() -> bool:
+            proc.check_running()
+            return "listening" in proc.log_tail()
+
+        wait_until(listening, timeout=10, what=f"the HTTP server on {self.address}:{port}")
         return proc
 
     def destroy(self) -> None:

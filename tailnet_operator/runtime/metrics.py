@@ -13,7 +13,14 @@ from typing import final
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["QUEUE_DURATION_BUCKETS", "QueueMetrics", "WorkqueueMetrics"]
+__all__ = [
+    "QUEUE_DURATION_BUCKETS",
+    "RECONCILE_TIME_BUCKETS",
+    "ControllerMetrics",
+    "QueueMetrics",
+    "RestClientMetrics",
+    "WorkqueueMetrics",
+]
 
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -106,3 +113,85 @@ class WorkqueueMetrics:
             longest_running_processor=self._longest_running_processor.labels(**labels),
             retries=self._retries.labels(**labels),
         )
+
+
+# -------------------------------------------------------------------------------------------------
+# Controllers
+# -------------------------------------------------------------------------------------------------
+
+RECONCILE_TIME_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
+    1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0, 25.0, 30.0,
+    40.0, 50.0, 60.0,
+)  # fmt: skip
+"""Seconds; controller-runtime's buckets for `controller_runtime_reconcile_time_seconds`."""
+
+
+@final
+class ControllerMetrics:
+    """The `controller_runtime_*` families plus the workqueue families, on one registry."""
+
+    def __init__(self, *, registry: CollectorRegistry) -> None:
+        labels = ("controller",)
+        self._workqueue = WorkqueueMetrics(registry=registry)
+        self._total = Counter("controller_runtime_reconcile_total",
+                              "Reconciles per controller and result (success, error, requeue, requeue_after).",
+                              ("controller", "result"), registry=registry)
+        self._errors = Counter("controller_runtime_reconcile_errors_total",
+                               "Reconciles that raised.", labels, registry=registry)
+        self._terminal = Counter("controller_runtime_terminal_reconcile_errors_total",
+                                 "Reconciles that raised a TerminalError (not retried).", labels,
+                                 registry=registry)
+        self._panics = Counter("controller_runtime_reconcile_panics_total",
+                               "Reconciles that crashed the worker; always 0 here: workers survive every "
+                               "exception, counted as errors.", labels, registry=registry)
+        self._timeouts = Counter("controller_runtime_reconcile_timeouts_total",
+                                 "Reconciles cancelled by the reconcile timeout.", labels, registry=registry)
+        self._time = Histogram("controller_runtime_reconcile_time_seconds", "Seconds per reconcile.",
+                               labels, buckets=RECONCILE_TIME_BUCKETS, registry=registry)
+        self._max = Gauge("controller_runtime_max_concurrent_reconciles",
+                          "Workers per controller.", labels, registry=registry)
+        self._active = Gauge("controller_runtime_active_workers",
+                             "Workers reconciling right now.", labels, registry=registry)
+
+    def queue(self, name: str) -> QueueMetrics:
+        return self._workqueue.for_queue(name)
+
+    def max_concurrent(self, controller: str, workers: int) -> None:
+        self._max.labels(controller).set(workers)
+        for result in ("success", "error", "requeue", "requeue_after"):
+            self._total.labels(controller, result)
+        for family in (self._errors, self._terminal, self._panics, self._timeouts):
+            family.labels(controller)
+
+    def active_workers(self, controller: str, count: int) -> None:
+        self._active.labels(controller).set(count)
+
+    def reconciled(self, controller: str, result: str, seconds: float) -> None:
+        self._total.labels(controller, result).inc()
+        self._time.labels(controller).observe(seconds)
+
+    def errored(self, controller: str, *, terminal: bool = False, timeout: bool = False) -> None:
+        self._errors.labels(controller).inc()
+        if terminal:
+            self._terminal.labels(controller).inc()
+        if timeout:
+            self._timeouts.labels(controller).inc()
+
+
+# -------------------------------------------------------------------------------------------------
+# REST client
+# -------------------------------------------------------------------------------------------------
+
+
+@final
+class RestClientMetrics:
+    """`rest_client_requests_total{code,method,host}`; code is `<error>` when no answer came."""
+
+    def __init__(self, *, registry: CollectorRegistry) -> None:
+        self._requests = Counter("rest_client_requests_total",
+                                 "HTTP requests to kube-apiserver, by status code, method and host.",
+                                 ("code", "method", "host"), registry=registry)
+
+    def request_done(self, *, code: str, method: str, host: str) -> None:
+        self._requests.labels(code, method, host).inc()

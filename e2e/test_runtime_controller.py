@@ -1,0 +1,252 @@
+"""The runtime against a real kube-apiserver: convergence, ownership, garbage collection,
+zero writes when nothing changes, and outages of the API server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from hack.localenv import ControlPlane, Environment
+from hack.localenv.tcpproxy import TcpProxy
+from tailnet_operator.runtime import config as rest_config
+from tailnet_operator.runtime.client import Client
+from tailnet_operator.runtime.controller import Request
+from tailnet_operator.runtime.errors import AlreadyExists, NotFound
+from tailnet_operator.runtime.kinds import CONFIG_MAP, CUSTOM_RESOURCE_DEFINITION, NAMESPACE
+from tailnet_operator.runtime.manager import Manager, ManagerOptions
+
+from .widgets import WIDGET, WIDGET_CRD, WidgetReconciler, widget
+
+pytestmark = pytest.mark.integration
+
+WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+
+
+async def eventually(check: Callable[[], object], *, timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll an (async or sync) check until it is truthy, failing after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        last = result
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+async def install_widget_crd(client: Client) -> None:
+    with contextlib.suppress(AlreadyExists):  # installed by an earlier test of the session
+        await client.create(CUSTOM_RESOURCE_DEFINITION, WIDGET_CRD)
+
+    async def established() -> bool:
+        crd = await client.get(CUSTOM_RESOURCE_DEFINITION, WIDGET_CRD["metadata"]["name"])
+        return any(c["type"] == "Established" and c["status"] == "True"
+                   for c in crd.get("status", {}).get("conditions", []))
+
+    await eventually(established, what="the Widget CRD to be Established")
+
+
+async def config_map_value(client: Client, namespace: str, name: str) -> str | None:
+    try:
+        cm = await client.get(CONFIG_MAP, f"{name}-data", namespace)
+    except NotFound:
+        return None
+    return str(cm.get("data", {}).get("value"))
+
+
+def value_is(client: Client, namespace: str, name: str, expected: str | None) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return await config_map_value(client, namespace, name) == expected
+
+    return check
+
+
+def writes(registry: CollectorRegistry) -> float:
+    total = 0.0
+    for metric in registry.collect():
+        if metric.name == "rest_client_requests":
+            total += sum(s.value for s in metric.samples
+                         if s.name.endswith("_total") and s.labels.get("method") in WRITE_METHODS)
+    return total
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+@asynccontextmanager
+async def running_manager(kubeconfig: Path, *, registry: CollectorRegistry | None = None,
+                          workers: int = 2) -> AsyncIterator[tuple[Manager, WidgetReconciler]]:
+    from tailnet_operator.runtime.controller import ControllerOptions
+
+    manager = Manager(rest_config.load(kubeconfig), ManagerOptions(graceful_shutdown_timeout=5),
+                      registry=registry or CollectorRegistry())
+    reconciler = WidgetReconciler(manager.client, manager.cache)
+    (manager.controller("widget", reconciler, options=ControllerOptions(workers=workers))
+     .for_(WIDGET).owns(CONFIG_MAP, WIDGET))
+    task = asyncio.create_task(manager.run())
+    try:
+        await eventually(lambda: manager.cache.informer(WIDGET).synced or task.done(), what="cache sync")
+        if task.done():
+            task.result()
+        yield manager, reconciler
+    finally:
+        manager.stop()
+        await asyncio.wait_for(task, 30)
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    name = f"rt-{uuid.uuid4().hex[:8]}"
+    control_plane.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    yield name
+    control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture
+async def admin(control_plane: ControlPlane) -> AsyncIterator[Client]:
+    async with Client(rest_config.load(control_plane.kubeconfig), field_manager="test-admin") as client:
+        await install_widget_crd(client)
+        yield client
+
+
+async def test_controller_converges_recreates_owned_objects_and_gc_collects_them(
+    control_plane: ControlPlane, admin: Client, namespace: str
+) -> None:
+    async with running_manager(control_plane.kubeconfig) as (_, reconciler):
+        await admin.create(WIDGET, widget("alpha", namespace, "one"))
+        await eventually(lambda: config_map_value(admin, namespace, "alpha"), what="alpha's ConfigMap")
+        assert await config_map_value(admin, namespace, "alpha") == "one"
+
+        async def status_observed() -> bool:
+            obj = await admin.get(WIDGET, "alpha", namespace)
+            return bool(obj.get("status", {}).get("observedGeneration") == obj["metadata"]["generation"])
+
+        await eventually(status_observed, what="status.observedGeneration")
+
+        await admin.merge_patch(WIDGET, "alpha", {"spec": {"value": "two"}}, namespace)
+        await eventually(value_is(admin, namespace, "alpha", "two"),
+                         what="the ConfigMap to follow the spec")
+
+        before = reconciler.calls[Request(namespace, "alpha")]
+        await admin.delete(CONFIG_MAP, "alpha-data", namespace)
+        await eventually(value_is(admin, namespace, "alpha", "two"),
+                         what="the deleted ConfigMap to be recreated")
+        assert reconciler.calls[Request(namespace, "alpha")] > before
+
+    await admin.delete(WIDGET, "alpha", namespace, propagation="Background")
+    await eventually(value_is(admin, namespace, "alpha", None), timeout=60,
+                     what="the garbage collector to delete the owned ConfigMap")
+
+
+async def test_reconciling_objects_already_as_desired_makes_zero_writes(
+    control_plane: ControlPlane, admin: Client, namespace: str
+) -> None:
+    names = [f"w{i}" for i in range(5)]
+    async with running_manager(control_plane.kubeconfig) as _:
+        for name in names:
+            await admin.create(WIDGET, widget(name, namespace, name.upper()))
+        for name in names:
+            await eventually(value_is(admin, namespace, name, name.upper()),
+                             what=f"{name} converged")
+
+    registry = CollectorRegistry()
+    async with running_manager(control_plane.kubeconfig, registry=registry) as (_, reconciler):
+        await eventually(lambda: all(reconciler.calls[Request(namespace, n)] >= 1 for n in names)
+                         and reconciler.in_flight == 0, what="every widget reconciled once")
+        await eventually(lambda: sample(registry, "controller_runtime_reconcile_total",
+                                        controller="widget", result="success") >= len(names),
+                         what="successful reconciles counted")
+        assert writes(registry) == 0
+        assert sample(registry, "rest_client_requests_total", code="200", method="GET",
+                      host=control_plane.url.removeprefix("https://")) > 0
+
+
+# -- outages -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def private_plane(environment: Environment) -> Iterator[ControlPlane]:
+    """A control plane of this test alone, since the test stops its API server."""
+    plane = environment.control_plane()
+    yield plane
+    plane.stop()
+
+
+async def test_watch_resumes_after_a_broken_connection_without_relisting(
+    private_plane: ControlPlane, tmp_path: Path
+) -> None:
+    proxy = await TcpProxy("127.0.0.1", private_plane.port).start()
+    kubeconfig = private_plane.kubeconfig_for(f"https://{proxy.address}", tmp_path / "via-proxy")
+    ns = "outage"
+    async with Client(rest_config.load(private_plane.kubeconfig)) as admin:
+        await install_widget_crd(admin)
+        await admin.create(NAMESPACE, {"metadata": {"name": ns}})
+        for name, value in (("keep", "a"), ("change", "b"), ("drop", "c")):
+            await admin.create(WIDGET, widget(name, ns, value))
+        async with running_manager(kubeconfig) as (manager, reconciler):
+            await eventually(value_is(admin, ns, "drop", "c"), what="converged")
+            informer = manager.cache.informer(WIDGET)
+            assert informer.stats.lists == 1
+
+            await proxy.cut()
+            await admin.create(WIDGET, widget("new", ns, "d"))
+            await admin.merge_patch(WIDGET, "change", {"spec": {"value": "B"}}, ns)
+            await admin.delete(WIDGET, "drop", ns)
+            errors_before = informer.stats.watch_errors
+            await eventually(lambda: informer.stats.watch_errors > errors_before + 1,
+                             what="the informer to fail at least twice during the outage")
+            await proxy.restore()
+
+            await eventually(value_is(admin, ns, "new", "d"), what="created")
+            await eventually(value_is(admin, ns, "change", "B"), what="changed")
+            await eventually(lambda: Request(ns, "drop") in reconciler.missing, what="deletion seen")
+            assert informer.stats.lists == 1, "a valid resourceVersion must resume the watch, not relist"
+            assert informer.stats.watches >= 2
+            assert informer.stats.relists_after_gone == 0
+    await proxy.close()
+
+
+async def test_apiserver_restart_and_compaction_relist_and_miss_nothing(private_plane: ControlPlane) -> None:
+    ns = "restart"
+    async with Client(rest_config.load(private_plane.kubeconfig)) as admin:
+        await install_widget_crd(admin)
+        await admin.create(NAMESPACE, {"metadata": {"name": ns}})
+        for name, value in (("keep", "a"), ("change", "b"), ("drop", "c")):
+            await admin.create(WIDGET, widget(name, ns, value))
+    async with running_manager(private_plane.kubeconfig) as (manager, reconciler):
+        informer = manager.cache.informer(WIDGET)
+        await eventually(lambda: all(reconciler.calls[Request(ns, n)] for n in ("keep", "change", "drop"))
+                         and reconciler.in_flight == 0, what="converged")
+
+        private_plane.stop_apiserver()
+        second, second_kubeconfig = private_plane.extra_apiserver()
+        try:
+            async with Client(rest_config.load(second_kubeconfig)) as other:
+                await other.create(WIDGET, widget("new", ns, "d"))
+                await other.merge_patch(WIDGET, "change", {"spec": {"value": "B"}}, ns)
+                await other.delete(WIDGET, "drop", ns)
+                for i in range(20):  # move etcd well past the informer's resourceVersion
+                    await other.create(CONFIG_MAP, {"metadata": {"name": f"filler-{i}", "namespace": ns}})
+        finally:
+            second.stop()
+        private_plane.compact_etcd()
+        private_plane.start_apiserver()
+
+        async with Client(rest_config.load(private_plane.kubeconfig)) as admin:
+            await eventually(value_is(admin, ns, "new", "d"), what="created")
+            await eventually(value_is(admin, ns, "change", "B"), what="changed")
+            await eventually(lambda: Request(ns, "drop") in reconciler.missing, what="deletion seen")
+        assert informer.stats.relists_after_gone >= 1
+        assert informer.stats.lists >= 2

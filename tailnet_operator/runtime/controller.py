@@ -1,0 +1,304 @@
+"""Controllers: watches that turn events into keys, a workqueue, and workers that reconcile.
+
+The :class:`Reconciler` contract, in the order the worker applies it:
+
+* raising :class:`TerminalError` logs and counts the error and does **not** requeue;
+* raising any other exception requeues the key with the rate limiter's backoff
+  (5 ms doubling to 1000 s per key, within a 10 qps / 100 burst bucket);
+* returning ``Result(requeue_after=s)`` with ``s > 0`` requeues after ``s`` seconds;
+* returning ``Result(requeue=True)`` requeues with backoff;
+* otherwise the key is done and its backoff forgotten.
+
+An exception never ends a worker. Level-based: reconcile reads the world (the cache), never
+the event that woke it, so running it twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from .cache import SharedCache
+from .client import JSON
+from .clock import Clock, RealClock
+from .informer import DeletedFinalStateUnknown
+from .kinds import Resource
+from .metrics import ControllerMetrics
+from .predicates import Predicate
+from .workqueue import RateLimitingQueue, ShutDown
+
+log = structlog.get_logger("controller")
+
+UNFINISHED_WORK_INTERVAL = 0.5
+"""Seconds between updates of the unfinished-work gauges (client-go's 500 ms)."""
+
+
+@dataclass(frozen=True, order=True)
+class Request:
+    """The object to reconcile: ``namespace`` is ``""`` for cluster-scoped kinds."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+
+@dataclass(frozen=True)
+class Result:
+    """What to do with the key after a successful reconcile. The default: nothing."""
+
+    requeue_after: float = 0.0
+    """Seconds until the key is reconciled again; 0 means not on a timer."""
+    requeue: bool = False
+    """Requeue with the rate limiter's backoff (when ``requeue_after`` is 0)."""
+
+
+class TerminalError(Exception):
+    """A failure that retrying cannot fix (bad input the user must change): no requeue."""
+
+
+class Reconciler(Protocol):
+    async def reconcile(self, request: Request) -> Result: ...
+
+
+Mapper = Callable[[JSON], Iterable[Request]]
+"""Maps a watched object to the requests it should wake."""
+
+
+def request_for(obj: JSON) -> Request:
+    meta = obj.get("metadata", {})
+    return Request(str(meta.get("namespace") or ""), str(meta["name"]))
+
+
+def self_mapper(obj: JSON) -> list[Request]:
+    """The primary kind's mapping: an object wakes its own request."""
+    return [request_for(obj)]
+
+
+def owner_mapper(owner: Resource, *, only_controller: bool = True) -> Mapper:
+    """Map an object to its owner of kind ``owner`` (the controller owner by default).
+
+    A namespaced object's owner is in its namespace, unless the owner kind is cluster-scoped.
+    """
+
+    def mapper(obj: JSON) -> list[Request]:
+        meta = obj.get("metadata", {})
+        namespace = str(meta.get("namespace") or "") if owner.namespaced else ""
+        return [
+            Request(namespace, str(ref["name"]))
+            for ref in meta.get("ownerReferences") or []
+            if ref.get("kind") == owner.kind
+            and str(ref.get("apiVersion", "")).split("/")[0] == (owner.group or "v1").split("/")[0]
+            and (ref.get("controller") or not only_controller)
+        ]
+
+    return mapper
+
+
+@dataclass(frozen=True)
+class Watch:
+    resource: Resource
+    mapper: Mapper
+    predicates: Sequence[Predicate]
+    namespace: str | None = None
+
+
+class _Handler:
+    """Informer event handler: filter with predicates, map to requests, enqueue."""
+
+    def __init__(self, watch: Watch, enqueue: Callable[[Request], None]) -> None:
+        self._watch = watch
+        self._enqueue = enqueue
+
+    def on_add(self, obj: JSON) -> None:
+        if all(p.create(obj) for p in self._watch.predicates):
+            self._map(obj)
+
+    def on_update(self, old: JSON, new: JSON) -> None:
+        if all(p.update(old, new) for p in self._watch.predicates):
+            self._map(new)
+            if self._watch.mapper is not self_mapper:
+                self._map(old)  # an owner or mapping that changed still hears about the old one
+
+    def on_delete(self, obj: JSON | DeletedFinalStateUnknown) -> None:
+        final = obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj
+        if all(p.delete(final) for p in self._watch.predicates):
+            self._map(final)
+
+    def _map(self, obj: JSON) -> None:
+        for request in self._watch.mapper(obj):
+            self._enqueue(request)
+
+
+@dataclass
+class ControllerOptions:
+    """Per-controller settings."""
+
+    workers: int = 1
+    """Concurrent reconciles (MaxConcurrentReconciles). Default 1."""
+    reconcile_timeout: float = 0.0
+    """Seconds one reconcile may run before it is cancelled and counted as a timeout; 0: no limit."""
+
+
+class Controller:
+    """One reconciler fed by watches on the shared cache.
+
+    Build it with :meth:`for_`, :meth:`owns` and :meth:`watches` before the manager starts;
+    ``run()`` blocks until cancelled and drains in-flight reconciles on the way out.
+    """
+
+    def __init__(self, name: str, reconciler: Reconciler, cache: SharedCache, *,
+                 options: ControllerOptions | None = None, metrics: ControllerMetrics | None = None,
+                 clock: Clock | None = None) -> None:
+        self.name = name
+        self.reconciler = reconciler
+        self.options = options or ControllerOptions()
+        self._cache = cache
+        self._clock = clock or RealClock()
+        self._metrics = metrics
+        self.queue: RateLimitingQueue[Request] = RateLimitingQueue(
+            clock=self._clock, metrics=metrics.queue(name) if metrics else None)
+        self._log = log.bind(controller=name)
+        self._active = 0
+        self._stopping = False
+
+    # -- building ------------------------------------------------------------------------------
+
+    def for_(self, resource: Resource, *predicates: Predicate) -> Controller:
+        """Reconcile every object of ``resource`` (the primary kind)."""
+        return self.watches(resource, self_mapper, *predicates)
+
+    def owns(self, resource: Resource, owner: Resource, *predicates: Predicate,
+             only_controller: bool = True) -> Controller:
+        """Reconcile the owner (of kind ``owner``) when an object of ``resource`` changes."""
+        return self.watches(resource, owner_mapper(owner, only_controller=only_controller), *predicates)
+
+    def watches(self, resource: Resource, mapper: Mapper, *predicates: Predicate,
+                namespace: str | None = None) -> Controller:
+        """Reconcile whatever ``mapper`` returns for each changed object of ``resource``."""
+        watch = Watch(resource, mapper, predicates, namespace)
+        self._cache.add_handler(resource, _Handler(watch, self.queue.add), namespace)
+        return self
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Reconcile until cancelled, or until ``shutdown()`` and the in-flight reconciles end."""
+        if self._metrics:
+            self._metrics.max_concurrent(self.name, self.options.workers)
+            self._metrics.active_workers(self.name, 0)
+        try:
+            async with asyncio.TaskGroup() as group:
+                helpers = [group.create_task(self.queue.run(), name=f"{self.name} queue"),
+                           group.create_task(self._update_gauges(), name=f"{self.name} gauges")]
+                workers = [group.create_task(self._worker(), name=f"{self.name} worker {index}")
+                           for index in range(self.options.workers)]
+                await asyncio.gather(*workers)
+                for task in helpers:
+                    task.cancel()
+        finally:
+            self.queue.shutdown()
+
+    def shutdown(self) -> None:
+        """Take no new keys; ``run()`` returns once the reconciles in progress have finished."""
+        self._stopping = True
+        self.queue.shutdown()
+
+    async def _update_gauges(self) -> None:
+        while True:
+            self.queue.update_unfinished_work()
+            await self._clock.sleep(UNFINISHED_WORK_INTERVAL)
+
+    async def _worker(self) -> None:
+        while True:
+            try:
+                request = await self.queue.get()
+            except ShutDown:
+                return
+            if self._stopping:
+                self.queue.done(request)
+                return
+            try:
+                await self._reconcile_handler(request)
+            finally:
+                self.queue.done(request)
+
+    async def _reconcile_handler(self, request: Request) -> None:
+        reconcile_id = uuid.uuid4().hex[:12]
+        started = self._clock.now()
+        self._set_active(+1)
+        outcome = "error"
+        with structlog.contextvars.bound_contextvars(controller=self.name, object=str(request),
+                                                     reconcile_id=reconcile_id):
+            try:
+                result = await self._reconcile(request)
+            except asyncio.CancelledError:
+                raise
+            except TerminalError as exc:
+                self.queue.forget(request)
+                self._count_error(terminal=True)
+                self._log.error("reconcile failed; not retrying", object=str(request), error=str(exc))
+            except Exception as exc:
+                self.queue.add_rate_limited(request)
+                self._count_error(timeout=isinstance(exc, TimeoutError))
+                self._log.warning("reconcile failed; retrying with backoff", object=str(request),
+                                  error=str(exc) or type(exc).__name__, exc_info=not _expected(exc))
+            else:
+                outcome = self._requeue(request, result)
+            finally:
+                self._set_active(-1)
+                if self._metrics:
+                    self._metrics.reconciled(self.name, outcome, self._clock.now() - started)
+
+    async def _reconcile(self, request: Request) -> Result:
+        if self.options.reconcile_timeout > 0:
+            async with asyncio.timeout(self.options.reconcile_timeout):
+                return await self.reconciler.reconcile(request)
+        return await self.reconciler.reconcile(request)
+
+    def _requeue(self, request: Request, result: Result) -> str:
+        if result.requeue_after > 0:
+            self.queue.forget(request)
+            self.queue.add_after(request, result.requeue_after)
+            return "requeue_after"
+        if result.requeue:
+            self.queue.add_rate_limited(request)
+            return "requeue"
+        self.queue.forget(request)
+        return "success"
+
+    def _set_active(self, delta: int) -> None:
+        self._active += delta
+        if self._metrics:
+            self._metrics.active_workers(self.name, self._active)
+
+    def _count_error(self, *, terminal: bool = False, timeout: bool = False) -> None:
+        if self._metrics:
+            self._metrics.errored(self.name, terminal=terminal, timeout=timeout)
+
+
+def _expected(exc: Exception) -> bool:
+    """API and transport errors are routine and logged without a traceback."""
+    from .errors import KubeError
+
+    return isinstance(exc, KubeError)
+
+
+__all__ = [
+    "Controller",
+    "ControllerOptions",
+    "Mapper",
+    "Reconciler",
+    "Request",
+    "Result",
+    "TerminalError",
+    "owner_mapper",
+    "request_for",
+    "self_mapper",
+]

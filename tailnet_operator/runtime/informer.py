@@ -1,0 +1,280 @@
+"""Informers: a reflector that keeps a local store in step with kube-apiserver.
+
+The reflector lists, then watches from the list's resourceVersion. A watch that ends (the
+server's timeout) or breaks (a connection error) resumes from the last resourceVersion it
+saw, after a jittered backoff of 0.8 s doubling to 30 s; only 410 Gone (the version was
+compacted away) makes it list again. A relist compares the new list with the store and
+emits deletions for objects that vanished in between, as tombstones
+(:class:`DeletedFinalStateUnknown`) because their final state was never seen.
+
+Objects in the store are shared with every reader: treat them as read-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+
+from .client import JSON, Client
+from .errors import Gone, KubeError
+from .kinds import Resource
+
+log = structlog.get_logger("informer")
+
+IndexFunc = Callable[[JSON], Iterable[str]]
+"""Maps an object to the index values it is filed under."""
+
+NAMESPACE_INDEX = "namespace"
+
+
+def namespace_index(obj: JSON) -> list[str]:
+    return [str(obj.get("metadata", {}).get("namespace") or "")]
+
+
+def store_key(obj: JSON) -> str:
+    """``namespace/name``, or ``name`` for cluster-scoped objects (client-go's MetaNamespaceKey)."""
+    meta = obj.get("metadata", {})
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
+
+
+@dataclass(frozen=True)
+class DeletedFinalStateUnknown:
+    """An object deleted while the watch was down: ``obj`` is the last state the store had."""
+
+    key: str
+    obj: JSON
+
+
+class EventHandler(Protocol):
+    """Told about every change to the store, in order, on the event loop."""
+
+    def on_add(self, obj: JSON) -> None: ...
+
+    def on_update(self, old: JSON, new: JSON) -> None: ...
+
+    def on_delete(self, obj: JSON | DeletedFinalStateUnknown) -> None: ...
+
+
+# -- Store ---------------------------------------------------------------------------------------
+
+
+class Store:
+    """Objects by key with secondary indexes; the namespace index is always present."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, JSON] = {}
+        self._indexers: dict[str, IndexFunc] = {NAMESPACE_INDEX: namespace_index}
+        self._indices: dict[str, dict[str, set[str]]] = {NAMESPACE_INDEX: {}}
+
+    def add_indexer(self, name: str, func: IndexFunc) -> None:
+        """Add an index; existing objects are filed under it at once. Re-adding is an error."""
+        if name in self._indexers:
+            raise ValueError(f"indexer {name!r} already exists")
+        self._indexers[name] = func
+        self._indices[name] = {}
+        for key, obj in self._items.items():
+            self._file(name, key, obj)
+
+    def has_indexer(self, name: str) -> bool:
+        return name in self._indexers
+
+    def get(self, key: str) -> JSON | None:
+        return self._items.get(key)
+
+    def object_keys(self) -> list[str]:
+        return list(self._items)
+
+    def objects(self) -> list[JSON]:
+        return list(self._items.values())
+
+    def by_index(self, name: str, value: str) -> list[JSON]:
+        if name not in self._indices:
+            raise KeyError(f"no indexer named {name!r}")
+        return [self._items[k] for k in sorted(self._indices[name].get(value, ()))]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, obj: JSON) -> JSON | None:
+        """Insert or replace; returns the previous object."""
+        key = store_key(obj)
+        old = self._items.get(key)
+        if old is not None:
+            self._unfile(key, old)
+        self._items[key] = obj
+        for name in self._indexers:
+            self._file(name, key, obj)
+        return old
+
+    def remove(self, key: str) -> JSON | None:
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._unfile(key, old)
+        return old
+
+    def _file(self, name: str, key: str, obj: JSON) -> None:
+        for value in self._indexers[name](obj):
+            self._indices[name].setdefault(value, set()).add(key)
+
+    def _unfile(self, key: str, obj: JSON) -> None:
+        for name, func in self._indexers.items():
+            index = self._indices[name]
+            for value in func(obj):
+                keys = index.get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del index[value]
+
+
+# -- Informer ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Backoff:
+    """Jittered exponential backoff: ``initial`` seconds doubling to ``cap``; ``reset()`` restarts."""
+
+    initial: float = 0.8
+    cap: float = 30.0
+    jitter: float = 1.0
+    _next: float = 0.0
+
+    def delay(self) -> float:
+        base = self._next or self.initial
+        self._next = min(base * 2, self.cap)
+        return base * (1 + self.jitter * random.random()) if self.jitter else base
+
+    def reset(self) -> None:
+        self._next = 0.0
+
+
+@dataclass
+class InformerStats:
+    """Counters a test or a debug page can read: how the informer has talked to the server."""
+
+    lists: int = 0
+    watches: int = 0
+    relists_after_gone: int = 0
+    watch_errors: int = 0
+    last_resource_version: str = ""
+
+
+class Informer:
+    """List+watch of one resource (optionally one namespace) into a :class:`Store`.
+
+    ``run()`` blocks until cancelled; ``wait_synced()`` returns once the first list is in.
+    Handlers added after the first list are replayed the current objects as adds.
+    """
+
+    def __init__(self, client: Client, resource: Resource, namespace: str | None = None, *,
+                 backoff: Backoff | None = None, sleep: Callable[[float], Any] = asyncio.sleep) -> None:
+        self.client = client
+        self.resource = resource
+        self.namespace = namespace
+        self.store = Store()
+        self.stats = InformerStats()
+        self._handlers: list[EventHandler] = []
+        self._synced = asyncio.Event()
+        self._backoff = backoff or Backoff()
+        self._sleep = sleep
+        self._log = log.bind(resource=str(resource), namespace=namespace or "")
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_synced(self) -> None:
+        await self._synced.wait()
+
+    def add_handler(self, handler: EventHandler) -> None:
+        self._handlers.append(handler)
+        if self.synced:
+            for obj in self.store.objects():
+                handler.on_add(obj)
+
+    def add_indexer(self, name: str, func: IndexFunc) -> None:
+        if not self.store.has_indexer(name):
+            self.store.add_indexer(name, func)
+
+    async def run(self) -> None:
+        resource_version: str | None = None
+        while True:
+            try:
+                if resource_version is None:
+                    resource_version = await self._list()
+                resource_version = await self._watch(resource_version)
+                self._backoff.reset()
+            except Gone:
+                self.stats.relists_after_gone += 1
+                self._log.info("resourceVersion expired, relisting", resource_version=resource_version)
+                resource_version = None
+            except KubeError as exc:
+                self.stats.watch_errors += 1
+                delay = self._backoff.delay()
+                self._log.warning("list/watch failed, retrying", error=str(exc), retry_in=round(delay, 2))
+                await self._sleep(delay)
+
+    async def _list(self) -> str:
+        self.stats.lists += 1
+        result = await self.client.list(self.resource, self.namespace)
+        self._replace(result.items)
+        self.stats.last_resource_version = result.resource_version
+        if not self._synced.is_set():
+            self._log.debug("synced", objects=len(result.items))
+            self._synced.set()
+        return result.resource_version
+
+    async def _watch(self, resource_version: str) -> str:
+        """Apply watch events until the server ends the stream; return where to resume."""
+        self.stats.watches += 1
+        async for event in self.client.watch(self.resource, self.namespace, resource_version=resource_version):
+            if event.type == "BOOKMARK":
+                pass
+            elif event.type in ("ADDED", "MODIFIED"):
+                self._upsert(event.object)
+            elif event.type == "DELETED":
+                self._delete(event.object)
+            resource_version = event.resource_version or resource_version
+            self.stats.last_resource_version = resource_version
+        return resource_version
+
+    # -- store updates and notifications --------------------------------------------------------
+
+    def _replace(self, items: list[JSON]) -> None:
+        seen = set()
+        for obj in items:
+            seen.add(store_key(obj))
+            self._upsert(obj)
+        for key in [k for k in self.store.object_keys() if k not in seen]:
+            old = self.store.remove(key)
+            if old is not None:
+                self._notify_delete(DeletedFinalStateUnknown(key, old))
+
+    def _upsert(self, obj: JSON) -> None:
+        old = self.store.put(obj)
+        if old is None:
+            for handler in self._handlers:
+                self._call(handler.on_add, obj)
+        elif old.get("metadata", {}).get("resourceVersion") != obj.get("metadata", {}).get("resourceVersion"):
+            for handler in self._handlers:
+                self._call(handler.on_update, old, obj)
+
+    def _delete(self, obj: JSON) -> None:
+        if self.store.remove(store_key(obj)) is not None:
+            self._notify_delete(obj)
+
+    def _notify_delete(self, obj: JSON | DeletedFinalStateUnknown) -> None:
+        for handler in self._handlers:
+            self._call(handler.on_delete, obj)
+
+    def _call(self, func: Callable[..., None], *args: Any) -> None:
+        try:
+            func(*args)
+        except Exception:
+            self._log.exception("event handler failed")

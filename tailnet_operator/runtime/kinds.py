@@ -1,0 +1,64 @@
+"""Resource descriptors: where a kind lives in the API and how its paths are built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A (group, version, plural) with its kind and scope.
+
+    ``group`` is ``""`` for the core API. Hashable, so it keys the shared cache.
+    """
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def base(self) -> str:
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+    def path(self, namespace: str | None = None, name: str | None = None,
+             subresource: str | None = None) -> str:
+        """The URL path of the collection, or of one object (and its subresource)."""
+        parts = [self.base]
+        if self.namespaced and namespace:
+            parts += ["namespaces", quote(namespace, safe="")]
+        parts.append(self.plural)
+        if name is not None:
+            parts.append(quote(name, safe=""))
+            if subresource:
+                parts.append(subresource)
+        return "/".join(parts)
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.group or 'core'}/{self.version}"
+
+
+def object_key(obj: dict[str, Any]) -> tuple[str, str]:
+    """(namespace, name) of an object; namespace is ``""`` for cluster-scoped ones."""
+    meta = obj.get("metadata", {})
+    return str(meta.get("namespace") or ""), str(meta["name"])
+
+
+CONFIG_MAP = Resource("", "v1", "configmaps", "ConfigMap")
+SECRET = Resource("", "v1", "secrets", "Secret")
+SERVICE = Resource("", "v1", "services", "Service")
+NAMESPACE = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+EVENT = Resource("events.k8s.io", "v1", "events", "Event")
+LEASE = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+DEPLOYMENT = Resource("apps", "v1", "deployments", "Deployment")
+STATEFUL_SET = Resource("apps", "v1", "statefulsets", "StatefulSet")
+NETWORK_POLICY = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
+CUSTOM_RESOURCE_DEFINITION = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions",
+                                      "CustomResourceDefinition", namespaced=False)
