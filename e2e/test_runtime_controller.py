@@ -52,7 +52,7 @@ async def install_widget_crd(client: Client) -> None:
     async def established() -> bool:
         crd = await client.get(CUSTOM_RESOURCE_DEFINITION, WIDGET_CRD["metadata"]["name"])
         return any(c["type"] == "Established" and c["status"] == "True"
-                   for c in crd.get("status", {}).get("conditions", []))
+                   for c in (crd.get("status") or {}).get("conditions") or [])
 
     await eventually(established, what="the Widget CRD to be Established")
 
@@ -81,8 +81,8 @@ def writes(registry: CollectorRegistry) -> float:
     return total
 
 
-def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
+def sample(registry: CollectorRegistry, metric: str, **labels: str) -> float:
+    return registry.get_sample_value(metric, labels) or 0.0
 
 
 @asynccontextmanager
@@ -250,3 +250,73 @@ async def test_apiserver_restart_and_compaction_relist_and_miss_nothing(private_
             await eventually(lambda: Request(ns, "drop") in reconciler.missing, what="deletion seen")
         assert informer.stats.relists_after_gone >= 1
         assert informer.stats.lists >= 2
+
+
+# -- leader election at the manager level ------------------------------------------------------
+
+
+def _elected_manager(kubeconfig: Path, identity: str, lease: str) -> tuple[Manager, WidgetReconciler]:
+    from tailnet_operator.runtime.leaderelection import LeaderElectionConfig
+
+    options = ManagerOptions(
+        leader_election=True, leader_election_id=lease, leader_election_namespace="default",
+        leader_election_config=LeaderElectionConfig(lease_duration=3.0, renew_deadline=2.0, retry_period=0.25,
+                                                    identity=identity),
+        graceful_shutdown_timeout=5)
+    manager = Manager(rest_config.load(kubeconfig), options, registry=CollectorRegistry())
+    reconciler = WidgetReconciler(manager.client, manager.cache)
+    manager.controller("widget", reconciler).for_(WIDGET).owns(CONFIG_MAP, WIDGET)
+    return manager, reconciler
+
+
+async def test_only_the_leader_reconciles_and_a_graceful_stop_hands_over_quickly(
+    control_plane: ControlPlane, admin: Client, namespace: str
+) -> None:
+    lease = f"widgets-{uuid.uuid4().hex[:6]}"
+    first, first_reconciler = _elected_manager(control_plane.kubeconfig, "first", lease)
+    second, second_reconciler = _elected_manager(control_plane.kubeconfig, "second", lease)
+    first_task = asyncio.create_task(first.run())
+    await eventually(lambda: first.elector is not None and first.elector.is_leader, what="first to lead")
+    second_task = asyncio.create_task(second.run())
+    try:
+        await admin.create(WIDGET, widget("led", namespace, "x"))
+        await eventually(value_is(admin, namespace, "led", "x"), what="the leader to reconcile")
+        assert first_reconciler.calls[Request(namespace, "led")] >= 1
+        assert sum(second_reconciler.calls.values()) == 0, "a follower must not reconcile"
+
+        first.stop()
+        stopped_at = time.monotonic()
+        await asyncio.wait_for(first_task, 10)
+        await eventually(lambda: second.elector is not None and second.elector.is_leader, timeout=10,
+                         what="the follower to take over")
+        handover = time.monotonic() - stopped_at
+        assert handover < 3.0, f"a released Lease is taken within a retry period or two, not a lease ({handover:.1f}s)"
+
+        await admin.merge_patch(WIDGET, "led", {"spec": {"value": "y"}}, namespace)
+        await eventually(value_is(admin, namespace, "led", "y"), what="the new leader to reconcile")
+        assert second_reconciler.calls[Request(namespace, "led")] >= 1
+    finally:
+        second.stop()
+        first.stop()
+        await asyncio.gather(first_task, second_task, return_exceptions=True)
+
+
+async def test_a_manager_that_loses_its_lease_stops_reconciling_at_once(
+    control_plane: ControlPlane, admin: Client, namespace: str
+) -> None:
+    from tailnet_operator.runtime.kinds import LEASE
+    from tailnet_operator.runtime.manager import LeadershipLost
+
+    lease = f"widgets-{uuid.uuid4().hex[:6]}"
+    manager, reconciler = _elected_manager(control_plane.kubeconfig, "doomed", lease)
+    task = asyncio.create_task(manager.run())
+    await eventually(lambda: manager.elector is not None and manager.elector.is_leader, what="leading")
+    current = await admin.get(LEASE, lease, "default")
+    current["spec"]["holderIdentity"] = "usurper"
+    await admin.replace(LEASE, current)
+    lost_at = time.monotonic()
+    with pytest.raises(LeadershipLost):
+        await asyncio.wait_for(task, 10)
+    assert time.monotonic() - lost_at < 2.0 + 1.0, "loss must stop the manager within the renew deadline"
+    assert reconciler.in_flight == 0
+    assert sample(manager.registry, "leader_election_master_status", name=lease) == 0

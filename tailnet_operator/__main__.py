@@ -5,83 +5,56 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 from collections.abc import Sequence
 
-import aiohttp
 import structlog
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
 from tailnet_operator import __version__, logs
 from tailnet_operator.runtime import config as rest_config
+from tailnet_operator.runtime.errors import KubeError
+from tailnet_operator.runtime.manager import LeadershipLost, Manager, ManagerOptions
 
 log = structlog.get_logger("tailnet-operator")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
     parser = argparse.ArgumentParser(prog="tailnet-operator", description=__doc__)
     parser.add_argument("--kubeconfig", default=os.environ.get("TAILNET_KUBECONFIG"),
                         help="kubeconfig to use; default: in-cluster, then $KUBECONFIG, then ~/.kube/config")
     parser.add_argument("--context", default=None, help="kubeconfig context; default: the current one")
+    parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "tailnet-system"),
+                        help="the operator's namespace: egresses, its Secrets and its Lease (default tailnet-system)")
     parser.add_argument("--metrics-bind-address", default="0.0.0.0:8080",
                         help="host:port of /metrics (default 0.0.0.0:8080; 0 disables)")
     parser.add_argument("--health-probe-bind-address", default="0.0.0.0:8081",
                         help="host:port of /healthz and /readyz (default 0.0.0.0:8081; 0 disables)")
-    parser.add_argument("--log-format", choices=["console", "json"],
-                        default="json" if os.environ.get("KUBERNETES_SERVICE_HOST") else "console")
+    parser.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=in_cluster,
+                        help="elect a leader on a Lease before reconciling (default: on in a cluster)")
+    parser.add_argument("--log-format", choices=["console", "json"], default="json" if in_cluster else "console")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--version", action="version", version=f"tailnet-operator {__version__}")
     return parser.parse_args(argv)
 
 
-async def _serve(app: web.Application, address: str) -> web.AppRunner | None:
-    if address == "0":
-        return None
-    host, _, port = address.rpartition(":")
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
-    return runner
+def build_manager(args: argparse.Namespace) -> Manager:
+    options = ManagerOptions(
+        metrics_bind_address=args.metrics_bind_address,
+        health_probe_bind_address=args.health_probe_bind_address,
+        leader_election=args.leader_elect,
+        leader_election_namespace=args.namespace,
+    )
+    return Manager(rest_config.load(args.kubeconfig, context=args.context), options)
 
 
 async def run(args: argparse.Namespace) -> int:
-    cfg = rest_config.load(args.kubeconfig, context=args.context)
-    registry = CollectorRegistry()
-    build_info = Gauge("tailnet_operator_build_info", "Version of the running operator.", ["version"],
-                       registry=registry)
-    build_info.labels(__version__).set(1)
-    headers = {"Authorization": f"Bearer {cfg.token}"} if cfg.token else {}
-    async with aiohttp.ClientSession(headers=headers,
-                                     connector=aiohttp.TCPConnector(ssl=cfg.ssl_context())) as session:
-        async with session.get(f"{cfg.host}/version", timeout=aiohttp.ClientTimeout(total=10)) as resp:
-            resp.raise_for_status()
-            version = (await resp.json())["gitVersion"]
-        log.info("connected to kube-apiserver", host=cfg.host, server_version=version)
-
-        async def ok(_: web.Request) -> web.Response:
-            return web.Response(text="ok")
-
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-        probes = web.Application()
-        probes.add_routes([web.get("/healthz", ok), web.get("/readyz", ok)])
-        metrics_app = web.Application()
-        metrics_app.add_routes([web.get("/metrics", metrics)])
-        runners = [await _serve(probes, args.health_probe_bind_address),
-                   await _serve(metrics_app, args.metrics_bind_address)]
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        log.info("operator running", metrics=args.metrics_bind_address,
-                 probes=args.health_probe_bind_address)
-        await stop.wait()
-        log.info("shutting down")
-        for runner in runners:
-            if runner is not None:
-                await runner.cleanup()
+    manager = build_manager(args)
+    log.info("starting", version=__version__, api_server=manager.client.config.host, namespace=args.namespace,
+             metrics=args.metrics_bind_address, probes=args.health_probe_bind_address,
+             leader_election=args.leader_elect)
+    await manager.run(handle_signals=True)
+    log.info("stopped")
     return 0
 
 
@@ -93,8 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except rest_config.ConfigError as exc:
         print(f"tailnet-operator: {exc}", file=sys.stderr)
         return 1
-    except aiohttp.ClientError as exc:
-        print(f"tailnet-operator: cannot reach kube-apiserver: {exc}", file=sys.stderr)
+    except LeadershipLost as exc:
+        log.error("exiting", reason=str(exc))
+        return 1
+    except KubeError as exc:
+        print(f"tailnet-operator: cannot talk to kube-apiserver: {exc}", file=sys.stderr)
         return 1
 
 

@@ -60,9 +60,23 @@ def _wait_established(plane: ControlPlane, names: list[str]) -> None:
         wait_until(functools.partial(established, name), timeout=30, what=f"CRD {name} Established")
 
 
+SAMPLE_NAMESPACES = {"TailnetEgress": OPERATOR_NAMESPACE, "TailnetIngress": "default"}
+"""Where the namespaced samples go: egresses live in the operator's namespace."""
+
+BASE_POLICY = """// The base policy the sample Tailnet renders on top of (HuJSON: comments allowed).
+{
+  "groups": {"group:platform": []},
+  "tagOwners": {},
+  "grants": [],
+}
+"""
+
+
 def _point_samples_at(headscale: Headscale, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Aim the sample Tailnet at the local Headscale and its bootstrap Secret."""
     for doc in samples:
+        if doc["kind"] in SAMPLE_NAMESPACES:
+            doc["metadata"].setdefault("namespace", SAMPLE_NAMESPACES[doc["kind"]])
         if doc["kind"] == "Tailnet":
             spec = doc["spec"]
             spec["loginURL"] = headscale.url
@@ -106,6 +120,9 @@ def main() -> int:
             {"apiVersion": "v1", "kind": "Secret",
              "metadata": {"name": BOOTSTRAP_SECRET, "namespace": OPERATOR_NAMESPACE},
              "stringData": {"apiKey": headscale.api_key}},
+            {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": "tailnet-policy-base", "namespace": OPERATOR_NAMESPACE},
+             "data": {"policy.hujson": BASE_POLICY}},
         ])
         samples = _point_samples_at(headscale, _documents(REPO / "manifests" / "samples"))
         _apply(plane, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}

@@ -121,26 +121,33 @@ class Manager:
         async with self.client, asyncio.TaskGroup() as group:
             servers = await self._start_servers()
             try:
-                background = [group.create_task(self.cache.run(), name="cache")]
-                await self._wait(self.cache.wait_for_sync(self.options.cache_sync_timeout))
-                self._synced = True
-                if self._stop.is_set():
-                    return self._cancel(background)
-                if self.elector is not None:
-                    background.append(group.create_task(self.elector.run(), name="leader election"))
-                    if not await self._wait(self.elector.wait_leading()):
-                        return self._cancel(background)
-                log.info("starting controllers", controllers=[c.name for c in self.controllers])
-                running = [group.create_task(c.run(), name=f"controller {c.name}") for c in self.controllers]
-                lost = await self._wait_stop_or_lost()
-                if lost:
-                    self._cancel(running + background)
-                    raise LeadershipLost("leader election lost: stopped reconciling")
-                await self._drain(running)
-                self._cancel(background)
+                lost = await self._run_in(group)
             finally:
                 for runner in servers:
                     await runner.cleanup()
+        if lost:
+            raise LeadershipLost("leader election lost: stopped reconciling")
+
+    async def _run_in(self, group: asyncio.TaskGroup) -> bool:
+        """Start everything in ``group``; return True if the Lease was lost."""
+        background = [group.create_task(self.cache.run(), name="cache")]
+        if not await self._wait(self.cache.wait_for_sync(self.options.cache_sync_timeout)):
+            self._cancel(background)
+            return False
+        self._synced = True
+        if self.elector is not None:
+            background.append(group.create_task(self.elector.run(), name="leader election"))
+            if not await self._wait(self.elector.wait_leading()):
+                self._cancel(background)
+                return False
+        log.info("starting controllers", controllers=[c.name for c in self.controllers])
+        running = [group.create_task(c.run(), name=f"controller {c.name}") for c in self.controllers]
+        if await self._wait_lost():
+            self._cancel(running + background)
+            return True
+        await self._drain(running)
+        self._cancel(background)
+        return False
 
     async def _wait(self, awaitable: Awaitable[None]) -> bool:
         """Await ``awaitable`` unless a stop comes first; True if it completed."""
@@ -156,11 +163,12 @@ class Manager:
         task.cancel()
         return False
 
-    async def _wait_stop_or_lost(self) -> bool:
+    async def _wait_lost(self) -> bool:
+        """Wait for a stop (False) or the loss of the Lease (True)."""
         if self.elector is None:
             await self._stop.wait()
             return False
-        return not await self._wait(self.elector.wait_lost())
+        return await self._wait(self.elector.wait_lost())
 
     async def _drain(self, running: list[asyncio.Task[None]]) -> None:
         log.info("stopping controllers", timeout=self.options.graceful_shutdown_timeout)
