@@ -21,7 +21,7 @@ prereqs:
 $(VENV)/.installed: pyproject.toml requirements.lock | prereqs
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
-	@$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
 venv: $(VENV)/.installed

@@ -97,7 +97,13 @@ def _link_kubectl(env: Environment) -> Path:
     return bin_dir
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)  # stop everything as Ctrl-C does
     root = default_root()
     if root.exists():
         shutil.rmtree(root)

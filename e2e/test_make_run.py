@@ -1,0 +1,65 @@
+"""`make run`'s environment: it comes up with the CRDs and samples, and Ctrl-C stops all of it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hack.localenv import marked_processes, wait_until
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_local_environment_serves_the_samples_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    from kubernetes import client, config
+
+    env = {**os.environ, "TAILNET_LOCALENV_DIR": str(tmp_path / "localenv"),
+           "KUBECONFIG": str(tmp_path / "must-not-be-touched")}
+    proc = subprocess.Popen([sys.executable, "-m", "hack.localenv"], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    output: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            output.append(line)
+            if "Ctrl-C stops everything" in line:
+                break
+        text = "".join(output)
+        assert "Ctrl-C stops everything" in text, text
+        kubeconfig = next(line.split(":", 1)[1].strip() for line in output if "kubeconfig:" in line)
+
+        api = client.ApiClient(config.new_client_from_config(config_file=kubeconfig).configuration)
+        custom = client.CustomObjectsApi(api)
+        tailnets = custom.list_cluster_custom_object("tailnet.dev", "v1alpha1", "tailnets")["items"]
+        assert [t["metadata"]["name"] for t in tailnets] == ["headscale"]
+        assert tailnets[0]["spec"]["loginURL"].startswith("https://127.0.0.1:")
+        egresses = custom.list_namespaced_custom_object("tailnet.dev", "v1alpha1", "tailnet-system",
+                                                        "tailnetegresses")["items"]
+        assert len(egresses) == 1
+
+        wait_until(lambda: _ready("http://127.0.0.1:8081/readyz"), timeout=30, what="the operator's /readyz")
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(60)
+    assert code == 0, "".join(output[-20:])
+    assert not (tmp_path / "must-not-be-touched").exists()
+    assert list(marked_processes(f"localenv-{proc.pid}")) == []
+
+
+def _ready(url: str) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=2) as resp:
+        return bool(resp.read() == b"ok")
