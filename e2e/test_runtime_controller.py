@@ -320,3 +320,82 @@ async def test_a_manager_that_loses_its_lease_stops_reconciling_at_once(
     assert time.monotonic() - lost_at < 2.0 + 1.0, "loss must stop the manager within the renew deadline"
     assert reconciler.in_flight == 0
     assert sample(manager.registry, "leader_election_master_status", name=lease) == 0
+
+
+# -- the informer's edges -----------------------------------------------------------------------
+
+
+async def test_informer_takes_objects_larger_than_128_kib_and_reconnects_a_silent_watch(
+    control_plane: ControlPlane, tmp_path: Path, namespace: str
+) -> None:
+    from tailnet_operator.runtime.informer import Informer
+
+    proxy = await TcpProxy("127.0.0.1", control_plane.port).start()
+    kubeconfig = control_plane.kubeconfig_for(f"https://{proxy.address}", tmp_path / "via-proxy")
+    async with Client(rest_config.load(kubeconfig)) as client, \
+            Client(rest_config.load(control_plane.kubeconfig)) as admin:
+        informer = Informer(client, CONFIG_MAP, namespace, inactivity_timeout=2.0)
+        task = asyncio.create_task(informer.run())
+        try:
+            await eventually(lambda: informer.synced, what="sync")
+            big = "x" * (300 * 1024)
+            await admin.create(CONFIG_MAP, {"metadata": {"name": "big", "namespace": namespace}, "data": {"v": big}})
+            await eventually(lambda: (informer.store.get(f"{namespace}/big") or {}).get("data", {}).get("v") == big,
+                             what="a 300 KiB object through the watch")
+
+            watches = informer.stats.watches
+            proxy.freeze()
+            await eventually(lambda: informer.stats.watch_errors >= 1, timeout=10,
+                             what="the inactivity watchdog to drop the silent watch")
+            proxy.thaw()
+            await admin.create(CONFIG_MAP, {"metadata": {"name": "after", "namespace": namespace}})
+            await eventually(lambda: informer.store.get(f"{namespace}/after") is not None, timeout=20,
+                             what="the object created after the silence")
+            assert informer.stats.watches > watches
+            assert informer.stats.lists == 1
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await proxy.close()
+
+
+async def test_manager_serves_probes_and_controller_runtime_metrics(
+    control_plane: ControlPlane, admin: Client, namespace: str
+) -> None:
+    import aiohttp
+
+    manager = Manager(rest_config.load(control_plane.kubeconfig),
+                      ManagerOptions(metrics_bind_address="127.0.0.1:0", health_probe_bind_address="127.0.0.1:0"),
+                      registry=CollectorRegistry())
+    reconciler = WidgetReconciler(manager.client, manager.cache)
+    manager.controller("widget", reconciler).for_(WIDGET).owns(CONFIG_MAP, WIDGET)
+    task = asyncio.create_task(manager.run())
+    try:
+        await eventually(lambda: "metrics" in manager.bound_addresses and "probes" in manager.bound_addresses,
+                         what="servers bound")
+        probes = "http://{}:{}".format(*manager.bound_addresses["probes"])
+        metrics = "http://{}:{}/metrics".format(*manager.bound_addresses["metrics"])
+        async with aiohttp.ClientSession() as http:
+            async def ready() -> bool:
+                async with http.get(f"{probes}/readyz") as resp:
+                    return resp.status == 200 and await resp.text() == "ok"
+
+            await eventually(ready, what="/readyz")
+            async with http.get(f"{probes}/healthz?verbose") as resp:
+                assert resp.status == 200
+                assert "[+]ping ok" in await resp.text()
+            await admin.create(WIDGET, widget("scraped", namespace, "m"))
+            await eventually(value_is(admin, namespace, "scraped", "m"), what="reconciled")
+            async with http.get(metrics) as resp:
+                text = await resp.text()
+        for family in ("controller_runtime_reconcile_total", "controller_runtime_reconcile_time_seconds_bucket",
+                       "controller_runtime_active_workers", "controller_runtime_max_concurrent_reconciles",
+                       "workqueue_depth", "workqueue_adds_total", "workqueue_queue_duration_seconds_bucket",
+                       "workqueue_work_duration_seconds_bucket", "workqueue_retries_total",
+                       "rest_client_requests_total"):
+            assert f"\n{family}{{" in text, f"{family} missing from /metrics"
+        assert 'controller_runtime_reconcile_total{controller="widget",result="success"}' in text
+        assert "_created" not in text
+    finally:
+        manager.stop()
+        await asyncio.wait_for(task, 30)

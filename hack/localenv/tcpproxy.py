@@ -18,6 +18,8 @@ class TcpProxy:
         self.port = port or free_port()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -43,6 +45,13 @@ class TcpProxy:
     async def restore(self) -> None:
         await self.start()
 
+    def freeze(self) -> None:
+        """Keep connections open but stop moving bytes: a peer that went silent."""
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        self._flowing.set()
+
     async def close(self) -> None:
         await self.cut()
 
@@ -64,10 +73,10 @@ class TcpProxy:
                 self._writers.discard(w)
                 w.transport.abort()
 
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
             while data := await reader.read(65536):
+                await self._flowing.wait()
                 writer.write(data)
                 await writer.drain()
         with contextlib.suppress(OSError, RuntimeError):

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from .client import JSON, Client
+from .client import JSON, WATCH_INACTIVITY_TIMEOUT, Client
 from .errors import Gone, KubeError
 from .kinds import Resource
 
@@ -173,7 +173,8 @@ class Informer:
     """
 
     def __init__(self, client: Client, resource: Resource, namespace: str | None = None, *,
-                 backoff: Backoff | None = None, sleep: Callable[[float], Any] = asyncio.sleep) -> None:
+                 backoff: Backoff | None = None, sleep: Callable[[float], Any] = asyncio.sleep,
+                 inactivity_timeout: float = WATCH_INACTIVITY_TIMEOUT) -> None:
         self.client = client
         self.resource = resource
         self.namespace = namespace
@@ -183,6 +184,7 @@ class Informer:
         self._synced = asyncio.Event()
         self._backoff = backoff or Backoff()
         self._sleep = sleep
+        self._inactivity_timeout = inactivity_timeout
         self._log = log.bind(resource=str(resource), namespace=namespace or "")
 
     @property
@@ -233,7 +235,8 @@ class Informer:
     async def _watch(self, resource_version: str) -> str:
         """Apply watch events until the server ends the stream; return where to resume."""
         self.stats.watches += 1
-        async for event in self.client.watch(self.resource, self.namespace, resource_version=resource_version):
+        async for event in self.client.watch(self.resource, self.namespace, resource_version=resource_version,
+                                             inactivity_timeout=self._inactivity_timeout):
             if event.type == "BOOKMARK":
                 pass
             elif event.type in ("ADDED", "MODIFIED"):

@@ -1,0 +1,120 @@
+"""The informer's store logic with a scripted list/watch: indexes, tombstones, resume and relist."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tailnet_operator.runtime.client import JSON, ObjectList, WatchEvent
+from tailnet_operator.runtime.errors import Gone, TransportError
+from tailnet_operator.runtime.informer import Backoff, DeletedFinalStateUnknown, Informer, Store
+from tailnet_operator.runtime.kinds import CONFIG_MAP
+
+
+def cm(name: str, rv: str, ns: str = "a", **labels: str) -> JSON:
+    return {"metadata": {"name": name, "namespace": ns, "resourceVersion": rv, "labels": labels}}
+
+
+class ScriptedClient:
+    """Answers list() from a queue of lists and watch() from a queue of event scripts."""
+
+    def __init__(self, lists: list[ObjectList], watches: list[list[WatchEvent] | Exception]) -> None:
+        self.lists = lists
+        self.watches = watches
+        self.watched_from: list[str] = []
+        self.exhausted = asyncio.Event()
+
+    async def list(self, resource: Any, namespace: Any = None, **_: Any) -> ObjectList:
+        return self.lists.pop(0)
+
+    async def watch(self, resource: Any, namespace: Any = None, *, resource_version: str,
+                    **_: Any) -> AsyncIterator[WatchEvent]:
+        self.watched_from.append(resource_version)
+        if not self.watches:
+            self.exhausted.set()
+            await asyncio.Event().wait()
+        script = self.watches.pop(0)
+        if isinstance(script, Exception):
+            raise script
+        for event in script:
+            yield event
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def on_add(self, obj: JSON) -> None:
+        self.events.append(("add", obj["metadata"]["name"]))
+
+    def on_update(self, old: JSON, new: JSON) -> None:
+        self.events.append(("update", new["metadata"]["name"]))
+
+    def on_delete(self, obj: JSON | DeletedFinalStateUnknown) -> None:
+        self.events.append(("tombstone" if isinstance(obj, DeletedFinalStateUnknown) else "delete",
+                            obj.key if isinstance(obj, DeletedFinalStateUnknown) else obj["metadata"]["name"]))
+
+
+async def run_until_exhausted(client: ScriptedClient) -> tuple[Informer, Recorder]:
+    async def no_sleep(_: float) -> None:
+        await asyncio.sleep(0)
+
+    informer = Informer(client, CONFIG_MAP, backoff=Backoff(jitter=0), sleep=no_sleep)  # type: ignore[arg-type]
+    recorder = Recorder()
+    informer.add_handler(recorder)
+    task = asyncio.create_task(informer.run())
+    await asyncio.wait_for(client.exhausted.wait(), 5)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return informer, recorder
+
+
+def test_store_indexes_follow_updates_and_removals() -> None:
+    store = Store()
+    store.add_indexer("team", lambda o: [o["metadata"]["labels"].get("team", "")])
+    store.put(cm("x", "1", team="red"))
+    store.put(cm("y", "1", ns="b", team="red"))
+    assert [o["metadata"]["name"] for o in store.by_index("team", "red")] == ["x", "y"]
+    store.put(cm("x", "2", team="blue"))
+    assert [o["metadata"]["name"] for o in store.by_index("team", "red")] == ["y"]
+    assert [o["metadata"]["name"] for o in store.by_index("namespace", "a")] == ["x"]
+    store.remove("b/y")
+    assert store.by_index("team", "red") == []
+    with pytest.raises(ValueError):
+        store.add_indexer("team", lambda o: [])
+
+
+async def test_a_broken_watch_resumes_from_the_last_resource_version_without_listing() -> None:
+    client = ScriptedClient(
+        lists=[ObjectList([cm("x", "10")], "10")],
+        watches=[[WatchEvent("ADDED", cm("y", "11")), WatchEvent("BOOKMARK", {"metadata": {"resourceVersion": "15"}})],
+                 TransportError("connection reset"),
+                 [WatchEvent("MODIFIED", cm("x", "16")), WatchEvent("DELETED", cm("y", "17"))]])
+    informer, recorder = await run_until_exhausted(client)
+    assert client.watched_from == ["10", "15", "15", "17"]
+    assert informer.stats.lists == 1
+    assert recorder.events == [("add", "x"), ("add", "y"), ("update", "x"), ("delete", "y")]
+    assert informer.store.object_keys() == ["a/x"]
+
+
+async def test_gone_relists_and_emits_tombstones_for_objects_that_vanished() -> None:
+    client = ScriptedClient(
+        lists=[ObjectList([cm("x", "10"), cm("y", "10")], "10"),
+               ObjectList([cm("x", "10"), cm("z", "30")], "30")],
+        watches=[Gone(410, "Expired", "too old resource version")])
+    informer, recorder = await run_until_exhausted(client)
+    assert client.watched_from == ["10", "30"]
+    assert informer.stats.relists_after_gone == 1
+    assert ("tombstone", "a/y") in recorder.events
+    assert ("add", "z") in recorder.events
+    assert ("update", "x") not in recorder.events, "an unchanged object is not an update"
+
+
+def test_backoff_doubles_from_800ms_to_a_30s_cap() -> None:
+    backoff = Backoff(jitter=0)
+    assert [backoff.delay() for _ in range(8)] == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]
+    backoff.reset()
+    assert backoff.delay() == 0.8
