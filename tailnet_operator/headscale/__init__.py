@@ -1,0 +1,71 @@
+"""Async client of the Headscale REST API (0.29; 0.30's error bodies understood too).
+
+``HeadscaleClient`` is the entry point; the modules behind it are private. Errors form one
+hierarchy rooted at :class:`HeadscaleError` (drawn in ``_errors``); results are frozen
+dataclasses; ``Transport``/``MockTransport`` are the seam tests use instead of the network.
+"""
+
+from ._client import (
+    DEFAULT_API_KEY_LIFETIME,
+    DEFAULT_ATTEMPTS,
+    DEFAULT_BACKOFF,
+    DEFAULT_PREAUTH_KEY_LIFETIME,
+    DEFAULT_TIMEOUT,
+    Expiration,
+    HeadscaleClient,
+)
+from ._errors import (
+    AlreadyExists,
+    APIError,
+    Conflict,
+    ConnectError,
+    Forbidden,
+    HeadscaleError,
+    InvalidRequest,
+    NotFound,
+    PolicyRejected,
+    RequestTimeout,
+    ServerError,
+    TLSVerificationError,
+    TransportError,
+    Unauthorized,
+)
+from ._models import ApiKey, Health, NewApiKey, Node, Policy, PreAuthKey, User, mask_key
+from ._transport import AiohttpTransport, MockTransport, Request, Response, Transport
+
+__all__ = [
+    "DEFAULT_API_KEY_LIFETIME",
+    "DEFAULT_ATTEMPTS",
+    "DEFAULT_BACKOFF",
+    "DEFAULT_PREAUTH_KEY_LIFETIME",
+    "DEFAULT_TIMEOUT",
+    "APIError",
+    "AiohttpTransport",
+    "AlreadyExists",
+    "ApiKey",
+    "Conflict",
+    "ConnectError",
+    "Expiration",
+    "Forbidden",
+    "HeadscaleClient",
+    "HeadscaleError",
+    "Health",
+    "InvalidRequest",
+    "MockTransport",
+    "NewApiKey",
+    "Node",
+    "NotFound",
+    "Policy",
+    "PolicyRejected",
+    "PreAuthKey",
+    "Request",
+    "RequestTimeout",
+    "Response",
+    "ServerError",
+    "TLSVerificationError",
+    "Transport",
+    "TransportError",
+    "Unauthorized",
+    "User",
+    "mask_key",
+]

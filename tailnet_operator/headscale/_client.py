@@ -1,0 +1,412 @@
+"""The async Headscale REST client (``/api/v1``, Headscale 0.29; error bodies of 0.30 understood too).
+
+Every call is one logical operation made of at most ``attempts`` HTTP attempts (default 3),
+each bounded by ``timeout`` seconds (default 10), with exponential backoff between them.
+
+Retry rule (``_should_retry``), in order:
+
+1. :class:`ConnectError`: the request was never sent, so it is retried for every call.
+2. :class:`TLSVerificationError`: a trust problem does not heal; never retried.
+3. :class:`RequestTimeout` or a connection that broke mid-request: retried only for idempotent
+   calls (reads, PUT, DELETE, expire, approve, set tags), because a create may already have
+   happened.
+4. :class:`ServerError` with ``transient`` (502/503/504, a non-Headscale body, gRPC
+   Unavailable/DeadlineExceeded/ResourceExhausted/Aborted): retried for idempotent calls; for
+   creates only on 502/503, which a proxy sends when Headscale never saw the request.
+5. Everything else is Headscale's own answer and is raised at once. This includes the 0.29
+   validation failures that arrive as HTTP 500 with gRPC code 2 (policy errors, bad prefixes)
+   or 13 (duplicate names): repeating them only repeats the answer.
+
+Logs go to the structlog logger ``headscale`` (``logger_name="headscale"`` on each line) with
+method, path, status, attempt and elapsed milliseconds. Nothing logged, raised or repr'd
+contains the API key: requests hide their headers, error bodies are scrubbed of the key, and
+the client shows the key only in Headscale's masked form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from urllib.parse import quote, urlencode, urlsplit
+
+import structlog
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential
+
+from ._errors import (
+    ConnectError,
+    NotFound,
+    RequestTimeout,
+    ServerError,
+    TLSVerificationError,
+    TransportError,
+    error_from_response,
+)
+from ._models import (
+    JSON,
+    ApiKey,
+    Health,
+    NewApiKey,
+    Node,
+    Policy,
+    PreAuthKey,
+    User,
+    mask_key,
+    parse_time,
+    raw_api_key_prefix,
+)
+from ._transport import AiohttpTransport, Request, Transport
+
+DEFAULT_TIMEOUT = 10.0
+"""Seconds one HTTP attempt may take, connect to last byte."""
+
+DEFAULT_ATTEMPTS = 3
+"""HTTP attempts per call, the first included; 1 disables retries."""
+
+DEFAULT_BACKOFF = 0.5
+"""Seconds before the second attempt; doubled before each later one (0.5 s, then 1 s)."""
+
+MAX_BACKOFF = 5.0
+"""Upper bound, in seconds, of one wait between attempts."""
+
+DEFAULT_API_KEY_LIFETIME = dt.timedelta(days=90)
+"""Lifetime of a new API key when none is given (the Headscale CLI's default)."""
+
+DEFAULT_PREAUTH_KEY_LIFETIME = dt.timedelta(hours=1)
+"""Lifetime of a new pre-auth key when none is given (the Headscale CLI's default)."""
+
+Expiration = dt.datetime | dt.timedelta
+"""An aware datetime, or a timedelta from now. Headscale treats a missing expiration as already
+expired, so the client always sends one."""
+
+_GATEWAY_REFUSED = (502, 503)
+_log = structlog.get_logger("headscale", logger_name="headscale")
+
+
+def _rfc3339(value: Expiration) -> str:
+    when = dt.datetime.now(dt.UTC) + value if isinstance(value, dt.timedelta) else value
+    if when.tzinfo is None:
+        raise ValueError("expiration must be timezone-aware (or a timedelta from now)")
+    return when.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _segment(value: str | int) -> str:
+    return quote(str(value), safe="")
+
+
+def _should_retry(exc: BaseException, *, idempotent: bool) -> bool:
+    """The retry rule of the module docstring, numbered the same way."""
+    if isinstance(exc, ConnectError):
+        return True
+    if isinstance(exc, TLSVerificationError):
+        return False
+    if isinstance(exc, TransportError):
+        return idempotent
+    if isinstance(exc, ServerError) and exc.transient:
+        return idempotent or exc.status in _GATEWAY_REFUSED
+    return False
+
+
+class HeadscaleClient:
+    """Async client of one Headscale server. Use ``async with HeadscaleClient(url, key) as hs``.
+
+    ``url`` is the server's base URL (``https://headscale.example:443``; a path prefix is kept).
+    ``api_key`` is sent as ``Authorization: Bearer``. ``ca_bundle`` is the CA that signed the
+    server certificate, as PEM text or a file path; None trusts the system roots.
+    ``timeout``, ``attempts`` and ``backoff`` default to :data:`DEFAULT_TIMEOUT`,
+    :data:`DEFAULT_ATTEMPTS` and :data:`DEFAULT_BACKOFF`.
+
+    ``transport`` replaces the network (tests pass a :class:`MockTransport`); the caller owns it.
+    By default the client owns one aiohttp session, opened on the first call and closed by
+    :meth:`aclose`. A closed client cannot be reused.
+    """
+
+    def __init__(self, url: str, api_key: str, *, ca_bundle: str | Path | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, attempts: int = DEFAULT_ATTEMPTS,
+                 backoff: float = DEFAULT_BACKOFF, transport: Transport | None = None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"Headscale URL must be http(s)://host[:port], got {url!r}")
+        if timeout <= 0 or attempts < 1 or backoff < 0:
+            raise ValueError("timeout must be > 0, attempts >= 1 and backoff >= 0")
+        if not api_key:
+            raise ValueError("an API key is required")
+        self.url = url.rstrip("/")
+        self._api_key = api_key
+        self._key_bytes = api_key.encode()
+        self._timeout = timeout
+        self._attempts = attempts
+        self._backoff = backoff
+        self._owned: AiohttpTransport | None = None
+        if transport is None:
+            self._owned = AiohttpTransport(ca_bundle=ca_bundle)
+            transport = self._owned
+        self._transport: Transport = transport
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"HeadscaleClient(url={self.url!r}, api_key={mask_key(self._api_key)!r})"
+
+    async def __aenter__(self) -> HeadscaleClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the client's own aiohttp session (an injected transport is left open)."""
+        self._closed = True
+        if self._owned is not None:
+            await self._owned.aclose()
+
+    # -- server --------------------------------------------------------------------------------
+
+    async def health(self) -> Health:
+        """``GET /api/v1/health``: proves the key is accepted and the database answers."""
+        doc = await self._call("GET", "/api/v1/health")
+        return Health(database_connectivity=bool(doc.get("databaseConnectivity")))
+
+    async def version(self) -> str:
+        """The server's version, e.g. ``v0.29.2``, from ``GET /version`` (0.29+, unauthenticated: the
+        key is not sent). Builds outside a release report what ``go install`` recorded."""
+        doc = await self._call("GET", "/version", auth=False)
+        return str(doc.get("version") or "")
+
+    # -- API keys ------------------------------------------------------------------------------
+
+    async def create_api_key(self, *, expiration: Expiration = DEFAULT_API_KEY_LIFETIME) -> NewApiKey:
+        """A new API key; its full value is returned only here.
+
+        Headscale answers with the key alone, so the key is then looked up in the list to return
+        its id (needed to expire it later) and timestamps. If it is not listed, ``info.id`` is "";
+        if that list call fails, its error is raised and the new key is left to expire unused.
+        """
+        when = _rfc3339(expiration)
+        doc = await self._call("POST", "/api/v1/apikey", body={"expiration": when}, idempotent=False)
+        key = str(doc["apiKey"])
+        prefix = mask_key(key)
+        listed = next((k for k in await self.list_api_keys() if k.prefix == prefix), None)
+        info = listed or ApiKey(id="", prefix=prefix, expiration=parse_time(when), created_at=None, last_seen=None)
+        return NewApiKey(key=key, info=info)
+
+    async def list_api_keys(self) -> list[ApiKey]:
+        """All API keys, expired ones included, with their masked prefixes."""
+        doc = await self._call("GET", "/api/v1/apikey")
+        return [ApiKey.from_json(k) for k in doc.get("apiKeys") or ()]
+
+    async def expire_api_key(self, *, prefix: str | None = None, key_id: str | int | None = None) -> None:
+        """Expire one key, named by exactly one of ``prefix`` (a full key, masked or bare prefix) or ``key_id``.
+
+        Only the bare prefix is sent, never a secret.
+        """
+        if (prefix is None) == (key_id is None):
+            raise ValueError("give exactly one of prefix or key_id")
+        body = {"prefix": raw_api_key_prefix(prefix)} if prefix is not None else {"id": str(key_id)}
+        await self._call("POST", "/api/v1/apikey/expire", body=body)
+
+    async def delete_api_key(self, prefix: str) -> None:
+        """Delete a key by prefix (a full key, masked or bare prefix; only the bare prefix is sent)."""
+        await self._call("DELETE", f"/api/v1/apikey/{_segment(raw_api_key_prefix(prefix))}")
+
+    # -- pre-auth keys -------------------------------------------------------------------------
+
+    async def create_preauth_key(self, *, expiration: Expiration = DEFAULT_PREAUTH_KEY_LIFETIME,
+                                 user: str | int | None = None, acl_tags: Sequence[str] = (),
+                                 reusable: bool = False, ephemeral: bool = False) -> PreAuthKey:
+        """A new pre-auth key; ``key`` holds its full value only in this result.
+
+        ``user`` is a user *id*. With ``acl_tags`` the key is tag-only and ``user`` may be None;
+        Headscale requires one of the two. Tags must start with ``tag:`` and be lowercase.
+        """
+        body: JSON = {"expiration": _rfc3339(expiration), "reusable": reusable, "ephemeral": ephemeral,
+                      "aclTags": list(acl_tags)}
+        if user is not None:
+            body["user"] = str(user)
+        doc = await self._call("POST", "/api/v1/preauthkey", body=body, idempotent=False)
+        return PreAuthKey.from_json(doc["preAuthKey"])
+
+    async def list_preauth_keys(self) -> list[PreAuthKey]:
+        """Every pre-auth key, expired ones included; keys are masked."""
+        doc = await self._call("GET", "/api/v1/preauthkey")
+        return [PreAuthKey.from_json(k) for k in doc.get("preAuthKeys") or ()]
+
+    async def expire_preauth_key(self, key_id: str | int) -> None:
+        """Set the key's expiration to now; nodes that already joined stay. Unknown ids succeed (0.29)."""
+        await self._call("POST", "/api/v1/preauthkey/expire", body={"id": str(key_id)})
+
+    async def delete_preauth_key(self, key_id: str | int) -> None:
+        """Delete the key; nodes that used it stay. Unknown ids succeed (0.29)."""
+        await self._call("DELETE", "/api/v1/preauthkey", query={"id": str(key_id)})
+
+    # -- users ---------------------------------------------------------------------------------
+
+    async def list_users(self, *, name: str | None = None, user_id: str | int | None = None,
+                         email: str | None = None) -> list[User]:
+        """Users, optionally filtered by exact name, id or email."""
+        query = {k: str(v) for k, v in (("name", name), ("id", user_id), ("email", email)) if v is not None}
+        doc = await self._call("GET", "/api/v1/user", query=query)
+        return [User.from_json(u) for u in doc.get("users") or ()]
+
+    async def create_user(self, name: str, *, display_name: str = "", email: str = "",
+                          picture_url: str = "") -> User:
+        """A new user; a taken name raises AlreadyExists."""
+        body = {"name": name, "displayName": display_name, "email": email, "pictureUrl": picture_url}
+        doc = await self._call("POST", "/api/v1/user", body=body, idempotent=False)
+        return User.from_json(doc["user"])
+
+    async def delete_user(self, user_id: str | int) -> None:
+        """Delete a user by id; an unknown id raises NotFound."""
+        await self._call("DELETE", f"/api/v1/user/{_segment(user_id)}")
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    async def list_nodes(self, *, user: str | None = None) -> list[Node]:
+        """All nodes, or those of one user *name*. Only list fills ``subnet_routes``."""
+        doc = await self._call("GET", "/api/v1/node", query={"user": user} if user is not None else None)
+        return [Node.from_json(n) for n in doc.get("nodes") or ()]
+
+    async def get_node(self, node_id: str | int) -> Node:
+        """One node; an unknown id raises NotFound."""
+        doc = await self._call("GET", f"/api/v1/node/{_segment(node_id)}")
+        return Node.from_json(doc["node"])
+
+    async def delete_node(self, node_id: str | int) -> None:
+        await self._call("DELETE", f"/api/v1/node/{_segment(node_id)}")
+
+    async def expire_node(self, node_id: str | int, *, expiry: dt.datetime | None = None) -> Node:
+        """Expire the node's key at ``expiry`` (aware datetime; None: now), forcing a re-login."""
+        query = {"expiry": _rfc3339(expiry)} if expiry is not None else None
+        doc = await self._call("POST", f"/api/v1/node/{_segment(node_id)}/expire", query=query)
+        return Node.from_json(doc["node"])
+
+    async def set_tags(self, node_id: str | int, tags: Sequence[str]) -> Node:
+        """Replace the node's tags. Each must be in the policy's ``tagOwners``; a user-owned node
+        becomes tagged for good."""
+        doc = await self._call("POST", f"/api/v1/node/{_segment(node_id)}/tags", body={"tags": list(tags)})
+        return Node.from_json(doc["node"])
+
+    async def approve_routes(self, node_id: str | int, routes: Sequence[str]) -> Node:
+        """Set the node's approved routes to exactly ``routes``: it REPLACES the list (``[]`` clears it).
+
+        To add routes, use :meth:`add_approved_routes`.
+        """
+        doc = await self._call("POST", f"/api/v1/node/{_segment(node_id)}/approve_routes",
+                               body={"routes": list(routes)})
+        return Node.from_json(doc["node"])
+
+    async def add_approved_routes(self, node: Node | str | int, routes: Iterable[str]) -> Node:
+        """Approve ``routes`` in addition to those already approved; returns the updated node.
+
+        The current list is read fresh (a passed Node may be stale); nothing is written when every
+        route is already approved. Not atomic: Headscale has no compare-and-set, so an approval
+        made by someone else between the read and the write is lost.
+        """
+        current = await self.get_node(node.id if isinstance(node, Node) else node)
+        wanted = list(current.approved_routes)
+        wanted += [r for r in dict.fromkeys(routes) if r not in current.approved_routes]
+        if len(wanted) == len(current.approved_routes):
+            return current
+        return await self.approve_routes(current.id, wanted)
+
+    # -- policy --------------------------------------------------------------------------------
+
+    async def get_policy(self) -> Policy:
+        """The stored policy as ``(text, updated_at)``; ``("", None)`` when none was ever stored
+        (0.29 answers that case with a 500 "acl policy not found"; Headscale then allows all)."""
+        try:
+            doc = await self._call("GET", "/api/v1/policy")
+        except NotFound as exc:
+            if "policy not found" in exc.message:
+                return Policy(text="", updated_at=None)
+            raise
+        return Policy.from_json(doc)
+
+    async def check_policy(self, text: str) -> None:
+        """Validate ``text`` and run its ``tests`` against the live nodes, storing nothing (0.29+).
+
+        Raises PolicyRejected with Headscale's message.
+        """
+        await self._call("POST", "/api/v1/policy/check", body={"policy": text}, policy=True)
+
+    async def set_policy(self, text: str) -> Policy:
+        """Store ``text`` (HuJSON) as the policy; a refused policy raises PolicyRejected and leaves
+        the live one unchanged. Needs ``policy.mode: database``. Every call adds a database row,
+        so don't store an unchanged policy in a loop."""
+        return Policy.from_json(await self._call("PUT", "/api/v1/policy", body={"policy": text}, policy=True))
+
+    # -- the request engine --------------------------------------------------------------------
+
+    async def _call(self, method: str, path: str, *, body: JSON | None = None,
+                    query: Mapping[str, str] | None = None, idempotent: bool = True, policy: bool = False,
+                    auth: bool = True) -> JSON:
+        """One operation with retries; returns the decoded JSON object of the success answer."""
+        if self._closed:
+            raise RuntimeError("HeadscaleClient is closed; create a new one")
+        target = f"{path}?{urlencode(query)}" if query else path
+        headers = {"Accept": "application/json"}
+        if auth:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        data = None
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            data = json.dumps(body).encode()
+        request = Request(method=method, url=self.url + target, headers=headers, body=data, timeout=self._timeout)
+
+        def log_retry(state: RetryCallState) -> None:
+            _log.info("headscale retry", method=method, path=target, attempt=state.attempt_number + 1,
+                      delay_s=round(state.upcoming_sleep, 3))
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._attempts),
+            wait=wait_exponential(multiplier=self._backoff, max=MAX_BACKOFF),
+            retry=retry_if_exception(lambda exc: _should_retry(exc, idempotent=idempotent)),
+            before_sleep=log_retry,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._attempt(request, target, attempt.retry_state.attempt_number, policy=policy)
+        raise AssertionError("unreachable: tenacity either returns or re-raises")
+
+    async def _attempt(self, request: Request, target: str, number: int, *, policy: bool) -> JSON:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        log = _log.bind(method=request.method, path=target, attempt=number)
+        try:
+            try:
+                # The client's own deadline, so that every transport honours the timeout.
+                async with asyncio.timeout(self._timeout):
+                    response = await self._transport.handle(request)
+            except TimeoutError as exc:
+                raise RequestTimeout(f"{request.method} {request.url} took longer than {self._timeout:g}s") from exc
+        except TransportError as exc:
+            log.warning("headscale request failed", error=type(exc).__name__, reason=str(exc),
+                        elapsed_ms=round((loop.time() - started) * 1000))
+            raise
+        elapsed_ms = round((loop.time() - started) * 1000)
+        if 200 <= response.status < 300:
+            log.debug("headscale request", status=response.status, elapsed_ms=elapsed_ms)
+            return self._decode(response.body, request, target)
+        error = error_from_response(response.status, response.headers,
+                                    response.body.replace(self._key_bytes, b"***"),
+                                    method=request.method, path=target, policy=policy)
+        log.warning("headscale request failed", status=response.status, error=type(error).__name__,
+                    grpc_code=error.grpc_code, reason=error.message, elapsed_ms=elapsed_ms)
+        raise error
+
+    @staticmethod
+    def _decode(body: bytes, request: Request, target: str) -> JSON:
+        if not body.strip():
+            return {}
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise ServerError(f"answer is not JSON: {body[:200].decode(errors='replace')!r}", transient=False,
+                              status=200, method=request.method, path=target) from exc
+        if not isinstance(doc, dict):
+            raise ServerError("answer is not a JSON object", transient=False, status=200,
+                              method=request.method, path=target)
+        return doc
+
