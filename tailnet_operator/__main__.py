@@ -11,8 +11,11 @@ from collections.abc import Sequence
 import structlog
 
 from tailnet_operator import __version__, logs
+from tailnet_operator.controllers.setup import setup
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.errors import KubeError
+from tailnet_operator.runtime.events import EventRecorder
+from tailnet_operator.runtime.leaderelection import default_identity
 from tailnet_operator.runtime.manager import LeadershipLost, Manager, ManagerOptions
 
 log = structlog.get_logger("tailnet-operator")
@@ -50,6 +53,8 @@ def build_manager(args: argparse.Namespace) -> Manager:
 
 async def run(args: argparse.Namespace) -> int:
     manager = build_manager(args)
+    identity = manager.elector.identity if manager.elector is not None else default_identity()
+    setup(manager, namespace=args.namespace, events=EventRecorder(manager.client, reporting_instance=identity))
     log.info("starting", version=__version__, api_server=manager.client.config.host, namespace=args.namespace,
              metrics=args.metrics_bind_address, probes=args.health_probe_bind_address,
              leader_election=args.leader_elect)

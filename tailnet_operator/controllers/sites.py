@@ -35,7 +35,7 @@ def _overlap(a: Iterable[str], b: Iterable[str]) -> tuple[str, str] | None:
         net_a = ipaddress.ip_network(left, strict=False)
         for right in b:
             net_b = ipaddress.ip_network(right, strict=False)
-            if net_a.version == net_b.version and net_a.overlaps(net_b):  # type: ignore[arg-type]
+            if net_a.version == net_b.version and net_a.overlaps(net_b):
                 return left, right
     return None
 

@@ -179,20 +179,22 @@ class Client:
         return await self.request("PUT", resource.path(namespace, name, subresource), body=body)
 
     async def apply(self, resource: Resource, body: JSON, *, subresource: str | None = None,
-                    force: bool = True) -> JSON:
+                    force: bool = True, field_manager: str | None = None) -> JSON:
         """Server-side apply ``body`` (only the fields this manager owns) and return the result.
 
         ``subresource="status"`` applies the status, which needs the object to exist.
+        ``field_manager`` overrides the client's for one part of an object that another
+        reconciler also applies (each manager owns only the fields it sends).
         """
         body = {"apiVersion": resource.api_version, "kind": resource.kind, **body}
         path = resource.path(_ns(body), body["metadata"]["name"], subresource)
-        params = {"fieldManager": self.field_manager}
+        params = {"fieldManager": field_manager or self.field_manager}
         if force:
             params["force"] = "true"
         return await self.request("PATCH", path, body=body, params=params, content_type=APPLY_CONTENT_TYPE)
 
-    async def apply_status(self, resource: Resource, body: JSON) -> JSON:
-        return await self.apply(resource, body, subresource="status")
+    async def apply_status(self, resource: Resource, body: JSON, *, field_manager: str | None = None) -> JSON:
+        return await self.apply(resource, body, subresource="status", field_manager=field_manager)
 
     async def merge_patch(self, resource: Resource, name: str, patch: JSON, namespace: str | None = None,
                           *, subresource: str | None = None) -> JSON:

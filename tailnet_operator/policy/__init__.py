@@ -1,0 +1,54 @@
+"""The Headscale policy as pure data: parse the base, derive what the CRs need, render, compare.
+
+No I/O happens here; the Policy reconciler reads the base ConfigMap and the live policy, calls
+these functions and writes the results. Decisions worth knowing (details in each module):
+
+* Input is HuJSON only: ``//`` and ``/* */`` comments and trailing commas. hjson's extras
+  (quoteless strings, unquoted keys, ``#`` comments, single quotes) are rejected with a position.
+* Derived tags are owned by nobody (``[]``) unless ``owners`` says otherwise; the operator's
+  tag-only pre-auth keys do not need an owner, and the entry makes the tag usable in grants.
+* The base always wins; nothing is removed or reordered; derived entries are appended, sorted.
+* Ingresses get a tag entry but no grant: who may reach them is the policy author's choice.
+* No grants are added to a policy without acls and grants (allow-all stays allow-all).
+"""
+
+from tailnet_operator.policy.derive import (
+    DEFAULT_TAG_OWNERS,
+    Derived,
+    EgressInput,
+    EgressTarget,
+    GatewayInput,
+    Grant,
+    IngressInput,
+    RouteApproval,
+    SiteInput,
+    TagOwner,
+    derive,
+)
+from tailnet_operator.policy.hujson import PolicyParseError, canonical_text, parse_hujson, validate_structure
+from tailnet_operator.policy.render import Added, Missing, Rendered, Skipped, diff_needed, missing, render
+
+__all__ = [
+    "DEFAULT_TAG_OWNERS",
+    "Added",
+    "Derived",
+    "EgressInput",
+    "EgressTarget",
+    "GatewayInput",
+    "Grant",
+    "IngressInput",
+    "Missing",
+    "PolicyParseError",
+    "Rendered",
+    "RouteApproval",
+    "SiteInput",
+    "Skipped",
+    "TagOwner",
+    "canonical_text",
+    "derive",
+    "diff_needed",
+    "missing",
+    "parse_hujson",
+    "render",
+    "validate_structure",
+]

@@ -1,0 +1,65 @@
+"""CRD objects -> the plain inputs of :func:`~tailnet_operator.policy.derive.derive`.
+
+Kept apart so the policy logic does not depend on the API models. Which objects to pass is the
+caller's business: only those of one Tailnet, and only TailnetSites that are not Blocked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from tailnet_operator.api.egress import TailnetEgress
+from tailnet_operator.api.gateway import TailnetGateway
+from tailnet_operator.api.ingress import TailnetIngress
+from tailnet_operator.api.site import TailnetSite
+from tailnet_operator.policy.derive import (
+    DEFAULT_TAG_OWNERS,
+    Derived,
+    EgressInput,
+    EgressTarget,
+    GatewayInput,
+    IngressInput,
+    SiteInput,
+    derive,
+)
+
+
+def egress_input(obj: TailnetEgress) -> EgressInput:
+    return EgressInput(
+        tag=obj.spec.tag,
+        targets=tuple(
+            EgressTarget(address=t.address, ports=tuple(p.port for p in t.ports)) for t in obj.spec.targets
+        ),
+    )
+
+
+def ingress_input(obj: TailnetIngress) -> IngressInput:
+    return IngressInput(tag=obj.spec.tag, ports=tuple(sorted({e.port for e in obj.spec.exposes})))
+
+
+def site_input(obj: TailnetSite) -> SiteInput:
+    return SiteInput(name=obj.metadata.name or "", router_tag=obj.spec.router_tag, routes=tuple(obj.spec.routes))
+
+
+def gateway_input(obj: TailnetGateway) -> GatewayInput:
+    """Only the LoadBalancer range is approved for the gateway itself; site LANs go through TailnetSites."""
+    lb_range = obj.spec.advertise_load_balancer_range
+    return GatewayInput(tag=obj.spec.tag, routes=(lb_range,) if lb_range is not None else ())
+
+
+def derive_from_objects(
+    *,
+    egresses: Iterable[TailnetEgress] = (),
+    ingresses: Iterable[TailnetIngress] = (),
+    sites: Iterable[TailnetSite] = (),
+    gateways: Iterable[TailnetGateway] = (),
+    owners: Sequence[str] = DEFAULT_TAG_OWNERS,
+) -> Derived:
+    """:func:`derive` straight from CRD objects (sites must already exclude Blocked ones)."""
+    return derive(
+        egresses=map(egress_input, egresses),
+        ingresses=map(ingress_input, ingresses),
+        sites=map(site_input, sites),
+        gateways=map(gateway_input, gateways),
+        owners=owners,
+    )

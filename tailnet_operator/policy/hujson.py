@@ -1,0 +1,280 @@
+"""Reading and writing Headscale policy documents (HuJSON in, canonical JSON out).
+
+HuJSON is JSON plus ``//`` and ``/* */`` comments and trailing commas. The hjson package parses
+a superset of that: quoteless strings, unquoted keys, ``#`` comments, single quotes and a
+brace-less root. Those extras would let a typo (``"dst": 10.0.0.1, "ip": ...``) silently become
+a string that swallows the rest of the line, so a token pass rejects everything outside HuJSON
+before hjson builds the tree, and a structure pass checks the blocks Headscale knows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import hjson
+
+JSONObject = dict[str, Any]
+
+# Top-level blocks of the Headscale v0.29 policy (hscontrol/policy/v2). Headscale matches member
+# names case-insensitively, so lookups here do too.
+KNOWN_BLOCKS = (
+    "groups",
+    "hosts",
+    "tagOwners",
+    "acls",
+    "grants",
+    "nodeAttrs",
+    "autoApprovers",
+    "ssh",
+    "tests",
+    "sshTests",
+    "randomizeClientPort",
+)
+
+_LITERAL = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null")
+_DELIMITERS = frozenset(" \t\r\n{}[]:,/")
+_STRUCTURAL = frozenset("{}[]:,")
+_WHITESPACE = frozenset(" \t\r\n")
+_WORD_END = frozenset(' \t\r\n{}[],"')
+
+
+class PolicyParseError(ValueError):
+    """The policy text or structure is not something the operator can safely render.
+
+    ``line`` and ``column`` (1-based) point at the problem when it is in the text.
+    """
+
+    def __init__(self, message: str, *, line: int | None = None, column: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
+        self.column = column
+
+
+def _position(text: str, index: int) -> tuple[int, int]:
+    line = text.count("\n", 0, index) + 1
+    column = index - (text.rfind("\n", 0, index) + 1) + 1
+    return line, column
+
+
+def _error_at(text: str, index: int, message: str, source: str) -> PolicyParseError:
+    line, column = _position(text, index)
+    source_line = text.splitlines()[line - 1] if text.strip() else ""
+    pointer = f"\n  {source_line}\n  {' ' * (column - 1)}^" if source_line.strip() else ""
+    return PolicyParseError(f"{source}: line {line}, column {column}: {message}{pointer}", line=line, column=column)
+
+
+def _skip_string(text: str, start: int, source: str) -> int:
+    """Index just after the double-quoted string that opens at ``start``."""
+    i = start + 1
+    while i < len(text):
+        char = text[i]
+        if char == "\\":
+            i += 2
+            continue
+        if char == '"':
+            return i + 1
+        if char == "\n":
+            raise _error_at(text, start, "string is not closed on this line (escape line breaks as \\n)", source)
+        i += 1
+    raise _error_at(text, start, "string is never closed", source)
+
+
+def _bare_word(text: str, index: int) -> str:
+    end = index
+    while end < len(text) and text[end] not in _WORD_END and end - index < 40:
+        end += 1
+    word = text[index : max(end, index + 1)]
+    return word.rstrip(":") or word
+
+
+def _check_tokens(text: str, source: str) -> None:
+    """Reject everything hjson accepts that HuJSON does not, with the position of the first offence."""
+    i = 0
+    first_token = True
+    while i < len(text):
+        char = text[i]
+        if char in _WHITESPACE:
+            i += 1
+            continue
+        if text.startswith("//", i):
+            newline = text.find("\n", i)
+            i = len(text) if newline < 0 else newline
+            continue
+        if text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            if end < 0:
+                raise _error_at(text, i, "/* comment is never closed with */", source)
+            i = end + 2
+            continue
+        if first_token and char != "{":
+            what = "an array" if char == "[" else repr(_bare_word(text, i))
+            raise _error_at(text, i, f"the policy must be a JSON object starting with '{{', found {what}", source)
+        first_token = False
+        if char == '"':
+            i = _skip_string(text, i, source)
+            continue
+        if char in _STRUCTURAL:
+            i += 1
+            continue
+        literal = _LITERAL.match(text, i)
+        if literal and (literal.end() == len(text) or text[literal.end()] in _DELIMITERS):
+            i = literal.end()
+            continue
+        if char == "#":
+            message = "'#' comments are not HuJSON; use // or /* */"
+        elif char == "'":
+            message = "strings must be in double quotes, not single quotes"
+        else:
+            message = (
+                f"unexpected {_bare_word(text, i)!r}: keys and string values must be in double quotes "
+                '(e.g. "tag:web"), numbers plain, booleans true/false'
+            )
+        raise _error_at(text, i, message, source)
+    if first_token:
+        raise PolicyParseError(f"{source}: the policy is empty; an empty policy is written as {{}}")
+
+
+def _object_pairs(pairs: list[tuple[str, Any]]) -> JSONObject:
+    """Keep source order and refuse duplicate keys (Headscale rejects them; JSON leaves them undefined)."""
+    result: JSONObject = {}
+    for key, value in pairs:
+        if key in result:
+            raise PolicyParseError(f"duplicate key {key!r} in one object; keep only one")
+        result[key] = value
+    return result
+
+
+def parse_hujson(text: str, *, source: str = "policy") -> JSONObject:
+    """Parse a HuJSON policy into plain dicts and lists, keeping key order as written.
+
+    ``source`` names the document in error messages (e.g. the ConfigMap it came from).
+    """
+    text = text.removeprefix("\ufeff")
+    _check_tokens(text, source)
+    try:
+        document = hjson.loads(text, object_pairs_hook=_object_pairs)
+    except PolicyParseError as exc:
+        raise PolicyParseError(f"{source}: {exc}") from exc
+    except hjson.HjsonDecodeError as exc:
+        raise PolicyParseError(
+            f"{source}: line {exc.lineno}, column {exc.colno}: {exc.msg}", line=exc.lineno, column=exc.colno
+        ) from exc
+    except (ValueError, OverflowError, RecursionError) as exc:
+        raise PolicyParseError(f"{source}: not valid HuJSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise PolicyParseError(f"{source}: the policy must be a JSON object, got {_type_name(document)}")
+    validate_structure(document, source=source)
+    return document
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return f"the string {value!r}" if len(value) <= 60 else "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def find_key(obj: Mapping[str, Any], name: str) -> str | None:
+    """The key of ``obj`` that Headscale would read as ``name`` (member names match case-insensitively)."""
+    if name in obj:
+        return name
+    folded = name.casefold()
+    return next((key for key in obj if key.casefold() == folded), None)
+
+
+def _string_list(value: Any, path: str, source: str) -> None:
+    if not isinstance(value, list):
+        raise PolicyParseError(f"{source}: {path} must be an array of strings, got {_type_name(value)}")
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise PolicyParseError(f"{source}: {path}[{index}] must be a string, got {_type_name(item)}")
+
+
+def _object_of(value: Any, path: str, source: str, check: str) -> None:
+    if not isinstance(value, dict):
+        raise PolicyParseError(f"{source}: {path} must be an object, got {_type_name(value)}")
+    for key, item in value.items():
+        item_path = f"{path}[{json.dumps(key)}]"
+        if check == "strings":
+            _string_list(item, item_path, source)
+        elif not isinstance(item, str):
+            raise PolicyParseError(f"{source}: {item_path} must be a string, got {_type_name(item)}")
+
+
+def _rules(value: Any, path: str, source: str, string_lists: tuple[str, ...]) -> None:
+    if not isinstance(value, list):
+        raise PolicyParseError(f"{source}: {path} must be an array of objects, got {_type_name(value)}")
+    for index, rule in enumerate(value):
+        rule_path = f"{path}[{index}]"
+        if not isinstance(rule, dict):
+            raise PolicyParseError(f"{source}: {rule_path} must be an object, got {_type_name(rule)}")
+        for field in string_lists:
+            key = find_key(rule, field)
+            if key is not None:
+                _string_list(rule[key], f"{rule_path}.{key}", source)
+
+
+def _unique_names(obj: Mapping[str, Any], names: tuple[str, ...], path: str, source: str) -> None:
+    for name in names:
+        matches = [key for key in obj if key.casefold() == name.casefold()]
+        if len(matches) > 1:
+            raise PolicyParseError(
+                f"{source}: {path} has both {' and '.join(map(repr, matches))}; Headscale reads names "
+                "case-insensitively, so keep one"
+            )
+
+
+def validate_structure(document: Mapping[str, Any], *, source: str = "policy") -> None:
+    """Check that every block Headscale knows has the JSON type it expects.
+
+    Unknown blocks and unknown fields are left alone: Headscale is the judge of those, and the
+    operator passes them through untouched.
+    """
+    _unique_names(document, KNOWN_BLOCKS, "the policy", source)
+    for name in KNOWN_BLOCKS:
+        key = find_key(document, name)
+        if key is None:
+            continue
+        value = document[key]
+        if name in ("groups", "tagOwners"):
+            _object_of(value, key, source, "strings")
+        elif name == "hosts":
+            _object_of(value, key, source, "string")
+        elif name == "acls":
+            _rules(value, key, source, ("src", "dst"))
+        elif name == "grants":
+            _rules(value, key, source, ("src", "dst", "ip", "via"))
+        elif name in ("ssh", "tests", "sshTests", "nodeAttrs"):
+            _rules(value, key, source, ())
+        elif name == "randomizeClientPort":
+            if not isinstance(value, bool):
+                raise PolicyParseError(f"{source}: {key} must be true or false, got {_type_name(value)}")
+        elif name == "autoApprovers":
+            if not isinstance(value, dict):
+                raise PolicyParseError(f"{source}: {key} must be an object, got {_type_name(value)}")
+            _unique_names(value, ("routes", "exitNode"), key, source)
+            routes = find_key(value, "routes")
+            if routes is not None:
+                _object_of(value[routes], f"{key}.{routes}", source, "strings")
+            exit_node = find_key(value, "exitNode")
+            if exit_node is not None:
+                _string_list(value[exit_node], f"{key}.{exit_node}", source)
+
+
+def canonical_text(document: Mapping[str, Any]) -> str:
+    """The one text form of a document: 2-space JSON in key order, UTF-8, trailing newline.
+
+    Deterministic so that the hash (and therefore "did the render change?") depends on data only.
+    """
+    return json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+

@@ -1,0 +1,411 @@
+"""Base policy + derived entries -> the document the operator publishes (and, in Apply, writes).
+
+Rules, all in service of "the base wins and nothing is removed":
+
+* The base is copied as is: no key is removed, reordered or rewritten, unknown blocks and fields
+  stay where they are. Derived entries go after the base's own, in the sorted order of
+  :class:`~tailnet_operator.policy.derive.Derived`; a missing block is added at the end.
+* ``tagOwners``: a tag the base already owns is left alone, whatever its owners.
+* ``autoApprovers.routes``: a route key the base already has is left alone (a derived approver it
+  lacks is reported in ``skipped``, since that router stays unapproved). A route the base already
+  approves for the tag through a wider prefix is not repeated.
+* ``grants``: a derived grant is added only when the base's grants and acls do not already allow
+  every port of it. When the base has neither ``acls`` nor ``grants`` Headscale allows all
+  traffic, and adding a grant would turn that into deny-all-but-this, so nothing is added (and
+  the skip is reported). A grant to a DNS name is added only if ``hosts`` defines the name.
+
+The same check ("does the policy already give the CRs this?") drives :func:`missing`, so a
+rendered document never reports anything missing except what was skipped.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import ipaddress
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tailnet_operator.policy.derive import Derived, Grant, IPNetwork, RouteApproval, TagOwner, parse_address
+from tailnet_operator.policy.hujson import (
+    JSONObject,
+    PolicyParseError,
+    canonical_text,
+    find_key,
+    parse_hujson,
+    validate_structure,
+)
+
+# In Headscale 0.29 "*" means the tailnet's own ranges, not every address (headscale-api.md §2).
+_TAILNET_RANGES: tuple[IPNetwork, ...] = (
+    ipaddress.ip_network("100.64.0.0/10"),
+    ipaddress.ip_network("fd7a:115c:a1e0::/48"),
+)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A derived entry that was not added although the policy lacks it, and why."""
+
+    kind: Literal["route", "grant"]
+    entry: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Added:
+    """What a render appended to the base, for status and events."""
+
+    tag_owners: tuple[TagOwner, ...] = ()
+    routes: tuple[RouteApproval, ...] = ()
+    grants: tuple[Grant, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.tag_owners or self.routes or self.grants)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The rendered policy: canonical ``text``, the same as ``document``, and its sha256 ``hash``."""
+
+    text: str
+    document: JSONObject = field(compare=False, hash=False)
+    hash: str
+    added: Added
+    skipped: tuple[Skipped, ...] = ()
+
+
+@dataclass(frozen=True)
+class Missing:
+    """What the CRs need but a live policy lacks, and a HuJSON snippet a person can merge."""
+
+    tag_owners: tuple[TagOwner, ...] = ()
+    routes: tuple[RouteApproval, ...] = ()
+    grants: tuple[Grant, ...] = ()
+    notes: tuple[str, ...] = ()
+    snippet: str = ""
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return tuple(owner.tag for owner in self.tag_owners)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.tag_owners or self.routes or self.grants)
+
+
+# --- reading a policy ------------------------------------------------------------------------
+
+
+def _member(obj: Mapping[str, Any], name: str, default: Any) -> Any:
+    key = find_key(obj, name)
+    return default if key is None else obj[key]
+
+
+def _as_network(text: Any) -> IPNetwork | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return ipaddress.ip_network(text.strip("[]"), strict=False)
+    except ValueError:
+        return None
+
+
+def _approved(routes: Mapping[str, Any], route: IPNetwork, approver: str) -> bool:
+    """Whether some route key equal to or containing ``route`` lists ``approver`` (Headscale's rule)."""
+    for key, approvers in routes.items():
+        network = _as_network(key)
+        if (
+            network is not None
+            and network.version == route.version
+            and approver in approvers
+            and route.subnet_of(network)  # type: ignore[arg-type]
+        ):
+            return True
+    return False
+
+
+def _port_spec_covers(spec: str, port: int) -> bool:
+    for part in spec.split(","):
+        part = part.strip()
+        if part == "*":
+            return True
+        low, dash, high = part.partition("-")
+        try:
+            first, last = int(low), int(high) if dash else int(low)
+        except ValueError:
+            continue
+        if first <= port <= last:
+            return True
+    return False
+
+
+def _ip_covers(entries: Sequence[str], port: int) -> bool:
+    """Whether a grant's ``ip`` list allows TCP ``port`` ("*", "tcp:443", "80-90", "tcp:*")."""
+    for entry in entries:
+        if entry == "*":
+            return True
+        proto, colon, ports = entry.rpartition(":")
+        if colon and proto.lower() not in ("tcp", "6"):
+            continue
+        if _port_spec_covers(ports, port):
+            return True
+    return False
+
+
+def _src_covers(entries: Sequence[str], tag: str) -> bool:
+    # Users and groups never match tagged nodes (Headscale 0.28+), so only these do.
+    return any(entry in (tag, "*", "autogroup:tagged") for entry in entries)
+
+
+def _dst_covers(entry: str, dst: str, hosts: Mapping[str, Any]) -> bool:
+    address = parse_address(dst)
+    if address is None:
+        return entry == dst
+    if entry == "*":
+        return any(address in r for r in _TAILNET_RANGES if r.version == address.version)
+    network = _as_network(entry) or _as_network(hosts.get(entry))
+    return network is not None and network.version == address.version and address in network
+
+
+@dataclass(frozen=True)
+class _Rules:
+    """The parts of a policy that decide whether a grant is already given."""
+
+    grants: Sequence[Any]
+    acls: Sequence[Any]
+    hosts: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any]) -> _Rules:
+        return cls(_member(doc, "grants", []), _member(doc, "acls", []), _member(doc, "hosts", {}))
+
+    def allows(self, tag: str, dst: str, port: int) -> bool:
+        for grant in self.grants:
+            if find_key(grant, "via") is not None:
+                continue  # restricted to particular routers: not a general allowance
+            if (
+                _src_covers(_member(grant, "src", []), tag)
+                and any(_dst_covers(d, dst, self.hosts) for d in _member(grant, "dst", []))
+                and _ip_covers(_member(grant, "ip", []), port)
+            ):
+                return True
+        for acl in self.acls:
+            if _member(acl, "action", "accept") != "accept" or _member(acl, "proto", "") not in ("", "tcp", "6"):
+                continue
+            if not _src_covers(_member(acl, "src", []), tag):
+                continue
+            for entry in _member(acl, "dst", []):
+                alias, _, ports = entry.rpartition(":")
+                if _dst_covers(alias.strip("[]"), dst, self.hosts) and _port_spec_covers(ports, port):
+                    return True
+        return False
+
+    def covers(self, grant: Grant) -> bool:
+        ports = [int(p.rpartition(":")[2]) for p in grant.ip]
+        return all(self.allows(s, d, p) for s in grant.src for d in grant.dst for p in ports)
+
+
+def _label(grant: Grant) -> str:
+    return f"{', '.join(grant.src)} -> {', '.join(grant.dst)} {', '.join(grant.ip)}"
+
+
+def _allow_all(doc: Mapping[str, Any]) -> bool:
+    return find_key(doc, "acls") is None and find_key(doc, "grants") is None
+
+
+def _undefined_hosts(grant: Grant, hosts: Mapping[str, Any]) -> list[str]:
+    return [d for d in grant.dst if parse_address(d) is None and d not in hosts]
+
+
+def _hosts_reason(names: list[str]) -> str:
+    return (
+        f"{', '.join(names)} is a DNS name; a grant can only name it through a hosts entry, e.g. "
+        f'"hosts": {{"{names[0]}": "<its IP>"}}'
+    )
+
+
+# --- render ----------------------------------------------------------------------------------
+
+
+def render(base: Mapping[str, Any], derived: Derived) -> Rendered:
+    """Append the derived entries the base lacks; see the module docstring for the rules.
+
+    Raises PolicyParseError if a block Headscale knows has the wrong JSON type.
+    """
+    validate_structure(base, source="base policy")
+    doc: JSONObject = copy.deepcopy(dict(base))
+    skipped: list[Skipped] = []
+
+    owners_key = find_key(doc, "tagOwners")
+    owners: JSONObject = doc[owners_key] if owners_key is not None else {}
+    added_owners = [entry for entry in derived.tag_owners if entry.tag not in owners]
+    for entry in added_owners:
+        owners[entry.tag] = list(entry.owners)
+    if owners_key is None and added_owners:
+        doc["tagOwners"] = owners
+
+    approvers_key = find_key(doc, "autoApprovers")
+    auto: JSONObject = doc[approvers_key] if approvers_key is not None else {}
+    routes_key = find_key(auto, "routes")
+    routes: JSONObject = auto[routes_key] if routes_key is not None else {}
+    listed = {net: key for key in routes if (net := _as_network(key)) is not None}
+    added_routes: list[RouteApproval] = []
+    for approval in derived.routes:
+        network = ipaddress.ip_network(approval.route)
+        lacking = tuple(a for a in approval.approvers if not _approved(routes, network, a))
+        if not lacking:
+            continue
+        if network in listed:
+            key = listed[network]
+            skipped.append(
+                Skipped(
+                    "route",
+                    approval.route,
+                    f"the base already lists {key} for {routes[key]}; the base wins, so {', '.join(lacking)} "
+                    "is not added and routes it advertises stay unapproved",
+                )
+            )
+            continue
+        routes[approval.route] = list(lacking)
+        listed[network] = approval.route
+        added_routes.append(RouteApproval(approval.route, lacking))
+    if added_routes:
+        if routes_key is None:
+            auto["routes"] = routes
+        if approvers_key is None:
+            doc["autoApprovers"] = auto
+
+    added_grants: list[Grant] = []
+    if derived.grants and _allow_all(doc):
+        reason = (
+            "the base has neither acls nor grants, so Headscale allows all traffic; adding a grant would deny "
+            "everything else"
+        )
+        skipped.extend(Skipped("grant", _label(g), reason) for g in derived.grants)
+    elif derived.grants:
+        grants_key = find_key(doc, "grants")
+        grants: list[Any] = doc[grants_key] if grants_key is not None else []
+        rules = _Rules(grants, _member(doc, "acls", []), _member(doc, "hosts", {}))
+        for grant in derived.grants:
+            if undefined := _undefined_hosts(grant, rules.hosts):
+                skipped.append(Skipped("grant", _label(grant), _hosts_reason(undefined)))
+            elif not rules.covers(grant):
+                grants.append(grant.to_json())
+                added_grants.append(grant)
+        if grants_key is None and added_grants:
+            doc["grants"] = grants
+
+    text = canonical_text(doc)
+    return Rendered(
+        text=text,
+        document=doc,
+        hash=hashlib.sha256(text.encode()).hexdigest(),
+        added=Added(tuple(added_owners), tuple(added_routes), tuple(added_grants)),
+        skipped=tuple(skipped),
+    )
+
+
+# --- missing ---------------------------------------------------------------------------------
+
+_SNIPPET_HEADER = (
+    "// Added by tailnet-operator: policy entries its TailnetEgress, TailnetIngress, TailnetSite and",
+    "// TailnetGateway objects need but the live Headscale policy lacks. Merge each block into the",
+    "// block of the same name in your policy (entries you already have take precedence).",
+)
+
+
+def _live_document(live: str | Mapping[str, Any] | None) -> JSONObject:
+    if live is None:
+        return {}
+    if isinstance(live, str):
+        return parse_hujson(live, source="live policy") if live.strip() else {}
+    validate_structure(live, source="live policy")
+    return dict(live)
+
+
+def missing(live: str | Mapping[str, Any] | None, derived: Derived) -> Missing:
+    """What ``derived`` needs that the live policy lacks (None or "" means no policy at all).
+
+    Raises PolicyParseError if the live text cannot be read.
+    """
+    doc = _live_document(live)
+    owners = _member(doc, "tagOwners", {})
+    routes = _member(_member(doc, "autoApprovers", {}), "routes", {})
+    rules = _Rules.of(doc)
+    notes: list[str] = []
+
+    tag_owners = tuple(entry for entry in derived.tag_owners if entry.tag not in owners)
+    lacking_routes: list[RouteApproval] = []
+    listed = {net: key for key in routes if (net := _as_network(key)) is not None}
+    for approval in derived.routes:
+        network = ipaddress.ip_network(approval.route)
+        lacking = tuple(a for a in approval.approvers if not _approved(routes, network, a))
+        if lacking:
+            lacking_routes.append(RouteApproval(approval.route, lacking))
+            if network in listed:
+                notes.append(f"{listed[network]} is already listed: add {', '.join(lacking)} to its approvers")
+    grants: list[Grant] = []
+    if not _allow_all(doc):
+        for grant in derived.grants:
+            if rules.covers(grant):
+                continue
+            grants.append(grant)
+            if undefined := _undefined_hosts(grant, rules.hosts):
+                notes.append(_hosts_reason(undefined))
+    return Missing(
+        tag_owners=tag_owners,
+        routes=tuple(lacking_routes),
+        grants=tuple(grants),
+        notes=tuple(notes),
+        snippet=_snippet(tag_owners, lacking_routes, grants, notes),
+    )
+
+
+def _snippet(
+    tag_owners: Sequence[TagOwner], routes: Sequence[RouteApproval], grants: Sequence[Grant], notes: Sequence[str]
+) -> str:
+    if not (tag_owners or routes or grants):
+        return ""
+    body: JSONObject = {}
+    if tag_owners:
+        body["tagOwners"] = {entry.tag: list(entry.owners) for entry in tag_owners}
+    if routes:
+        body["autoApprovers"] = {"routes": {entry.route: list(entry.approvers) for entry in routes}}
+    if grants:
+        body["grants"] = [grant.to_json() for grant in grants]
+    header = [*_SNIPPET_HEADER, *(f"// Note: {note}" for note in notes)]
+    return "\n".join(header) + "\n" + canonical_text(body)
+
+
+# --- diff ------------------------------------------------------------------------------------
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality: key order and formatting do not matter, but true is not 1."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def diff_needed(live: str | Mapping[str, Any] | None, rendered: Rendered) -> bool:
+    """Whether writing ``rendered`` would change the live policy's meaning-bearing data.
+
+    Comments, formatting and key order alone never cause a write (every PUT adds a DB row in
+    Headscale). A live text that cannot be parsed counts as different: the render replaces it.
+    """
+    try:
+        doc = _live_document(live)
+    except PolicyParseError:
+        return True
+    if live is None or (isinstance(live, str) and not live.strip()):
+        return True
+    return not _same(doc, rendered.document)
