@@ -3,6 +3,7 @@
 * ``environment`` (session): owns the run directory and every process; its ``logs/`` folder
   is named in the report of any failing test.
 * ``control_plane`` (session): etcd + kube-apiserver + kube-controller-manager.
+* ``crds`` (session): the control plane with the project's CRDs installed.
 * ``headscale`` (per test, fresh database) and ``module_headscale`` (per module).
 * ``tailscale_nodes`` (per test): a factory of tailscaled nodes, stopped after the test.
 * ``site_host`` (per test): a factory of hosts in network namespaces.
@@ -57,6 +58,15 @@ def environment() -> Iterator[Environment]:
 @pytest.fixture(scope="session")
 def control_plane(environment: Environment) -> ControlPlane:
     return environment.control_plane()
+
+
+@pytest.fixture(scope="session")
+def crds(control_plane: ControlPlane) -> ControlPlane:
+    """The control plane with the project's CRDs installed and Established."""
+    from tailnet_operator.api.crds import install_crds
+
+    install_crds(control_plane.api_client())
+    return control_plane
 
 
 @pytest.fixture

@@ -90,6 +90,22 @@ async def running_operator(kubeconfig: Path, namespace: str, *, clock: ShiftedCl
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def remove_tailnets(admin: Client, namespace: str) -> None:
+    """Delete the Tailnets whose bootstrap Secret lives in ``namespace``, finalizers and all.
+
+    Tests end with their Headscale stopped, so no operator could expire the keys any more.
+    """
+    for obj in (await admin.list(TAILNET)).items:
+        if obj["spec"]["bootstrapKeySecretRef"]["namespace"] != namespace:
+            continue
+        name = obj["metadata"]["name"]
+        try:
+            await admin.merge_patch(TAILNET, name, {"metadata": {"finalizers": None}})
+            await admin.delete(TAILNET, name)
+        except NotFound:
+            pass
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 

@@ -1,0 +1,227 @@
+"""The Tailnet reconciler against a real kube-apiserver and a real Headscale v0.29.2."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+
+from hack.localenv import ControlPlane, Headscale
+from tailnet_operator.controllers.kinds import TAILNET
+from tailnet_operator.controllers.tailnet import working_key_secret_name
+from tailnet_operator.headscale import HeadscaleClient, Unauthorized
+from tailnet_operator.runtime import config as rest_config
+from tailnet_operator.runtime.client import Client
+from tailnet_operator.runtime.errors import NotFound
+from tailnet_operator.runtime.kinds import EVENT, NAMESPACE, SECRET
+
+from .operator import (
+    ShiftedClock,
+    create_bootstrap_secret,
+    remove_tailnets,
+    eventually,
+    has_condition,
+    running_operator,
+    tailnet_object,
+    unique,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def admin(crds: ControlPlane) -> AsyncIterator[Client]:
+    async with Client(rest_config.load(crds.kubeconfig), field_manager="test-admin") as client:
+        yield client
+
+
+@pytest.fixture
+async def namespace(admin: Client) -> AsyncIterator[str]:
+    """The operator's namespace for one test; the test's Tailnets go with it."""
+    name = unique("op")
+    await admin.create(NAMESPACE, {"metadata": {"name": name}})
+    yield name
+    await remove_tailnets(admin, name)
+    await admin.delete(NAMESPACE, name)
+
+
+async def working_key(admin: Client, namespace: str, tailnet: str) -> str | None:
+    try:
+        secret = await admin.get(SECRET, working_key_secret_name(tailnet), namespace)
+    except NotFound:
+        return None
+    return base64.b64decode(secret["data"]["apiKey"]).decode()
+
+
+async def key_works(headscale: Headscale, key: str) -> bool:
+    async with HeadscaleClient(headscale.url, key, ca_bundle=headscale.ca_bundle) as hs:
+        try:
+            await hs.list_api_keys()
+        except Unauthorized:
+            return False
+    return True
+
+
+async def event_reasons(admin: Client, name: str) -> set[str]:
+    events = await admin.list(EVENT, "default")
+    return {e.get("reason", "") for e in events.items if (e.get("regarding") or {}).get("name") == name}
+
+
+async def test_working_key_is_minted_used_and_rotated_old_key_expired_only_after(
+    admin: Client, control_plane: ControlPlane, headscale: Headscale, namespace: str
+) -> None:
+    name = unique("tn")
+    clock = ShiftedClock()
+    await create_bootstrap_secret(admin, namespace, "bootstrap", headscale.api_key)
+    async with running_operator(control_plane.kubeconfig, namespace, clock=clock) as op:
+        await admin.create(TAILNET, tailnet_object(name, headscale, namespace, lifetime="2h"))
+        ready = await eventually(has_condition(admin, TAILNET, name, "Ready", "True", "Connected"), what="Ready")
+        assert "0.29.2" in ready["message"]
+        first = await working_key(admin, namespace, name)
+        assert first is not None and first != headscale.api_key
+        assert await key_works(headscale, first)
+        status = (await admin.get(TAILNET, name))["status"]
+        first_id = status["apiKey"]["id"]
+        assert status["serverVersion"].lstrip("v").startswith("0.29.2")
+        assert status["apiKey"]["prefix"] and status["apiKey"]["nextRotationAt"]
+        assert "WorkingKeyMinted" in await event_reasons(admin, name)
+
+        clock.offset = timedelta(minutes=61)  # past half of the 2h lifetime
+        op.poke(name)
+
+        async def rotated() -> bool:
+            current = (await admin.get(TAILNET, name))["status"]["apiKey"]["id"]
+            return bool(current != first_id)
+
+        await eventually(rotated, what="a rotated key in status")
+        second = await working_key(admin, namespace, name)
+        assert second is not None and second != first
+        assert await key_works(headscale, second)
+        await eventually(lambda: _not(key_works(headscale, first)), what="the old key to be expired")
+        assert "WorkingKeyRotated" in await event_reasons(admin, name)
+        assert await key_works(headscale, headscale.api_key), "the bootstrap key is never touched"
+
+
+async def _not(awaitable: object) -> bool:
+    return not await awaitable  # type: ignore[misc]
+
+
+async def test_killed_between_new_key_stored_and_old_key_expired_recovers_with_access(
+    admin: Client, control_plane: ControlPlane, headscale: Headscale, namespace: str
+) -> None:
+    name = unique("tn")
+    clock = ShiftedClock()
+    await create_bootstrap_secret(admin, namespace, "bootstrap", headscale.api_key)
+    async with running_operator(control_plane.kubeconfig, namespace, clock=clock):
+        await admin.create(TAILNET, tailnet_object(name, headscale, namespace, lifetime="2h"))
+        await eventually(has_condition(admin, TAILNET, name, "Ready", "True"), what="Ready")
+    first = await working_key(admin, namespace, name)
+    assert first is not None
+
+    class Killed(BaseException):
+        """Stands for the process dying: nothing after this point of the rotation runs."""
+
+    killed = asyncio.Event()
+
+    async def die() -> None:
+        killed.set()
+        raise Killed
+
+    clock.offset = timedelta(minutes=61)
+    async with running_operator(control_plane.kubeconfig, namespace, clock=clock, after_store=die) as op:
+        op.poke(name)
+        await eventually(killed.is_set, what="the rotation to reach the crash point")
+    new = await working_key(admin, namespace, name)
+    assert new is not None and new != first
+    secret = await admin.get(SECRET, working_key_secret_name(name), namespace)
+    assert secret["metadata"]["annotations"].get("tailnet.dev/previous-key-id"), "crash left the old key pending"
+    assert await key_works(headscale, first), "the old key must not be expired before the crash point"
+    assert await key_works(headscale, new)
+
+    async with running_operator(control_plane.kubeconfig, namespace, clock=clock):
+        await eventually(lambda: _not(key_works(headscale, first)), what="the restarted operator to expire the old key")
+        await eventually(has_condition(admin, TAILNET, name, "Ready", "True"), what="Ready after restart")
+        assert await working_key(admin, namespace, name) == new
+        assert await key_works(headscale, new)
+
+
+async def test_each_failure_has_its_own_reason_and_recovers_without_a_restart(
+    admin: Client, control_plane: ControlPlane, headscale: Headscale, namespace: str
+) -> None:
+    missing, rejected, down, tls = (unique(p) for p in ("missing", "rejected", "down", "tls"))
+    async with running_operator(control_plane.kubeconfig, namespace):
+        await admin.create(TAILNET, tailnet_object(missing, headscale, namespace, secret="absent"))
+        cond = await eventually(has_condition(admin, TAILNET, missing, "Ready", "False", "BootstrapSecretMissing"),
+                                what="BootstrapSecretMissing")
+        assert f"{namespace}/absent" in cond["message"]
+
+        await create_bootstrap_secret(admin, namespace, "bad", "hskey-api-notarealkey0-" + "x" * 64)
+        await admin.create(TAILNET, tailnet_object(rejected, headscale, namespace, secret="bad"))
+        await eventually(has_condition(admin, TAILNET, rejected, "Ready", "False", "BootstrapKeyRejected"),
+                         what="BootstrapKeyRejected")
+
+        await create_bootstrap_secret(admin, namespace, "bootstrap", headscale.api_key)
+        await admin.create(TAILNET, tailnet_object(tls, headscale, namespace, ca=False))
+        cond = await eventually(has_condition(admin, TAILNET, tls, "Ready", "False", "TLSError"), what="TLSError")
+        assert "caBundle" in cond["message"]
+
+        headscale.stop()
+        await admin.create(TAILNET, tailnet_object(down, headscale, namespace))
+        await eventually(has_condition(admin, TAILNET, down, "Ready", "False", "Unreachable"), what="Unreachable")
+
+        # Fix each one; no restart of the operator.
+        headscale.restart()
+        await create_bootstrap_secret(admin, namespace, "absent", headscale.api_key)
+        await create_bootstrap_secret(admin, namespace, "bad", headscale.api_key)
+        for name in (missing, rejected, down):
+            await eventually(has_condition(admin, TAILNET, name, "Ready", "True", "Connected"), timeout=45,
+                             what=f"{name} to recover")
+
+
+async def test_a_working_key_deleted_by_hand_is_replaced_from_the_bootstrap_key(
+    admin: Client, control_plane: ControlPlane, headscale: Headscale, namespace: str
+) -> None:
+    name = unique("tn")
+    await create_bootstrap_secret(admin, namespace, "bootstrap", headscale.api_key)
+    async with running_operator(control_plane.kubeconfig, namespace) as op:
+        await admin.create(TAILNET, tailnet_object(name, headscale, namespace))
+        await eventually(has_condition(admin, TAILNET, name, "Ready", "True"), what="Ready")
+        first = await working_key(admin, namespace, name)
+        assert first is not None
+        prefix = first.split("-")[2]
+        headscale.cli("apikeys", "expire", "--prefix", prefix)
+        assert not await key_works(headscale, first)
+        op.poke(name)
+
+        async def replaced() -> bool:
+            key = await working_key(admin, namespace, name)
+            return key is not None and key != first and await key_works(headscale, key)
+
+        await eventually(replaced, what="a new working key")
+        assert "WorkingKeyRejected" in await event_reasons(admin, name)
+
+
+async def test_deleting_a_tailnet_expires_its_working_key(
+    admin: Client, control_plane: ControlPlane, headscale: Headscale, namespace: str
+) -> None:
+    name = unique("tn")
+    await create_bootstrap_secret(admin, namespace, "bootstrap", headscale.api_key)
+    async with running_operator(control_plane.kubeconfig, namespace):
+        await admin.create(TAILNET, tailnet_object(name, headscale, namespace))
+        await eventually(has_condition(admin, TAILNET, name, "Ready", "True"), what="Ready")
+        key = await working_key(admin, namespace, name)
+        assert key is not None
+        await admin.delete(TAILNET, name)
+
+        async def gone() -> bool:
+            try:
+                await admin.get(TAILNET, name)
+            except NotFound:
+                return True
+            return False
+
+        await eventually(gone, what="the Tailnet to be deleted after its finalizer ran")
+        assert not await key_works(headscale, key)
