@@ -21,9 +21,9 @@ from tailnet_operator.runtime.kinds import EVENT, NAMESPACE, SECRET
 from .operator import (
     ShiftedClock,
     create_bootstrap_secret,
-    remove_tailnets,
     eventually,
     has_condition,
+    remove_tailnets,
     running_operator,
     tailnet_object,
     unique,
