@@ -18,7 +18,7 @@ import datetime as dt
 import os
 import shutil
 import signal
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -32,6 +32,8 @@ from hack.localenv import (
     marked_processes,
     netns_available,
 )
+from tailnet_operator.runtime import config as rest_config
+from tailnet_operator.runtime.client import Client
 
 _ARTIFACTS = Path(__file__).resolve().parent.parent / "_artifacts" / "test-runs"
 _environment: Environment | None = None
@@ -67,6 +69,31 @@ def crds(control_plane: ControlPlane) -> ControlPlane:
 
     install_crds(control_plane.api_client())
     return control_plane
+
+
+@pytest.fixture
+async def admin(crds: ControlPlane) -> AsyncIterator[Client]:
+    """An admin client of the control plane, with the project's CRDs installed."""
+    async with Client(rest_config.load(crds.kubeconfig), field_manager="test-admin") as client:
+        yield client
+
+
+@pytest.fixture
+async def operator_namespace(admin: Client) -> AsyncIterator[str]:
+    """The operator's namespace for one test. Its Tailnets (``<namespace>-...`` or with their
+    bootstrap Secret here) and their TailnetSites are removed with it."""
+    from e2e.operator import remove_tailnets, unique
+    from tailnet_operator.controllers.kinds import TAILNET_SITE
+    from tailnet_operator.runtime.kinds import NAMESPACE
+
+    name = unique("op")
+    await admin.create(NAMESPACE, {"metadata": {"name": name}})
+    yield name
+    for site in (await admin.list(TAILNET_SITE)).items:
+        if site["spec"]["tailnetRef"]["name"].startswith(f"{name}-"):
+            await admin.delete(TAILNET_SITE, site["metadata"]["name"])
+    await remove_tailnets(admin, name)
+    await admin.delete(NAMESPACE, name)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -15,6 +14,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from e2e.polling import eventually
 from hack.localenv import Headscale
 from tailnet_operator.controllers.kinds import TAILNET
 from tailnet_operator.controllers.policy import PolicyReconciler
@@ -26,21 +26,6 @@ from tailnet_operator.runtime.errors import NotFound
 from tailnet_operator.runtime.events import EventRecorder
 from tailnet_operator.runtime.kinds import SECRET
 from tailnet_operator.runtime.manager import Manager, ManagerOptions
-
-
-async def eventually(check: Callable[[], Any], *, timeout: float = 30.0, what: str = "condition") -> Any:
-    """Poll a sync or async check until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        last = result
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 class ShiftedClock:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -24,18 +22,12 @@ from tailnet_operator.runtime.finalizers import (
 )
 from tailnet_operator.runtime.kinds import CONFIG_MAP, EVENT, NAMESPACE
 
+from .polling import eventually
+
 pytestmark = pytest.mark.integration
 
 NS = "default"
 
-
-async def eventually(condition: Callable[[], Awaitable[bool]], *, limit: float, interval: float = 0.05,
-                     what: str = "condition") -> None:
-    deadline = time.monotonic() + limit
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {limit}s")
-        await asyncio.sleep(interval)
 
 
 @pytest.fixture
@@ -169,7 +161,7 @@ async def test_removing_the_finalizer_lets_a_deleted_object_go(client: Client,
             return True
         return False
 
-    await eventually(gone, limit=10, what="the ConfigMap disappears")
+    await eventually(gone, timeout=10, what="the ConfigMap disappears")
     # A late removal must not resurrect the object: the uid precondition fails instead.
     with pytest.raises(Conflict):
         await remove_finalizer(client, CONFIG_MAP, deleting)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ from tailnet_operator.runtime.leaderelection import (
     LeaderElector,
 )
 
+from .polling import eventually
+
 pytestmark = pytest.mark.integration
 
 LEASE_DURATION = 3.0
@@ -52,14 +54,6 @@ def config(identity: str, **overrides: Any) -> LeaderElectionConfig:
                                "retry_period": RETRY_PERIOD}
     return LeaderElectionConfig(identity=identity, **(timings | overrides))
 
-
-async def eventually(condition: Callable[[], Awaitable[bool]], *, limit: float, interval: float = 0.05,
-                     what: str = "condition") -> None:
-    deadline = time.monotonic() + limit
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {limit}s")
-        await asyncio.sleep(interval)
 
 
 async def within(awaitable: Awaitable[None], limit: float) -> float:
@@ -124,14 +118,14 @@ async def candidates(client: Client, lease_name: str) -> AsyncIterator[Candidate
             await client.delete(LEASE, lease_name, NAMESPACE)
 
 
-async def first_leader(*electors: LeaderElector, limit: float) -> LeaderElector:
+async def first_leader(*electors: LeaderElector, timeout: float) -> LeaderElector:
     waits = {asyncio.ensure_future(e.wait_leading()): e for e in electors}
     try:
-        done, _ = await asyncio.wait(waits, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for w in waits:
             w.cancel()
-    assert done, f"nobody led within {limit}s"
+    assert done, f"nobody led within {timeout}s"
     return waits[next(iter(done))]
 
 
@@ -158,7 +152,7 @@ async def test_exactly_one_of_two_leads_and_the_lease_names_it(candidates: Candi
     registries = {"a": CollectorRegistry(), "b": CollectorRegistry()}
     a = candidates.start("candidate-a", registry=registries["a"])
     b = candidates.start("candidate-b", registry=registries["b"])
-    leader = await first_leader(a, b, limit=10)
+    leader = await first_leader(a, b, timeout=10)
     standby = b if leader is a else a
 
     first = (await candidates.lease())["spec"]
@@ -191,7 +185,7 @@ async def test_a_vanished_leader_is_replaced_after_the_lease_expires(candidates:
     leader = candidates.start("crashing", release_on_cancel=False)
     await within(leader.wait_leading(), 10)
     standby = candidates.start("standby")
-    await eventually(lambda: _is(standby.leader, "crashing"), limit=5, what="standby sees the leader")
+    await eventually(lambda: _is(standby.leader, "crashing"), timeout=5, what="standby sees the leader")
 
     # Stops renewing and writes nothing: a crash, as far as the Lease can tell.
     candidates.tasks["crashing"].cancel()
@@ -207,9 +201,9 @@ async def test_a_vanished_leader_is_replaced_after_the_lease_expires(candidates:
 async def test_a_killed_leader_process_is_replaced_within_lease_plus_retry(
         candidates: Candidates, control_plane: ControlPlane, tmp_path: Path) -> None:
     with leader_process(control_plane, candidates.lease_name, "doomed", tmp_path / "leader.log") as proc:
-        await eventually(lambda: _holder_is(candidates, "doomed"), limit=20, what="the child leads")
+        await eventually(lambda: _holder_is(candidates, "doomed"), timeout=20, what="the child leads")
         standby = candidates.start("survivor")
-        await eventually(lambda: _is(standby.leader, "doomed"), limit=5, what="standby sees the child")
+        await eventually(lambda: _is(standby.leader, "doomed"), timeout=5, what="standby sees the child")
 
         proc.send_signal(signal.SIGKILL)
         took = await within(standby.wait_leading(), TAKEOVER_BOUND + 5)
@@ -225,7 +219,7 @@ async def test_a_graceful_stop_releases_so_the_standby_takes_over_at_once(candid
     leader = candidates.start("leaving")
     await within(leader.wait_leading(), 10)
     standby = candidates.start("next")
-    await eventually(lambda: _is(standby.leader, "leaving"), limit=5, what="standby sees the leader")
+    await eventually(lambda: _is(standby.leader, "leaving"), timeout=5, what="standby sees the leader")
 
     task = candidates.tasks["leaving"]
     task.cancel()
@@ -281,7 +275,7 @@ async def test_a_leader_that_cannot_renew_loses_after_the_deadline_and_turns_unh
             return True
         return False
 
-    await eventually(unhealthy, limit=LEASE_DURATION + 0.5 + 1.0, what="the health check fails")
+    await eventually(unhealthy, timeout=LEASE_DURATION + 0.5 + 1.0, what="the health check fails")
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,23 +12,26 @@ import pytest
 from hack.localenv import ControlPlane, Headscale, SiteHost
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_SITE
 from tailnet_operator.controllers.policy import rendered_config_map_name
-from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import JSON, Client
 from tailnet_operator.runtime.errors import NotFound
-from tailnet_operator.runtime.kinds import CONFIG_MAP, NAMESPACE
+from tailnet_operator.runtime.kinds import CONFIG_MAP
 
 from .conftest import TailscaleFactory
 from .operator import (
     create_bootstrap_secret,
-    eventually,
     has_condition,
-    remove_tailnets,
     running_operator,
     tailnet_object,
     unique,
 )
+from .polling import eventually
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def namespace(operator_namespace: str) -> str:
+    return operator_namespace
 
 OPEN_BASE = """// Everyone may reach everything; the operator adds tag owners and route approvers.
 {
@@ -39,22 +42,8 @@ OPEN_BASE = """// Everyone may reach everything; the operator adds tag owners an
 """
 
 
-@pytest.fixture
-async def admin(crds: ControlPlane) -> AsyncIterator[Client]:
-    async with Client(rest_config.load(crds.kubeconfig), field_manager="test-admin") as client:
-        yield client
 
 
-@pytest.fixture
-async def namespace(admin: Client) -> AsyncIterator[str]:
-    name = unique("op")
-    await admin.create(NAMESPACE, {"metadata": {"name": name}})
-    yield name
-    for site in (await admin.list(TAILNET_SITE)).items:
-        if site["spec"]["tailnetRef"]["name"].startswith(f"{name}-"):
-            await admin.delete(TAILNET_SITE, site["metadata"]["name"])
-    await remove_tailnets(admin, name)
-    await admin.delete(NAMESPACE, name)
 
 
 async def base_policy(admin: Client, namespace: str, text: str) -> dict[str, Any]:

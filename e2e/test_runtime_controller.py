@@ -23,26 +23,13 @@ from tailnet_operator.runtime.errors import AlreadyExists, NotFound
 from tailnet_operator.runtime.kinds import CONFIG_MAP, CUSTOM_RESOURCE_DEFINITION, NAMESPACE
 from tailnet_operator.runtime.manager import Manager, ManagerOptions
 
+from .polling import eventually
 from .widgets import WIDGET, WIDGET_CRD, WidgetReconciler, widget
 
 pytestmark = pytest.mark.integration
 
 WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 
-
-async def eventually(check: Callable[[], object], *, timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll an (async or sync) check until it is truthy, failing after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        last = result
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 async def install_widget_crd(client: Client) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -13,39 +12,30 @@ from hack.localenv import ControlPlane, Headscale
 from tailnet_operator.controllers.kinds import TAILNET
 from tailnet_operator.controllers.tailnet import working_key_secret_name
 from tailnet_operator.headscale import HeadscaleClient, Unauthorized
-from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.errors import NotFound
-from tailnet_operator.runtime.kinds import EVENT, NAMESPACE, SECRET
+from tailnet_operator.runtime.kinds import EVENT, SECRET
 
 from .operator import (
     ShiftedClock,
     create_bootstrap_secret,
-    eventually,
     has_condition,
-    remove_tailnets,
     running_operator,
     tailnet_object,
     unique,
 )
+from .polling import eventually
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def admin(crds: ControlPlane) -> AsyncIterator[Client]:
-    async with Client(rest_config.load(crds.kubeconfig), field_manager="test-admin") as client:
-        yield client
+def namespace(operator_namespace: str) -> str:
+    return operator_namespace
 
 
-@pytest.fixture
-async def namespace(admin: Client) -> AsyncIterator[str]:
-    """The operator's namespace for one test; the test's Tailnets go with it."""
-    name = unique("op")
-    await admin.create(NAMESPACE, {"metadata": {"name": name}})
-    yield name
-    await remove_tailnets(admin, name)
-    await admin.delete(NAMESPACE, name)
+
+
 
 
 async def working_key(admin: Client, namespace: str, tailnet: str) -> str | None:

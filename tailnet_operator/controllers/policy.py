@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -38,17 +37,15 @@ from tailnet_operator.headscale import HeadscaleError, Node, PolicyRejected
 from tailnet_operator.policy import Derived, PolicyParseError, diff_needed, missing, parse_hujson, render
 from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.resources import owned_metadata
-from tailnet_operator.runtime.cache import SharedCache
-from tailnet_operator.runtime.client import JSON, Client
+from tailnet_operator.runtime.client import JSON
 from tailnet_operator.runtime.controller import Request, Result
-from tailnet_operator.runtime.events import EventRecorder
 from tailnet_operator.runtime.kinds import CONFIG_MAP, SECRET
 
 from . import conditions
 from .conditions import Cond
 from .kinds import TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .sites import SiteRoutes, Verdict, judge
-from .tailnet import ClientFactory, StoredKey, default_client_factory, working_key_secret_name
+from .tailnet import StoredKey, TailnetScoped, working_key_secret_name
 
 log = structlog.get_logger("controllers.policy")
 
@@ -80,16 +77,8 @@ class Inputs:
     verdicts: dict[str, Verdict]
 
 
-class PolicyReconciler:
-    def __init__(self, *, client: Client, cache: SharedCache, namespace: str, events: EventRecorder,
-                 headscale: ClientFactory = default_client_factory,
-                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
-        self.client = client
-        self.cache = cache
-        self.namespace = namespace
-        self.events = events
-        self._headscale = headscale
-        self._now = now
+class PolicyReconciler(TailnetScoped):
+    """Reconciles one Tailnet's policy and the status of its TailnetSites."""
 
     async def reconcile(self, request: Request) -> Result:
         obj = self.cache.get(TAILNET, request.name)

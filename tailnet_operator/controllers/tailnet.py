@@ -123,24 +123,32 @@ def default_client_factory(url: str, api_key: str, ca_bundle: str | None) -> Hea
     return HeadscaleClient(url, api_key, ca_bundle=ca_bundle)
 
 
-class TailnetReconciler:
-    """Reconciles one Tailnet: access to its Headscale, the working key and the Ready condition.
+class TailnetScoped:
+    """What the reconcilers of a Tailnet share: the API client and cache, the operator's
+    namespace, the event recorder, a Headscale client factory and the wall clock.
 
-    ``now`` (wall clock, aware UTC) and ``after_store`` (called between storing a rotated key
-    and expiring the old one) are seams for tests.
+    ``now`` returns aware UTC; tests replace it (and ``headscale``) to move time or the network.
     """
 
     def __init__(self, *, client: Client, cache: SharedCache, namespace: str, events: EventRecorder,
                  headscale: ClientFactory = default_client_factory,
-                 now: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 after_store: Callable[[], Awaitable[None]] | None = None) -> None:
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.client = client
         self.cache = cache
         self.namespace = namespace
         self.events = events
         self._headscale = headscale
         self._now = now
-        self._after_store = after_store
+
+
+class TailnetReconciler(TailnetScoped):
+    """Reconciles one Tailnet: access to its Headscale, the working key and the Ready condition.
+
+    ``after_store`` (called between storing a rotated key and expiring the old one) is a seam
+    for tests that simulate a crash there.
+    """
+
+    _after_store: Callable[[], Awaitable[None]] | None = None
 
     async def reconcile(self, request: Request) -> Result:
         obj = self.cache.get(TAILNET, request.name)
