@@ -100,7 +100,7 @@ KINDS: tuple[Kind, ...] = (
         columns=_columns(
             PrinterColumn("Server", ".spec.loginURL", description="Headscale login URL."),
             PrinterColumn("Version", ".status.serverVersion", description="Headscale version."),
-            PrinterColumn("KeyExpires", ".status.apiKey.expiresAt", "date", "Working API key expiry."),
+            PrinterColumn("KeyExpires", ".status.apiKey.expiresAt", "string", "Working API key expiry (UTC)."),
         ),
     ),
     Kind(
