@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hack.localenv import marked_processes, wait_until
+from hack.localenv import free_port, marked_processes, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -21,8 +21,10 @@ REPO = Path(__file__).resolve().parent.parent
 def test_local_environment_serves_the_samples_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     from kubernetes import client, config
 
+    probes = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "TAILNET_LOCALENV_DIR": str(tmp_path / "localenv"),
-           "KUBECONFIG": str(tmp_path / "must-not-be-touched")}
+           "KUBECONFIG": str(tmp_path / "must-not-be-touched"),
+           "TAILNET_LOCALENV_PROBES": probes, "TAILNET_LOCALENV_METRICS": f"127.0.0.1:{free_port()}"}
     proc = subprocess.Popen([sys.executable, "-m", "hack.localenv"], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     output: list[str] = []
@@ -49,7 +51,14 @@ def test_local_environment_serves_the_samples_and_stops_on_ctrl_c(tmp_path: Path
                                                         "tailnetegresses")["items"]
         assert len(egresses) == 1
 
-        wait_until(lambda: _ready("http://127.0.0.1:8081/readyz"), timeout=30, what="the operator's /readyz")
+        wait_until(lambda: _ready(f"http://{probes}/readyz"), timeout=30, what="the operator's /readyz")
+
+        def tailnet_ready() -> bool:
+            obj = custom.get_cluster_custom_object("tailnet.dev", "v1alpha1", "tailnets", "headscale")
+            conditions = (obj.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+        wait_until(tailnet_ready, timeout=60, what="the sample Tailnet to be Ready against the local Headscale")
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         code = proc.wait(60)

@@ -60,6 +60,10 @@ def _wait_established(plane: ControlPlane, names: list[str]) -> None:
         wait_until(functools.partial(established, name), timeout=30, what=f"CRD {name} Established")
 
 
+METRICS_ADDRESS = os.environ.get("TAILNET_LOCALENV_METRICS", "127.0.0.1:8080")
+PROBES_ADDRESS = os.environ.get("TAILNET_LOCALENV_PROBES", "127.0.0.1:8081")
+"""Where the operator serves /metrics and /healthz, /readyz; override when the ports are taken."""
+
 SAMPLE_NAMESPACES = {"TailnetEgress": OPERATOR_NAMESPACE, "TailnetIngress": "default"}
 """Where the namespaced samples go: egresses live in the operator's namespace."""
 
@@ -143,6 +147,7 @@ local environment ready (state and logs: {env.root})
   kube-apiserver:  {plane.url}
   Headscale:       {headscale.url}  (CA: {headscale.ca_bundle}; bootstrap key in {key_file})
   component logs:  {env.log_dir}
+  operator:        http://{METRICS_ADDRESS}/metrics, http://{PROBES_ADDRESS}/readyz
 
 look at the samples from another shell:
   export KUBECONFIG={plane.kubeconfig} PATH={bin_dir}:$PATH
@@ -154,8 +159,8 @@ look at the samples from another shell:
 running tailnet-operator against this environment; Ctrl-C stops everything.
 """, flush=True)
         operator = subprocess.Popen([sys.executable, "-m", "tailnet_operator", "--kubeconfig",
-                                     str(plane.kubeconfig), "--metrics-bind-address", "127.0.0.1:8080",
-                                     "--health-probe-bind-address", "127.0.0.1:8081"], cwd=REPO)
+                                     str(plane.kubeconfig), "--metrics-bind-address", METRICS_ADDRESS,
+                                     "--health-probe-bind-address", PROBES_ADDRESS], cwd=REPO)
         while operator.poll() is None:
             for proc in env_processes(plane, headscale):
                 proc.check_running()
