@@ -24,9 +24,10 @@ import base64
 import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
+from pydantic import BaseModel, ValidationError
 
 from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.api.gateway import TailnetGateway
@@ -48,6 +49,8 @@ from .sites import SiteRoutes, Verdict, judge
 from .tailnet import StoredKey, TailnetScoped, working_key_secret_name
 
 log = structlog.get_logger("controllers.policy")
+
+M = TypeVar("M", bound=BaseModel)
 
 FIELD_MANAGER = "tailnet-operator-policy"
 RESYNC_SECONDS = 30.0
@@ -84,7 +87,10 @@ class PolicyReconciler(TailnetScoped):
         obj = self.cache.get(TAILNET, request.name)
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             return Result()
-        tailnet = Tailnet.model_validate(obj)
+        try:
+            tailnet = Tailnet.model_validate(obj)
+        except ValidationError:
+            return Result()  # the Tailnet reconciler reports InvalidSpec; nothing to render from
         inputs = self._inputs(tailnet)
         try:
             url, key, ca = self._access(tailnet)
@@ -118,13 +124,13 @@ class PolicyReconciler(TailnetScoped):
 
     def _inputs(self, tailnet: Tailnet) -> Inputs:
         name = _name(tailnet)
-        sites = [TailnetSite.model_validate(o) for o in self._mine(TAILNET_SITE, name)]
+        sites = _parsed(TailnetSite, self._mine(TAILNET_SITE, name))
         verdicts = judge([SiteRoutes(_name(s), _created(getattr(s.metadata, 'creationTimestamp', '')),
                                      tuple(str(r) for r in s.spec.routes)) for s in sites],
                          [str(r) for r in tailnet.spec.reserved_networks or []])
-        egresses = [TailnetEgress.model_validate(o) for o in self._mine(TAILNET_EGRESS, name)]
-        ingresses = [TailnetIngress.model_validate(o) for o in self._mine(TAILNET_INGRESS, name)]
-        gateways = [TailnetGateway.model_validate(o) for o in self._mine(TAILNET_GATEWAY, name)]
+        egresses = _parsed(TailnetEgress, self._mine(TAILNET_EGRESS, name))
+        ingresses = _parsed(TailnetIngress, self._mine(TAILNET_INGRESS, name))
+        gateways = _parsed(TailnetGateway, self._mine(TAILNET_GATEWAY, name))
         derived = derive_from_objects(
             egresses=egresses, ingresses=ingresses, gateways=gateways,
             sites=[s for s in sites if not verdicts[_name(s)].blocked])
@@ -295,6 +301,19 @@ class PolicyReconciler(TailnetScoped):
             return
         await self.client.apply_status(TAILNET, {"metadata": {"name": obj["metadata"]["name"]}, "status": desired},
                                        field_manager=FIELD_MANAGER)
+
+
+def _parsed(model: type[M], objects: list[JSON]) -> list[M]:
+    """Objects that parse; one that does not (the schema should have refused it) is skipped and logged,
+    so it cannot stop the rest of the Tailnet's policy."""
+    parsed = []
+    for obj in objects:
+        try:
+            parsed.append(model.model_validate(obj))
+        except ValidationError as exc:
+            log.warning("skipping an object that does not parse", kind=obj.get("kind"),
+                        name=obj["metadata"].get("name"), error=str(exc).splitlines()[0])
+    return parsed
 
 
 def _route_conditions(tag: str, routes: list[str], routers: list[Node]) -> list[Cond]:

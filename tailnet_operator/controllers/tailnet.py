@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
+from pydantic import ValidationError
 
 from tailnet_operator.api.common import parse_go_duration
 from tailnet_operator.api.tailnet import Tailnet
@@ -156,9 +157,14 @@ class TailnetReconciler(TailnetScoped):
             return Result()
         if obj["metadata"].get("deletionTimestamp"):
             return await self._finalize(obj)
+        try:
+            tailnet = Tailnet.model_validate(obj)
+        except ValidationError as exc:
+            message = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+            await self._apply_status(obj, {}, [Cond("Ready", "False", "InvalidSpec", message)])
+            return Result()  # nothing to retry until the spec changes
         if not has_finalizer(obj, FINALIZER):
             await add_finalizer(self.client, TAILNET, obj, FINALIZER)
-        tailnet = Tailnet.model_validate(obj)
         status: dict[str, Any] = {}
         try:
             stored, version = await self._ensure_access(obj, tailnet)
@@ -345,7 +351,11 @@ class TailnetReconciler(TailnetScoped):
     async def _finalize(self, obj: JSON) -> Result:
         if not has_finalizer(obj, FINALIZER):
             return Result()
-        tailnet = Tailnet.model_validate(obj)
+        try:
+            tailnet = Tailnet.model_validate(obj)
+        except ValidationError:
+            await remove_finalizer(self.client, TAILNET, obj, FINALIZER)  # no key can have been minted
+            return Result()
         stored = StoredKey.from_secret(self.cache.get(SECRET, working_key_secret_name(_name(tailnet)),
                                                       self.namespace))
         if stored is not None:

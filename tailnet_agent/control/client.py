@@ -1,0 +1,299 @@
+"""The control client: register with a pre-auth key, then follow the streaming map poll.
+
+``ControlClient.run`` blocks until cancelled. It (re)connects with exponential backoff, registers
+once per node key, and keeps ``netmap`` current from ``/machine/map``. Register and map bodies
+follow ``tailcfg.RegisterRequest``/``tailcfg.MapRequest`` and ``controlclient/direct.go``:
+
+* register: ``Version``, ``NodeKey``, ``Auth.AuthKey``, ``Expiry`` (zero time), ``Hostinfo``,
+  ``Ephemeral``. ``OldNodeKey`` and ``NLKey`` are omitted (an empty string does not parse as a key).
+  Tags come from the pre-auth key; Headscale rejects ``Hostinfo.RequestTags`` with a pre-auth key.
+* map: ``Stream`` and ``KeepAlive`` true, ``OmitPeers`` false, ``Compress`` ``""`` (plain JSON),
+  plus ``DiscoKey`` and ``Hostinfo``; the body is a sequence of length-prefixed messages.
+
+Re-registration: a 401/403/404 on the map poll (Headscale answers 404 "node not found" for an
+unknown node key) re-runs register with the same node key; ``NodeKeyExpired`` in a register
+response, or the self node reported ``Expired``, rotates the node key and sends ``OldNodeKey``.
+A register ``Error`` or an interactive ``AuthURL`` is terminal (:class:`RegistrationError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from tailnet_agent import __version__
+
+from . import netmap as nm
+from .controlconn import ControlConnection, Response
+from .errors import ConnectionLost, ControlError, HTTPStatusError, RegistrationError
+from .keys import NodeKeys, PublicKey
+from .mapstream import MapFrameDecoder
+
+log = structlog.get_logger("agent.control.client")
+
+CAPABILITY_VERSION = 138
+"""``tailcfg.CurrentCapabilityVersion`` of tailscale v1.98; Headscale 0.29 accepts >= 113."""
+ZERO_TIME = "0001-01-01T00:00:00Z"
+_REAUTH_STATUSES = frozenset({401, 403, 404})
+
+
+# -- the transport seam ---------------------------------------------------------------------------
+
+class StreamingBody(Protocol):
+    status: int
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    async def read(self) -> bytes: ...
+
+
+class ControlTransport(Protocol):
+    """What the client needs from a connection; :class:`ControlConnection` is the real one."""
+
+    async def request(self, method: str, path: str, json_body: Any = None) -> Response: ...
+
+    def stream(self, method: str, path: str, json_body: Any = None) -> AbstractAsyncContextManager[StreamingBody]:
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+Connector = Callable[[NodeKeys], Awaitable[ControlTransport]]
+"""Opens a connection authenticated with the node's machine key."""
+
+
+# -- options and backoff --------------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class Backoff:
+    """Exponential backoff with jitter: ``initial * multiplier**n`` seconds capped at ``maximum``,
+    scaled by a random factor in [0.5, 1.0). ``reset`` after a success."""
+
+    initial: float = 1.0
+    """Seconds before the first retry (before jitter). Default 1 s."""
+    maximum: float = 30.0
+    """Cap in seconds. Default 30 s."""
+    multiplier: float = 2.0
+    _attempts: int = 0
+    _random: Callable[[], float] = field(default=random.random, repr=False)  # for tests
+
+    def next(self) -> float:
+        delay = min(self.maximum, self.initial * self.multiplier ** self._attempts)
+        self._attempts += 1
+        return delay * (0.5 + self._random() / 2)
+
+    def reset(self) -> None:
+        self._attempts = 0
+
+
+@dataclass(kw_only=True)
+class ControlOptions:
+    url: str
+    """Control server URL, e.g. ``https://headscale.example.com``."""
+    auth_key: str = field(repr=False)
+    """Pre-auth key; never logged."""
+    hostname: str
+    ca_bundle: Path | None = None
+    """PEM CA bundle to verify the server's TLS certificate; None uses the system store."""
+    ephemeral: bool = True
+    """Sent as ``RegisterRequest.Ephemeral`` (Headscale takes ephemerality from the key itself)."""
+    request_tags: tuple[str, ...] = ()
+    """``Hostinfo.RequestTags``; keep empty with Headscale pre-auth keys, which it rejects."""
+    capability_version: int = CAPABILITY_VERSION
+    map_watchdog: float = 120.0
+    """Seconds without any map message (keep-alives included) before the poll is abandoned;
+    Headscale sends a keep-alive every 50-59 s. Default 120 s, as tailscaled."""
+    backoff: Backoff = field(default_factory=Backoff)
+
+
+class _Reauthenticate(ControlError):
+    """Internal: the server no longer knows our node key; register again."""
+
+    def __init__(self, reason: str, *, rotate_key: bool = False) -> None:
+        super().__init__(reason)
+        self.rotate_key = rotate_key
+
+
+# -- the client -----------------------------------------------------------------------------------
+
+class ControlClient:
+    """Registers one node and keeps its netmap. ``run`` blocks until cancelled."""
+
+    def __init__(self, options: ControlOptions, keys: NodeKeys | None = None, *,
+                 on_netmap: Callable[[nm.NetMap], None] | None = None,
+                 _connect: Connector | None = None,
+                 _sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.options = options
+        self.keys = keys or NodeKeys.generate()
+        self.netmap: nm.NetMap | None = None
+        self.registered = False
+        self.map_sessions = 0
+        """Map polls that were answered 200; grows by one per (re)connection."""
+        self.map_messages = 0
+        self._old_node_key: PublicKey | None = None
+        self._on_netmap = on_netmap
+        self._connect = _connect or self._open_connection
+        self._sleep = _sleep
+        self._updated = asyncio.Event()
+
+    async def run(self) -> None:
+        """Connect, register, poll; reconnect with backoff on any retryable failure.
+
+        Returns only by cancellation; raises :class:`RegistrationError` when the key is refused.
+        """
+        backoff = self.options.backoff
+        while True:
+            try:
+                conn = await self._connect(self.keys)
+            except (ControlError, OSError, TimeoutError) as exc:
+                delay = backoff.next()
+                log.warning("control connect failed", error=str(exc) or repr(exc), retry_in=round(delay, 2))
+                await self._sleep(delay)
+                continue
+            try:
+                if not self.registered:
+                    await self.register(conn)
+                await self._poll(conn, on_first_message=backoff.reset)
+            except RegistrationError:
+                raise
+            except _Reauthenticate as exc:
+                log.info("re-registering", reason=str(exc), rotate_key=exc.rotate_key)
+                self.registered = False
+                if exc.rotate_key:
+                    self._rotate_node_key()
+                await self._sleep(backoff.next())
+            except (ControlError, OSError, TimeoutError) as exc:
+                delay = backoff.next()
+                log.warning("control connection lost", error=str(exc) or repr(exc), retry_in=round(delay, 2))
+                await self._sleep(delay)
+            finally:
+                await conn.aclose()
+
+    async def wait_updated(self) -> None:
+        """Wait for the next netmap change."""
+        await self._updated.wait()
+
+    # -- register -------------------------------------------------------------------------------
+
+    def hostinfo(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"Hostname": self.options.hostname, "OS": "linux",
+                                "IPNVersion": f"tailnet-agent-{__version__}"}
+        if self.options.request_tags:
+            info["RequestTags"] = list(self.options.request_tags)
+        return info
+
+    def register_request(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "Version": self.options.capability_version,
+            "NodeKey": str(self.keys.node.public),
+            "Auth": {"AuthKey": self.options.auth_key},
+            "Expiry": ZERO_TIME,
+            "Hostinfo": self.hostinfo(),
+            "Ephemeral": self.options.ephemeral,
+        }
+        if self._old_node_key is not None:
+            body["OldNodeKey"] = str(self._old_node_key)
+        return body
+
+    async def register(self, conn: ControlTransport) -> dict[str, Any]:
+        """POST ``/machine/register``; rotates the node key once if the server says it expired."""
+        for _ in range(2):
+            resp = await conn.request("POST", "/machine/register", self.register_request())
+            if resp.status in (401, 403):
+                raise RegistrationError(f"register refused with HTTP {resp.status}")
+            if resp.status != 200:
+                raise HTTPStatusError(resp.status, resp.body, path="/machine/register")
+            doc: dict[str, Any] = resp.json()
+            if doc.get("Error"):
+                raise RegistrationError(f"register refused: {doc['Error']}")
+            if doc.get("NodeKeyExpired"):
+                log.info("node key expired; rotating", node_key=self.keys.node.public.short())
+                self._rotate_node_key()
+                continue
+            if doc.get("AuthURL") or not doc.get("MachineAuthorized"):
+                raise RegistrationError("server wants interactive login or machine approval; "
+                                        "use a pre-auth key that needs neither")
+            self.registered = True
+            self._old_node_key = None
+            log.info("registered", node_key=self.keys.node.public.short(), user=(doc.get("User") or {}).get(
+                "LoginName", ""), ephemeral=self.options.ephemeral)
+            return doc
+        raise RegistrationError("server still reports the node key expired after rotation")
+
+    def _rotate_node_key(self) -> None:
+        self._old_node_key = self.keys.node.public
+        self.keys = self.keys.with_new_node_key()
+        self.registered = False
+
+    # -- map poll -------------------------------------------------------------------------------
+
+    def map_request(self) -> dict[str, Any]:
+        return {
+            "Version": self.options.capability_version,
+            "NodeKey": str(self.keys.node.public),
+            "DiscoKey": str(self.keys.disco.public),
+            "Stream": True,
+            "KeepAlive": True,
+            "OmitPeers": False,
+            "Compress": "",
+            "Hostinfo": self.hostinfo(),
+        }
+
+    async def _poll(self, conn: ControlTransport, *, on_first_message: Callable[[], None]) -> None:
+        async with conn.stream("POST", "/machine/map", self.map_request()) as resp:
+            if resp.status in _REAUTH_STATUSES:
+                body = await resp.read()
+                raise _Reauthenticate(f"map poll answered {resp.status}: {body[:120]!r}")
+            if resp.status != 200:
+                raise HTTPStatusError(resp.status, await resp.read(), path="/machine/map")
+            self.map_sessions += 1
+            log.info("map poll started", session=self.map_sessions)
+            decoder = MapFrameDecoder()
+            chunks = resp.chunks()
+            first = True
+            while True:
+                try:
+                    async with asyncio.timeout(self.options.map_watchdog):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    raise ConnectionLost("map poll ended by the server") from None
+                except TimeoutError:
+                    raise ConnectionLost(f"no map message for {self.options.map_watchdog:g}s") from None
+                for message in decoder.feed(chunk):
+                    if first:
+                        on_first_message()
+                        first = False
+                    self._handle(message)
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        self.map_messages += 1
+        if nm.is_keepalive(message):
+            return
+        try:
+            updated = nm.apply(self.netmap, message)
+        except nm.IncompleteMap as exc:
+            raise ConnectionLost(str(exc)) from exc
+        if updated is None or updated is self.netmap:
+            return
+        self.netmap = updated
+        log.debug("netmap updated", peers=len(updated.peers), regions=len(updated.derp_map.regions))
+        previous, self._updated = self._updated, asyncio.Event()
+        previous.set()
+        if self._on_netmap is not None:
+            self._on_netmap(updated)
+        if updated.self_node.expired:
+            raise _Reauthenticate("self node key expired", rotate_key=True)
+
+    # -- default connector ----------------------------------------------------------------------
+
+    async def _open_connection(self, keys: NodeKeys) -> ControlTransport:
+        return await ControlConnection.open(self.options.url, keys.machine,
+                                            capability_version=self.options.capability_version,
+                                            ca_bundle=self.options.ca_bundle)
