@@ -17,8 +17,8 @@ import pytest
 from e2e.conftest import TailscaleFactory
 from e2e.polling import eventually
 from hack.localenv import Headscale
+from tailnet_agent.backoff import Backoff
 from tailnet_agent.control import ControlClient, ControlOptions, NetMap
-from tailnet_agent.control.client import Backoff
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ Layers, each depending only on those below it::
     keys          machine/node/disco keys and their text forms
 """
 
-from .client import CAPABILITY_VERSION, Backoff, ControlClient, ControlOptions
+from .client import CAPABILITY_VERSION, ControlClient, ControlOptions
 from .controlconn import ControlConnection
 from .errors import (
     ConnectionLost,
@@ -28,7 +28,6 @@ from .netmap import NetMap
 
 __all__ = [
     "CAPABILITY_VERSION",
-    "Backoff",
     "ConnectionLost",
     "ControlClient",
     "ControlConnection",

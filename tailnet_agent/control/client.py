@@ -19,7 +19,6 @@ A register ``Error`` or an interactive ``AuthURL`` is terminal (:class:`Registra
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any, Protocol
 import structlog
 
 from tailnet_agent import __version__
+from tailnet_agent.backoff import Backoff
 
 from . import netmap as nm
 from .controlconn import ControlConnection, Response
@@ -70,27 +70,6 @@ Connector = Callable[[NodeKeys], Awaitable[ControlTransport]]
 
 
 # -- options and backoff --------------------------------------------------------------------------
-
-@dataclass(kw_only=True)
-class Backoff:
-    """Exponential backoff with jitter: ``initial * multiplier**n`` seconds capped at ``maximum``,
-    scaled by a random factor in [0.5, 1.0). ``reset`` after a success."""
-
-    initial: float = 1.0
-    """Seconds before the first retry (before jitter). Default 1 s."""
-    maximum: float = 30.0
-    """Cap in seconds. Default 30 s."""
-    multiplier: float = 2.0
-    _attempts: int = 0
-    _random: Callable[[], float] = field(default=random.random, repr=False)  # for tests
-
-    def next(self) -> float:
-        delay = min(self.maximum, self.initial * self.multiplier ** self._attempts)
-        self._attempts += 1
-        return delay * (0.5 + self._random() / 2)
-
-    def reset(self) -> None:
-        self._attempts = 0
 
 
 @dataclass(kw_only=True)

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from tailnet_agent.control.client import Backoff, ControlClient, ControlOptions, ControlTransport, StreamingBody
+from tailnet_agent.backoff import Backoff
+from tailnet_agent.control.client import ControlClient, ControlOptions, ControlTransport, StreamingBody
 from tailnet_agent.control.controlconn import Response
 from tailnet_agent.control.errors import ConnectionLost, RegistrationError
 from tailnet_agent.control.keys import NodeKeys

@@ -1,0 +1,423 @@
+"""DERP frame codec (sans-IO): bytes in, frames and messages out, and frame builders.
+
+Wire format (tailscale ``derp/derp.go``): every frame is ``type:u8 | length:u32 big-endian |
+payload``; the length excludes the 5-byte header. Keys are raw 32-byte Curve25519 public keys.
+The handshake frames carry NaCl boxes (``crypto_box``: X25519 + XSalsa20-Poly1305) laid out as
+``nonce(24) || tag(16) || ciphertext``, which is both Go's ``box.Seal(nonce[:], ...)`` output and
+PyNaCl's ``Box.encrypt`` output.
+
+Nothing here does I/O; :class:`FrameDecoder` is fed arbitrary chunks and yields whole frames.
+This module is the Python reference and fallback; the data plane's Rust codec parses data frames.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import nacl.exceptions
+import nacl.public
+
+from .errors import BadServerKey, CryptoError, FrameTooLarge, MalformedFrame, PacketTooLarge
+
+MAGIC = "DERP🔑".encode()
+"""Server greeting magic, 8 bytes ``44 45 52 50 f0 9f 94 91`` (``derp.Magic``)."""
+KEY_LEN = 32
+NONCE_LEN = 24
+FRAME_HEADER_LEN = 5
+MAX_PACKET_SIZE = 64 << 10
+"""Largest packet (payload after the 32-byte key) in SendPacket/RecvPacket: 64 KiB
+(``derp.MaxPacketSize``; the server drops the connection above it)."""
+MAX_FRAME_LEN = 1 << 20
+"""Largest frame a client accepts after the handshake: 1 MiB (``Client.recvTimeout``)."""
+MAX_SERVER_KEY_FRAME_LEN = 1 << 10
+"""Largest ServerKey frame a client accepts: 1 KiB (``Client.recvServerKey``)."""
+MAX_INFO_LEN = 1 << 20
+"""Largest boxed ServerInfo/ClientInfo JSON (``derp.MaxInfoLen``)."""
+PROTOCOL_VERSION = 2
+"""``derp.ProtocolVersion``: 2 means RecvPacket starts with the 32-byte source key."""
+PING_LEN = 8
+
+_HEADER = struct.Struct(">BI")
+
+
+class FrameType(IntEnum):
+    """Frame types of ``derp/derp.go`` (mesh-only types are listed for completeness)."""
+
+    SERVER_KEY = 0x01
+    CLIENT_INFO = 0x02
+    SERVER_INFO = 0x03
+    SEND_PACKET = 0x04
+    RECV_PACKET = 0x05
+    KEEP_ALIVE = 0x06
+    NOTE_PREFERRED = 0x07
+    PEER_GONE = 0x08
+    PEER_PRESENT = 0x09
+    FORWARD_PACKET = 0x0A
+    WATCH_CONNS = 0x10
+    CLOSE_PEER = 0x11
+    PING = 0x12
+    PONG = 0x13
+    HEALTH = 0x14
+    RESTARTING = 0x15
+
+
+class PeerGoneReason(IntEnum):
+    """``derp.PeerGoneReasonType``."""
+
+    DISCONNECTED = 0x00
+    NOT_HERE = 0x01
+
+
+# -- frames -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One raw frame: its type byte and payload (header stripped)."""
+
+    type: int
+    payload: bytes
+
+
+def encode_frame(frame_type: int, payload: bytes = b"") -> bytes:
+    """Header plus payload. Raises ``ValueError`` above ``MAX_FRAME_LEN``."""
+    if len(payload) > MAX_FRAME_LEN:
+        raise ValueError(f"frame payload of {len(payload)} bytes exceeds {MAX_FRAME_LEN}")
+    return _HEADER.pack(frame_type, len(payload)) + payload
+
+
+class FrameDecoder:
+    """Reassembles frames from chunks of a byte stream.
+
+    ``max_frame_len`` (bytes, default ``MAX_FRAME_LEN`` = 1 MiB) is checked as soon as a header is
+    complete, so an oversized frame is rejected before its payload is buffered. After
+    :class:`FrameTooLarge` the decoder is unusable (the stream cannot be resynchronised).
+    """
+
+    def __init__(self, *, max_frame_len: int = MAX_FRAME_LEN) -> None:
+        self.max_frame_len = max_frame_len
+        self._buf = bytearray()
+        self._failed: FrameTooLarge | None = None
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Add ``data``; return every frame completed by it, in order."""
+        self.push(data)
+        frames: list[Frame] = []
+        while (frame := self.next_frame()) is not None:
+            frames.append(frame)
+        return frames
+
+    def push(self, data: bytes) -> None:
+        """Add ``data`` without extracting frames (take them with :meth:`next_frame`)."""
+        if self._failed is not None:
+            raise self._failed
+        self._buf += data
+
+    def next_frame(self) -> Frame | None:
+        """Pop one complete frame from the buffer, or None if more bytes are needed."""
+        if self._failed is not None:
+            raise self._failed
+        if len(self._buf) < FRAME_HEADER_LEN:
+            return None
+        frame_type, length = _HEADER.unpack_from(self._buf)
+        if length > self.max_frame_len:
+            self._failed = FrameTooLarge(frame_type, length, self.max_frame_len)
+            raise self._failed
+        end = FRAME_HEADER_LEN + length
+        if len(self._buf) < end:
+            return None
+        frame = Frame(frame_type, bytes(self._buf[FRAME_HEADER_LEN:end]))
+        del self._buf[:end]
+        return frame
+
+    def pending(self) -> bytes:
+        """Buffered bytes that do not yet form a whole frame."""
+        return bytes(self._buf)
+
+
+# -- NaCl box ----------------------------------------------------------------------------------------
+
+
+def seal(private_key: bytes, peer_public: bytes, message: bytes) -> bytes:
+    """``nonce || box`` from ``private_key`` to ``peer_public`` with a random nonce (``SealTo``)."""
+    box = nacl.public.Box(nacl.public.PrivateKey(private_key), nacl.public.PublicKey(peer_public))
+    return bytes(box.encrypt(message))
+
+
+def open_box(private_key: bytes, peer_public: bytes, sealed: bytes) -> bytes:
+    """Inverse of :func:`seal` (``OpenFrom``); raises :class:`CryptoError`."""
+    if len(sealed) < NONCE_LEN:
+        raise CryptoError("sealed message shorter than the 24-byte nonce")
+    box = nacl.public.Box(nacl.public.PrivateKey(private_key), nacl.public.PublicKey(peer_public))
+    try:
+        return bytes(box.decrypt(sealed))
+    except nacl.exceptions.CryptoError as exc:
+        raise CryptoError(f"NaCl box did not open with peer key {peer_public.hex()[:5]}") from exc
+
+
+def public_key_of(private_key: bytes) -> bytes:
+    """The raw X25519 public key of a raw 32-byte private key."""
+    return bytes(nacl.public.PrivateKey(private_key).public_key)
+
+
+# -- handshake payloads -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientInfo:
+    """JSON sealed in FrameClientInfo (``derp.ClientInfo``); no mesh key (regular client)."""
+
+    version: int = PROTOCOL_VERSION
+    """Sent as ``"version"``. Default 2."""
+    can_ack_pings: bool = True
+    """Sent as ``"CanAckPings"``: we answer every Ping with a Pong. Default true."""
+    is_prober: bool = False
+    """Sent as ``"IsProber"`` only when true."""
+
+    def to_json(self) -> bytes:
+        doc: dict[str, Any] = {}
+        if self.version:
+            doc["version"] = self.version
+        doc["CanAckPings"] = self.can_ack_pings
+        if self.is_prober:
+            doc["IsProber"] = True
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> ClientInfo:
+        doc = _json_object(raw, "ClientInfo")
+        return cls(version=int(doc.get("version") or 0), can_ack_pings=bool(doc.get("CanAckPings")),
+                   is_prober=bool(doc.get("IsProber")))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerInfo:
+    """JSON sealed in FrameServerInfo (``derp.ServerInfo``). Zero rates mean unspecified."""
+
+    version: int = 0
+    token_bucket_bytes_per_second: int = 0
+    token_bucket_bytes_burst: int = 0
+
+    def to_json(self) -> bytes:
+        doc = {"version": self.version, "TokenBucketBytesPerSecond": self.token_bucket_bytes_per_second,
+               "TokenBucketBytesBurst": self.token_bucket_bytes_burst}
+        return json.dumps({k: v for k, v in doc.items() if v}, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> ServerInfo:
+        doc = _json_object(raw, "ServerInfo")
+        return cls(version=int(doc.get("version") or 0),
+                   token_bucket_bytes_per_second=int(doc.get("TokenBucketBytesPerSecond") or 0),
+                   token_bucket_bytes_burst=int(doc.get("TokenBucketBytesBurst") or 0))
+
+
+def _json_object(raw: bytes, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise MalformedFrame(f"{what} is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise MalformedFrame(f"{what} JSON is not an object")
+    return doc
+
+
+def encode_server_key(server_public: bytes) -> bytes:
+    """FrameServerKey: magic + 32-byte key (server side; for tests)."""
+    _check_key(server_public)
+    return encode_frame(FrameType.SERVER_KEY, MAGIC + server_public)
+
+
+def parse_server_key(frame: Frame) -> bytes:
+    """The server's public key from its greeting. Trailing bytes after the key are ignored
+    ("for future-proofing", as ``recvServerKey`` does)."""
+    if frame.type != FrameType.SERVER_KEY:
+        raise BadServerKey(f"expected ServerKey frame (0x01), got 0x{frame.type:02x}")
+    if len(frame.payload) < len(MAGIC) + KEY_LEN or not frame.payload.startswith(MAGIC):
+        raise BadServerKey("invalid server greeting: missing DERP magic or short key")
+    return frame.payload[len(MAGIC):len(MAGIC) + KEY_LEN]
+
+
+def encode_client_info(private_key: bytes, server_public: bytes, info: ClientInfo | None = None) -> bytes:
+    """FrameClientInfo: our public key + ``nonce || box(info JSON)`` to the server key."""
+    sealed = seal(private_key, server_public, (info or ClientInfo()).to_json())
+    return encode_frame(FrameType.CLIENT_INFO, public_key_of(private_key) + sealed)
+
+
+def parse_client_info(server_private: bytes, frame: Frame) -> tuple[bytes, ClientInfo]:
+    """Server side (for tests): the client's public key and its opened ClientInfo."""
+    if frame.type != FrameType.CLIENT_INFO:
+        raise MalformedFrame(f"expected ClientInfo frame (0x02), got 0x{frame.type:02x}")
+    if len(frame.payload) < KEY_LEN + NONCE_LEN:
+        raise MalformedFrame("short ClientInfo frame")
+    client_public = frame.payload[:KEY_LEN]
+    return client_public, ClientInfo.from_json(open_box(server_private, client_public, frame.payload[KEY_LEN:]))
+
+
+def encode_server_info(server_private: bytes, client_public: bytes, info: ServerInfo | None = None) -> bytes:
+    """FrameServerInfo: ``nonce || box(info JSON)`` to the client (server side; for tests)."""
+    info = info or ServerInfo(version=PROTOCOL_VERSION)
+    return encode_frame(FrameType.SERVER_INFO, seal(server_private, client_public, info.to_json()))
+
+
+def parse_server_info(private_key: bytes, server_public: bytes, frame: Frame) -> ServerInfo:
+    """Open and decode FrameServerInfo."""
+    if frame.type != FrameType.SERVER_INFO:
+        raise MalformedFrame(f"expected ServerInfo frame (0x03), got 0x{frame.type:02x}")
+    if len(frame.payload) < NONCE_LEN:
+        raise MalformedFrame("short ServerInfo frame")
+    if len(frame.payload) > NONCE_LEN + MAX_INFO_LEN:
+        raise MalformedFrame("long ServerInfo frame")
+    return ServerInfo.from_json(open_box(private_key, server_public, frame.payload))
+
+
+# -- steady-state frames ------------------------------------------------------------------------------
+
+
+def encode_send_packet(dst_public: bytes, packet: bytes) -> bytes:
+    """FrameSendPacket: 32-byte destination key + packet (at most ``MAX_PACKET_SIZE``)."""
+    _check_key(dst_public)
+    if len(packet) > MAX_PACKET_SIZE:
+        raise PacketTooLarge(f"packet too big: {len(packet)} bytes > {MAX_PACKET_SIZE}")
+    return encode_frame(FrameType.SEND_PACKET, dst_public + packet)
+
+
+def encode_recv_packet(src_public: bytes, packet: bytes) -> bytes:
+    """FrameRecvPacket (protocol v2): 32-byte source key + packet (server side; for tests)."""
+    _check_key(src_public)
+    if len(packet) > MAX_PACKET_SIZE:
+        raise PacketTooLarge(f"packet too big: {len(packet)} bytes > {MAX_PACKET_SIZE}")
+    return encode_frame(FrameType.RECV_PACKET, src_public + packet)
+
+
+def encode_note_preferred(preferred: bool) -> bytes:
+    """FrameNotePreferred: one byte, 1 if this is the client's home region (server stats only)."""
+    return encode_frame(FrameType.NOTE_PREFERRED, b"\x01" if preferred else b"\x00")
+
+
+def encode_ping(data: bytes) -> bytes:
+    """FramePing with an 8-byte payload to be echoed back."""
+    return encode_frame(FrameType.PING, _check_ping(data))
+
+
+def encode_pong(data: bytes) -> bytes:
+    """FramePong echoing the 8 bytes of a Ping."""
+    return encode_frame(FrameType.PONG, _check_ping(data))
+
+
+def encode_keep_alive() -> bytes:
+    """FrameKeepAlive (server to client; no payload)."""
+    return encode_frame(FrameType.KEEP_ALIVE)
+
+
+def encode_health(problem: str) -> bytes:
+    """FrameHealth (server to client; for tests): "" clears the problem."""
+    return encode_frame(FrameType.HEALTH, problem.encode())
+
+
+def _check_key(key: bytes) -> None:
+    if len(key) != KEY_LEN:
+        raise ValueError(f"a public key has {KEY_LEN} bytes, not {len(key)}")
+
+
+def _check_ping(data: bytes) -> bytes:
+    if len(data) != PING_LEN:
+        raise ValueError(f"ping data has {PING_LEN} bytes, not {len(data)}")
+    return data
+
+
+# -- server-to-client messages ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecvPacket:
+    """A packet relayed to us; ``source`` is the sender's node public key."""
+
+    source: bytes
+    payload: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class KeepAlive:
+    """Sent by the server at least every 60 s (plus jitter); needs no answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """The peer asks for a Pong with the same 8 bytes."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """The answer to a Ping we sent."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PeerGone:
+    """A peer that sent to us is gone from this server (``reason`` is a :class:`PeerGoneReason`)."""
+
+    peer: bytes
+    reason: int = PeerGoneReason.DISCONNECTED
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Connection health; an empty ``problem`` means healthy again."""
+
+    problem: str
+
+
+@dataclass(frozen=True, slots=True)
+class Restarting:
+    """The server is restarting: reconnect after ``reconnect_in`` seconds, trying for ``try_for`` seconds."""
+
+    reconnect_in: float
+    try_for: float
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownFrame:
+    """A frame type this client does not interpret (clients must skip these)."""
+
+    type: int
+    payload: bytes = field(repr=False)
+
+
+Message = RecvPacket | KeepAlive | Ping | Pong | PeerGone | Health | Restarting | ServerInfo | UnknownFrame
+
+
+def parse_message(frame: Frame) -> Message:
+    """Interpret a steady-state server frame; raises :class:`MalformedFrame` for short ones.
+
+    ServerInfo is returned undecrypted as :class:`UnknownFrame`; use :func:`parse_server_info`.
+    """
+    t, p = frame.type, frame.payload
+    if t == FrameType.RECV_PACKET:
+        if len(p) < KEY_LEN:
+            raise MalformedFrame("short RecvPacket frame")
+        return RecvPacket(p[:KEY_LEN], p[KEY_LEN:])
+    if t == FrameType.KEEP_ALIVE:
+        return KeepAlive()
+    if t in (FrameType.PING, FrameType.PONG):
+        if len(p) < PING_LEN:
+            raise MalformedFrame(f"short {FrameType(t).name} frame")
+        return Ping(p[:PING_LEN]) if t == FrameType.PING else Pong(p[:PING_LEN])
+    if t == FrameType.PEER_GONE:
+        if len(p) < KEY_LEN:
+            raise MalformedFrame("short PeerGone frame")
+        return PeerGone(p[:KEY_LEN], p[KEY_LEN] if len(p) > KEY_LEN else PeerGoneReason.DISCONNECTED)
+    if t == FrameType.HEALTH:
+        return Health(p.decode(errors="replace"))
+    if t == FrameType.RESTARTING:
+        if len(p) < 8:
+            raise MalformedFrame("short Restarting frame")
+        reconnect_ms, try_ms = struct.unpack_from(">II", p)
+        return Restarting(reconnect_ms / 1000, try_ms / 1000)
+    return UnknownFrame(t, p)
