@@ -183,7 +183,7 @@ async def test_a_working_key_deleted_by_hand_is_replaced_from_the_bootstrap_key(
         assert first is not None
         prefix = first.split("-")[2]
         headscale.cli("apikeys", "expire", "--prefix", prefix)
-        assert not await key_works(headscale, first)
+        await eventually(lambda: _not(key_works(headscale, first)), what="the key expired by hand to be refused")
         op.poke(name)
 
         async def replaced() -> bool:
@@ -191,7 +191,11 @@ async def test_a_working_key_deleted_by_hand_is_replaced_from_the_bootstrap_key(
             return key is not None and key != first and await key_works(headscale, key)
 
         await eventually(replaced, what="a new working key")
-        assert "WorkingKeyRejected" in await event_reasons(admin, name)
+
+        async def reported() -> bool:
+            return "WorkingKeyRejected" in await event_reasons(admin, name)
+
+        await eventually(reported, what="a WorkingKeyRejected Event")
 
 
 async def test_deleting_a_tailnet_expires_its_working_key(
