@@ -142,3 +142,23 @@ async def test_reconnects_after_headscale_restart(headscale: Headscale) -> None:
             return bool(current and current.get("online"))
 
         await eventually(online, timeout=30, what="headscale sees the agent online again")
+
+
+async def test_reporting_a_home_derp_region_reaches_the_peers(
+    headscale: Headscale, tailscale_nodes: TailscaleFactory
+) -> None:
+    peer = tailscale_nodes("watcher", headscale, authkey=tagged_key(headscale))
+    async with running_client(headscale, "agent-home", tagged_key(headscale)) as client:
+        await eventually(lambda: client.netmap is not None and client.netmap.derp_map.regions, timeout=30,
+                         what="a netmap with a DERP map")
+        region = sorted(netmap_of(client).derp_map.regions)[0]
+        assert await client.set_preferred_derp(region)
+
+        def relay_of_agent() -> str | None:
+            for status in peer.peers():
+                if status.get("HostName") == "agent-home" and status.get("Relay"):
+                    return str(status["Relay"])
+            return None
+
+        relay = await eventually(relay_of_agent, timeout=30, what="the peer to see the agent's home DERP")
+        assert relay == netmap_of(client).derp_map.regions[region].region_code

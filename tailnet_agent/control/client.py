@@ -121,6 +121,9 @@ class ControlClient:
         self._connect = _connect or self._open_connection
         self._sleep = _sleep
         self._updated = asyncio.Event()
+        self.preferred_derp = 0
+        """Home DERP region reported in Hostinfo.NetInfo; 0 until the data plane picks one."""
+        self._conn: ControlTransport | None = None
 
     async def run(self) -> None:
         """Connect, register, poll; reconnect with backoff on any retryable failure.
@@ -136,6 +139,7 @@ class ControlClient:
                 log.warning("control connect failed", error=str(exc) or repr(exc), retry_in=round(delay, 2))
                 await self._sleep(delay)
                 continue
+            self._conn = conn
             try:
                 if not self.registered:
                     await self.register(conn)
@@ -153,6 +157,7 @@ class ControlClient:
                 log.warning("control connection lost", error=str(exc) or repr(exc), retry_in=round(delay, 2))
                 await self._sleep(delay)
             finally:
+                self._conn = None
                 await conn.aclose()
 
     async def wait_updated(self) -> None:
@@ -166,7 +171,28 @@ class ControlClient:
                                 "IPNVersion": f"tailnet-agent-{__version__}"}
         if self.options.request_tags:
             info["RequestTags"] = list(self.options.request_tags)
+        if self.preferred_derp:
+            info["NetInfo"] = {"PreferredDERP": self.preferred_derp}
         return info
+
+    async def set_preferred_derp(self, region: int) -> bool:
+        """Report ``region`` as this node's home DERP, so peers send to it there.
+
+        Sent at once as a "lite" map request (``Stream: false, OmitPeers: true``) when connected,
+        and with every later map poll. Returns whether the server took it now.
+        """
+        self.preferred_derp = region
+        conn = self._conn
+        if conn is None:
+            return False
+        body = {**self.map_request(), "Stream": False, "OmitPeers": True, "KeepAlive": False}
+        try:
+            resp = await conn.request("POST", "/machine/map", body)
+        except (ControlError, OSError, TimeoutError) as exc:
+            log.warning("home DERP update failed; it goes with the next map poll", error=str(exc) or repr(exc))
+            return False
+        log.info("reported home DERP", region=region, status=resp.status)
+        return resp.status == 200
 
     def register_request(self) -> dict[str, Any]:
         body: dict[str, Any] = {
