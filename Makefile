@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: run test unit lint manifests binaries prereqs e2e bench clean help
+.PHONY: run test unit lint manifests binaries native prereqs e2e bench clean help
 
 help:
 	@echo "make run        start the local environment and run the operator against it (Ctrl-C stops)"
@@ -18,31 +18,42 @@ help:
 prereqs:
 	@hack/prereqs.sh
 
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
+
 $(VENV)/.installed: pyproject.toml requirements.lock | prereqs
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	@$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
+# The agent's Rust core, built into tailnet_agent/_native.abi3.so.
+$(VENV)/.native: $(VENV)/.installed $(NATIVE_SOURCES)
+	@$(VENV)/bin/maturin develop --quiet --release -m native/Cargo.toml
+	@touch $@
+
+native: $(VENV)/.native
+
 venv: $(VENV)/.installed
 
 binaries: prereqs
 	@$(PYTHON) -m hack.binaries build
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.native
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	cd native && cargo clippy --quiet --release --all-targets -- -D warnings && cargo fmt --check
 
 manifests: $(VENV)/.installed
 	$(PY) -m hack.codegen
 
-unit: $(VENV)/.installed
+unit: $(VENV)/.native
 	$(VENV)/bin/pytest unit_tests -q $(PYTEST_ARGS)
 
-test: $(VENV)/.installed binaries lint
+test: $(VENV)/.native binaries lint
+	cd native && cargo test --quiet --release
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-run: $(VENV)/.installed binaries
+run: $(VENV)/.native binaries
 	@$(PY) -m hack.localenv
 
 e2e:

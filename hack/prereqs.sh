@@ -21,8 +21,12 @@ else
   fi
 fi
 
-if [ -f native/Cargo.toml ] && ! command -v cargo >/dev/null 2>&1; then
-  need "Rust (cargo) is required to build the agent's native core: install it with rustup"
+if [ -f native/Cargo.toml ]; then
+  if ! command -v cargo >/dev/null 2>&1; then
+    need "Rust (cargo) is required to build the agent's native core: install it with rustup"
+  elif ! cargo clippy --version >/dev/null 2>&1 || ! cargo fmt --version >/dev/null 2>&1; then
+    need "the Rust components clippy and rustfmt are required: rustup component add clippy rustfmt"
+  fi
 fi
 
 exit $missing

@@ -1,0 +1,634 @@
+//! The sans-IO data plane: DERP bytes in, DERP bytes out, TCP streams in between.
+//!
+//! Inbound: DERP frames -> RecvPacket -> the sender's `Tunn` -> AllowedIPs source check ->
+//! TSMP/filter -> queue. `poll(now)` feeds the queue to smoltcp, runs WireGuard timers and
+//! smoltcp egress, encrypts what the stack sent (route by longest prefix over AllowedIPs ->
+//! peer -> its home DERP region) and returns per-region write buffers, events and the
+//! next deadline.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+
+use boringtun::noise::TunnResult;
+
+use crate::derp::{self, Decoder, Frame, KEY_LEN};
+use crate::filter::{parse_packet, Filter, PacketInfo, Rule, RuleSpec, Verdict, PROTO_TSMP};
+use crate::route::Prefix;
+use crate::stack::{Stack, StackError, SynDisposition, TcpEvent};
+use crate::wg::{NodeKey, Peer, PeerSpec, Peers};
+
+/// Disco packets ride DERP next to WireGuard and start with this magic ("TS💬").
+pub const DISCO_MAGIC: &[u8] = b"TS\xf0\x9f\x92\xac";
+/// boringtun timers want a tick every 100-250 ms.
+pub const WG_TIMER_INTERVAL: f64 = 0.25;
+/// Inbound packets buffered between derp_feed and poll.
+pub const INBOUND_QUEUE_MAX: usize = 16384;
+/// Largest IP packet we encrypt (DERP's 64 KiB limit minus WireGuard overhead).
+const MAX_PACKET: usize = 65535;
+
+/// Everything the data plane reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Tcp(TcpEvent),
+    DerpPeerGone {
+        region: u32,
+        key: NodeKey,
+        reason: u8,
+    },
+    DerpPeerPresent {
+        region: u32,
+        key: NodeKey,
+    },
+    DerpHealth {
+        region: u32,
+        message: String,
+    },
+    DerpRestarting {
+        region: u32,
+        reconnect_in_ms: u32,
+        try_for_ms: u32,
+    },
+    /// A frame the data plane does not handle itself (ServerKey, ServerInfo, unknown types).
+    DerpFrame {
+        region: u32,
+        frame_type: u8,
+        payload: Vec<u8>,
+    },
+}
+
+macro_rules! counters {
+    ($($name:ident),* $(,)?) => {
+        /// Cumulative counters; `drop_*` are packets dropped by reason.
+        #[derive(Debug, Default, Clone)]
+        pub struct Counters { $(pub $name: u64),* }
+        impl Counters {
+            pub fn items(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name)),*]
+            }
+        }
+    };
+}
+
+counters!(
+    packets_in,
+    bytes_in,
+    packets_out,
+    bytes_out,
+    derp_frames_in,
+    derp_bytes_in,
+    derp_bytes_out,
+    wg_handshake_packets,
+    drop_unknown_peer,
+    drop_wireguard,
+    drop_spoofed_source,
+    drop_tsmp,
+    drop_filtered,
+    drop_not_for_us,
+    drop_malformed,
+    drop_no_route,
+    drop_queue_full,
+    drop_backlog_full,
+    drop_disco,
+);
+
+#[derive(Debug)]
+pub enum Error {
+    InvalidKey(String),
+    InvalidArgument(String),
+    Stack(StackError),
+    DerpCorrupt { region: u32, reason: String },
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::InvalidKey(m) | Error::InvalidArgument(m) => f.write_str(m),
+            Error::Stack(e) => write!(f, "{e}"),
+            Error::DerpCorrupt { region, reason } => write!(f, "DERP region {region}: {reason}"),
+        }
+    }
+}
+
+impl From<StackError> for Error {
+    fn from(e: StackError) -> Self {
+        Error::Stack(e)
+    }
+}
+
+pub fn parse_key(bytes: &[u8], what: &str) -> Result<NodeKey, Error> {
+    bytes
+        .try_into()
+        .map_err(|_| Error::InvalidKey(format!("{what} must be 32 bytes, got {}", bytes.len())))
+}
+
+/// What `poll` hands back.
+#[derive(Debug, Default)]
+pub struct PollOutput {
+    pub derp_writes: Vec<(u32, Vec<u8>)>,
+    pub events: Vec<Event>,
+    pub next_deadline: Option<f64>,
+}
+
+pub struct DataPlane {
+    peers: Peers,
+    stack: Stack,
+    filter: Filter,
+    derp_in: HashMap<u32, Decoder>,
+    derp_out: BTreeMap<u32, Vec<u8>>,
+    inbound: VecDeque<(Vec<u8>, PacketInfo)>,
+    events: Vec<Event>,
+    counters: Counters,
+    now: f64,
+    last_timers: f64,
+    scratch: Vec<u8>,
+}
+
+/// Appends a SendPacket frame carrying a WireGuard datagram for `peer`.
+fn queue_to_peer(derp_out: &mut BTreeMap<u32, Vec<u8>>, counters: &mut Counters, peer: &Peer, datagram: &[u8]) {
+    let buf = derp_out.entry(peer.derp_region).or_default();
+    let before = buf.len();
+    derp::encode_send_packet(buf, &peer.key, datagram);
+    counters.derp_bytes_out += (buf.len() - before) as u64;
+}
+
+impl DataPlane {
+    pub fn new(private_key: &[u8], tcp_buffer: usize) -> Result<Self, Error> {
+        let key = parse_key(private_key, "private_key")?;
+        if tcp_buffer < 4096 {
+            return Err(Error::InvalidArgument(format!(
+                "tcp_buffer_size {tcp_buffer} is below 4096"
+            )));
+        }
+        Ok(DataPlane {
+            peers: Peers::new(key),
+            stack: Stack::new(tcp_buffer, 0.0),
+            filter: Filter::new(),
+            derp_in: HashMap::new(),
+            derp_out: BTreeMap::new(),
+            inbound: VecDeque::new(),
+            events: Vec::new(),
+            counters: Counters::default(),
+            now: 0.0,
+            last_timers: f64::NEG_INFINITY,
+            scratch: vec![0u8; MAX_PACKET + 256],
+        })
+    }
+
+    pub fn public_key(&self) -> NodeKey {
+        self.peers.public_key()
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub fn set_self(&mut self, addresses: &[String]) -> Result<(), Error> {
+        let prefixes = addresses
+            .iter()
+            .map(|a| a.parse::<Prefix>().map_err(Error::InvalidArgument))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Addresses are host addresses regardless of the length written.
+        let hosts: Vec<Prefix> = prefixes.iter().map(|p| Prefix::host(p.addr())).collect();
+        self.stack.set_addresses(&hosts)?;
+        Ok(())
+    }
+
+    pub fn set_peers(&mut self, peers: Vec<(NodeKey, Vec<String>, u32)>) -> Result<(), Error> {
+        let mut specs = Vec::with_capacity(peers.len());
+        for (key, ips, region) in peers {
+            let allowed_ips = ips
+                .iter()
+                .map(|s| s.parse::<Prefix>().map_err(Error::InvalidArgument))
+                .collect::<Result<Vec<_>, _>>()?;
+            specs.push(PeerSpec {
+                key,
+                allowed_ips,
+                derp_region: region,
+            });
+        }
+        self.peers.set(specs);
+        Ok(())
+    }
+
+    pub fn set_filter(&mut self, rules: &[RuleSpec]) -> Result<(), Error> {
+        let compiled = rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Rule::compile(r).map_err(|e| Error::InvalidArgument(format!("filter rule {i}: {e}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.filter.set_rules(compiled);
+        Ok(())
+    }
+
+    /// Parses DERP bytes from `region`'s relay connection and handles every whole frame.
+    pub fn derp_feed(&mut self, region: u32, chunk: &[u8]) -> Result<(), Error> {
+        self.counters.derp_bytes_in += chunk.len() as u64;
+        let mut decoder = self.derp_in.remove(&region).unwrap_or_default();
+        decoder.push(chunk);
+        let result = loop {
+            match decoder.next_frame() {
+                Ok(Some(frame)) => self.handle_frame(region, frame),
+                Ok(None) => break Ok(()),
+                Err(e) => {
+                    decoder.reset();
+                    break Err(Error::DerpCorrupt {
+                        region,
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        };
+        self.derp_in.insert(region, decoder);
+        result
+    }
+
+    /// Forgets buffered partial frames of a region (call when its connection is replaced).
+    pub fn derp_reset(&mut self, region: u32) {
+        self.derp_in.remove(&region);
+    }
+
+    fn handle_frame(&mut self, region: u32, frame: Frame<'_>) {
+        self.counters.derp_frames_in += 1;
+        match frame {
+            Frame::RecvPacket { src, packet } => self.handle_datagram(src, packet),
+            Frame::Ping(data) => derp::encode_pong(self.derp_out.entry(region).or_default(), &data),
+            Frame::KeepAlive | Frame::Pong(_) => {}
+            Frame::PeerGone { key, reason } => self.events.push(Event::DerpPeerGone { region, key, reason }),
+            Frame::PeerPresent { key } => self.events.push(Event::DerpPeerPresent { region, key }),
+            Frame::Health(msg) => self.events.push(Event::DerpHealth {
+                region,
+                message: String::from_utf8_lossy(msg).into_owned(),
+            }),
+            Frame::Restarting {
+                reconnect_in_ms,
+                try_for_ms,
+            } => self.events.push(Event::DerpRestarting {
+                region,
+                reconnect_in_ms,
+                try_for_ms,
+            }),
+            Frame::Other { frame_type, payload } => self.events.push(Event::DerpFrame {
+                region,
+                frame_type,
+                payload: payload.to_vec(),
+            }),
+        }
+    }
+
+    /// A datagram relayed from `src`: decrypt it with that peer's session.
+    fn handle_datagram(&mut self, src: [u8; KEY_LEN], datagram: &[u8]) {
+        if datagram.starts_with(DISCO_MAGIC) {
+            self.counters.drop_disco += 1;
+            return;
+        }
+        let Self {
+            peers,
+            scratch,
+            derp_out,
+            counters,
+            inbound,
+            filter,
+            stack,
+            now,
+            ..
+        } = self;
+        let Some(peer) = peers.get_mut(&src) else {
+            counters.drop_unknown_peer += 1;
+            return;
+        };
+        let mut input = datagram;
+        loop {
+            match peer.tunn.decapsulate(None, input, scratch) {
+                TunnResult::Done => break,
+                TunnResult::Err(_) => {
+                    counters.drop_wireguard += 1;
+                    break;
+                }
+                TunnResult::WriteToNetwork(out) => {
+                    counters.wg_handshake_packets += 1;
+                    queue_to_peer(derp_out, counters, peer, out);
+                    // Flush packets queued while the handshake was in flight.
+                    input = &[];
+                    continue;
+                }
+                TunnResult::WriteToTunnelV4(pkt, _) | TunnResult::WriteToTunnelV6(pkt, _) => {
+                    deliver(peer, pkt, counters, filter, stack, inbound, *now);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Encrypts one outbound IP packet and queues it for the owning peer's DERP region.
+    fn egress(&mut self, pkt: &[u8]) {
+        let Some(info) = parse_packet(pkt) else {
+            self.counters.drop_malformed += 1;
+            return;
+        };
+        if pkt.len() > MAX_PACKET {
+            self.counters.drop_malformed += 1;
+            return;
+        }
+        let Some(key) = self.peers.route(info.dst) else {
+            self.counters.drop_no_route += 1;
+            return;
+        };
+        self.filter.note_outbound(&info, self.now);
+        let Self {
+            peers,
+            scratch,
+            derp_out,
+            counters,
+            ..
+        } = self;
+        let Some(peer) = peers.get_mut(&key) else { return };
+        counters.packets_out += 1;
+        counters.bytes_out += pkt.len() as u64;
+        match peer.tunn.encapsulate(pkt, scratch) {
+            TunnResult::WriteToNetwork(out) => {
+                queue_to_peer(derp_out, counters, peer, out);
+            }
+            TunnResult::Err(_) => counters.drop_wireguard += 1,
+            // Queued until the handshake completes.
+            _ => {}
+        }
+    }
+
+    /// Sends raw IP packets into the tunnel (routed like stack traffic).
+    pub fn send_ip_packets(&mut self, packets: &[&[u8]]) {
+        for p in packets {
+            self.egress(p);
+        }
+    }
+
+    fn run_wg_timers(&mut self) {
+        let Self {
+            peers,
+            scratch,
+            derp_out,
+            counters,
+            ..
+        } = self;
+        for peer in peers.iter_mut() {
+            if let TunnResult::WriteToNetwork(out) = peer.tunn.update_timers(scratch) {
+                counters.wg_handshake_packets += 1;
+                queue_to_peer(derp_out, counters, peer, out);
+            }
+        }
+    }
+
+    pub fn poll(&mut self, now: f64) -> PollOutput {
+        self.now = now;
+        self.stack.set_now(now);
+        if now - self.last_timers >= WG_TIMER_INTERVAL || now < self.last_timers {
+            self.last_timers = now;
+            self.run_wg_timers();
+        }
+        while let Some((pkt, info)) = self.inbound.pop_front() {
+            if info.is_tcp_syn() && self.stack.prepare_syn(&info) == SynDisposition::BacklogFull {
+                self.counters.drop_backlog_full += 1;
+                continue;
+            }
+            self.stack.ingress(pkt);
+        }
+        self.stack.poll(now);
+        while let Some(pkt) = self.stack.device.tx.pop_front() {
+            self.egress(&pkt);
+        }
+        let mut events = std::mem::take(&mut self.events);
+        events.extend(self.stack.take_events().into_iter().map(Event::Tcp));
+        let wg_deadline = (!self.peers.is_empty()).then_some(self.last_timers + WG_TIMER_INTERVAL);
+        let next_deadline = [self.stack.next_deadline(now), wg_deadline]
+            .into_iter()
+            .flatten()
+            .reduce(f64::min);
+        let derp_writes = std::mem::take(&mut self.derp_out)
+            .into_iter()
+            .filter(|(_, b)| !b.is_empty())
+            .collect();
+        PollOutput {
+            derp_writes,
+            events,
+            next_deadline,
+        }
+    }
+
+    pub fn tcp_connect(&mut self, dst: SocketAddr, timeout: f64) -> u64 {
+        let failure = match self.peers.route(dst.ip()) {
+            Some(_) => None,
+            None => Some(format!("no route to {}: no peer's AllowedIPs cover it", dst.ip())),
+        };
+        self.stack.connect(dst, timeout, failure)
+    }
+
+    pub fn stack(&mut self) -> &mut Stack {
+        &mut self.stack
+    }
+}
+
+/// Checks a decrypted packet and queues it for the stack.
+fn deliver(
+    peer: &Peer,
+    pkt: &[u8],
+    counters: &mut Counters,
+    filter: &mut Filter,
+    stack: &Stack,
+    inbound: &mut VecDeque<(Vec<u8>, PacketInfo)>,
+    now: f64,
+) {
+    if pkt.is_empty() {
+        return; // keepalive
+    }
+    let Some(info) = parse_packet(pkt) else {
+        counters.drop_malformed += 1;
+        return;
+    };
+    if !peer.allows_source(info.src) {
+        counters.drop_spoofed_source += 1;
+        return;
+    }
+    if info.proto == PROTO_TSMP {
+        counters.drop_tsmp += 1;
+        return;
+    }
+    match filter.check_inbound(&info, |ip: IpAddr| stack.is_local(ip), now) {
+        Verdict::Accept => {}
+        Verdict::Tsmp => {
+            counters.drop_tsmp += 1;
+            return;
+        }
+        Verdict::NotForUs => {
+            counters.drop_not_for_us += 1;
+            return;
+        }
+        Verdict::Denied => {
+            counters.drop_filtered += 1;
+            return;
+        }
+    }
+    if inbound.len() >= INBOUND_QUEUE_MAX {
+        counters.drop_queue_full += 1;
+        return;
+    }
+    counters.packets_in += 1;
+    counters.bytes_in += pkt.len() as u64;
+    inbound.push_back((pkt.to_vec(), info));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::filter::tests::ipv4;
+    use crate::filter::{PROTO_TCP, PROTO_UDP};
+
+    const A_IP: &str = "100.64.0.1";
+    const B_IP: &str = "100.64.0.2";
+
+    fn allow_all() -> Vec<RuleSpec> {
+        vec![(vec!["*".into()], vec![("*".into(), 0, 65535)], vec![])]
+    }
+
+    /// Two planes wired back to back through one in-memory "relay".
+    fn pair() -> (DataPlane, DataPlane) {
+        let mut a = DataPlane::new(&[1u8; 32], 256 * 1024).unwrap();
+        let mut b = DataPlane::new(&[2u8; 32], 256 * 1024).unwrap();
+        a.set_self(&[format!("{A_IP}/32"), "fd7a:115c:a1e0::1/128".into()])
+            .unwrap();
+        b.set_self(&[format!("{B_IP}/32"), "fd7a:115c:a1e0::2/128".into()])
+            .unwrap();
+        a.set_peers(vec![(
+            b.public_key(),
+            vec![format!("{B_IP}/32"), "fd7a:115c:a1e0::2/128".into()],
+            1,
+        )])
+        .unwrap();
+        b.set_peers(vec![(
+            a.public_key(),
+            vec![format!("{A_IP}/32"), "fd7a:115c:a1e0::1/128".into()],
+            1,
+        )])
+        .unwrap();
+        a.set_filter(&allow_all()).unwrap();
+        b.set_filter(&allow_all()).unwrap();
+        (a, b)
+    }
+
+    /// The relay turns SendPacket(dst) into RecvPacket(src).
+    fn relay(from: &DataPlane, writes: Vec<(u32, Vec<u8>)>, to: &mut DataPlane) {
+        let mut dec = Decoder::new();
+        for (_, buf) in writes {
+            dec.push(&buf);
+            let mut out = Vec::new();
+            while let Some(Frame::Other {
+                frame_type: derp::FRAME_SEND_PACKET,
+                payload,
+            }) = dec.next_frame().unwrap()
+            {
+                derp::encode_frame(
+                    &mut out,
+                    derp::FRAME_RECV_PACKET,
+                    &[&from.public_key(), &payload[KEY_LEN..]],
+                );
+            }
+            to.derp_feed(1, &out).unwrap();
+        }
+    }
+
+    fn step(a: &mut DataPlane, b: &mut DataPlane, now: f64, ev: &mut Vec<(char, Event)>) {
+        let out = a.poll(now);
+        ev.extend(out.events.into_iter().map(|e| ('a', e)));
+        relay(a, out.derp_writes, b);
+        let out = b.poll(now);
+        ev.extend(out.events.into_iter().map(|e| ('b', e)));
+        relay(b, out.derp_writes, a);
+    }
+
+    #[test]
+    fn tcp_back_to_back_with_half_close() {
+        let (mut a, mut b) = pair();
+        let listener = b.stack().listen(80).unwrap();
+        let ha = a.tcp_connect(format!("{B_IP}:80").parse().unwrap(), 30.0);
+        let mut ev = Vec::new();
+        let mut hb = None;
+        let mut got_b = Vec::new();
+        let mut got_a = Vec::new();
+        let payload: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let mut sent = 0;
+        let mut shut = false;
+        let mut replied = false;
+        let mut a_eof = false;
+        for i in 0..20_000 {
+            step(&mut a, &mut b, f64::from(i) * 0.001, &mut ev);
+            for (side, e) in ev.drain(..) {
+                match (side, e) {
+                    (
+                        'b',
+                        Event::Tcp(TcpEvent::Accepted {
+                            listener: l,
+                            handle,
+                            remote,
+                        }),
+                    ) => {
+                        assert_eq!(l, listener);
+                        assert_eq!(remote.ip().to_string(), A_IP);
+                        hb = Some(handle);
+                    }
+                    ('a', Event::Tcp(TcpEvent::Readable(h))) if h == ha => {
+                        got_a.extend(a.stack().recv(ha, 1 << 20).unwrap());
+                    }
+                    ('a', Event::Tcp(TcpEvent::PeerClosed(h))) if h == ha => a_eof = true,
+                    (_, Event::Tcp(TcpEvent::DialFailed { reason, .. })) => panic!("dial failed: {reason}"),
+                    (_, Event::Tcp(TcpEvent::Reset(_))) => panic!("reset"),
+                    _ => {}
+                }
+            }
+            if sent < payload.len() {
+                sent += a.stack().send(ha, &payload[sent..]).unwrap();
+            } else if !shut {
+                a.stack().shutdown_write(ha).unwrap();
+                shut = true;
+            }
+            if let Some(hb) = hb {
+                got_b.extend(b.stack().recv(hb, 1 << 20).unwrap());
+                if got_b.len() == payload.len() && !replied {
+                    assert_eq!(b.stack().send(hb, b"reply after EOF").unwrap(), 15);
+                    b.stack().shutdown_write(hb).unwrap();
+                    replied = true;
+                }
+            }
+            if a_eof {
+                break;
+            }
+        }
+        assert!(got_b == payload, "B got {} of {} bytes", got_b.len(), payload.len());
+        assert_eq!(got_a, b"reply after EOF");
+        assert!(a_eof);
+        assert_eq!(b.counters().drop_filtered, 0);
+    }
+
+    #[test]
+    fn spoofed_tsmp_and_filtered_packets_are_dropped() {
+        let (mut a, mut b) = pair();
+        b.set_filter(&[]).unwrap();
+        let mut ev = Vec::new();
+        let spoofed = ipv4(PROTO_UDP, [100, 64, 0, 9], [100, 64, 0, 2], 1, 2, 0);
+        let tsmp = ipv4(PROTO_TSMP, [100, 64, 0, 1], [100, 64, 0, 2], 0, 0, 0);
+        let syn = ipv4(PROTO_TCP, [100, 64, 0, 1], [100, 64, 0, 2], 1234, 80, 0x02);
+        a.send_ip_packets(&[&spoofed, &tsmp, &syn]);
+        for i in 0..10 {
+            step(&mut a, &mut b, f64::from(i) * 0.01, &mut ev);
+        }
+        let c = b.counters();
+        assert_eq!((c.drop_spoofed_source, c.drop_tsmp, c.drop_filtered), (1, 1, 1));
+        assert_eq!(c.packets_in, 0);
+    }
+
+    #[test]
+    fn dial_without_route_fails() {
+        let (mut a, _) = pair();
+        let h = a.tcp_connect("100.64.0.77:80".parse().unwrap(), 30.0);
+        let out = a.poll(0.0);
+        assert!(out.events.iter().any(|e| matches!(e,
+            Event::Tcp(TcpEvent::DialFailed { handle, reason }) if *handle == h && reason.contains("no route to 100.64.0.77"))));
+    }
+}

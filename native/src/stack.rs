@@ -1,0 +1,681 @@
+//! The userspace TCP/IP stack: a smoltcp IP-medium interface, TCP sockets behind stable
+//! handles, per-connection listener sockets (smoltcp has no accept queue) and readiness
+//! events.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+
+use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
+use smoltcp::phy::{Checksum, ChecksumCapabilities, Device, DeviceCapabilities, Medium};
+use smoltcp::socket::tcp;
+use smoltcp::time::{Duration, Instant};
+use smoltcp::wire::{HardwareAddress, IpAddress, IpCidr, IpEndpoint};
+
+use crate::filter::PacketInfo;
+use crate::route::Prefix;
+
+/// Tailscale's safe TUN MTU (`net/tstun/mtu.go`).
+pub const MTU: usize = 1280;
+/// Default socket buffer size (each of RX and TX) per TCP connection.
+pub const DEFAULT_TCP_BUFFER: usize = 512 * 1024;
+/// Half-open connections allowed per listener.
+pub const LISTEN_BACKLOG: usize = 128;
+/// How long a closed-by-us connection may linger before it is aborted.
+const ORPHAN_LINGER_SECS: f64 = 60.0;
+const EPHEMERAL_FIRST: u16 = 49152;
+
+/// Events reported by the stack (DERP events are added by the data plane).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TcpEvent {
+    Connected(u64),
+    Readable(u64),
+    Writable(u64),
+    PeerClosed(u64),
+    Closed(u64),
+    Reset(u64),
+    Accepted {
+        listener: u64,
+        handle: u64,
+        remote: SocketAddr,
+    },
+    DialFailed {
+        handle: u64,
+        reason: String,
+    },
+}
+
+#[derive(Debug)]
+pub enum StackError {
+    UnknownHandle(u64),
+    UnknownListener(u64),
+    InvalidPort(u16),
+    PortInUse(u16),
+    WriteClosed(u64),
+    NoLocalAddress(IpAddr),
+    TooManyAddresses(usize),
+}
+
+impl std::fmt::Display for StackError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StackError::UnknownHandle(h) => write!(f, "unknown TCP handle {h} (closed or never opened)"),
+            StackError::UnknownListener(l) => write!(f, "unknown listener {l}"),
+            StackError::InvalidPort(p) => write!(f, "invalid port {p}"),
+            StackError::PortInUse(p) => write!(f, "already listening on port {p}"),
+            StackError::WriteClosed(h) => write!(f, "TCP handle {h}: the write side is closed"),
+            StackError::NoLocalAddress(ip) => write!(f, "no local address of the family of {ip}"),
+            StackError::TooManyAddresses(n) => {
+                write!(
+                    f,
+                    "{n} addresses given; at most one IPv4 and one IPv6 address are supported"
+                )
+            }
+        }
+    }
+}
+
+/// In-memory IP device: packets in (from WireGuard) and out (to WireGuard).
+#[derive(Default)]
+pub struct VirtualDevice {
+    pub rx: VecDeque<Vec<u8>>,
+    pub tx: VecDeque<Vec<u8>>,
+}
+
+pub struct RxToken(Vec<u8>);
+pub struct TxToken<'a>(&'a mut VecDeque<Vec<u8>>);
+
+impl smoltcp::phy::RxToken for RxToken {
+    fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
+        f(&self.0)
+    }
+}
+
+impl smoltcp::phy::TxToken for TxToken<'_> {
+    fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
+        let mut buf = vec![0u8; len];
+        let r = f(&mut buf);
+        self.0.push_back(buf);
+        r
+    }
+}
+
+impl Device for VirtualDevice {
+    type RxToken<'a> = RxToken;
+    type TxToken<'a> = TxToken<'a>;
+
+    fn receive(&mut self, _now: Instant) -> Option<(RxToken, TxToken<'_>)> {
+        let pkt = self.rx.pop_front()?;
+        Some((RxToken(pkt), TxToken(&mut self.tx)))
+    }
+
+    fn transmit(&mut self, _now: Instant) -> Option<TxToken<'_>> {
+        Some(TxToken(&mut self.tx))
+    }
+
+    fn capabilities(&self) -> DeviceCapabilities {
+        let mut caps = DeviceCapabilities::default();
+        caps.medium = Medium::Ip;
+        caps.max_transmission_unit = MTU;
+        // Inbound packets were authenticated by WireGuard, so checksums are only computed
+        // on transmit, not verified on receive.
+        let mut sums = ChecksumCapabilities::default();
+        sums.ipv4 = Checksum::Tx;
+        sums.tcp = Checksum::Tx;
+        sums.udp = Checksum::Tx;
+        sums.icmpv4 = Checksum::Tx;
+        sums.icmpv6 = Checksum::Tx;
+        caps.checksum = sums;
+        caps
+    }
+}
+
+#[derive(Debug)]
+struct Conn {
+    socket: SocketHandle,
+    /// Connected (or Accepted) has been reported.
+    connected: bool,
+    /// Dial timeout; the deadline is set from the first poll's clock after connect.
+    dial_timeout: Option<f64>,
+    /// Dial deadline (seconds) while connecting.
+    deadline: Option<f64>,
+    /// A Readable event is outstanding (cleared by `recv`).
+    readable_sent: bool,
+    /// The last `send` was short; report Writable when space frees up.
+    want_writable: bool,
+    peer_closed_sent: bool,
+    /// `shutdown_write` was called before the connection was established.
+    shutdown_pending: bool,
+    last_state: tcp::State,
+}
+
+impl Conn {
+    fn new(socket: SocketHandle, state: tcp::State) -> Self {
+        Conn {
+            socket,
+            connected: false,
+            dial_timeout: None,
+            deadline: None,
+            readable_sent: false,
+            want_writable: false,
+            peer_closed_sent: false,
+            shutdown_pending: false,
+            last_state: state,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Listener {
+    port: u16,
+    /// Sockets created for incoming SYNs that have not completed the handshake.
+    half_open: Vec<SocketHandle>,
+}
+
+/// What the stack says about an inbound SYN before it reaches smoltcp.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SynDisposition {
+    /// Feed it (a listener socket is ready, or smoltcp will answer with RST).
+    Feed,
+    /// The listener's backlog is full; drop.
+    BacklogFull,
+}
+
+fn to_instant(now: f64) -> Instant {
+    // Seconds (float) to smoltcp's microsecond clock.
+    Instant::from_micros((now * 1e6) as i64)
+}
+
+fn state_has_remote_fin(s: tcp::State) -> bool {
+    matches!(
+        s,
+        tcp::State::CloseWait | tcp::State::LastAck | tcp::State::Closing | tcp::State::TimeWait
+    )
+}
+
+pub struct Stack {
+    iface: Interface,
+    pub device: VirtualDevice,
+    sockets: SocketSet<'static>,
+    buffer_size: usize,
+    conns: HashMap<u64, Conn>,
+    listeners: HashMap<u64, Listener>,
+    listener_by_port: HashMap<u16, u64>,
+    /// Sockets whose handle was released but which still finish a graceful close.
+    orphans: Vec<(SocketHandle, f64)>,
+    next_id: u64,
+    next_port: u16,
+    events: Vec<TcpEvent>,
+    now: f64,
+}
+
+impl Stack {
+    pub fn new(buffer_size: usize, now: f64) -> Self {
+        let mut device = VirtualDevice::default();
+        let mut config = Config::new(HardwareAddress::Ip);
+        config.random_seed = random_seed();
+        let iface = Interface::new(config, &mut device, to_instant(now));
+        Stack {
+            iface,
+            device,
+            sockets: SocketSet::new(Vec::new()),
+            buffer_size,
+            conns: HashMap::new(),
+            listeners: HashMap::new(),
+            listener_by_port: HashMap::new(),
+            orphans: Vec::new(),
+            next_id: 1,
+            next_port: EPHEMERAL_FIRST + (random_seed() % 16384) as u16,
+            events: Vec::new(),
+            now,
+        }
+    }
+
+    /// Sets the node's addresses (at most one IPv4 and one IPv6) and default routes via them.
+    pub fn set_addresses(&mut self, addrs: &[Prefix]) -> Result<(), StackError> {
+        let v4: Vec<_> = addrs.iter().filter(|p| p.is_ipv4()).collect();
+        let v6: Vec<_> = addrs.iter().filter(|p| !p.is_ipv4()).collect();
+        if v4.len() > 1 || v6.len() > 1 {
+            return Err(StackError::TooManyAddresses(addrs.len()));
+        }
+        self.iface.update_ip_addrs(|a| {
+            a.clear();
+            for p in addrs {
+                // Capacity is 2 and we checked there is at most one per family.
+                let _ = a.push(IpCidr::new(IpAddress::from(p.addr()), p.prefix_len()));
+            }
+        });
+        let routes = self.iface.routes_mut();
+        routes.remove_default_ipv4_route();
+        routes.remove_default_ipv6_route();
+        for p in addrs {
+            // The table holds two routes; one per family fits.
+            let _ = match p.addr() {
+                IpAddr::V4(a) => routes.add_default_ipv4_route(a).map(|_| ()),
+                IpAddr::V6(a) => routes.add_default_ipv6_route(a).map(|_| ()),
+            };
+        }
+        Ok(())
+    }
+
+    pub fn is_local(&self, ip: IpAddr) -> bool {
+        self.iface.ip_addrs().iter().any(|c| IpAddr::from(c.address()) == ip)
+    }
+
+    fn new_socket(&self) -> tcp::Socket<'static> {
+        let mut s = tcp::Socket::new(
+            tcp::SocketBuffer::new(vec![0u8; self.buffer_size]),
+            tcp::SocketBuffer::new(vec![0u8; self.buffer_size]),
+        );
+        s.set_nagle_enabled(false);
+        s.set_keep_alive(Some(Duration::from_secs(25)));
+        // Drop connections whose peer stops acknowledging for this long.
+        s.set_timeout(Some(Duration::from_secs(120)));
+        s
+    }
+
+    fn alloc_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    fn ports_in_use(&self) -> HashSet<u16> {
+        self.sockets
+            .iter()
+            .filter_map(|(_, s)| match s {
+                smoltcp::socket::Socket::Tcp(t) => t.local_endpoint().map(|e| e.port),
+                #[allow(unreachable_patterns)]
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn ephemeral_port(&mut self) -> Option<u16> {
+        let used = self.ports_in_use();
+        let span = u32::from(u16::MAX - EPHEMERAL_FIRST) + 1;
+        for _ in 0..span {
+            let p = self.next_port;
+            self.next_port = if p == u16::MAX { EPHEMERAL_FIRST } else { p + 1 };
+            if !used.contains(&p) && !self.listener_by_port.contains_key(&p) {
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    /// Starts a connection. Failures are reported as a DialFailed event on the next poll,
+    /// so the caller always gets a handle. `failure` pre-fails the dial (e.g. no route).
+    pub fn connect(&mut self, dst: SocketAddr, timeout: f64, failure: Option<String>) -> u64 {
+        let id = self.alloc_id();
+        let fail = |stack: &mut Stack, reason: String| {
+            stack.events.push(TcpEvent::DialFailed { handle: id, reason });
+            id
+        };
+        if let Some(reason) = failure {
+            return fail(self, reason);
+        }
+        if dst.port() == 0 || dst.ip().is_unspecified() {
+            return fail(self, format!("invalid destination {dst}"));
+        }
+        let has_family = self
+            .iface
+            .ip_addrs()
+            .iter()
+            .any(|c| IpAddr::from(c.address()).is_ipv4() == dst.is_ipv4());
+        if !has_family {
+            return fail(self, StackError::NoLocalAddress(dst.ip()).to_string());
+        }
+        let Some(port) = self.ephemeral_port() else {
+            return fail(self, "no free ephemeral port".to_string());
+        };
+        let mut socket = self.new_socket();
+        let remote = IpEndpoint::new(IpAddress::from(dst.ip()), dst.port());
+        if let Err(e) = socket.connect(self.iface.context(), remote, port) {
+            return fail(self, format!("connect to {dst} failed: {e}"));
+        }
+        let state = socket.state();
+        let handle = self.sockets.add(socket);
+        let mut conn = Conn::new(handle, state);
+        conn.dial_timeout = Some(timeout);
+        self.conns.insert(id, conn);
+        id
+    }
+
+    pub fn listen(&mut self, port: u16) -> Result<u64, StackError> {
+        if port == 0 {
+            return Err(StackError::InvalidPort(port));
+        }
+        if self.listener_by_port.contains_key(&port) {
+            return Err(StackError::PortInUse(port));
+        }
+        let id = self.alloc_id();
+        self.listeners.insert(
+            id,
+            Listener {
+                port,
+                half_open: Vec::new(),
+            },
+        );
+        self.listener_by_port.insert(port, id);
+        Ok(id)
+    }
+
+    /// Stops listening; half-open connections are reset, accepted ones are unaffected.
+    pub fn unlisten(&mut self, listener: u64) -> Result<(), StackError> {
+        let l = self
+            .listeners
+            .remove(&listener)
+            .ok_or(StackError::UnknownListener(listener))?;
+        self.listener_by_port.remove(&l.port);
+        for s in l.half_open {
+            self.sockets.get_mut::<tcp::Socket>(s).abort();
+            self.orphans.push((s, self.now));
+        }
+        Ok(())
+    }
+
+    /// Called for each inbound SYN just before it is fed to smoltcp: makes sure a
+    /// listening socket is there to take it.
+    pub fn prepare_syn(&mut self, info: &PacketInfo) -> SynDisposition {
+        let Some(&lid) = self.listener_by_port.get(&info.dst_port) else {
+            return SynDisposition::Feed;
+        };
+        let remote = IpEndpoint::new(IpAddress::from(info.src), info.src_port);
+        let listener = &self.listeners[&lid];
+        let retransmit = listener.half_open.iter().any(|&h| {
+            let s = self.sockets.get::<tcp::Socket>(h);
+            s.is_listening() || s.remote_endpoint() == Some(remote)
+        });
+        if retransmit {
+            return SynDisposition::Feed;
+        }
+        if listener.half_open.len() >= LISTEN_BACKLOG {
+            return SynDisposition::BacklogFull;
+        }
+        let mut socket = self.new_socket();
+        let port = listener.port;
+        if socket.listen(port).is_err() {
+            return SynDisposition::Feed;
+        }
+        let handle = self.sockets.add(socket);
+        if let Some(l) = self.listeners.get_mut(&lid) {
+            l.half_open.push(handle);
+        }
+        SynDisposition::Feed
+    }
+
+    /// Feeds one inbound IP packet to smoltcp right away.
+    pub fn ingress(&mut self, packet: Vec<u8>) {
+        self.device.rx.push_back(packet);
+        let now = to_instant(self.now);
+        while self.device.rx.front().is_some() {
+            self.iface.poll_ingress_single(now, &mut self.device, &mut self.sockets);
+        }
+    }
+
+    /// Drops a listener socket that was created for a SYN smoltcp did not take.
+    fn reap_idle_listeners(&mut self) {
+        for l in self.listeners.values_mut() {
+            let sockets = &mut self.sockets;
+            l.half_open.retain(|&h| {
+                let s = sockets.get::<tcp::Socket>(h);
+                if s.is_listening() || s.state() == tcp::State::Closed {
+                    sockets.remove(h);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+    }
+
+    /// Sets the clock; call before ingress for the current batch.
+    pub fn set_now(&mut self, now: f64) {
+        self.now = now;
+    }
+
+    /// Runs egress (and timers) and scans sockets for events.
+    pub fn poll(&mut self, now: f64) {
+        self.now = now;
+        let instant = to_instant(now);
+        self.iface.poll_maintenance(instant);
+        self.iface.poll(instant, &mut self.device, &mut self.sockets);
+        self.reap_idle_listeners();
+        self.scan(now);
+    }
+
+    fn scan(&mut self, now: f64) {
+        // Half-open sockets that completed the handshake become accepted connections.
+        let mut accepted = Vec::new();
+        for (&lid, l) in self.listeners.iter_mut() {
+            let sockets = &self.sockets;
+            l.half_open.retain(|&h| {
+                let s = sockets.get::<tcp::Socket>(h);
+                let done = !matches!(
+                    s.state(),
+                    tcp::State::Listen | tcp::State::SynReceived | tcp::State::Closed
+                );
+                if done {
+                    accepted.push((lid, h));
+                }
+                !done
+            });
+        }
+        for (lid, h) in accepted {
+            let id = self.alloc_id();
+            let s = self.sockets.get::<tcp::Socket>(h);
+            let remote = s
+                .remote_endpoint()
+                .map(|e| SocketAddr::new(IpAddr::from(e.addr), e.port))
+                .unwrap_or_else(|| SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 0));
+            let mut conn = Conn::new(h, s.state());
+            conn.connected = true;
+            self.conns.insert(id, conn);
+            self.events.push(TcpEvent::Accepted {
+                listener: lid,
+                handle: id,
+                remote,
+            });
+        }
+
+        let mut released = Vec::new();
+        for (&id, conn) in self.conns.iter_mut() {
+            let s = self.sockets.get_mut::<tcp::Socket>(conn.socket);
+            let state = s.state();
+            if !conn.connected {
+                if conn.deadline.is_none() {
+                    conn.deadline = conn.dial_timeout.map(|t| now + t);
+                }
+                match state {
+                    tcp::State::SynSent | tcp::State::SynReceived => {
+                        if conn.deadline.is_some_and(|d| now >= d) {
+                            s.abort();
+                            self.events.push(TcpEvent::DialFailed {
+                                handle: id,
+                                reason: "connection timed out".to_string(),
+                            });
+                            released.push(id);
+                        }
+                        continue;
+                    }
+                    tcp::State::Closed => {
+                        self.events.push(TcpEvent::DialFailed {
+                            handle: id,
+                            reason: "connection refused (reset by peer)".to_string(),
+                        });
+                        released.push(id);
+                        continue;
+                    }
+                    _ => {
+                        conn.connected = true;
+                        conn.deadline = None;
+                        if conn.shutdown_pending {
+                            s.close();
+                        }
+                        self.events.push(TcpEvent::Connected(id));
+                    }
+                }
+            }
+            let state = s.state();
+            let rx_pending = s.recv_queue() > 0;
+            if rx_pending && !conn.readable_sent {
+                conn.readable_sent = true;
+                self.events.push(TcpEvent::Readable(id));
+            }
+            if conn.want_writable && s.may_send() {
+                let free = s.send_capacity() - s.send_queue();
+                if free >= s.send_capacity() / 4 {
+                    conn.want_writable = false;
+                    self.events.push(TcpEvent::Writable(id));
+                }
+            }
+            let remote_fin =
+                state_has_remote_fin(state) || (state == tcp::State::Closed && state_has_remote_fin(conn.last_state));
+            if state == tcp::State::Closed && !remote_fin && !matches!(conn.last_state, tcp::State::Closed) {
+                // Closed without the peer's FIN: reset (or keep-alive/ACK timeout).
+                self.events.push(TcpEvent::Reset(id));
+                released.push(id);
+                continue;
+            }
+            if remote_fin && !rx_pending && !conn.peer_closed_sent {
+                conn.peer_closed_sent = true;
+                self.events.push(TcpEvent::PeerClosed(id));
+            }
+            if matches!(state, tcp::State::TimeWait | tcp::State::Closed) && conn.peer_closed_sent {
+                self.events.push(TcpEvent::Closed(id));
+                released.push(id);
+                continue;
+            }
+            conn.last_state = state;
+        }
+        for id in released {
+            if let Some(conn) = self.conns.remove(&id) {
+                self.orphans.push((conn.socket, now));
+            }
+        }
+        // Orphans: discard data that still arrives, drop them once closed.
+        let sockets = &mut self.sockets;
+        self.orphans.retain(|&(h, since)| {
+            let s = sockets.get_mut::<tcp::Socket>(h);
+            while s.recv(|b| (b.len(), ())).is_ok_and(|()| s.recv_queue() > 0) {}
+            if now - since > ORPHAN_LINGER_SECS {
+                s.abort();
+            }
+            if s.state() == tcp::State::Closed && since < now {
+                sockets.remove(h);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    pub fn take_events(&mut self) -> Vec<TcpEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    fn conn(&mut self, id: u64) -> Result<(&mut Conn, &mut tcp::Socket<'static>), StackError> {
+        let conn = self.conns.get_mut(&id).ok_or(StackError::UnknownHandle(id))?;
+        let s = self.sockets.get_mut::<tcp::Socket>(conn.socket);
+        Ok((conn, s))
+    }
+
+    /// Queues bytes; returns how many were accepted (0 while connecting or when full).
+    pub fn send(&mut self, id: u64, data: &[u8]) -> Result<usize, StackError> {
+        let (conn, s) = self.conn(id)?;
+        if conn.shutdown_pending || (conn.connected && !s.may_send()) {
+            return Err(StackError::WriteClosed(id));
+        }
+        let n = if s.may_send() {
+            s.send_slice(data).unwrap_or(0)
+        } else {
+            0
+        };
+        if n < data.len() {
+            conn.want_writable = true;
+        }
+        Ok(n)
+    }
+
+    /// Reads up to `max` bytes; empty when nothing is buffered (see PeerClosed for EOF).
+    pub fn recv(&mut self, id: u64, max: usize) -> Result<Vec<u8>, StackError> {
+        let (conn, s) = self.conn(id)?;
+        conn.readable_sent = false;
+        let want = max.min(s.recv_queue());
+        let mut out = vec![0u8; want];
+        let mut got = 0;
+        while got < want {
+            match s.recv_slice(&mut out[got..]) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        out.truncate(got);
+        Ok(out)
+    }
+
+    /// Half-close: sends FIN after queued data; reading continues.
+    pub fn shutdown_write(&mut self, id: u64) -> Result<(), StackError> {
+        let (conn, s) = self.conn(id)?;
+        if conn.connected {
+            s.close();
+            conn.last_state = s.state();
+        } else {
+            conn.shutdown_pending = true;
+        }
+        Ok(())
+    }
+
+    /// Releases the handle. Sends FIN (graceful) if all received data was read,
+    /// otherwise RST like a kernel does. Unknown handles are ignored.
+    pub fn close(&mut self, id: u64) {
+        if let Some(conn) = self.conns.remove(&id) {
+            let s = self.sockets.get_mut::<tcp::Socket>(conn.socket);
+            if s.recv_queue() > 0 || !conn.connected {
+                s.abort();
+            } else {
+                s.close();
+            }
+            self.orphans.push((conn.socket, self.now));
+        }
+    }
+
+    /// Releases the handle and resets the connection. Unknown handles are ignored.
+    pub fn abort(&mut self, id: u64) {
+        if let Some(conn) = self.conns.remove(&id) {
+            self.sockets.get_mut::<tcp::Socket>(conn.socket).abort();
+            self.orphans.push((conn.socket, self.now));
+        }
+    }
+
+    /// Earliest time smoltcp or a dial deadline needs a poll.
+    pub fn next_deadline(&mut self, now: f64) -> Option<f64> {
+        let smol = self
+            .iface
+            .poll_at(to_instant(now), &self.sockets)
+            .map(|at| (at.total_micros() as f64 / 1e6).max(now));
+        let dial = self.conns.values().filter_map(|c| c.deadline).reduce(f64::min);
+        let linger = self
+            .orphans
+            .iter()
+            .map(|&(_, since)| since + ORPHAN_LINGER_SECS)
+            .reduce(f64::min);
+        [smol, dial, linger].into_iter().flatten().reduce(f64::min)
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Local and remote address of a connection.
+    pub fn endpoints(&mut self, id: u64) -> Result<(Option<SocketAddr>, Option<SocketAddr>), StackError> {
+        let (_, s) = self.conn(id)?;
+        let conv = |e: IpEndpoint| SocketAddr::new(IpAddr::from(e.addr), e.port);
+        Ok((s.local_endpoint().map(conv), s.remote_endpoint().map(conv)))
+    }
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}

@@ -1,0 +1,202 @@
+"""Type stub for the Rust extension ``tailnet_agent._native`` (crate ``native/``).
+
+Sans-IO data plane: the caller feeds DERP bytes (``derp_feed``) and the time (``poll``);
+``poll`` returns DERP bytes to write, events and the next deadline. Call ``poll`` after
+every batch of calls (feeding, sends, connects) and again at ``next_deadline`` at the latest.
+Time is any monotonic clock in seconds (e.g. ``time.monotonic()``), the same for every call.
+"""
+
+from collections.abc import Sequence
+from typing import Final, TypeAlias
+
+DEFAULT_TCP_BUFFER_SIZE: Final[int]
+MTU: Final[int]
+
+class Connected:
+    """An outbound connection (tcp_connect) completed its handshake."""
+
+    __match_args__ = ("handle",)
+    @property
+    def handle(self) -> int: ...
+
+class Readable:
+    """Data is waiting; re-armed by each tcp_recv call on the handle."""
+
+    __match_args__ = ("handle",)
+    @property
+    def handle(self) -> int: ...
+
+class Writable:
+    """Send-buffer space freed up after a short tcp_send."""
+
+    __match_args__ = ("handle",)
+    @property
+    def handle(self) -> int: ...
+
+class PeerClosed:
+    """The peer sent FIN and everything before it has been read (EOF); writing still works."""
+
+    __match_args__ = ("handle",)
+    @property
+    def handle(self) -> int: ...
+
+class Closed:
+    """Both directions closed gracefully; the handle is released."""
+
+    __match_args__ = ("handle",)
+    @property
+    def handle(self) -> int: ...
+
+class Reset:
+    """The connection was reset or timed out; the handle is released."""
+
+    __match_args__ = ("handle",)
+    @property
+    def handle(self) -> int: ...
+
+class Accepted:
+    """A listener accepted a connection with a new ``handle``."""
+
+    __match_args__ = ("listener", "handle", "remote_ip", "remote_port")
+    @property
+    def listener(self) -> int: ...
+    @property
+    def handle(self) -> int: ...
+    @property
+    def remote_ip(self) -> str: ...
+    @property
+    def remote_port(self) -> int: ...
+
+class DialFailed:
+    """tcp_connect failed (e.g. ``"no route to 100.64.0.9: ..."``, ``"connection timed out"``,
+    ``"connection refused (reset by peer)"``); the handle is released."""
+
+    __match_args__ = ("handle", "reason")
+    @property
+    def handle(self) -> int: ...
+    @property
+    def reason(self) -> str: ...
+
+class DerpPeerGone:
+    __match_args__ = ("region", "key", "reason")
+    @property
+    def region(self) -> int: ...
+    @property
+    def key(self) -> bytes: ...
+    @property
+    def reason(self) -> int: ...
+
+class DerpPeerPresent:
+    __match_args__ = ("region", "key")
+    @property
+    def region(self) -> int: ...
+    @property
+    def key(self) -> bytes: ...
+
+class DerpHealth:
+    __match_args__ = ("region", "message")
+    @property
+    def region(self) -> int: ...
+    @property
+    def message(self) -> str: ...
+
+class DerpRestarting:
+    __match_args__ = ("region", "reconnect_in_ms", "try_for_ms")
+    @property
+    def region(self) -> int: ...
+    @property
+    def reconnect_in_ms(self) -> int: ...
+    @property
+    def try_for_ms(self) -> int: ...
+
+class DerpFrame:
+    """A DERP frame the data plane does not handle (ServerKey, ServerInfo, unknown types)."""
+
+    __match_args__ = ("region", "frame_type", "payload")
+    @property
+    def region(self) -> int: ...
+    @property
+    def frame_type(self) -> int: ...
+    @property
+    def payload(self) -> bytes: ...
+
+Event: TypeAlias = (
+    Connected
+    | Readable
+    | Writable
+    | PeerClosed
+    | Closed
+    | Reset
+    | Accepted
+    | DialFailed
+    | DerpPeerGone
+    | DerpPeerPresent
+    | DerpHealth
+    | DerpRestarting
+    | DerpFrame
+)
+
+# (node public key (32 bytes), AllowedIPs prefixes, home DERP region id)
+PeerSpec: TypeAlias = tuple[bytes, Sequence[str], int]
+# One compiled Tailscale FilterRule:
+#   (SrcIPs: "*", IP, CIDR or "a-b" range ("cap:..." entries are ignored),
+#    DstPorts: [(IP/CIDR/range/"*", first_port, last_port)],
+#    IPProto: IP protocol numbers; empty means TCP, UDP, ICMP and ICMPv6)
+FilterRule: TypeAlias = tuple[Sequence[str], Sequence[tuple[str, int, int]], Sequence[int]]
+
+class PollResult:
+    @property
+    def derp_writes(self) -> list[tuple[int, bytes]]:
+        """One batched buffer of DERP frames per region, to write to that region's relay."""
+    @property
+    def events(self) -> list[Event]: ...
+    @property
+    def next_deadline(self) -> float | None:
+        """Time (same clock as ``now``) by which poll must run again; None: only on input."""
+    @property
+    def counters(self) -> dict[str, int]:
+        """Cumulative: packets_in/out, bytes_in/out, derp_*, and drop_<reason> counts."""
+
+class DataPlane:
+    """One tailnet node's data plane. Use from a single thread."""
+
+    def __init__(self, private_key: bytes, *, tcp_buffer_size: int = ...) -> None:
+        """``private_key``: the node's X25519 private key (32 bytes). ``tcp_buffer_size``:
+        receive and send buffer per TCP connection (default 512 KiB each)."""
+    @property
+    def public_key(self) -> bytes: ...
+    def set_self(self, addresses: Sequence[str]) -> None:
+        """The node's addresses, e.g. ["100.64.0.5/32", "fd7a:115c:a1e0::5/128"]
+        (at most one IPv4 and one IPv6)."""
+    def set_peers(self, peers: Sequence[PeerSpec]) -> None:
+        """Replace the peer set; peers whose key is unchanged keep their WireGuard session."""
+    def set_filter(self, rules: Sequence[FilterRule]) -> None:
+        """Inbound packet filter. Until first set, every new inbound flow is denied."""
+    def derp_feed(self, region: int, chunk: bytes) -> None:
+        """Bytes read from ``region``'s relay after its handshake. Raises ConnectionError
+        when the stream is corrupt (reconnect, then call derp_reset)."""
+    def derp_reset(self, region: int) -> None:
+        """Drop a partial frame buffered for ``region`` (new connection)."""
+    def poll(self, now: float) -> PollResult: ...
+    def counters(self) -> dict[str, int]: ...
+    def tcp_connect(self, dst_ip: str, dst_port: int, timeout: float = 30.0) -> int:
+        """Start a connection; the outcome is a Connected or DialFailed event."""
+    def tcp_listen(self, port: int) -> int:
+        """Listen on all node addresses; each connection arrives as an Accepted event.
+        Raises OSError(EADDRINUSE) when the port already has a listener."""
+    def tcp_unlisten(self, listener: int) -> None: ...
+    def tcp_send(self, handle: int, data: bytes) -> int:
+        """Queue bytes; returns how many were accepted (0 while connecting). A short count
+        means the buffer is full: wait for Writable. BrokenPipeError after shutdown."""
+    def tcp_recv(self, handle: int, max_bytes: int = 262144) -> bytes:
+        """Read buffered bytes (b"" when none; EOF is the PeerClosed event)."""
+    def tcp_shutdown_write(self, handle: int) -> None:
+        """Send FIN after queued data (half-close); reading continues."""
+    def tcp_close(self, handle: int) -> None:
+        """Release the handle: FIN if all received data was read, else RST. Idempotent."""
+    def tcp_abort(self, handle: int) -> None:
+        """Release the handle and reset the connection. Idempotent."""
+    def tcp_endpoints(self, handle: int) -> tuple[tuple[str, int] | None, tuple[str, int] | None]:
+        """(local, remote) address of a connection."""
+    def send_ip_packets(self, packets: Sequence[bytes]) -> None:
+        """Route raw IP packets into the tunnel like stack traffic (drops counted)."""
