@@ -14,6 +14,7 @@ help:
 	@echo "make manifests  regenerate manifests/crd from tailnet_operator/api"
 	@echo "make binaries   build and cache etcd, kube-apiserver, Headscale and tailscaled"
 	@echo "make e2e        the end-to-end suite against a kind cluster (needs Docker)"
+	@echo "make bench      egress throughput and setup time: agent vs tailscaled (docs/benchmarks.md)"
 
 prereqs:
 	@hack/prereqs.sh
@@ -63,6 +64,9 @@ e2e:
 	E2E_KUBECONFIG=$$(mktemp) && kind create cluster --name tailnet-e2e --kubeconfig $$E2E_KUBECONFIG && \
 	  TAILNET_E2E_KUBECONFIG=$$E2E_KUBECONFIG $(VENV)/bin/pytest e2e -m e2e; rc=$$?; \
 	  kind delete cluster --name tailnet-e2e; exit $$rc
+
+bench: $(VENV)/.native binaries
+	$(PY) -m benchmarks.egress --json _artifacts/bench-egress.json
 
 clean:
 	rm -rf $(VENV) _artifacts .pytest_cache .mypy_cache .ruff_cache

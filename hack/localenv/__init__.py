@@ -78,14 +78,15 @@ class Environment:
 
     def tailscale_node(self, hostname: str, headscale: Headscale, *, authkey: str | None = None,
                        advertise_routes: Sequence[str] = (), accept_routes: bool = False,
-                       site_router: bool = False) -> TailscaleNode:
+                       site_router: bool = False, env: dict[str, str] | None = None) -> TailscaleNode:
         """A started tailscaled; joined to ``headscale`` when an ``authkey`` is given.
 
-        ``site_router=True`` runs it as the user that alone can reach the site hosts' LANs.
+        ``site_router=True`` runs it as the user that alone can reach the site hosts' LANs;
+        ``env`` adds environment variables (e.g. ``TS_DEBUG_ALWAYS_USE_DERP=true``).
         """
         node = TailscaleNode(hostname, self._dir(f"tailscale-{hostname}"), headscale=headscale,
                              log_dir=self.log_dir, run_id=self.run_id,
-                             user=ROUTER_UID if site_router else None)
+                             user=ROUTER_UID if site_router else None, env=env)
         self._owned.append(node)
         node.start()
         if authkey is not None:

@@ -44,7 +44,7 @@ class TailscaleNode:
     """One tailscaled plus the ``tailscale`` CLI bound to its socket."""
 
     def __init__(self, hostname: str, workdir: Path, *, headscale: Headscale, log_dir: Path,
-                 run_id: str, user: int | None = None) -> None:
+                 run_id: str, user: int | None = None, env: dict[str, str] | None = None) -> None:
         self.hostname = hostname
         self.headscale = headscale
         self.workdir = workdir
@@ -56,6 +56,7 @@ class TailscaleNode:
             "SSL_CERT_FILE": str(headscale.ca_bundle),
             "TS_DEBUG_OMIT_LOCAL_ADDRS": "true",
             "TS_NO_LOGS_NO_SUPPORT": "true",
+            **(env or {}),
         }
         self.process = ManagedProcess(f"tailscaled-{hostname}", [
             _binary_for(user, workdir.parent), "--tun=userspace-networking",
