@@ -262,10 +262,10 @@ async def run(mib: int, setups: int, *, agent: bool = True) -> list[PathResult]:
             server.close()
             return results
         listen = free_port()
-        async with running_agent(env, headscale, target, port, listen) as agent:
+        async with running_agent(env, headscale, target, port, listen) as agent_process:
             dial = tcp_dialer(listen)
             agent_result = await measure("agent, DERP", dial, mib=mib, setups=setups)
-            agent_result.extra = await agent_rss(agent, dial, 100)
+            agent_result.extra = await agent_rss(agent_process, dial, 100)
             results.append(agent_result)
     server.close()
     return results
