@@ -198,7 +198,7 @@ async def running_agent(env: Environment, headscale: Headscale, target_ip: str, 
         "TAILNET_CA_BUNDLE": str(headscale.ca_bundle),
         "TAILNET_TARGETS": json.dumps([{"name": "bench", "address": target_ip,
                                         "ports": [{"port": port, "listen": listen}]}]),
-        "TAILNET_LISTEN_ADDRESS": "127.0.0.1",
+        "TAILNET_BIND_ADDRESS": "127.0.0.1",
         "TAILNET_HEALTH_ADDRESS": f"127.0.0.1:{free_port()}",
         "TAILNET_LOG_LEVEL": "warning",
     }

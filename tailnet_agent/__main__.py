@@ -1,11 +1,80 @@
-"""Entry point of the agent. AGENT_MODE selects the direction and has no default."""
+"""Entry point of the agent. AGENT_MODE selects the direction and has no default.
+
+``egress`` runs the node, the egress listeners and the health server until SIGTERM or SIGINT
+(exit 0). Startup problems are one line on stderr and a non-zero exit: 2 for configuration
+(including AGENT_MODE), 3 for a mode not implemented yet (ingress), 1 when the node fails (e.g.
+control refuses the pre-auth key).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import signal
 import sys
 
+import structlog
+
 MODES = ("egress", "ingress")
+
+
+class _Stop(Exception):
+    """Raised inside the TaskGroup to end it on a signal."""
+
+
+def _configure_logging() -> None:
+    level = logging.getLevelNamesMapping().get(os.environ.get("TAILNET_LOG_LEVEL", "info").upper(), logging.INFO)
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer() if os.environ.get("TAILNET_LOG_FORMAT") == "json"
+        else structlog.dev.ConsoleRenderer(colors=False))
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True),
+                    structlog.processors.format_exc_info, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True)
+
+
+async def run_egress() -> int:
+    from tailnet_agent import config
+    from tailnet_agent.control import RegistrationError
+    from tailnet_agent.forward import EgressForwarder
+    from tailnet_agent.health import AgentMetrics, HealthServer
+    from tailnet_agent.node import Node, NodeOptions
+
+    cfg = config.load(mode="egress")
+    node = Node(NodeOptions(control_url=cfg.control_url, auth_key=cfg.auth_key, hostname=cfg.hostname,
+                            ca_bundle=cfg.ca_bundle, accept_routes=cfg.accept_routes,
+                            dial_timeout=cfg.dial_timeout))
+    metrics = AgentMetrics(node)
+    forwarder = EgressForwarder(node, cfg.targets, bind_address=cfg.bind_address, dial_timeout=cfg.dial_timeout,
+                                metrics=metrics)
+    health = HealthServer(node, metrics, host=cfg.health_host, port=cfg.health_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def until_signal() -> None:
+        await stop.wait()
+        raise _Stop
+
+    failure: BaseException | None = None
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(node.run(), name="node")
+            tg.create_task(health.run(), name="health")
+            tg.create_task(forwarder.run(), name="egress")
+            tg.create_task(until_signal(), name="signals")
+    except* _Stop:
+        structlog.get_logger("agent").info("stopped by signal")
+    except* (RegistrationError, OSError) as group:
+        failure = group.exceptions[0]
+    if failure is not None:
+        print(f"tailnet-agent: {failure}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main() -> int:
@@ -14,8 +83,17 @@ def main() -> int:
         shown = repr(mode) if mode else "unset"
         print(f"tailnet-agent: AGENT_MODE is {shown}; set it to one of: {', '.join(MODES)}", file=sys.stderr)
         return 2
-    print(f"tailnet-agent: mode {mode} is not implemented in this release", file=sys.stderr)
-    return 3
+    if mode == "ingress":
+        print("tailnet-agent: AGENT_MODE=ingress is not implemented yet", file=sys.stderr)
+        return 3
+    from tailnet_agent.config import ConfigError
+
+    _configure_logging()
+    try:
+        return asyncio.run(run_egress())
+    except ConfigError as exc:
+        print(f"tailnet-agent: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

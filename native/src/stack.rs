@@ -267,6 +267,9 @@ impl Stack {
             tcp::SocketBuffer::new(vec![0u8; self.buffer_size]),
         );
         s.set_nagle_enabled(false);
+        // Without congestion control smoltcp sends the whole window at once; a DERP server
+        // queues only 32 packets per client and drops the rest, so the sender must ramp up.
+        s.set_congestion_control(tcp::CongestionControl::Cubic);
         s.set_keep_alive(Some(Duration::from_secs(25)));
         // Drop connections whose peer stops acknowledging for this long.
         s.set_timeout(Some(Duration::from_secs(120)));

@@ -1,0 +1,448 @@
+"""The agent's node and egress forwarder against a real Headscale v0.29.2 and real tailscaled v1.98 peers.
+
+Servers "on a peer's side" listen on 127.0.0.1 of this machine: a userspace tailscaled forwards
+inbound tailnet TCP for its own IP to 127.0.0.1:<same port>. Everything between the agent and the
+peers goes through Headscale's embedded DERP (region 999).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+
+from e2e.conftest import TailscaleFactory
+from e2e.polling import eventually
+from hack.localenv import Headscale, SiteHost, TailscaleNode, free_port
+from tailnet_agent.backoff import Backoff, derp_backoff
+from tailnet_agent.config import PortMapping, Target
+from tailnet_agent.forward import EgressForwarder
+from tailnet_agent.health import AgentMetrics
+from tailnet_agent.node import Node, NodeOptions
+from tailnet_agent.streams import DialTimeoutError, NoRouteError
+
+pytestmark = pytest.mark.integration
+
+TAG = "tag:egress"
+PEER_TAG = "tag:peer"
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@dataclass
+class Agent:
+    node: Node
+    forwarder: EgressForwarder
+    metrics: AgentMetrics
+
+    def listen_port(self, target: str, port: int) -> int:
+        t = next(t for t in self.forwarder.targets if t.name == target)
+        return next(m.listen for m in t.ports if m.port == port)
+
+
+@contextlib.asynccontextmanager
+async def running_agent(headscale: Headscale, hostname: str, key: str, targets: list[Target] | None = None,
+                        **options: object) -> AsyncIterator[Agent]:
+    """A Node (and an egress forwarder on 127.0.0.1 when ``targets`` are given), ready before the body."""
+    opts: dict[str, object] = {"control_backoff": Backoff(initial=0.2, maximum=2.0),
+                               "derp_backoff": derp_backoff(initial=0.1, maximum=1.0), "dial_timeout": 15.0}
+    opts.update(options)
+    node = Node(NodeOptions(control_url=headscale.url, auth_key=key, hostname=hostname,
+                            ca_bundle=headscale.ca_bundle, **opts))  # type: ignore[arg-type]
+    metrics = AgentMetrics(node)
+    forwarder = EgressForwarder(node, tuple(targets or ()), bind_address="127.0.0.1", metrics=metrics,
+                                dial_timeout=node.options.dial_timeout)
+
+    async def main() -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(node.run(), name="node")
+            if targets:
+                tg.create_task(forwarder.run(), name="egress")
+
+    task = asyncio.create_task(main(), name=f"agent-{hostname}")
+    try:
+        await eventually(lambda: task.done() or (node.ready and (not targets or forwarder.listening.is_set())),
+                         timeout=30, what=f"{hostname} ready")
+        if task.done():
+            task.result()
+        yield Agent(node, forwarder, metrics)
+        if task.done():
+            task.result()  # a crash of the agent fails the test
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.asynccontextmanager
+async def local_server(handler: Handler) -> AsyncIterator[int]:
+    """A TCP server on 127.0.0.1 (reached through a tailscaled peer's IP); yields its port."""
+    port = free_port()
+    server = await asyncio.start_server(handler, "127.0.0.1", port)
+    try:
+        yield port
+    finally:
+        server.close()
+
+
+async def wait_peer_sees(peer: TailscaleNode, hostname: str) -> None:
+    def seen() -> bool:
+        return any(p.get("HostName") == hostname and p.get("Relay") for p in peer.peers())
+
+    await eventually(lambda: asyncio.to_thread(seen), timeout=30, what=f"{peer.hostname} sees {hostname} with a relay")
+
+
+def target(name: str, address: str, port: int) -> Target:
+    return Target(name=name, address=address, ports=(PortMapping(port=port, listen=free_port()),))
+
+
+async def read_all(reader: asyncio.StreamReader) -> bytes:
+    chunks = []
+    while chunk := await reader.read(1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def set_policy(headscale: Headscale, policy: dict[str, object]) -> None:
+    headscale.api("PUT", "/api/v1/policy", {"policy": json.dumps(policy)})
+
+
+# -- joining --------------------------------------------------------------------------------------
+
+
+async def test_joins_with_a_tagged_ephemeral_key_and_peers_see_it(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory) -> None:
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    peer = tailscale_nodes("ts-watch", headscale, authkey=key)
+    async with running_agent(headscale, "agent-join", key) as agent:
+        node = await eventually(lambda: headscale.node_by_name("agent-join"), timeout=20, what="node listed")
+        assert TAG in node.get("tags", []), node
+        assert (node.get("preAuthKey") or {}).get("ephemeral") is True
+        await wait_peer_sees(peer, "agent-join")
+        status = next(p for p in peer.peers() if p.get("HostName") == "agent-join")
+        assert set(status["TailscaleIPs"]) == set(agent.node.addresses())
+        region = agent.node.netmap.derp_map.regions[agent.node.home_region]  # type: ignore[union-attr]
+        assert status["Relay"] == region.region_code
+        assert agent.node.ready and agent.node.control_connected
+
+
+# -- egress to a tailscaled peer ------------------------------------------------------------------
+
+
+async def http_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    request = await reader.readuntil(b"\r\n\r\n")
+    path = request.split(b" ", 2)[1].decode()
+    body = f"hello from the peer side, path {path}\n".encode()
+    writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    await writer.drain()
+    writer.close()
+
+
+async def test_egress_reaches_an_http_server_behind_a_tailscaled_peer(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory) -> None:
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    peer = tailscale_nodes("ts-web", headscale, authkey=key)
+    async with local_server(http_handler) as port:
+        tgt = target("web", peer.ipv4(), port)
+        async with running_agent(headscale, "agent-web", key, [tgt]) as agent:
+            await wait_peer_sees(peer, "agent-web")
+            reader, writer = await asyncio.open_connection("127.0.0.1", agent.listen_port("web", port))
+            writer.write(b"GET /over-the-agent HTTP/1.0\r\nHost: web\r\n\r\n")
+            await writer.drain()
+            response = await asyncio.wait_for(read_all(reader), 30)
+            writer.close()
+            assert response.startswith(b"HTTP/1.0 200 OK\r\n"), response
+            assert response.endswith(b"\r\n\r\nhello from the peer side, path /over-the-agent\n")
+            # By MagicDNS name too, straight from the node.
+            r2, w2 = await agent.node.open_connection("ts-web", port)
+            w2.write(b"GET /by-name HTTP/1.0\r\n\r\n")
+            assert (await asyncio.wait_for(read_all(r2), 30)).endswith(b"path /by-name\n")
+            w2.close()
+            assert agent.metrics.connections.labels("web")._value.get() == 1
+            metrics = agent.metrics.render().decode()
+            assert 'tailnet_agent_bytes_total{direction="received",target="web"}' in metrics
+            assert "tailnet_agent_derp_connected 1.0" in metrics
+
+
+async def test_64_mib_each_way_through_one_connection(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory) -> None:
+    size = 64 << 20
+    download = os.urandom(size)
+    upload = os.urandom(size)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def receive() -> bytes:
+            digest = hashlib.sha256()
+            while chunk := await reader.read(1 << 20):
+                digest.update(chunk)
+            return digest.digest()
+
+        receiving = asyncio.create_task(receive())
+        for i in range(0, size, 1 << 20):
+            writer.write(download[i:i + (1 << 20)])
+            await writer.drain()
+        writer.write(await receiving)  # the digest of what arrived, after the download
+        await writer.drain()
+        writer.close()
+
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    peer = tailscale_nodes("ts-bulk", headscale, authkey=key)
+    async with local_server(handler) as port, \
+            running_agent(headscale, "agent-bulk", key, [target("bulk", peer.ipv4(), port)]) as agent:
+        await wait_peer_sees(peer, "agent-bulk")
+        reader, writer = await asyncio.open_connection("127.0.0.1", agent.listen_port("bulk", port))
+        started = time.perf_counter()
+
+        async def send() -> None:
+            for i in range(0, size, 1 << 20):
+                writer.write(upload[i:i + (1 << 20)])
+                await writer.drain()
+            writer.write_eof()
+
+        sending = asyncio.create_task(send())
+        received = await asyncio.wait_for(read_all(reader), 240)
+        await sending
+        elapsed = time.perf_counter() - started
+        writer.close()
+        assert len(received) == size + 32
+        assert hashlib.sha256(received[:size]).digest() == hashlib.sha256(download).digest()
+        assert received[size:] == hashlib.sha256(upload).digest()
+        print(f"\n64 MiB each way through the agent over DERP: {elapsed:.1f}s, "
+              f"{2 * size / 1e6 / elapsed:.1f} MB/s total ({size / 1e6 / elapsed:.1f} MB/s per direction)")
+
+
+# -- half-close -----------------------------------------------------------------------------------
+
+
+async def test_half_close_in_both_directions(headscale: Headscale, tailscale_nodes: TailscaleFactory) -> None:
+    request = os.urandom(3 << 20)
+    uploaded: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    async def reads_to_eof_then_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        data = await read_all(reader)
+        answer = hashlib.sha256(data).digest() + os.urandom(1 << 20)
+        writer.write(b"%d\n" % len(data) + answer)
+        await writer.drain()
+        writer.close()
+
+    async def closes_first_then_reads(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"go ahead\n")
+        await writer.drain()
+        writer.write_eof()
+        uploaded.set_result(await read_all(reader))
+        writer.close()
+
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    peer = tailscale_nodes("ts-half", headscale, authkey=key)
+    ip = peer.ipv4()
+    async with local_server(reads_to_eof_then_answers) as port1, local_server(closes_first_then_reads) as port2, \
+            running_agent(headscale, "agent-half", key, [target("a", ip, port1), target("b", ip, port2)]) as agent:
+        await wait_peer_sees(peer, "agent-half")
+
+        # The client shuts its write side and still gets the whole answer.
+        reader, writer = await asyncio.open_connection("127.0.0.1", agent.listen_port("a", port1))
+        writer.write(request)
+        await writer.drain()
+        writer.write_eof()
+        answer = await asyncio.wait_for(read_all(reader), 60)
+        writer.close()
+        header, _, rest = answer.partition(b"\n")
+        assert int(header) == len(request)
+        assert rest[:32] == hashlib.sha256(request).digest() and len(rest) == 32 + (1 << 20)
+
+        # The server shuts its write side first; the client keeps sending and all of it arrives.
+        reader, writer = await asyncio.open_connection("127.0.0.1", agent.listen_port("b", port2))
+        assert await asyncio.wait_for(read_all(reader), 30) == b"go ahead\n"  # EOF from the server
+        writer.write(request)
+        await writer.drain()
+        writer.write_eof()
+        assert hashlib.sha256(await asyncio.wait_for(uploaded, 60)).digest() == hashlib.sha256(request).digest()
+        writer.close()
+
+
+# -- subnet routes --------------------------------------------------------------------------------
+
+
+async def test_reaches_a_host_behind_an_approved_subnet_route(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory, site_host: Callable[[], SiteHost]) -> None:
+    host = site_host()
+    host.serve_http(8080)
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    tailscale_nodes("site-router", headscale, authkey=key, advertise_routes=[host.subnet], site_router=True)
+    router = await eventually(lambda: headscale.node_by_name("site-router"), timeout=20, what="router listed")
+    async with running_agent(headscale, "agent-site", key, [target("site", host.address, 8080)]) as agent:
+        with pytest.raises(NoRouteError, match=f"no route to {host.address}"):
+            await agent.node.open_connection(host.address, 8080)  # advertised but not approved yet
+        headscale.approve_routes(router["id"], [host.subnet])
+
+        def routed() -> bool:
+            netmap = agent.node.netmap
+            return netmap is not None and any(
+                str(net) == host.subnet for p in netmap.peers.values() for net in p.routable_ips)
+
+        await eventually(routed, timeout=30, what="the approved route in the agent's netmap")
+        reader, writer = await asyncio.open_connection("127.0.0.1", agent.listen_port("site", 8080))
+        writer.write(b"GET /through-the-router HTTP/1.0\r\n\r\n")
+        await writer.drain()
+        response = await asyncio.wait_for(read_all(reader), 30)
+        writer.close()
+        assert response.startswith(b"HTTP/1.0 200"), response
+        assert response.endswith(f"hello from {host.address}:8080 path /through-the-router\n".encode())
+
+
+async def test_without_accept_routes_the_subnet_is_not_routed(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory, site_host: Callable[[], SiteHost]) -> None:
+    host = site_host()
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    tailscale_nodes("site-router2", headscale, authkey=key, advertise_routes=[host.subnet], site_router=True)
+    router = await eventually(lambda: headscale.node_by_name("site-router2"), timeout=20, what="router listed")
+    headscale.approve_routes(router["id"], [host.subnet])
+    async with running_agent(headscale, "agent-noroutes", key, accept_routes=False) as agent:
+        def routed() -> bool:
+            netmap = agent.node.netmap
+            return netmap is not None and any(
+                str(net) == host.subnet for p in netmap.peers.values() for net in p.routable_ips)
+
+        await eventually(routed, timeout=30, what="the approved route in the agent's netmap")
+        with pytest.raises(NoRouteError, match=f"no route to {host.address}: no peer or accepted route covers it"):
+            await agent.node.open_connection(host.address, 8080)
+
+
+# -- packet filter --------------------------------------------------------------------------------
+
+
+async def proxy_connect(peer: TailscaleNode, ip: str, port: int, *, timeout: float) -> bool:
+    """CONNECT through the peer's tailnet HTTP proxy; True if the tunnel opened and echoes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", peer.http_proxy_port)
+    try:
+        writer.write(f"CONNECT {ip}:{port} HTTP/1.1\r\nHost: {ip}:{port}\r\n\r\n".encode())
+        await writer.drain()
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            return False
+        if b" 200" not in head.split(b"\r\n", 1)[0]:
+            return False
+        writer.write(b"ping\n")
+        await writer.drain()
+        return await asyncio.wait_for(reader.readline(), timeout) == b"ping\n"
+    finally:
+        writer.close()
+
+
+async def test_packet_filter_holds_both_ways(headscale: Headscale, tailscale_nodes: TailscaleFactory) -> None:
+    owners: dict[str, list[str]] = {"tag:egress": [], "tag:peer": []}
+    # Only the peers may talk among themselves: the agent's tag is granted nothing.
+    set_policy(headscale, {"tagOwners": owners, "grants": [{"src": ["tag:peer"], "dst": ["tag:peer"], "ip": ["*"]}]})
+    agent_key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    peer_key = headscale.create_preauth_key(tags=[PEER_TAG], reusable=True, ephemeral=True)
+    peer = tailscale_nodes("ts-guarded", headscale, authkey=peer_key)
+    peer_ip = peer.ipv4()
+    served: list[bytes] = []
+
+    async def recorder(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served.append(await reader.read(100))
+        writer.close()
+
+    async with local_server(recorder) as port, \
+            running_agent(headscale, "agent-guarded", agent_key, [target("guarded", peer_ip, port)]) as agent:
+        with pytest.raises((NoRouteError, DialTimeoutError)) as info:
+            await agent.node.open_connection(peer_ip, port, timeout=5)
+        assert str(info.value) in (f"no route to {peer_ip}: no peer or accepted route covers it",
+                                   f"connection to {peer_ip}:{port} timed out (dropped by the packet filter?)")
+        reader, writer = await asyncio.open_connection("127.0.0.1", agent.listen_port("guarded", port))
+        writer.write(b"must not pass")
+        with contextlib.suppress(ConnectionError):
+            assert await asyncio.wait_for(read_all(reader), 30) == b""
+        writer.close()
+        errors = agent.metrics.render().decode()
+        assert 'tailnet_agent_dial_errors_total{reason="no_route",target="guarded"} 1.0' in errors \
+            or 'tailnet_agent_dial_errors_total{reason="timeout",target="guarded"} 1.0' in errors, errors
+        assert served == []
+
+        # Inbound: the agent may reach the peer, not the other way round.
+        set_policy(headscale, {"tagOwners": owners, "grants": [{"src": ["tag:egress"], "dst": ["tag:peer"],
+                                                               "ip": ["*"]}]})
+        accepted: list[str] = []
+
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(str(writer.get_extra_info("peername")))
+            writer.write(await reader.readline())
+            await writer.drain()
+            writer.close()
+
+        listen_port = free_port()
+        server = agent.node.start_server(echo, listen_port)
+        agent_ip = agent.node.addresses()[0]
+        await wait_peer_sees(peer, "agent-guarded")
+        dropped = agent.node.counters.get("drop_filtered", 0)
+        assert not await proxy_connect(peer, agent_ip, listen_port, timeout=8)
+        assert accepted == []
+        assert agent.node.counters["drop_filtered"] > dropped
+
+        # The same dial is accepted once the policy grants it (the check above can fail).
+        set_policy(headscale, {"tagOwners": owners, "grants": [
+            {"src": ["tag:egress"], "dst": ["tag:peer"], "ip": ["*"]},
+            {"src": ["tag:peer"], "dst": ["tag:egress"], "ip": [f"tcp:{listen_port}"]}]})
+
+        def granted() -> bool:
+            netmap = agent.node.netmap
+            return netmap is not None and any(p.first == listen_port for r in netmap.packet_filter for p in r.dst_ports)
+
+        await eventually(granted, timeout=30, what="the grant in the agent's packet filter")
+        assert await proxy_connect(peer, agent_ip, listen_port, timeout=15)
+        assert accepted and accepted[0].startswith(f"('{peer_ip}'")
+        server.close()
+
+
+# -- reconnecting ---------------------------------------------------------------------------------
+
+
+async def get(port: int, path: str, *, timeout: float = 10) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+        await writer.drain()
+        return await asyncio.wait_for(read_all(reader), timeout)
+    finally:
+        writer.close()
+
+
+async def test_survives_a_headscale_restart_and_a_cut_derp_connection(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory) -> None:
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    peer = tailscale_nodes("ts-steady", headscale, authkey=key)
+    async with local_server(http_handler) as port, \
+            running_agent(headscale, "agent-steady", key, [target("web", peer.ipv4(), port)]) as agent:
+        await wait_peer_sees(peer, "agent-steady")
+        listen = agent.listen_port("web", port)
+        assert (await get(listen, "/before")).endswith(b"path /before\n")
+
+        # Cut the DERP connection from our side: the supervisor reconnects.
+        old = agent.node.derp_connections[agent.node.home_region]
+        await old.close()
+        await eventually(lambda: agent.node.derp_connections.get(agent.node.home_region) not in (None, old),
+                         timeout=20, what="a new DERP connection")
+        assert (await get(listen, "/after-derp-cut", timeout=20)).endswith(b"path /after-derp-cut\n")
+
+        # Restart Headscale (control and its embedded DERP).
+        sessions = agent.node.control.map_sessions
+        derp = agent.node.derp_connections[agent.node.home_region]
+        await asyncio.to_thread(headscale.restart)
+        await eventually(lambda: agent.node.control.map_sessions > sessions and agent.node.ready
+                         and agent.node.derp_connections[agent.node.home_region] is not derp,
+                         timeout=60, what="control and DERP back after the restart")
+
+        async def works() -> bool:
+            try:
+                return (await get(listen, "/after-restart", timeout=5)).endswith(b"path /after-restart\n")
+            except (OSError, TimeoutError):
+                return False
+
+        await eventually(works, timeout=60, interval=1, what="a new dial through the agent after the restart")

@@ -1,0 +1,204 @@
+"""The agent's configuration, read once at startup from the environment and mounted files.
+
+Every problem is a :class:`ConfigError` with a one-line message naming the variable. Variables:
+
+=========================  ======================================================================
+``TAILNET_CONTROL_URL``    Headscale URL (``https://...``). Required.
+``TAILNET_AUTH_KEY_FILE``  File holding the pre-auth key (the operator mounts a Secret). Required.
+                           The key is never logged or shown in ``repr``.
+``TAILNET_HOSTNAME``       Node hostname on the tailnet. Required.
+``TAILNET_CA_BUNDLE``      PEM file of CAs trusted for control and DERP TLS. Unset: system store.
+``TAILNET_TARGETS``        Egress targets as JSON (below). Required for egress.
+``TAILNET_TARGETS_FILE``   The same JSON read from a file; used when ``TAILNET_TARGETS`` is unset.
+``TAILNET_BIND_ADDRESS``   Address the egress listeners bind. Default ``0.0.0.0``.
+``TAILNET_HEALTH_ADDRESS`` ``host:port`` of /healthz, /readyz and /metrics. Default ``0.0.0.0:9002``.
+``TAILNET_ACCEPT_ROUTES``  Use peers' subnet routes (``true``/``false``). Default true for egress.
+``TAILNET_DIAL_TIMEOUT``   Seconds a tailnet dial may take. Default 30.
+=========================  ======================================================================
+
+Targets: a JSON list of ``{"name": str, "address": str, "ports": [...]}``. ``address`` is a tailnet
+IP, an IP inside an accepted subnet route, or a MagicDNS name (``host`` or ``host.<domain>``). Each
+port is either an integer (listen on the same port) or ``{"port": 5432, "listen": 15432}``, where
+``listen`` is the local port the operator's Service points at (default: ``port``). Example::
+
+    [{"name": "db", "address": "100.64.0.7", "ports": [5432, {"port": 443, "listen": 8443}]}]
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+DEFAULT_HEALTH_ADDRESS = "0.0.0.0:9002"
+DEFAULT_BIND_ADDRESS = "0.0.0.0"
+DEFAULT_DIAL_TIMEOUT = 30.0
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+class ConfigError(ValueError):
+    """A configuration problem; ``str()`` is one line meant for the pod's log."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PortMapping:
+    port: int
+    """Port dialled on the target."""
+    listen: int
+    """Local port of the egress listener."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    name: str
+    """Label for logs and metrics (the operator uses the target's name in the CR)."""
+    address: str
+    """Tailnet IP, IP in an accepted route, or MagicDNS name."""
+    ports: tuple[PortMapping, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    control_url: str
+    auth_key: str = field(repr=False)
+    """The pre-auth key read from ``TAILNET_AUTH_KEY_FILE``; never logged."""
+    hostname: str
+    ca_bundle: Path | None = None
+    targets: tuple[Target, ...] = ()
+    bind_address: str = DEFAULT_BIND_ADDRESS
+    health_host: str = "0.0.0.0"
+    health_port: int = 9002
+    accept_routes: bool = True
+    dial_timeout: float = DEFAULT_DIAL_TIMEOUT
+    """Seconds; a dial without a SYN-ACK by then fails as timed out."""
+
+
+def _required(env: Mapping[str, str], name: str) -> str:
+    value = env.get(name, "").strip()
+    if not value:
+        raise ConfigError(f"{name} is not set")
+    return value
+
+
+def parse_bool(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigError(f"{name} must be true or false, got {value!r}")
+
+
+def parse_host_port(name: str, value: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port``."""
+    host, sep, port = value.strip().rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{name} must be host:port, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _port(name: str, value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise ConfigError(f"{name}: {where} must be a port number 1-65535, got {value!r}")
+    return value
+
+
+def parse_targets(text: str, *, name: str = "TAILNET_TARGETS") -> tuple[Target, ...]:
+    """Parse the targets JSON (shape in the module docstring); listen ports must be unique."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{name} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(doc, list):
+        raise ConfigError(f"{name} must be a JSON list of targets, got {type(doc).__name__}")
+    targets: list[Target] = []
+    listens: dict[int, str] = {}
+    for i, item in enumerate(doc):
+        if not isinstance(item, dict):
+            raise ConfigError(f"{name}[{i}] must be an object with name, address and ports")
+        label = item.get("name")
+        address = item.get("address")
+        if not isinstance(label, str) or not label:
+            raise ConfigError(f"{name}[{i}].name must be a non-empty string")
+        if not isinstance(address, str) or not address.strip():
+            raise ConfigError(f"{name}[{i}] ({label}): address must be a non-empty string")
+        raw_ports = item.get("ports")
+        if not isinstance(raw_ports, list) or not raw_ports:
+            raise ConfigError(f"{name}[{i}] ({label}): ports must be a non-empty list")
+        ports: list[PortMapping] = []
+        for j, entry in enumerate(raw_ports):
+            where = f"{label} ports[{j}]"
+            if isinstance(entry, dict):
+                port = _port(name, entry.get("port"), f"{where}.port")
+                listen = _port(name, entry.get("listen", port), f"{where}.listen")
+            else:
+                port = listen = _port(name, entry, where)
+            if listen in listens:
+                raise ConfigError(f"{name}: listen port {listen} is used by both {listens[listen]} and {label}")
+            listens[listen] = label
+            ports.append(PortMapping(port=port, listen=listen))
+        targets.append(Target(name=label, address=address.strip(), ports=tuple(ports)))
+    return tuple(targets)
+
+
+def _read_file(name: str, path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read {path}: {exc.strerror or exc}") from None
+
+
+def load(env: Mapping[str, str] | None = None, *, mode: str = "egress") -> AgentConfig:
+    """Build the configuration from ``env`` (default ``os.environ``) for ``mode``."""
+    env = os.environ if env is None else env
+    url = _required(env, "TAILNET_CONTROL_URL")
+    parsed = urlparse(url)
+    if parsed.scheme not in ("https", "http") or not parsed.netloc:
+        raise ConfigError(f"TAILNET_CONTROL_URL must be an http(s) URL, got {url!r}")
+    key_file = _required(env, "TAILNET_AUTH_KEY_FILE")
+    auth_key = _read_file("TAILNET_AUTH_KEY_FILE", key_file).strip()
+    if not auth_key:
+        raise ConfigError(f"TAILNET_AUTH_KEY_FILE: {key_file} is empty")
+    hostname = _required(env, "TAILNET_HOSTNAME")
+    ca_bundle: Path | None = None
+    if ca := env.get("TAILNET_CA_BUNDLE", "").strip():
+        ca_bundle = Path(ca)
+        if not ca_bundle.is_file():
+            raise ConfigError(f"TAILNET_CA_BUNDLE: {ca} is not a file")
+    targets: tuple[Target, ...] = ()
+    if mode == "egress":
+        if text := env.get("TAILNET_TARGETS", "").strip():
+            targets = parse_targets(text)
+        elif path := env.get("TAILNET_TARGETS_FILE", "").strip():
+            targets = parse_targets(_read_file("TAILNET_TARGETS_FILE", path), name="TAILNET_TARGETS_FILE")
+        else:
+            raise ConfigError("TAILNET_TARGETS is not set (egress needs at least one target)")
+        if not targets:
+            raise ConfigError("TAILNET_TARGETS is empty (egress needs at least one target)")
+    bind = env.get("TAILNET_BIND_ADDRESS", "").strip() or DEFAULT_BIND_ADDRESS
+    try:
+        ipaddress.ip_address(bind)
+    except ValueError:
+        raise ConfigError(f"TAILNET_BIND_ADDRESS must be an IP address, got {bind!r}") from None
+    health_host, health_port = parse_host_port(
+        "TAILNET_HEALTH_ADDRESS", env.get("TAILNET_HEALTH_ADDRESS", "").strip() or DEFAULT_HEALTH_ADDRESS)
+    accept = env.get("TAILNET_ACCEPT_ROUTES", "").strip()
+    accept_routes = parse_bool("TAILNET_ACCEPT_ROUTES", accept) if accept else mode == "egress"
+    timeout_text = env.get("TAILNET_DIAL_TIMEOUT", "").strip()
+    dial_timeout = DEFAULT_DIAL_TIMEOUT
+    if timeout_text:
+        try:
+            dial_timeout = float(timeout_text)
+        except ValueError:
+            raise ConfigError(f"TAILNET_DIAL_TIMEOUT must be seconds, got {timeout_text!r}") from None
+        if not dial_timeout > 0:
+            raise ConfigError(f"TAILNET_DIAL_TIMEOUT must be positive, got {timeout_text!r}")
+    return AgentConfig(control_url=url, auth_key=auth_key, hostname=hostname, ca_bundle=ca_bundle,
+                       targets=targets, bind_address=bind, health_host=health_host, health_port=health_port,
+                       accept_routes=accept_routes, dial_timeout=dial_timeout)

@@ -1,0 +1,136 @@
+"""Egress: a local TCP listener per target port, each connection dialled over the tailnet and spliced.
+
+The operator points one Service per target at these listeners. A connection is accepted, the node
+waits (at most ``dial_timeout`` seconds) until it is ready, dials ``address:port`` over the tailnet,
+and then copies both ways with half-close (:func:`~tailnet_agent.forward.splice.splice`). A failed
+dial resets the local connection (the client sees ECONNRESET, as with a plain proxy) and is counted
+by reason. Every connection runs as a task of the forwarder's TaskGroup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Protocol
+
+import structlog
+
+from tailnet_agent.config import PortMapping, Target
+from tailnet_agent.health import AgentMetrics
+from tailnet_agent.streams import error_reason
+
+from .splice import splice
+
+log = structlog.get_logger("agent.egress")
+
+
+class Dialer(Protocol):
+    """What egress needs from the node (:class:`tailnet_agent.node.Node` is the real one)."""
+
+    async def open_connection(self, host: str, port: int, *, timeout: float | None = None,
+                              ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
+
+    async def wait_ready(self) -> None: ...
+
+
+OnConnection = Callable[[asyncio.StreamReader, asyncio.StreamWriter], None]
+
+
+class _Accepting(asyncio.StreamReaderProtocol):
+    """StreamReaderProtocol that hands each new connection's streams to a callback (no task of its own)."""
+
+    def __init__(self, on_connection: OnConnection, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+        self._streams_reader = asyncio.StreamReader(limit=limit, loop=loop)
+        super().__init__(self._streams_reader, loop=loop)
+        self._on_connection = on_connection
+        self._event_loop = loop
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert isinstance(transport, asyncio.Transport)
+        self._on_connection(self._streams_reader,
+                            asyncio.StreamWriter(transport, self, self._streams_reader, self._event_loop))
+
+
+class EgressForwarder:
+    """Runs the listeners of ``targets``; ``run`` blocks until cancelled."""
+
+    def __init__(self, node: Dialer, targets: tuple[Target, ...], *, bind_address: str = "0.0.0.0",
+                 dial_timeout: float = 30.0, metrics: AgentMetrics | None = None,
+                 limit: int = 1 << 20) -> None:
+        self.node = node
+        self.targets = targets
+        self.bind_address = bind_address
+        self.dial_timeout = dial_timeout
+        """Seconds for readiness plus the dial. Default 30."""
+        self.metrics = metrics or AgentMetrics()
+        self.limit = limit
+        self.listening = asyncio.Event()
+        """Set once every listener is bound."""
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        servers: list[asyncio.Server] = []
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for target in self.targets:
+                    for mapping in target.ports:
+                        server = await loop.create_server(
+                            self._factory(tg, target, mapping, loop), self.bind_address, mapping.listen,
+                            reuse_address=True)
+                        servers.append(server)
+                        log.info("egress listening", target=target.name, listen=f"{self.bind_address}:"
+                                 f"{mapping.listen}", to=f"{target.address}:{mapping.port}")
+                self.listening.set()
+                await loop.create_future()  # until cancelled; connections are tasks of tg
+        finally:
+            for server in servers:
+                server.close()
+
+    def _factory(self, tg: asyncio.TaskGroup, target: Target, mapping: PortMapping,
+                 loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Protocol]:
+        def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            tg.create_task(self._forward(target, mapping, reader, writer),
+                           name=f"egress-{target.name}-{mapping.port}")
+
+        return lambda: _Accepting(on_connection, loop, self.limit)
+
+    async def _forward(self, target: Target, mapping: PortMapping, reader: asyncio.StreamReader,
+                       writer: asyncio.StreamWriter) -> None:
+        m = self.metrics
+        m.connections.labels(target.name).inc()
+        active = m.active.labels(target.name)
+        active.inc()
+        client = writer.get_extra_info("peername")
+        try:
+            try:
+                async with asyncio.timeout(self.dial_timeout):
+                    await self.node.wait_ready()
+                    upstream = await self.node.open_connection(target.address, mapping.port,
+                                                               timeout=self.dial_timeout)
+            except (OSError, TimeoutError) as exc:
+                reason = error_reason(exc)
+                message = str(exc) or f"tailnet node not ready within {self.dial_timeout:g}s"
+                m.dial_errors.labels(target.name, reason).inc()
+                log.warning("egress dial failed", target=target.name, to=f"{target.address}:{mapping.port}",
+                            client=client, reason=reason, error=message)
+                writer.transport.abort()
+                return
+            sent = m.bytes.labels(target.name, "sent")
+            received = m.bytes.labels(target.name, "received")
+            try:
+                await splice((reader, writer), upstream, count_a_to_b=sent.inc, count_b_to_a=received.inc)
+            except OSError as exc:
+                log.info("egress connection ended with an error", target=target.name, client=client,
+                         error=str(exc) or repr(exc))
+        except Exception:
+            log.exception("egress connection failed", target=target.name, client=client)
+            writer.transport.abort()
+        except BaseException:
+            writer.transport.abort()
+            raise
+        finally:
+            active.dec()
+            with contextlib.suppress(Exception):
+                writer.close()

@@ -1,0 +1,147 @@
+"""The agent's health and metrics endpoints: ``/healthz``, ``/readyz`` and ``/metrics`` (aiohttp).
+
+* ``/healthz`` is 200 while the process serves requests (liveness);
+* ``/readyz`` is 200 once the node has a netmap and its home DERP region is connected, else 503
+  with the missing piece named;
+* ``/metrics`` is Prometheus text from the agent's own registry (never the global one, so tests and
+  several agents in one process do not collide).
+
+Metrics (``direction`` is ``sent`` towards the target or ``received`` from it)::
+
+    tailnet_agent_connections_total{target}          accepted local connections
+    tailnet_agent_active_connections{target}         connections being forwarded
+    tailnet_agent_bytes_total{target,direction}      bytes copied
+    tailnet_agent_dial_errors_total{target,reason}   reason: no_route, timeout, refused, unknown_name, ...
+    tailnet_agent_control_connected                  1 while the control connection is up
+    tailnet_agent_derp_connected                     1 while the home DERP region is connected
+    tailnet_agent_dataplane_<counter>_total          the data plane's counters (packets, bytes, drops)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator, Mapping
+from typing import Protocol
+
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = structlog.get_logger("agent.health")
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class NodeStatus(Protocol):
+    """What the endpoints read from the node (:class:`tailnet_agent.node.Node` fits)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def control_connected(self) -> bool: ...
+
+    @property
+    def netmap(self) -> object | None: ...
+
+    @property
+    def home_region(self) -> int: ...
+
+    @property
+    def counters(self) -> dict[str, int]: ...
+
+    @property
+    def derp_connections(self) -> Mapping[int, object]: ...
+
+
+class _NodeCollector(Collector):
+    def __init__(self, node: NodeStatus) -> None:
+        self._node = node
+
+    def collect(self) -> Iterator[Metric]:
+        node = self._node
+        yield GaugeMetricFamily("tailnet_agent_control_connected", "1 while the control connection is up.",
+                                value=1 if node.control_connected else 0)
+        home = node.home_region
+        yield GaugeMetricFamily("tailnet_agent_derp_connected", "1 while the home DERP region is connected.",
+                                value=1 if home and home in node.derp_connections else 0)
+        for name, value in sorted(node.counters.items()):
+            metric = re.sub(r"[^a-zA-Z0-9_]", "_", name)
+            yield CounterMetricFamily(f"tailnet_agent_dataplane_{metric}", f"Data plane counter {name}.",
+                                      value=value)
+
+
+class AgentMetrics:
+    """The agent's metrics in a registry of their own; pass ``node`` to include its state."""
+
+    def __init__(self, node: NodeStatus | None = None) -> None:
+        self.registry = CollectorRegistry()
+        self.connections = Counter("tailnet_agent_connections", "Local connections accepted per target.",
+                                   ["target"], registry=self.registry)
+        self.active = Gauge("tailnet_agent_active_connections", "Connections being forwarded per target.",
+                            ["target"], registry=self.registry)
+        self.bytes = Counter("tailnet_agent_bytes", "Bytes forwarded per target and direction.",
+                             ["target", "direction"], registry=self.registry)
+        self.dial_errors = Counter("tailnet_agent_dial_errors", "Failed tailnet dials per target and reason.",
+                                   ["target", "reason"], registry=self.registry)
+        if node is not None:
+            self.registry.register(_NodeCollector(node))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HealthServer:
+    """Serves the endpoints on ``host:port`` (port 0 picks one; see :attr:`port`). ``run`` blocks
+    until cancelled."""
+
+    def __init__(self, node: NodeStatus, metrics: AgentMetrics, *, host: str = "0.0.0.0", port: int = 9002) -> None:
+        self.node = node
+        self.metrics = metrics
+        self.host = host
+        self.port = port
+        self.started = asyncio.Event()
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def run(self) -> None:
+        runner = web.AppRunner(self.app(), access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.host, self.port)
+            await site.start()
+            for address in runner.addresses:
+                if isinstance(address, tuple) and len(address) >= 2:
+                    self.port = int(address[1])
+                    break
+            log.info("health endpoints listening", address=f"{self.host}:{self.port}")
+            self.started.set()
+            await asyncio.get_running_loop().create_future()
+        finally:
+            await runner.cleanup()
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        node = self.node
+        if node.ready:
+            return web.Response(text="ready\n")
+        if node.netmap is None:
+            why = "no netmap from control yet"
+        elif not node.home_region:
+            why = "the DERP map has no usable home region"
+        else:
+            why = f"home DERP region {node.home_region} not connected"
+        return web.Response(status=503, text=f"not ready: {why}\n")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})

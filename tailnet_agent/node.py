@@ -1,0 +1,464 @@
+"""One userspace tailnet node: control client, DERP relays and the native data plane under one TaskGroup.
+
+``Node.run`` blocks until cancelled. Inside its TaskGroup:
+
+* ``control``: the :class:`ControlClient`; each netmap it delivers is pushed into the data plane
+  (self addresses, peers with their AllowedIPs and home DERP region, packet filter);
+* ``derp-manager``: keeps one :class:`DerpSupervisor` (raw mode) per DERP region in use: the home
+  region, plus every region a peer is homed in, since a peer must be sent to through *its* region;
+  it reports the home region to control (``set_preferred_derp``) so peers send to us there;
+* ``derp-<region>``: the supervisors; their handlers feed what they read into ``derp_feed``;
+* ``pump``: the only place ``poll`` runs. Anything that gives the data plane work (DERP bytes, app
+  writes and reads, dials, a ``next_deadline`` timer via ``loop.call_at``) calls :meth:`Node.wake`;
+  the pump polls once per wake-up batch, writes ``derp_writes`` to the relays (waiting on ``drain``
+  for backpressure) and hands TCP events to the :class:`~tailnet_agent.streams.StreamTable`;
+* the handlers of connections accepted by :meth:`Node.start_server`.
+
+Home DERP region: the lowest region id of the DERP map that may be a home (not ``NoMeasureNoHome``,
+with a non-STUN-only node). tailscaled measures latency instead; with Headscale's single embedded
+region the choice is the same. The region stays the home while it is in the map.
+
+Routing follows ``routemanager.peerViewOf``: a peer's own addresses are always routable; its other
+AllowedIPs (subnet routes Headscale puts there for the primary router) only with accept-routes; exit
+routes (``0.0.0.0/0``, ``::/0``) never, since this node does not select an exit node. Peers that are
+expired, or have neither a disco key nor a home DERP region, are left out.
+
+Not handled yet: a node-key rotation by control (after key expiry; tag-only keys do not expire) would
+need a new data plane and is only logged; direct UDP paths (everything goes through DERP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import ipaddress
+from collections.abc import Coroutine
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from tailnet_agent import _native as nat
+from tailnet_agent.backoff import Backoff, derp_backoff
+from tailnet_agent.control import ControlClient, ControlOptions, NetMap, NodeKeys
+from tailnet_agent.control import netmap as nm
+from tailnet_agent.derp import ConnectionHandler, DerpConnection, DerpError, DerpSupervisor, tls_context
+from tailnet_agent.streams import ClientConnected, StreamTable, TailnetServer
+
+log = structlog.get_logger("agent.node")
+
+EXIT_ROUTES = frozenset({ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")})
+
+# -- pure: netmap -> data plane -------------------------------------------------------------------
+
+
+def self_addresses(netmap: NetMap) -> list[str]:
+    """The node's own addresses for ``set_self``: the first IPv4 and the first IPv6 host address."""
+    out: list[str] = []
+    for version in (4, 6):
+        for net in netmap.self_node.addresses:
+            if net.version == version:
+                out.append(f"{net.network_address}/{net.max_prefixlen}")
+                break
+    return out
+
+
+def peer_routes(peer: nm.Node, *, accept_routes: bool) -> list[nm.IPNetwork]:
+    """What the node may send to ``peer``: its own addresses, plus its subnet routes with accept-routes.
+
+    Subnet routes are the AllowedIPs beyond the peer's addresses (Headscale puts a router's primary
+    routes there); exit routes are always left out.
+    """
+    own = set(peer.addresses)
+    out: list[nm.IPNetwork] = []
+    for net in peer.routable_ips:
+        if net in EXIT_ROUTES or net in out:
+            continue
+        is_self = net in own or net.prefixlen == net.max_prefixlen
+        if is_self or accept_routes:
+            out.append(net)
+    return out
+
+
+def peer_specs(netmap: NetMap, *, accept_routes: bool, fallback_region: int) -> list[nat.PeerSpec]:
+    """``set_peers`` input: (raw node key, AllowedIPs, home region; ``fallback_region`` if unknown)."""
+    specs: list[nat.PeerSpec] = []
+    for peer in sorted(netmap.peers.values(), key=lambda p: p.id):
+        if peer.expired or not peer.key.startswith("nodekey:"):
+            continue
+        if not peer.disco_key and not peer.home_derp:
+            continue
+        try:
+            key = bytes.fromhex(peer.key.removeprefix("nodekey:"))
+        except ValueError:
+            log.warning("peer with a malformed node key skipped", peer=peer.name or peer.id)
+            continue
+        if len(key) != 32:
+            continue
+        routes = [str(net) for net in peer_routes(peer, accept_routes=accept_routes)]
+        specs.append((key, routes, peer.home_derp or fallback_region))
+    return specs
+
+
+def filter_rules(netmap: NetMap) -> list[nat.FilterRule]:
+    """The netmap's packet filter in the data plane's rule shape (``cap:`` sources pass through;
+    the data plane ignores them)."""
+    return [(list(rule.src_ips), [(p.ip, p.first, p.last) for p in rule.dst_ports], list(rule.ip_proto))
+            for rule in netmap.packet_filter]
+
+
+def choose_home_region(derp_map: nm.DERPMap) -> int | None:
+    """The lowest region id that can be a home (see the module docstring); None if there is none."""
+    for region_id in sorted(derp_map.regions):
+        region = derp_map.regions[region_id]
+        if region.no_measure_no_home or region.avoid:
+            continue
+        if any(not n.stun_only for n in region.nodes):
+            return region_id
+    return None
+
+
+def resolve_name(netmap: NetMap, name: str) -> str | None:
+    """A peer's (or our own) IP for a MagicDNS name, ``host`` or ``host.<domain>``; IPv4 preferred.
+
+    Matches the netmap's node ``Name`` (FQDN) exactly, or its first label; case-insensitive.
+    """
+    wanted = name.strip().rstrip(".").lower()
+    if not wanted:
+        return None
+    for node in (*sorted(netmap.peers.values(), key=lambda p: p.id), netmap.self_node):
+        fqdn = node.name.rstrip(".").lower()
+        if not fqdn or node.expired:
+            continue
+        short = fqdn.split(".", 1)[0]
+        domain = netmap.domain.rstrip(".").lower()
+        if wanted in (fqdn, short) or (domain and wanted == f"{short}.{domain}"):
+            addrs = sorted(node.addresses, key=lambda n: n.version)
+            if addrs:
+                return str(addrs[0].network_address)
+    return None
+
+
+# -- options and errors ---------------------------------------------------------------------------
+
+
+class UnknownNameError(OSError):
+    """A dial target that is neither an IP nor a MagicDNS name in the netmap."""
+
+    reason = "unknown_name"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.ENOENT, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class NotRunningError(OSError):
+    """The node's ``run`` is not active (not started yet, or stopped)."""
+
+    reason = "not_running"
+
+
+@dataclass(kw_only=True)
+class NodeOptions:
+    control_url: str
+    auth_key: str = field(repr=False)
+    """Pre-auth key; never logged."""
+    hostname: str
+    ca_bundle: Path | None = None
+    """PEM CAs for control and DERP TLS; None uses the system store."""
+    accept_routes: bool = True
+    """Route to peers' subnet routes (``--accept-routes``). Default true (egress)."""
+    dial_timeout: float = 30.0
+    """Seconds without a SYN-ACK before a dial fails. Default 30."""
+    ephemeral: bool = True
+    tcp_buffer_size: int | None = None
+    """Per-connection send and receive buffer in bytes; None keeps the data plane's 512 KiB."""
+    control_backoff: Backoff = field(default_factory=Backoff)
+    derp_backoff: Backoff | None = None
+    """None uses tailscaled's 0.1 s to 5 s schedule (one Backoff per region)."""
+    derp_read_timeout: float = 120.0
+    """Seconds without any byte from a relay before it is reconnected (the server keeps alive every 60 s)."""
+
+
+@dataclass
+class _Region:
+    supervisor: DerpSupervisor
+    task: asyncio.Task[None]
+
+
+# -- the node -------------------------------------------------------------------------------------
+
+
+class Node:
+    """A userspace tailnet node. ``run`` blocks until cancelled; dial and listen while it runs."""
+
+    def __init__(self, options: NodeOptions, keys: NodeKeys | None = None) -> None:
+        self.options = options
+        self.control = ControlClient(
+            ControlOptions(url=options.control_url, auth_key=options.auth_key, hostname=options.hostname,
+                           ca_bundle=options.ca_bundle, ephemeral=options.ephemeral,
+                           backoff=options.control_backoff),
+            keys or NodeKeys.generate(), on_netmap=self._on_netmap)
+        self._node_key = self.control.keys.node.raw
+        kwargs = {} if options.tcp_buffer_size is None else {"tcp_buffer_size": options.tcp_buffer_size}
+        self.dataplane = nat.DataPlane(self._node_key, **kwargs)
+        self.netmap: NetMap | None = None
+        self.home_region = 0
+        """Home DERP region id; 0 until the first netmap with a DERP map."""
+        self.counters: dict[str, int] = {}
+        """The data plane's cumulative counters as of the last poll."""
+        self.derp_writes_dropped = 0
+        """Batches of DERP frames dropped because their region had no connection."""
+        self.derp_connections: dict[int, DerpConnection] = {}
+        self._regions: dict[int, _Region] = {}
+        self._addresses: list[str] = []
+        self._tls = tls_context(options.ca_bundle)
+        self._wakeup = asyncio.Event()
+        self._netmap_changed = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._streams: StreamTable | None = None
+
+    # -- lifecycle --
+
+    async def run(self) -> None:
+        """Run the node until cancelled. A refused pre-auth key (``RegistrationError``) ends it."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                self._streams = StreamTable(self.dataplane, wake=self.wake, spawn=self._spawn, loop=loop)
+                tg.create_task(self.control.run(), name="control")
+                tg.create_task(self._pump(), name="pump")
+                tg.create_task(self._manage_derp(tg), name="derp-manager")
+                self._notify()
+        finally:
+            self._tg = None
+            if self._timer is not None:
+                self._timer.cancel()
+            if self._streams is not None:
+                self._streams.abort_all(NotRunningError("the tailnet node stopped"))
+                self._streams = None
+            self._notify()
+
+    @property
+    def running(self) -> bool:
+        return self._tg is not None
+
+    @property
+    def ready(self) -> bool:
+        """A netmap arrived and the home DERP region is connected."""
+        return self.netmap is not None and self.home_region in self.derp_connections
+
+    @property
+    def control_connected(self) -> bool:
+        """The control connection is up (between connect and loss)."""
+        # ControlClient keeps the live connection in ``_conn`` and has no public flag for it yet.
+        return getattr(self.control, "_conn", None) is not None
+
+    async def wait_ready(self) -> None:
+        """Wait until :attr:`ready`."""
+        while not self.ready:
+            await self._changed.wait()
+
+    def addresses(self) -> list[str]:
+        """The node's tailnet IPs (no prefix length)."""
+        return [a.split("/")[0] for a in self._addresses]
+
+    # -- dial and listen --
+
+    def resolve(self, host: str) -> str:
+        """IP literal, or a MagicDNS name from the netmap; raises :class:`UnknownNameError`."""
+        literal = host.strip().strip("[]")
+        with contextlib.suppress(ValueError):
+            return str(ipaddress.ip_address(literal))
+        if self.netmap is not None and (ip := resolve_name(self.netmap, host)) is not None:
+            return ip
+        raise UnknownNameError(f"cannot resolve {host!r}: not an IP and no tailnet node has that MagicDNS name")
+
+    async def open_connection(self, host: str, port: int, *, timeout: float | None = None,
+                              ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Dial ``host:port`` over the tailnet (tailnet IP, IP in an accepted route, or MagicDNS name).
+
+        ``timeout`` defaults to ``options.dial_timeout`` seconds. Raises ``OSError`` subclasses with a
+        clear message and a ``reason``: :class:`~tailnet_agent.streams.NoRouteError`,
+        :class:`~tailnet_agent.streams.DialRefusedError`, :class:`~tailnet_agent.streams.DialTimeoutError`,
+        :class:`UnknownNameError`, :class:`NotRunningError`.
+        """
+        streams = self._require_streams()
+        ip = self.resolve(host)
+        return await streams.open_connection(ip, port, host=host, timeout=timeout or self.options.dial_timeout)
+
+    def start_server(self, client_connected_cb: ClientConnected, port: int) -> TailnetServer:
+        """Accept tailnet connections on ``port`` (all node addresses; the packet filter applies).
+
+        Each connection's callback runs as a task of the node's TaskGroup; its errors are logged."""
+        return self._require_streams().start_server(client_connected_cb, port)
+
+    def _require_streams(self) -> StreamTable:
+        if self._streams is None:
+            raise NotRunningError(errno.ENOTCONN, "the tailnet node is not running")
+        return self._streams
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        if self._tg is None:
+            coro.close()
+            return
+        self._tg.create_task(coro, name=name)
+
+    # -- netmap --
+
+    def _on_netmap(self, netmap: NetMap) -> None:
+        """Push a new netmap into the data plane (called by the control client, synchronously)."""
+        first = self.netmap is None
+        self.netmap = netmap
+        if self.control.keys.node.raw != self._node_key:
+            log.error("control rotated the node key; this data plane still uses the old one (not supported yet)")
+        addresses = self_addresses(netmap)
+        if addresses != self._addresses:
+            self.dataplane.set_self(addresses)
+            self._addresses = addresses
+            log.info("tailnet addresses", addresses=self.addresses())
+        if not self.home_region or self.home_region not in netmap.derp_map.regions:
+            self.home_region = choose_home_region(netmap.derp_map) or 0
+        self._push_peers()
+        self.dataplane.set_filter(filter_rules(netmap))
+        if first:
+            log.info("first netmap", peers=len(netmap.peers), home_region=self.home_region)
+        self._netmap_changed.set()
+        self._notify()
+        self.wake()
+
+    def _push_peers(self) -> None:
+        if self.netmap is not None:
+            self.dataplane.set_peers(peer_specs(self.netmap, accept_routes=self.options.accept_routes,
+                                                fallback_region=self.home_region))
+
+    # -- DERP --
+
+    async def _manage_derp(self, tg: asyncio.TaskGroup) -> None:
+        """Keep one supervisor per region in use and report the home region to control."""
+        reported = 0
+        try:
+            while True:
+                await self._netmap_changed.wait()
+                self._netmap_changed.clear()
+                netmap = self.netmap
+                if netmap is None:
+                    continue
+                home = self.home_region
+                if not home:
+                    log.warning("the DERP map has no usable home region; the node cannot relay")
+                    continue
+                wanted = {home} | {p.home_derp for p in netmap.peers.values()
+                                   if p.home_derp in netmap.derp_map.regions}
+                for region_id in sorted(wanted):
+                    nodes = netmap.derp_map.regions[region_id].nodes
+                    if region_id in self._regions:
+                        self._regions[region_id].supervisor.set_nodes(nodes)
+                        continue
+                    supervisor = DerpSupervisor(
+                        nodes, self._node_key, self._derp_handler(region_id), preferred=region_id == home,
+                        tls=self._tls, read_timeout=self.options.derp_read_timeout,
+                        backoff=replace(self.options.derp_backoff) if self.options.derp_backoff
+                        else derp_backoff())
+                    task = tg.create_task(supervisor.run(), name=f"derp-{region_id}")
+                    self._regions[region_id] = _Region(supervisor, task)
+                    log.info("DERP region in use", region=region_id, home=region_id == home)
+                for region_id in set(self._regions) - wanted:
+                    self._regions.pop(region_id).task.cancel()
+                    log.info("DERP region no longer in use", region=region_id)
+                if home != reported:
+                    for region_id, region in self._regions.items():
+                        with contextlib.suppress(DerpError, OSError):
+                            await region.supervisor.set_preferred(region_id == home)
+                    await self.control.set_preferred_derp(home)
+                    reported = home
+        finally:
+            for region in self._regions.values():
+                region.task.cancel()
+            self._regions.clear()
+
+    def _derp_handler(self, region: int) -> ConnectionHandler:
+        async def handle(conn: DerpConnection) -> None:
+            self.dataplane.derp_reset(region)
+            self.derp_connections[region] = conn
+            self._notify()
+            self.wake()
+            try:
+                while True:
+                    chunk = await conn.read_chunk()
+                    self.dataplane.derp_feed(region, chunk)
+                    self.wake()
+                    # Let the pump poll before reading on, so input does not pile up unprocessed.
+                    await asyncio.sleep(0)
+            finally:
+                if self.derp_connections.get(region) is conn:
+                    del self.derp_connections[region]
+                self._notify()
+
+        return handle
+
+    # -- the pump --
+
+    def wake(self) -> None:
+        """Ask the pump for a poll (coalesced)."""
+        self._wakeup.set()
+
+    async def _pump(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            for conn in self._poll_once(loop):
+                # A failed relay is noticed on its read side; its supervisor reconnects.
+                with contextlib.suppress(DerpError):
+                    await conn.drain()
+
+    def _poll_once(self, loop: asyncio.AbstractEventLoop) -> list[DerpConnection]:
+        result = self.dataplane.poll(loop.time())
+        self.counters = result.counters
+        written: list[DerpConnection] = []
+        for region, buf in result.derp_writes:
+            conn = self.derp_connections.get(region)
+            if conn is None:
+                self.derp_writes_dropped += 1
+                continue
+            try:
+                conn.write(buf)
+            except DerpError:
+                self.derp_writes_dropped += 1
+                continue
+            if conn not in written:
+                written.append(conn)
+        streams = self._streams
+        for event in result.events:
+            match event:
+                case nat.DerpHealth(region, message) if message:
+                    log.warning("DERP server reports a problem", region=region, problem=message)
+                case nat.DerpRestarting(region, reconnect_in_ms, _try_for):
+                    log.info("DERP server restarting", region=region, reconnect_in_ms=reconnect_in_ms)
+                case nat.DerpPeerGone() | nat.DerpPeerPresent() | nat.DerpFrame() | nat.DerpHealth():
+                    pass
+                case _ if streams is not None:
+                    streams.dispatch(event)
+        self._schedule(loop, result.next_deadline)
+        return written
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop, deadline: float | None) -> None:
+        if self._timer is not None:
+            if deadline is not None and self._timer.when() == deadline:
+                return
+            self._timer.cancel()
+            self._timer = None
+        if deadline is not None:
+            self._timer = loop.call_at(deadline, self.wake)
+
+    def _notify(self) -> None:
+        previous, self._changed = self._changed, asyncio.Event()
+        previous.set()

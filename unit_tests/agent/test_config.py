@@ -1,0 +1,103 @@
+"""Agent configuration from the environment: defaults, the targets JSON and one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tailnet_agent.config import ConfigError, PortMapping, Target, load, parse_targets
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    key = tmp_path / "authkey"
+    key.write_text("hskey-auth-secret\n")
+    return {"TAILNET_CONTROL_URL": "https://headscale.example:8443", "TAILNET_AUTH_KEY_FILE": str(key),
+            "TAILNET_HOSTNAME": "egress-db",
+            "TAILNET_TARGETS": '[{"name": "db", "address": "100.64.0.7", "ports": [5432]}]'}
+
+
+def test_defaults(env: dict[str, str]) -> None:
+    cfg = load(env)
+    assert cfg.auth_key == "hskey-auth-secret"
+    assert "hskey" not in repr(cfg)
+    assert cfg.targets == (Target(name="db", address="100.64.0.7", ports=(PortMapping(port=5432, listen=5432),)),)
+    assert (cfg.bind_address, cfg.health_host, cfg.health_port) == ("0.0.0.0", "0.0.0.0", 9002)
+    assert cfg.accept_routes is True and cfg.ca_bundle is None and cfg.dial_timeout == 30.0
+
+
+def test_ingress_defaults_to_no_accept_routes_and_needs_no_targets(env: dict[str, str]) -> None:
+    del env["TAILNET_TARGETS"]
+    assert load(env, mode="ingress").accept_routes is False
+
+
+def test_overrides(env: dict[str, str], tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("pem")
+    env.update(TAILNET_CA_BUNDLE=str(ca), TAILNET_HEALTH_ADDRESS="127.0.0.1:9100", TAILNET_ACCEPT_ROUTES="false",
+               TAILNET_BIND_ADDRESS="127.0.0.1", TAILNET_DIAL_TIMEOUT="2.5")
+    cfg = load(env)
+    assert cfg.ca_bundle == ca and (cfg.health_host, cfg.health_port) == ("127.0.0.1", 9100)
+    assert cfg.accept_routes is False and cfg.bind_address == "127.0.0.1" and cfg.dial_timeout == 2.5
+
+
+def test_targets_file(env: dict[str, str], tmp_path: Path) -> None:
+    del env["TAILNET_TARGETS"]
+    path = tmp_path / "targets.json"
+    path.write_text('[{"name": "web", "address": "web.tailnet", "ports": [{"port": 443, "listen": 8443}]}]')
+    env["TAILNET_TARGETS_FILE"] = str(path)
+    assert load(env).targets[0].ports == (PortMapping(port=443, listen=8443),)
+
+
+def test_parse_targets_shapes() -> None:
+    targets = parse_targets('[{"name": "a", "address": "10.0.0.1", "ports": [80, {"port": 5432, "listen": 15432}]},'
+                            ' {"name": "b", "address": " b ", "ports": [{"port": 22}]}]')
+    assert targets[0].ports == (PortMapping(port=80, listen=80), PortMapping(port=5432, listen=15432))
+    assert targets[1] == Target(name="b", address="b", ports=(PortMapping(port=22, listen=22),))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[", "TAILNET_TARGETS is not valid JSON"),
+    ('{"name": "a"}', "must be a JSON list of targets"),
+    ('[{"address": "x", "ports": [1]}]', r"TAILNET_TARGETS\[0\].name must be a non-empty string"),
+    ('[{"name": "a", "ports": [1]}]', r"\(a\): address must be a non-empty string"),
+    ('[{"name": "a", "address": "x", "ports": []}]', "ports must be a non-empty list"),
+    ('[{"name": "a", "address": "x", "ports": [0]}]', r"a ports\[0\] must be a port number 1-65535, got 0"),
+    ('[{"name": "a", "address": "x", "ports": [{"port": 1, "listen": "2"}]}]', r"listen must be a port number"),
+    ('[{"name": "a", "address": "x", "ports": [true]}]', "must be a port number"),
+    ('[{"name": "a", "address": "x", "ports": [80]}, {"name": "b", "address": "y", "ports": [80]}]',
+     "listen port 80 is used by both a and b"),
+])
+def test_bad_targets(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        parse_targets(text)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"TAILNET_CONTROL_URL": ""}, "TAILNET_CONTROL_URL is not set"),
+    ({"TAILNET_CONTROL_URL": "headscale:8080"}, "must be an http\\(s\\) URL"),
+    ({"TAILNET_AUTH_KEY_FILE": "/nonexistent/key"}, "TAILNET_AUTH_KEY_FILE: cannot read /nonexistent/key"),
+    ({"TAILNET_HOSTNAME": " "}, "TAILNET_HOSTNAME is not set"),
+    ({"TAILNET_TARGETS": ""}, "TAILNET_TARGETS is not set"),
+    ({"TAILNET_TARGETS": "[]"}, "TAILNET_TARGETS is empty"),
+    ({"TAILNET_CA_BUNDLE": "/nonexistent/ca.pem"}, "TAILNET_CA_BUNDLE: /nonexistent/ca.pem is not a file"),
+    ({"TAILNET_HEALTH_ADDRESS": "9002"}, "TAILNET_HEALTH_ADDRESS must be host:port"),
+    ({"TAILNET_ACCEPT_ROUTES": "maybe"}, "TAILNET_ACCEPT_ROUTES must be true or false"),
+    ({"TAILNET_BIND_ADDRESS": "localhost"}, "TAILNET_BIND_ADDRESS must be an IP address"),
+    ({"TAILNET_DIAL_TIMEOUT": "-1"}, "TAILNET_DIAL_TIMEOUT must be positive"),
+])
+def test_errors_are_one_line(env: dict[str, str], change: dict[str, str], message: str) -> None:
+    env.update(change)
+    with pytest.raises(ConfigError, match=message) as info:
+        load(env)
+    assert "\n" not in str(info.value) and "hskey" not in str(info.value)
+
+
+def test_empty_key_file(env: dict[str, str], tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    env["TAILNET_AUTH_KEY_FILE"] = str(empty)
+    with pytest.raises(ConfigError, match="is empty"):
+        load(env)
