@@ -258,8 +258,7 @@ class Node:
     @property
     def control_connected(self) -> bool:
         """The control connection is up (between connect and loss)."""
-        # ControlClient keeps the live connection in ``_conn`` and has no public flag for it yet.
-        return getattr(self.control, "_conn", None) is not None
+        return self.control.connected
 
     async def wait_ready(self) -> None:
         """Wait until :attr:`ready`."""

@@ -160,6 +160,11 @@ class ControlClient:
                 self._conn = None
                 await conn.aclose()
 
+    @property
+    def connected(self) -> bool:
+        """Whether a control connection is open right now (registered or registering)."""
+        return self._conn is not None
+
     async def wait_updated(self) -> None:
         """Wait for the next netmap change."""
         await self._updated.wait()
