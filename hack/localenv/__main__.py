@@ -9,7 +9,6 @@ never read or written: the operator gets this environment's kubeconfig explicitl
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import signal
@@ -19,24 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hack import binaries
+from tailnet_operator.api.crds import install_crds, load_samples
 
-from . import ControlPlane, Environment, EnvironmentStartError, Headscale, default_root, wait_until
+from . import ControlPlane, Environment, EnvironmentStartError, Headscale, default_root
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE = "tailnet-system"
 BOOTSTRAP_SECRET = "headscale-bootstrap"
-
-
-def _documents(folder: Path) -> list[dict[str, Any]]:
-    docs: list[dict[str, Any]] = []
-    for path in sorted(folder.glob("*.yaml")):
-        if path.name == "kustomization.yaml":
-            continue
-        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
-    return docs
 
 
 def _apply(plane: ControlPlane, docs: list[dict[str, Any]]) -> None:
@@ -48,16 +37,6 @@ def _apply(plane: ControlPlane, docs: list[dict[str, Any]]) -> None:
         namespace = doc["metadata"].get("namespace") or ("default" if resource.namespaced else None)
         client.server_side_apply(resource, body=doc, name=doc["metadata"]["name"], namespace=namespace,
                                  field_manager="tailnet-localenv", force_conflicts=True)
-
-
-def _wait_established(plane: ControlPlane, names: list[str]) -> None:
-    def established(name: str) -> bool:
-        crd = plane.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-        conditions = crd.get("status", {}).get("conditions", [])
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    for name in names:
-        wait_until(functools.partial(established, name), timeout=30, what=f"CRD {name} Established")
 
 
 METRICS_ADDRESS = os.environ.get("TAILNET_LOCALENV_METRICS", "127.0.0.1:8080")
@@ -122,9 +101,7 @@ def main() -> int:
         key_file.write_text(headscale.api_key)
         key_file.chmod(0o600)
 
-        crds = _documents(REPO / "manifests" / "crd")
-        _apply(plane, crds)
-        _wait_established(plane, [c["metadata"]["name"] for c in crds])
+        install_crds(plane.api_client())
         _apply(plane, [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}},
             {"apiVersion": "v1", "kind": "Secret",
@@ -134,7 +111,7 @@ def main() -> int:
              "metadata": {"name": "tailnet-policy-base", "namespace": OPERATOR_NAMESPACE},
              "data": {"policy.hujson": BASE_POLICY}},
         ])
-        samples = _point_samples_at(headscale, _documents(REPO / "manifests" / "samples"))
+        samples = _point_samples_at(headscale, load_samples())
         _apply(plane, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
                        for ns in sorted({d["metadata"]["namespace"] for d in samples
                                          if d["metadata"].get("namespace")})])

@@ -20,8 +20,6 @@ reconciler's fields never overwrite each other.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -40,13 +38,13 @@ from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.resources import owned_metadata
 from tailnet_operator.runtime.client import JSON
 from tailnet_operator.runtime.controller import Request, Result
-from tailnet_operator.runtime.kinds import CONFIG_MAP, SECRET
+from tailnet_operator.runtime.kinds import CONFIG_MAP
 
 from . import conditions
 from .conditions import Cond
 from .kinds import TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .sites import SiteRoutes, Verdict, judge
-from .tailnet import StoredKey, TailnetScoped, working_key_secret_name
+from .tailnet import Problem, TailnetScoped
 
 log = structlog.get_logger("controllers.policy")
 
@@ -137,16 +135,14 @@ class PolicyReconciler(TailnetScoped):
         return Inputs(derived, sites, verdicts)
 
     def _access(self, tailnet: Tailnet) -> tuple[str, str, str | None]:
-        stored = StoredKey.from_secret(self.cache.get(SECRET, working_key_secret_name(_name(tailnet)),
-                                                      self.namespace))
+        stored = self._stored_key(tailnet)
         if stored is None:
             raise NoAccess("the Tailnet has no working API key yet; see its Ready condition")
-        ca = tailnet.spec.ca_bundle
-        if ca is None and tailnet.spec.ca_secret_ref is not None:
-            ref = tailnet.spec.ca_secret_ref
-            raw = ((self.cache.get(SECRET, ref.name, ref.namespace) or {}).get("data") or {}).get(ref.key)
-            ca = base64.b64decode(raw).decode() if raw else None
-        return str(tailnet.spec.api_url or tailnet.spec.login_url), stored.key, ca
+        try:
+            ca = self._ca_bundle(tailnet)
+        except Problem as problem:
+            raise NoAccess(problem.message) from problem
+        return self._api_url(tailnet), stored.key, ca
 
     # -- policy -------------------------------------------------------------------------------
 
@@ -344,9 +340,6 @@ def _created(value: object) -> str:
         return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return str(value or "")
 
-
-def policy_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _name(model: Any) -> str:

@@ -34,6 +34,7 @@ from tailnet_operator.headscale import (
     ApiKey,
     HeadscaleClient,
     HeadscaleError,
+    NotFound,
     TransportError,
     Unauthorized,
 )
@@ -141,6 +142,26 @@ class TailnetScoped:
         self._headscale = headscale
         self._now = now
 
+    @staticmethod
+    def _api_url(tailnet: Tailnet) -> str:
+        return str(tailnet.spec.api_url or tailnet.spec.login_url)
+
+    def _stored_key(self, tailnet: Tailnet) -> StoredKey | None:
+        """The working key the Tailnet reconciler keeps in the operator's namespace, if any."""
+        return StoredKey.from_secret(self.cache.get(SECRET, working_key_secret_name(_name(tailnet)), self.namespace))
+
+    def _ca_bundle(self, tailnet: Tailnet) -> str | None:
+        if tailnet.spec.ca_bundle:
+            return tailnet.spec.ca_bundle
+        ref = tailnet.spec.ca_secret_ref
+        if ref is None:
+            return None
+        secret = self.cache.get(SECRET, ref.name, ref.namespace)
+        raw = (secret or {}).get("data", {}).get(ref.key)
+        if not raw:
+            raise Problem("CASecretMissing", f"the CA Secret {ref.namespace}/{ref.name} has no key {ref.key}")
+        return base64.b64decode(raw).decode()
+
 
 class TailnetReconciler(TailnetScoped):
     """Reconciles one Tailnet: access to its Headscale, the working key and the Ready condition.
@@ -197,10 +218,9 @@ class TailnetReconciler(TailnetScoped):
     # -- access ---------------------------------------------------------------------------------
 
     async def _ensure_access(self, obj: JSON, tailnet: Tailnet) -> tuple[StoredKey, str]:
-        url = str(tailnet.spec.api_url or tailnet.spec.login_url)
+        url = self._api_url(tailnet)
         ca = self._ca_bundle(tailnet)
-        stored = StoredKey.from_secret(self.cache.get(SECRET, working_key_secret_name(_name(tailnet)),
-                                                      self.namespace))
+        stored = self._stored_key(tailnet)
         if stored is not None:
             try:
                 version = await self._verify(url, stored.key, ca)
@@ -213,17 +233,15 @@ class TailnetReconciler(TailnetScoped):
             except HeadscaleError as exc:
                 raise _problem_from(exc, "checking the working key") from exc
         if stored is None:
-            stored = await self._mint(obj, tailnet, url, ca, self._bootstrap_key(tailnet), "bootstrap key")
+            stored, version = await self._mint(obj, tailnet, url, ca, self._bootstrap_key(tailnet), "bootstrap key")
             await self.events.normal(
                 obj, "WorkingKeyMinted",
                 f"minted working key {stored.prefix} from the bootstrap key, valid until "
                 f"{conditions.rfc3339(stored.expires_at)}", action="Mint")
-            version = await self._verify(url, stored.key, ca)
         if stored.previous_id:
             stored = await self._expire_previous(obj, tailnet, url, ca, stored)
         if self._now() >= self._rotation_due(stored, tailnet):
-            stored = await self._rotate(obj, tailnet, url, ca, stored)
-            version = await self._verify(url, stored.key, ca)
+            stored, version = await self._rotate(obj, tailnet, url, ca, stored)
         return stored, version
 
     async def _verify(self, url: str, key: str, ca: str | None) -> str:
@@ -233,7 +251,8 @@ class TailnetReconciler(TailnetScoped):
             return await hs.version()
 
     async def _mint(self, obj: JSON, tailnet: Tailnet, url: str, ca: str | None, with_key: str, what: str,
-                    previous: StoredKey | None = None) -> StoredKey:
+                    previous: StoredKey | None = None) -> tuple[StoredKey, str]:
+        """Create a key with ``with_key``, prove it, store it; returns it and the server version."""
         lifetime = timedelta(seconds=parse_go_duration(tailnet.spec.api_key_lifetime))
         try:
             async with self._headscale(url, with_key, ca) as hs:
@@ -247,24 +266,25 @@ class TailnetReconciler(TailnetScoped):
         except HeadscaleError as exc:
             raise _problem_from(exc, f"minting a working key with the {what}") from exc
         try:
-            await self._verify(url, secret_key, ca)
+            version = await self._verify(url, secret_key, ca)
         except HeadscaleError as exc:
             raise _problem_from(exc, "proving the new working key") from exc
         stored = self._stored(secret_key, info, lifetime, previous_id=previous.id if previous else "")
         await self._store(obj, tailnet, stored)
-        return stored
+        return stored, version
 
-    async def _rotate(self, obj: JSON, tailnet: Tailnet, url: str, ca: str | None, old: StoredKey) -> StoredKey:
+    async def _rotate(self, obj: JSON, tailnet: Tailnet, url: str, ca: str | None,
+                      old: StoredKey) -> tuple[StoredKey, str]:
         try:
-            new = await self._mint(obj, tailnet, url, ca, old.key, "working key", previous=old)
+            new, version = await self._mint(obj, tailnet, url, ca, old.key, "working key", previous=old)
         except Unauthorized:
-            new = await self._mint(obj, tailnet, url, ca, self._bootstrap_key(tailnet), "bootstrap key",
-                                   previous=old)
+            new, version = await self._mint(obj, tailnet, url, ca, self._bootstrap_key(tailnet), "bootstrap key",
+                                            previous=old)
         await self.events.normal(obj, "WorkingKeyRotated", f"rotated the working key: {old.prefix} -> {new.prefix}",
                                  action="Rotate")
         if self._after_store is not None:
             await self._after_store()
-        return await self._expire_previous(obj, tailnet, url, ca, new)
+        return await self._expire_previous(obj, tailnet, url, ca, new), version
 
     async def _expire_previous(self, obj: JSON, tailnet: Tailnet, url: str, ca: str | None,
                                stored: StoredKey) -> StoredKey:
@@ -324,18 +344,6 @@ class TailnetReconciler(TailnetScoped):
                           f"the bootstrap Secret {ref.namespace}/{ref.name} has no key {ref.key}")
         return base64.b64decode(raw).decode().strip()
 
-    def _ca_bundle(self, tailnet: Tailnet) -> str | None:
-        if tailnet.spec.ca_bundle:
-            return tailnet.spec.ca_bundle
-        ref = tailnet.spec.ca_secret_ref
-        if ref is None:
-            return None
-        secret = self.cache.get(SECRET, ref.name, ref.namespace)
-        raw = (secret or {}).get("data", {}).get(ref.key)
-        if not raw:
-            raise Problem("CASecretMissing", f"the CA Secret {ref.namespace}/{ref.name} has no key {ref.key}")
-        return base64.b64decode(raw).decode()
-
     # -- status and deletion --------------------------------------------------------------------
 
     async def _apply_status(self, obj: JSON, fields: dict[str, Any], conds: list[Cond]) -> None:
@@ -356,10 +364,9 @@ class TailnetReconciler(TailnetScoped):
         except ValidationError:
             await remove_finalizer(self.client, TAILNET, obj, FINALIZER)  # no key can have been minted
             return Result()
-        stored = StoredKey.from_secret(self.cache.get(SECRET, working_key_secret_name(_name(tailnet)),
-                                                      self.namespace))
+        stored = self._stored_key(tailnet)
         if stored is not None:
-            url = str(tailnet.spec.api_url or tailnet.spec.login_url)
+            url = self._api_url(tailnet)
             try:
                 async with self._headscale(url, stored.key, self._ca_bundle(tailnet)) as hs:
                     await hs.expire_api_key(key_id=stored.id)
@@ -380,7 +387,7 @@ class TailnetReconciler(TailnetScoped):
 
 def _gone(exc: HeadscaleError) -> bool:
     """The key is already expired or deleted, or the credential no longer exists."""
-    return isinstance(exc, Unauthorized) or type(exc).__name__ == "NotFound"
+    return isinstance(exc, Unauthorized | NotFound)
 
 
 def _unchanged(current: dict[str, Any], desired: dict[str, Any]) -> bool:
