@@ -12,7 +12,8 @@ use std::net::{IpAddr, SocketAddr};
 use boringtun::noise::TunnResult;
 
 use crate::derp::{self, Decoder, Frame, KEY_LEN};
-use crate::filter::{parse_packet, Filter, PacketInfo, Rule, RuleSpec, Verdict, PROTO_TSMP};
+use crate::filter::{parse_packet, Filter, PacketInfo, Rule, RuleSpec, Verdict, PROTO_TCP, PROTO_TSMP};
+use crate::recovery::Recovery;
 use crate::route::Prefix;
 use crate::stack::{Stack, StackError, SynDisposition, TcpEvent};
 use crate::wg::{NodeKey, Peer, PeerSpec, Peers};
@@ -89,6 +90,8 @@ counters!(
     drop_queue_full,
     drop_backlog_full,
     drop_disco,
+    tcp_fast_resends,
+    tcp_probe_resends,
 );
 
 #[derive(Debug)]
@@ -141,6 +144,8 @@ pub struct DataPlane {
     now: f64,
     last_timers: f64,
     scratch: Vec<u8>,
+    recovery: Recovery,
+    resends: Vec<Vec<u8>>,
 }
 
 /// Appends a SendPacket frame carrying a WireGuard datagram for `peer`.
@@ -171,6 +176,8 @@ impl DataPlane {
             now: 0.0,
             last_timers: f64::NEG_INFINITY,
             scratch: vec![0u8; MAX_PACKET + 256],
+            recovery: Recovery::new(),
+            resends: Vec::new(),
         })
     }
 
@@ -319,7 +326,8 @@ impl DataPlane {
         }
     }
 
-    /// Encrypts one outbound IP packet and queues it for the owning peer's DERP region.
+    /// Encrypts one outbound IP packet and queues it for the owning peer's DERP region; TCP data
+    /// is also kept for fast loss recovery.
     fn egress(&mut self, pkt: &[u8]) {
         let Some(info) = parse_packet(pkt) else {
             self.counters.drop_malformed += 1;
@@ -334,6 +342,14 @@ impl DataPlane {
             return;
         };
         self.filter.note_outbound(&info, self.now);
+        if info.proto == PROTO_TCP {
+            self.recovery.on_outbound(pkt, self.now);
+        }
+        self.seal(&key, pkt);
+    }
+
+    /// Encrypts `pkt` with the session of the peer `key` and queues it for its DERP region.
+    fn seal(&mut self, key: &NodeKey, pkt: &[u8]) {
         let Self {
             peers,
             scratch,
@@ -341,7 +357,7 @@ impl DataPlane {
             counters,
             ..
         } = self;
-        let Some(peer) = peers.get_mut(&key) else { return };
+        let Some(peer) = peers.get_mut(key) else { return };
         counters.packets_out += 1;
         counters.bytes_out += pkt.len() as u64;
         match peer.tunn.encapsulate(pkt, scratch) {
@@ -352,6 +368,17 @@ impl DataPlane {
             // Queued until the handshake completes.
             _ => {}
         }
+    }
+
+    /// Sends the copies fast loss recovery released (routed again: the peer set may have changed).
+    fn send_resends(&mut self) {
+        for pkt in std::mem::take(&mut self.resends) {
+            if let Some(key) = parse_packet(&pkt).and_then(|info| self.peers.route(info.dst)) {
+                self.seal(&key, &pkt);
+            }
+        }
+        self.counters.tcp_fast_resends = self.recovery.fast_resends;
+        self.counters.tcp_probe_resends = self.recovery.probe_resends;
     }
 
     /// Sends raw IP packets into the tunnel (routed like stack traffic).
@@ -389,8 +416,13 @@ impl DataPlane {
                 self.counters.drop_backlog_full += 1;
                 continue;
             }
+            if info.proto == PROTO_TCP {
+                self.recovery.on_inbound(&pkt, now, &mut self.resends);
+            }
             self.stack.ingress(pkt);
         }
+        self.recovery.poll(now, &mut self.resends);
+        self.send_resends();
         self.stack.poll(now);
         while let Some(pkt) = self.stack.device.tx.pop_front() {
             self.egress(&pkt);
@@ -398,10 +430,14 @@ impl DataPlane {
         let mut events = std::mem::take(&mut self.events);
         events.extend(self.stack.take_events().into_iter().map(Event::Tcp));
         let wg_deadline = (!self.peers.is_empty()).then_some(self.last_timers + WG_TIMER_INTERVAL);
-        let next_deadline = [self.stack.next_deadline(now), wg_deadline]
-            .into_iter()
-            .flatten()
-            .reduce(f64::min);
+        let next_deadline = [
+            self.stack.next_deadline(now),
+            wg_deadline,
+            self.recovery.next_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .reduce(f64::min);
         let derp_writes = std::mem::take(&mut self.derp_out)
             .into_iter()
             .filter(|(_, b)| !b.is_empty())
@@ -534,6 +570,72 @@ mod tests {
         }
     }
 
+    /// Like `relay`, but drops the data-carrying frames (larger than 300 bytes: more than a
+    /// handshake or an ACK with SACK blocks) whose 1-based count is in `lost`.
+    fn relay_losing(
+        from: &DataPlane,
+        writes: Vec<(u32, Vec<u8>)>,
+        to: &mut DataPlane,
+        lost: &std::ops::RangeInclusive<usize>,
+        seen: &mut usize,
+    ) {
+        let mut dec = Decoder::new();
+        let mut out = Vec::new();
+        for (_, buf) in writes {
+            dec.push(&buf);
+            while let Some(Frame::Other { payload, .. }) = dec.next_frame().unwrap() {
+                if payload.len() > 300 {
+                    *seen += 1;
+                    if lost.contains(seen) {
+                        continue;
+                    }
+                }
+                derp::encode_frame(
+                    &mut out,
+                    derp::FRAME_RECV_PACKET,
+                    &[&from.public_key(), &payload[KEY_LEN..]],
+                );
+            }
+        }
+        to.derp_feed(1, &out).unwrap();
+    }
+
+    /// Sends `size` bytes from A to B while the relay drops the data frames numbered `lost`;
+    /// returns the virtual time it took, A's resend count and the data frames relayed.
+    fn transfer_with_losses(size: usize, lost: std::ops::RangeInclusive<usize>) -> (f64, u64, usize) {
+        let (mut a, mut b) = pair();
+        b.stack().listen(80).unwrap();
+        let ha = a.tcp_connect(format!("{B_IP}:80").parse().unwrap(), 30.0);
+        let payload: Vec<u8> = (0..size).map(|i| (i % 253) as u8).collect();
+        let (mut sent, mut got, mut hb, mut seen) = (0, Vec::new(), None, 0);
+        let mut now = 0.0;
+        while got.len() < size && now < 30.0 {
+            now += 0.001;
+            let out = a.poll(now);
+            relay_losing(&a, out.derp_writes, &mut b, &lost, &mut seen);
+            let out = b.poll(now);
+            relay(&b, out.derp_writes, &mut a);
+            for e in out.events {
+                if let Event::Tcp(TcpEvent::Accepted { handle, .. }) = e {
+                    hb = Some(handle);
+                }
+            }
+            if sent < size {
+                sent += a.stack().send(ha, &payload[sent..]).unwrap_or(0);
+            }
+            if let Some(hb) = hb {
+                got.extend(b.stack().recv(hb, 1 << 20).unwrap());
+            }
+        }
+        assert!(
+            got == payload,
+            "B got {} of {size} bytes (or wrong bytes) by t={now:.3}",
+            got.len()
+        );
+        let c = a.counters();
+        (now, c.tcp_fast_resends + c.tcp_probe_resends, seen)
+    }
+
     fn step(a: &mut DataPlane, b: &mut DataPlane, now: f64, ev: &mut Vec<(char, Event)>) {
         let out = a.poll(now);
         ev.extend(out.events.into_iter().map(|e| ('a', e)));
@@ -604,6 +706,29 @@ mod tests {
         assert_eq!(got_a, b"reply after EOF");
         assert!(a_eof);
         assert_eq!(b.counters().drop_filtered, 0);
+    }
+
+    /// The last two segments of a transfer are lost: no duplicate ACK follows, so the stack
+    /// alone would wait out its one-second retransmission timeout; the tail-loss probe and the
+    /// partial ACK after it repair both within tens of milliseconds.
+    #[test]
+    fn lost_tail_segments_are_repaired_without_the_stack_timeout() {
+        let size = 8 * 1240;
+        let (_, _, frames) = transfer_with_losses(size, 0..=0);
+        let (took, resends, _) = transfer_with_losses(size, frames - 1..=frames);
+        assert!(resends >= 2, "resent {resends}");
+        assert!(took < 0.2, "took {took:.3} s of virtual time");
+    }
+
+    /// A run of five data frames lost mid-stream (what a full DERP queue dropping its oldest
+    /// packets does): the holes are resent within round trips; the stack alone needs its
+    /// one-second timeout here, since every ACK changes the window and so none counts as a
+    /// duplicate for smoltcp.
+    #[test]
+    fn a_run_of_lost_segments_is_repaired_within_round_trips() {
+        let (took, resends, _) = transfer_with_losses(300_000, 20..=24);
+        assert!(resends >= 5, "resent {resends}");
+        assert!(took < 0.3, "took {took:.3} s of virtual time");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod dataplane;
 pub mod derp;
 pub mod filter;
+pub mod recovery;
 pub mod route;
 pub mod stack;
 pub mod wg;
