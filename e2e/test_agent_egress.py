@@ -446,3 +446,39 @@ async def test_survives_a_headscale_restart_and_a_cut_derp_connection(
                 return False
 
         await eventually(works, timeout=60, interval=1, what="a new dial through the agent after the restart")
+
+
+async def test_an_expired_agent_joins_again_and_traffic_continues(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory) -> None:
+    """An admin expires the agent's (tagged) node. Headscale 0.29 keeps that expiry through a node
+    key rotation, so the agent joins as a new node with its pre-auth key; dials work again."""
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    peer = tailscale_nodes("ts-rotate", headscale, authkey=key)
+    async with local_server(http_handler) as port, \
+            running_agent(headscale, "agent-rotate", key, [target("web", peer.ipv4(), port)]) as agent:
+        await wait_peer_sees(peer, "agent-rotate")
+        listen = agent.listen_port("web", port)
+        assert (await get(listen, "/before")).endswith(b"path /before\n")
+        old_key, old_addresses = agent.node.dataplane.public_key, agent.node.addresses()
+        listed = headscale.node_by_name("agent-rotate")
+        assert listed is not None and listed["nodeKey"] == f"nodekey:{old_key.hex()}"
+
+        await asyncio.to_thread(headscale.cli, "nodes", "expire", "--identifier", str(listed["id"]))
+        await eventually(lambda: agent.node.dataplane.public_key != old_key and agent.node.ready,
+                         timeout=60, what="the agent joined again with a new node key, DERP reconnected")
+        new_key = agent.node.dataplane.public_key
+        assert agent.node.addresses() and agent.node.addresses() != old_addresses, "a new node, new addresses"
+
+        def listed_with_new_key() -> bool:
+            return any(n.get("nodeKey") == f"nodekey:{new_key.hex()}" for n in headscale.nodes())
+
+        await eventually(lambda: asyncio.to_thread(listed_with_new_key), timeout=30,
+                         what="Headscale lists the agent with its new node key")
+
+        async def works() -> bool:
+            try:
+                return (await get(listen, "/after-rejoin", timeout=5)).endswith(b"path /after-rejoin\n")
+            except (OSError, TimeoutError):
+                return False
+
+        await eventually(works, timeout=60, interval=1, what="a new dial through the agent after it joined again")

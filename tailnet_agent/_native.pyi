@@ -165,6 +165,9 @@ class DataPlane:
         receive and send buffer per TCP connection (default 512 KiB each)."""
     @property
     def public_key(self) -> bytes: ...
+    def set_private_key(self, private_key: bytes) -> None:
+        """Switch to a new node private key (control rotated it): WireGuard sessions restart
+        with it; TCP connections stay."""
     def set_self(self, addresses: Sequence[str]) -> None:
         """The node's addresses, e.g. ["100.64.0.5/32", "fd7a:115c:a1e0::5/128"]
         (at most one IPv4 and one IPv6)."""

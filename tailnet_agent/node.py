@@ -23,8 +23,12 @@ AllowedIPs (subnet routes Headscale puts there for the primary router) only with
 routes (``0.0.0.0/0``, ``::/0``) never, since this node does not select an exit node. Peers that are
 expired, or have neither a disco key nor a home DERP region, are left out.
 
-Not handled yet: a node-key rotation by control (after key expiry; tag-only keys do not expire) would
-need a new data plane and is only logged; direct UDP paths (everything goes through DERP).
+Node-key rotation: when control rotates the node key (the key expired, or the node was expired by an
+admin), the next netmap switches the data plane to the new key (WireGuard sessions restart, TCP
+connections stay), and every DERP connection is re-made with it, since a relay knows a client by its
+key. The home region is reported again.
+
+Not handled yet: direct UDP paths (everything goes through DERP).
 """
 
 from __future__ import annotations
@@ -215,6 +219,8 @@ class Node:
         """Batches of DERP frames dropped because their region had no connection."""
         self.derp_connections: dict[int, DerpConnection] = {}
         self._regions: dict[int, _Region] = {}
+        self._reported_home = 0
+        """The home region last reported to control; 0 when it must be reported (again)."""
         self._addresses: list[str] = []
         self._tls = tls_context(options.ca_bundle)
         self._wakeup = asyncio.Event()
@@ -317,7 +323,7 @@ class Node:
         first = self.netmap is None
         self.netmap = netmap
         if self.control.keys.node.raw != self._node_key:
-            log.error("control rotated the node key; this data plane still uses the old one (not supported yet)")
+            self._use_new_node_key()
         addresses = self_addresses(netmap)
         if addresses != self._addresses:
             self.dataplane.set_self(addresses)
@@ -333,6 +339,17 @@ class Node:
         self._notify()
         self.wake()
 
+    def _use_new_node_key(self) -> None:
+        """Control rotated the node key: switch the data plane and re-make every DERP connection."""
+        self._node_key = self.control.keys.node.raw
+        self.dataplane.set_private_key(self._node_key)
+        for region in self._regions.values():
+            region.task.cancel()
+        self._regions.clear()
+        self._reported_home = 0
+        log.info("node key rotated; DERP connections re-made with the new key",
+                 node_key=self.control.keys.node.public.short())
+
     def _push_peers(self) -> None:
         if self.netmap is not None:
             self.dataplane.set_peers(peer_specs(self.netmap, accept_routes=self.options.accept_routes,
@@ -342,7 +359,6 @@ class Node:
 
     async def _manage_derp(self, tg: asyncio.TaskGroup) -> None:
         """Keep one supervisor per region in use and report the home region to control."""
-        reported = 0
         try:
             while True:
                 await self._netmap_changed.wait()
@@ -372,12 +388,12 @@ class Node:
                 for region_id in set(self._regions) - wanted:
                     self._regions.pop(region_id).task.cancel()
                     log.info("DERP region no longer in use", region=region_id)
-                if home != reported:
+                if home != self._reported_home:
                     for region_id, region in self._regions.items():
                         with contextlib.suppress(DerpError, OSError):
                             await region.supervisor.set_preferred(region_id == home)
                     await self.control.set_preferred_derp(home)
-                    reported = home
+                    self._reported_home = home
         finally:
             for region in self._regions.values():
                 region.task.cancel()

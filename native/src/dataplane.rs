@@ -185,6 +185,14 @@ impl DataPlane {
         self.peers.public_key()
     }
 
+    /// Switches to a new node private key (control rotated it). TCP connections stay; the
+    /// WireGuard sessions restart with the new key; DERP connections must be re-made with it.
+    pub fn set_private_key(&mut self, private_key: &[u8]) -> Result<(), Error> {
+        let key = parse_key(private_key, "private_key")?;
+        self.peers.set_private(key);
+        Ok(())
+    }
+
     pub fn counters(&self) -> &Counters {
         &self.counters
     }
@@ -729,6 +737,24 @@ mod tests {
         let (took, resends, _) = transfer_with_losses(300_000, 20..=24);
         assert!(resends >= 5, "resent {resends}");
         assert!(took < 0.3, "took {took:.3} s of virtual time");
+    }
+
+    #[test]
+    fn connections_on_an_address_the_node_lost_are_reset() {
+        let (mut a, mut b) = pair();
+        b.stack().listen(80).unwrap();
+        let ha = a.tcp_connect(format!("{B_IP}:80").parse().unwrap(), 30.0);
+        let mut ev = Vec::new();
+        let mut now = 0.0;
+        while !ev.iter().any(|(_, e)| *e == Event::Tcp(TcpEvent::Connected(ha))) {
+            now += 0.001;
+            step(&mut a, &mut b, now, &mut ev);
+            assert!(now < 1.0, "no connection");
+        }
+        a.set_self(&["100.64.0.9/32".into()]).unwrap();
+        ev.clear();
+        step(&mut a, &mut b, now + 0.001, &mut ev);
+        assert!(ev.contains(&('a', Event::Tcp(TcpEvent::Reset(ha)))), "{ev:?}");
     }
 
     #[test]

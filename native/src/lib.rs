@@ -254,6 +254,12 @@ impl DataPlane {
         PyBytes::new(py, &self.inner.public_key())
     }
 
+    /// Switches to a new node private key (32 bytes): WireGuard sessions restart with it,
+    /// TCP connections stay.
+    fn set_private_key(&mut self, private_key: &[u8]) -> PyResult<()> {
+        self.inner.set_private_key(private_key).map_err(to_py_err)
+    }
+
     fn set_self(&mut self, addresses: Vec<String>) -> PyResult<()> {
         self.inner.set_self(&addresses).map_err(to_py_err)
     }

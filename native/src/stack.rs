@@ -231,6 +231,8 @@ impl Stack {
     }
 
     /// Sets the node's addresses (at most one IPv4 and one IPv6) and default routes via them.
+    /// Connections bound to an address the node no longer has are reset (the node re-joined
+    /// with new addresses; nothing would reach them again).
     pub fn set_addresses(&mut self, addrs: &[Prefix]) -> Result<(), StackError> {
         let v4: Vec<_> = addrs.iter().filter(|p| p.is_ipv4()).collect();
         let v6: Vec<_> = addrs.iter().filter(|p| !p.is_ipv4()).collect();
@@ -253,6 +255,14 @@ impl Stack {
                 IpAddr::V4(a) => routes.add_default_ipv4_route(a).map(|_| ()),
                 IpAddr::V6(a) => routes.add_default_ipv6_route(a).map(|_| ()),
             };
+        }
+        for conn in self.conns.values() {
+            let s = self.sockets.get_mut::<tcp::Socket>(conn.socket);
+            if let Some(local) = s.local_endpoint() {
+                if !addrs.iter().any(|p| p.addr() == IpAddr::from(local.addr)) {
+                    s.abort();
+                }
+            }
         }
         Ok(())
     }

@@ -87,6 +87,17 @@ impl Peers {
         self.routes = routes;
     }
 
+    /// Replaces this node's private key (control rotated the node key): every peer gets a new
+    /// `Tunn`, so sessions are re-established with the new key on the next packet.
+    pub fn set_private(&mut self, private: [u8; 32]) {
+        self.private = StaticSecret::from(private);
+        for peer in self.by_key.values_mut() {
+            let index = self.next_index;
+            self.next_index = (self.next_index % 0x00ff_ffff) + 1;
+            peer.tunn = Tunn::new(self.private.clone(), PublicKey::from(peer.key), None, None, index, None);
+        }
+    }
+
     /// Longest-prefix match of a destination over all peers' AllowedIPs.
     pub fn route(&self, dst: IpAddr) -> Option<NodeKey> {
         self.routes.lookup(dst)
@@ -123,6 +134,21 @@ mod tests {
             allowed_ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
             derp_region: region,
         }
+    }
+
+    #[test]
+    fn a_new_private_key_keeps_peers_and_routes() {
+        let mut peers = Peers::new([1; 32]);
+        let s = spec(2, &["100.64.0.6/32"], 999);
+        let key = s.key;
+        peers.set(vec![s]);
+        peers.set_private([3; 32]);
+        assert_eq!(
+            peers.public_key(),
+            PublicKey::from(&StaticSecret::from([3; 32])).to_bytes()
+        );
+        assert_eq!(peers.route("100.64.0.6".parse().unwrap()), Some(key));
+        assert_eq!(peers.get(&key).unwrap().derp_region, 999);
     }
 
     #[test]

@@ -13,6 +13,10 @@ follow ``tailcfg.RegisterRequest``/``tailcfg.MapRequest`` and ``controlclient/di
 Re-registration: a 401/403/404 on the map poll (Headscale answers 404 "node not found" for an
 unknown node key) re-runs register with the same node key; ``NodeKeyExpired`` in a register
 response, or the self node reported ``Expired``, rotates the node key and sends ``OldNodeKey``.
+If the server still reports the node expired after that (Headscale keeps an admin's expiry on a
+tagged node, whatever key it re-registers with), the client joins as a new node: fresh machine,
+node and disco keys, a new connection, and (from the server) new addresses. A restarted agent
+would do the same with its pre-auth key; revoking the key is how an admin keeps it out.
 A register ``Error`` or an interactive ``AuthURL`` is terminal (:class:`RegistrationError`).
 """
 
@@ -95,9 +99,10 @@ class ControlOptions:
 class _Reauthenticate(ControlError):
     """Internal: the server no longer knows our node key; register again."""
 
-    def __init__(self, reason: str, *, rotate_key: bool = False) -> None:
+    def __init__(self, reason: str, *, rotate_key: bool = False, new_machine: bool = False) -> None:
         super().__init__(reason)
         self.rotate_key = rotate_key
+        self.new_machine = new_machine
 
 
 # -- the client -----------------------------------------------------------------------------------
@@ -147,10 +152,15 @@ class ControlClient:
             except RegistrationError:
                 raise
             except _Reauthenticate as exc:
-                log.info("re-registering", reason=str(exc), rotate_key=exc.rotate_key)
                 self.registered = False
-                if exc.rotate_key:
-                    self._rotate_node_key()
+                if exc.new_machine:
+                    log.warning("joining as a new node", reason=str(exc))
+                    self.keys = NodeKeys.generate()
+                    self._old_node_key = None
+                else:
+                    log.info("re-registering", reason=str(exc), rotate_key=exc.rotate_key)
+                    if exc.rotate_key:
+                        self._rotate_node_key()
                 await self._sleep(backoff.next())
             except (ControlError, OSError, TimeoutError) as exc:
                 delay = backoff.next()
@@ -213,7 +223,8 @@ class ControlClient:
         return body
 
     async def register(self, conn: ControlTransport) -> dict[str, Any]:
-        """POST ``/machine/register``; rotates the node key once if the server says it expired."""
+        """POST ``/machine/register``; rotates the node key once if the server says it expired, and
+        asks for a new machine identity if it still does."""
         for _ in range(2):
             resp = await conn.request("POST", "/machine/register", self.register_request())
             if resp.status in (401, 403):
@@ -235,7 +246,8 @@ class ControlClient:
             log.info("registered", node_key=self.keys.node.public.short(), user=(doc.get("User") or {}).get(
                 "LoginName", ""), ephemeral=self.options.ephemeral)
             return doc
-        raise RegistrationError("server still reports the node key expired after rotation")
+        raise _Reauthenticate("the server still reports the node expired after a node key rotation",
+                              new_machine=True)
 
     def _rotate_node_key(self) -> None:
         self._old_node_key = self.keys.node.public

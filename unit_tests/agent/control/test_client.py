@@ -43,6 +43,8 @@ class FakeControl:
     map_bodies: list[dict[str, Any]] = field(default_factory=list)
     connects: int = 0
     fail_connects: int = 0
+    machine_keys: list[str] = field(default_factory=list)
+    """The machine public key of each connection."""
 
 
 class FakeStream:
@@ -89,6 +91,7 @@ def make_client(server: FakeControl, sleeps: list[float], *, stop_after: int = 1
                 watchdog: float = 120.0) -> ControlClient:
     async def connect(keys: NodeKeys) -> ControlTransport:
         server.connects += 1
+        server.machine_keys.append(str(keys.machine.public))
         if server.fail_connects:
             server.fail_connects -= 1
             raise ConnectionLost("refused")
@@ -161,6 +164,25 @@ async def test_node_key_expired_rotates_the_key() -> None:
     assert first["NodeKey"] == old and "OldNodeKey" not in first
     assert second["OldNodeKey"] == old and second["NodeKey"] != old
     assert server.map_bodies[0]["NodeKey"] == second["NodeKey"]
+
+
+async def test_still_expired_after_rotation_joins_as_a_new_node() -> None:
+    server = FakeControl(register_answers=[{"NodeKeyExpired": True}, {"NodeKeyExpired": True},
+                                           {"MachineAuthorized": True}],
+                         maps=[MapScript(frames=[{"Node": SELF}])])
+    sleeps: list[float] = []
+    client = make_client(server, sleeps, stop_after=2)
+    first_disco = str(client.keys.disco.public)
+    with capture_logs() as logs:
+        await run_until_stop(client)
+    first, rotated, fresh = server.register_bodies
+    assert rotated["OldNodeKey"] == first["NodeKey"]
+    assert "OldNodeKey" not in fresh and fresh["NodeKey"] not in (first["NodeKey"], rotated["NodeKey"])
+    assert len(server.machine_keys) == 2 and server.machine_keys[0] != server.machine_keys[1], \
+        "a new node needs a new machine key, so a new connection"
+    assert str(client.keys.disco.public) != first_disco
+    assert client.netmap is not None
+    assert any(e["event"] == "joining as a new node" for e in logs)
 
 
 async def test_self_node_expired_rotates_and_re_registers() -> None:
