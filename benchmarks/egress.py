@@ -6,9 +6,12 @@ networking -> a sink/source server on 127.0.0.1 behind it.
 
 Measured in one run: one stream and 8 parallel streams (MB/s, upload and download), connection
 setup time through the whole path (p50, p99 of connect + one byte echoed), and the agent's RSS
-idle and with 100 open connections. Everything runs on loopback; nothing leaves the machine.
+when ready, after the throughput rounds, and with 100 open connections. Throughput is measured in
+rounds that take every path in turn (so a slow phase of the machine hits all paths alike); the
+table gives the median of the rounds, the JSON every sample. Everything runs on loopback; nothing
+leaves the machine.
 
-    python -m benchmarks.egress [--mib 64] [--setups 200] [--json results.json]
+    python -m benchmarks.egress [--mib 32] [--rounds 3] [--setups 200] [--json results.json]
 """
 
 from __future__ import annotations
@@ -124,26 +127,43 @@ class PathResult:
     eight_streams_down_mbs: float = 0.0
     setup_p50_ms: float = 0.0
     setup_p99_ms: float = 0.0
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    """Every round's figure per throughput column; the columns above are their medians."""
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def add(self, column: str, value: float) -> None:
+        self.samples.setdefault(column, []).append(round(value, 2))
+        setattr(self, column, statistics.median(self.samples[column]))
 
-async def measure(name: str, dial: Dial, *, mib: int, setups: int) -> PathResult:
+
+async def throughput_round(result: PathResult, dial: Dial, *, mib: int) -> None:
+    """One sample of each throughput column (8 streams share the ``mib``)."""
     size = mib * MIB
-    result = PathResult(name)
-    await upload(dial, MIB)  # warm up: handshakes, paths
-    result.one_stream_up_mbs = size / MIB / await upload(dial, size)
-    result.one_stream_down_mbs = size / MIB / await download(dial, size)
+    result.add("one_stream_up_mbs", size / MIB / await upload(dial, size))
+    result.add("one_stream_down_mbs", size / MIB / await download(dial, size))
     each = size // 8
     started = time.perf_counter()
     await asyncio.gather(*(upload(dial, each) for _ in range(8)))
-    result.eight_streams_up_mbs = size / MIB / (time.perf_counter() - started)
+    result.add("eight_streams_up_mbs", size / MIB / (time.perf_counter() - started))
     started = time.perf_counter()
     await asyncio.gather(*(download(dial, each) for _ in range(8)))
-    result.eight_streams_down_mbs = size / MIB / (time.perf_counter() - started)
+    result.add("eight_streams_down_mbs", size / MIB / (time.perf_counter() - started))
+
+
+async def setup_round(result: PathResult, dial: Dial, *, setups: int) -> None:
     times = sorted(await setup_times(dial, setups))
     result.setup_p50_ms = statistics.median(times) * 1000
     result.setup_p99_ms = times[min(len(times) - 1, int(len(times) * 0.99))] * 1000
-    return result
+
+
+async def measure_all(paths: list[tuple[PathResult, Dial]], *, mib: int, rounds: int, setups: int) -> None:
+    for _, dial in paths:
+        await upload(dial, MIB)  # warm up: handshakes, paths
+    for _ in range(rounds):
+        for result, dial in paths:
+            await throughput_round(result, dial, mib=mib)
+    for result, dial in paths:
+        await setup_round(result, dial, setups=setups)
 
 
 # -- dialers ------------------------------------------------------------------------------------
@@ -225,27 +245,26 @@ def _ready(url: str) -> bool:
         return bool(resp.status == 200)
 
 
-async def agent_rss(proc: subprocess.Popen[bytes], dial: Dial, connections: int) -> dict[str, int]:
-    idle = rss_kib(proc.pid)
+async def held_connections_rss(pid: int, dial: Dial, connections: int) -> int:
+    """RSS (KiB) of process ``pid`` while ``connections`` connections through it are open."""
     held = []
     for _ in range(connections):
         reader, writer = await dial()
         writer.write(b"E\x01")
         await reader.readexactly(1)
         held.append(writer)
-    busy = rss_kib(proc.pid)
+    busy = rss_kib(pid)
     for writer in held:
         writer.close()
-    return {"rss_idle_kib": idle, f"rss_{connections}_connections_kib": busy}
+    return busy
 
 
 # -- the run ------------------------------------------------------------------------------------
 
 
-async def run(mib: int, setups: int, *, agent: bool = True) -> list[PathResult]:
+async def run(mib: int, rounds: int, setups: int, *, agent: bool = True) -> list[PathResult]:
     port = free_port()
     server = await asyncio.start_server(_serve, "127.0.0.1", port)
-    results: list[PathResult] = []
     with Environment() as env:
         headscale = env.headscale()
         server_key = headscale.create_preauth_key(tags=["tag:bench-server"], reusable=True)
@@ -254,21 +273,26 @@ async def run(mib: int, setups: int, *, agent: bool = True) -> list[PathResult]:
         derp_client = env.tailscale_node("bench-derp", headscale, authkey=server_key,
                                          env={"TS_DEBUG_ALWAYS_USE_DERP": "true"})
         direct_client = env.tailscale_node("bench-direct", headscale, authkey=server_key)
-        results.append(await measure("tailscaled userspace, DERP", socks5_dialer(derp_client, target, port),
-                                     mib=mib, setups=setups))
-        results.append(await measure("tailscaled userspace, direct", socks5_dialer(direct_client, target, port),
-                                     mib=mib, setups=setups))
-        if not agent:
-            server.close()
-            return results
-        listen = free_port()
-        async with running_agent(env, headscale, target, port, listen) as agent_process:
-            dial = tcp_dialer(listen)
-            agent_result = await measure("agent, DERP", dial, mib=mib, setups=setups)
-            agent_result.extra = await agent_rss(agent_process, dial, 100)
-            results.append(agent_result)
+        paths = [(PathResult("tailscaled userspace, DERP"), socks5_dialer(derp_client, target, port)),
+                 (PathResult("tailscaled userspace, direct"), socks5_dialer(direct_client, target, port))]
+        async with contextlib.AsyncExitStack() as stack:
+            # Processes whose memory is reported: tailscaled on the DERP path, and the agent.
+            pids = {paths[0][0].name: derp_client.process.pid}
+            if agent:
+                listen = free_port()
+                agent_process = await stack.enter_async_context(running_agent(env, headscale, target, port, listen))
+                paths.append((PathResult("agent, DERP"), tcp_dialer(listen)))
+                pids["agent, DERP"] = agent_process.pid
+            for result, _ in paths:
+                if (pid := pids.get(result.name)) is not None:
+                    result.extra["rss_ready_kib"] = rss_kib(pid)
+            await measure_all(paths, mib=mib, rounds=rounds, setups=setups)
+            for result, dial in paths:
+                if (pid := pids.get(result.name)) is not None:
+                    result.extra["rss_after_kib"] = rss_kib(pid)
+                    result.extra["rss_100_connections_kib"] = await held_connections_rss(pid, dial, 100)
     server.close()
-    return results
+    return [result for result, _ in paths]
 
 
 def table(results: list[PathResult]) -> str:
@@ -281,20 +305,38 @@ def table(results: list[PathResult]) -> str:
     return "\n".join(rows)
 
 
+COLUMNS = ("one_stream_up_mbs", "one_stream_down_mbs", "eight_streams_up_mbs", "eight_streams_down_mbs")
+
+
+def ratios(results: list[PathResult], numerator: str, denominator: str) -> dict[str, float]:
+    """``numerator`` / ``denominator`` per throughput column (medians), by path name."""
+    by_name = {r.name: r for r in results}
+    if numerator not in by_name or denominator not in by_name:
+        return {}
+    top, bottom = by_name[numerator], by_name[denominator]
+    return {c: round(getattr(top, c) / getattr(bottom, c), 2) for c in COLUMNS if getattr(bottom, c)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=64, help="MiB per throughput measurement (default 64)")
+    parser.add_argument("--mib", type=int, default=32, help="MiB per throughput measurement (default 32)")
+    parser.add_argument("--rounds", type=int, default=3, help="throughput rounds; the median is reported (default 3)")
     parser.add_argument("--setups", type=int, default=200, help="connections timed for setup (default 200)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     parser.add_argument("--no-agent", action="store_true", help="measure only the tailscaled paths")
     args = parser.parse_args(argv)
-    results = asyncio.run(run(args.mib, args.setups, agent=not args.no_agent))
+    results = asyncio.run(run(args.mib, args.rounds, args.setups, agent=not args.no_agent))
     print(table(results))
     for r in results:
+        print(f"{r.name}: samples " + ", ".join(f"{k}={v}" for k, v in r.samples.items()))
         if r.extra:
             print(f"{r.name}: " + ", ".join(f"{k}={v}" for k, v in r.extra.items()))
+    derp = ratios(results, "agent, DERP", "tailscaled userspace, DERP")
+    if derp:
+        print("agent / tailscaled over DERP: " + ", ".join(f"{k}={v}" for k, v in derp.items()))
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+        doc = {"results": [asdict(r) for r in results], "agent_over_tailscaled_derp": derp}
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 
 

@@ -87,8 +87,10 @@ def main() -> int:
         print("tailnet-agent: AGENT_MODE=ingress is not implemented yet", file=sys.stderr)
         return 3
     from tailnet_agent.config import ConfigError
+    from tailnet_agent.memory import fix_mmap_threshold
 
     _configure_logging()
+    fix_mmap_threshold()
     try:
         return asyncio.run(run_egress())
     except ConfigError as exc:
