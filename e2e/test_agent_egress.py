@@ -1,8 +1,9 @@
 """The agent's node and egress forwarder against a real Headscale v0.29.2 and real tailscaled v1.98 peers.
 
 Servers "on a peer's side" listen on 127.0.0.1 of this machine: a userspace tailscaled forwards
-inbound tailnet TCP for its own IP to 127.0.0.1:<same port>. Everything between the agent and the
-peers goes through Headscale's embedded DERP (region 999).
+inbound tailnet TCP for its own IP to 127.0.0.1:<same port>. Unless a test asks for a direct path
+(``udp_port=0``), everything between the agent and the peers goes through Headscale's embedded
+DERP (region 999).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ async def running_agent(headscale: Headscale, hostname: str, key: str, targets: 
                         **options: object) -> AsyncIterator[Agent]:
     """A Node (and an egress forwarder on 127.0.0.1 when ``targets`` are given), ready before the body."""
     opts: dict[str, object] = {"control_backoff": Backoff(initial=0.2, maximum=2.0),
-                               "derp_backoff": derp_backoff(initial=0.1, maximum=1.0), "dial_timeout": 15.0}
+                               "derp_backoff": derp_backoff(initial=0.1, maximum=1.0), "dial_timeout": 15.0,
+                               "udp_port": None}
     opts.update(options)
     node = Node(NodeOptions(control_url=headscale.url, auth_key=key, hostname=hostname,
                             ca_bundle=headscale.ca_bundle, **opts))  # type: ignore[arg-type]
@@ -170,8 +172,19 @@ async def test_egress_reaches_an_http_server_behind_a_tailscaled_peer(
             assert "tailnet_agent_derp_connected 1.0" in metrics
 
 
+def direct_peers(agent: Agent) -> list[str]:
+    """Hostnames of the peers the agent has a direct UDP path to."""
+    netmap = agent.node.netmap
+    if netmap is None:
+        return []
+    return [p.hostname or p.name for p in netmap.peers.values()
+            if p.key.startswith("nodekey:")
+            and agent.node.disco.direct_path(bytes.fromhex(p.key.removeprefix("nodekey:"))) is not None]
+
+
+@pytest.mark.parametrize("path", ["derp", "direct"])
 async def test_64_mib_each_way_through_one_connection(
-        headscale: Headscale, tailscale_nodes: TailscaleFactory) -> None:
+        headscale: Headscale, tailscale_nodes: TailscaleFactory, path: str) -> None:
     size = 64 << 20
     download = os.urandom(size)
     upload = os.urandom(size)
@@ -192,10 +205,17 @@ async def test_64_mib_each_way_through_one_connection(
         writer.close()
 
     key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
-    peer = tailscale_nodes("ts-bulk", headscale, authkey=key)
+    peer = tailscale_nodes(f"ts-bulk-{path}", headscale, authkey=key)
+    options = {"udp_port": 0} if path == "direct" else {}
     async with local_server(handler) as port, \
-            running_agent(headscale, "agent-bulk", key, [target("bulk", peer.ipv4(), port)]) as agent:
-        await wait_peer_sees(peer, "agent-bulk")
+            running_agent(headscale, f"agent-bulk-{path}", key, [target("bulk", peer.ipv4(), port)],
+                          **options) as agent:
+        await wait_peer_sees(peer, f"agent-bulk-{path}")
+        if path == "direct":
+            await connect_and_close(agent.listen_port("bulk", port))  # traffic makes the peer worth a path
+            await eventually(lambda: direct_peers(agent) == [f"ts-bulk-{path}"], timeout=30,
+                             what="a direct UDP path to the peer")
+        before = dict(agent.node.counters)
         reader, writer = await asyncio.open_connection("127.0.0.1", agent.listen_port("bulk", port))
         started = time.perf_counter()
 
@@ -213,8 +233,21 @@ async def test_64_mib_each_way_through_one_connection(
         assert len(received) == size + 32
         assert hashlib.sha256(received[:size]).digest() == hashlib.sha256(download).digest()
         assert received[size:] == hashlib.sha256(upload).digest()
-        print(f"\n64 MiB each way through the agent over DERP: {elapsed:.1f}s, "
+        sent_udp = agent.node.counters.get("udp_bytes_out", 0) - before.get("udp_bytes_out", 0)
+        got_udp = agent.node.counters.get("udp_bytes_in", 0) - before.get("udp_bytes_in", 0)
+        if path == "direct":
+            assert sent_udp > size and got_udp > size, "both directions went over the direct path"
+            seen = next(p for p in peer.peers() if p.get("HostName") == f"agent-bulk-{path}")
+            assert seen.get("CurAddr"), f"tailscaled sends to the agent directly: {seen}"
+        else:
+            assert sent_udp == got_udp == 0
+        print(f"\n64 MiB each way through the agent ({path}): {elapsed:.1f}s, "
               f"{2 * size / 1e6 / elapsed:.1f} MB/s total ({size / 1e6 / elapsed:.1f} MB/s per direction)")
+
+
+async def connect_and_close(port: int) -> None:
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.close()
 
 
 # -- half-close -----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 from hack.localenv import ControlPlane, Headscale
 from tailnet_operator.controllers.kinds import TAILNET
 from tailnet_operator.controllers.tailnet import working_key_secret_name
-from tailnet_operator.headscale import HeadscaleClient, Unauthorized
+from tailnet_operator.headscale import HeadscaleClient, Unauthorized, raw_api_key_prefix
 from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.errors import NotFound
 from tailnet_operator.runtime.kinds import EVENT, SECRET
@@ -181,8 +181,8 @@ async def test_a_working_key_deleted_by_hand_is_replaced_from_the_bootstrap_key(
         await eventually(has_condition(admin, TAILNET, name, "Ready", "True"), what="Ready")
         first = await working_key(admin, namespace, name)
         assert first is not None
-        prefix = first.split("-")[2]
-        headscale.cli("apikeys", "expire", "--prefix", prefix)
+        # The 12-character prefix is URL-safe base64 and may itself contain "-".
+        headscale.cli("apikeys", "expire", "--prefix", raw_api_key_prefix(first))
         await eventually(lambda: _not(key_works(headscale, first)), what="the key expired by hand to be refused")
         op.poke(name)
 

@@ -46,7 +46,7 @@ async def run_egress() -> int:
     cfg = config.load(mode="egress")
     node = Node(NodeOptions(control_url=cfg.control_url, auth_key=cfg.auth_key, hostname=cfg.hostname,
                             ca_bundle=cfg.ca_bundle, accept_routes=cfg.accept_routes,
-                            dial_timeout=cfg.dial_timeout))
+                            dial_timeout=cfg.dial_timeout, udp_port=cfg.udp_port))
     metrics = AgentMetrics(node)
     forwarder = EgressForwarder(node, cfg.targets, bind_address=cfg.bind_address, dial_timeout=cfg.dial_timeout,
                                 metrics=metrics)

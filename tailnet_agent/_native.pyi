@@ -120,6 +120,28 @@ class DerpFrame:
     @property
     def payload(self) -> bytes: ...
 
+class DiscoDerp:
+    """A sealed disco message relayed by DERP ``region`` from the peer ``key``."""
+
+    __match_args__ = ("region", "key", "payload")
+    @property
+    def region(self) -> int: ...
+    @property
+    def key(self) -> bytes: ...
+    @property
+    def payload(self) -> bytes: ...
+
+class DiscoUdp:
+    """A sealed disco message that arrived on the UDP socket."""
+
+    __match_args__ = ("src_ip", "src_port", "payload")
+    @property
+    def src_ip(self) -> str: ...
+    @property
+    def src_port(self) -> int: ...
+    @property
+    def payload(self) -> bytes: ...
+
 Event: TypeAlias = (
     Connected
     | Readable
@@ -134,6 +156,8 @@ Event: TypeAlias = (
     | DerpHealth
     | DerpRestarting
     | DerpFrame
+    | DiscoDerp
+    | DiscoUdp
 )
 
 # (node public key (32 bytes), AllowedIPs prefixes, home DERP region id)
@@ -148,6 +172,9 @@ class PollResult:
     @property
     def derp_writes(self) -> list[tuple[int, bytes]]:
         """One batched buffer of DERP frames per region, to write to that region's relay."""
+    @property
+    def udp_pending(self) -> int:
+        """Datagrams queued for the UDP socket (WireGuard over direct paths); see udp_send."""
     @property
     def events(self) -> list[Event]: ...
     @property
@@ -178,6 +205,22 @@ class DataPlane:
     def derp_feed(self, region: int, chunk: bytes) -> None:
         """Bytes read from ``region``'s relay after its handshake. Raises ConnectionError
         when the stream is corrupt (reconnect, then call derp_reset)."""
+    def derp_send(self, region: int, key: bytes, payload: bytes) -> None:
+        """Queue ``payload`` (a sealed disco message) for the peer ``key`` through DERP ``region``."""
+    def udp_feed(self, src_ip: str, src_port: int, datagram: bytes) -> None:
+        """Feed one UDP datagram (tests; the agent uses udp_receive)."""
+    def udp_receive(self, fd: int, max_datagrams: int = 4096) -> int:
+        """Read datagrams from the non-blocking UDP socket ``fd`` (the caller owns it) into the
+        data plane; returns how many. Disco becomes DiscoUdp events; poll afterwards."""
+    def udp_send(self, fd: int) -> int:
+        """Send queued datagrams on ``fd`` until it would block; returns how many are left."""
+    def set_peer_direct(self, key: bytes, addr: tuple[str, int] | None) -> bool:
+        """Send WireGuard for the peer ``key`` over UDP to ``addr``, or through DERP with None.
+        False for an unknown peer."""
+    def note_udp_source(self, ip: str, port: int, key: bytes) -> None:
+        """UDP datagrams from (ip, port) come from the peer ``key``."""
+    def active_peers(self, since: float) -> list[bytes]:
+        """Node keys of peers an IP packet was sent to at or after ``since``."""
     def derp_reset(self, region: int) -> None:
         """Drop a partial frame buffered for ``region`` (new connection)."""
     def poll(self, now: float) -> PollResult: ...

@@ -14,6 +14,8 @@ Every problem is a :class:`ConfigError` with a one-line message naming the varia
 ``TAILNET_HEALTH_ADDRESS`` ``host:port`` of /healthz, /readyz and /metrics. Default ``0.0.0.0:9002``.
 ``TAILNET_ACCEPT_ROUTES``  Use peers' subnet routes (``true``/``false``). Default true for egress.
 ``TAILNET_DIAL_TIMEOUT``   Seconds a tailnet dial may take. Default 30.
+``TAILNET_UDP_PORT``       UDP port for direct paths to peers (disco and WireGuard), ``0`` for any
+                           free port, ``off`` for DERP only. Default 41641 (tailscaled's).
 =========================  ======================================================================
 
 Targets: a JSON list of ``{"name": str, "address": str, "ports": [...]}``. ``address`` is a tailnet
@@ -38,6 +40,7 @@ from urllib.parse import urlparse
 DEFAULT_HEALTH_ADDRESS = "0.0.0.0:9002"
 DEFAULT_BIND_ADDRESS = "0.0.0.0"
 DEFAULT_DIAL_TIMEOUT = 30.0
+DEFAULT_UDP_PORT = 41641
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -77,6 +80,8 @@ class AgentConfig:
     accept_routes: bool = True
     dial_timeout: float = DEFAULT_DIAL_TIMEOUT
     """Seconds; a dial without a SYN-ACK by then fails as timed out."""
+    udp_port: int | None = DEFAULT_UDP_PORT
+    """UDP port for direct paths; 0 any; None: DERP only."""
 
 
 def _required(env: Mapping[str, str], name: str) -> str:
@@ -201,4 +206,16 @@ def load(env: Mapping[str, str] | None = None, *, mode: str = "egress") -> Agent
             raise ConfigError(f"TAILNET_DIAL_TIMEOUT must be positive, got {timeout_text!r}")
     return AgentConfig(control_url=url, auth_key=auth_key, hostname=hostname, ca_bundle=ca_bundle,
                        targets=targets, bind_address=bind, health_host=health_host, health_port=health_port,
-                       accept_routes=accept_routes, dial_timeout=dial_timeout)
+                       accept_routes=accept_routes, dial_timeout=dial_timeout, udp_port=parse_udp_port(env))
+
+
+def parse_udp_port(env: Mapping[str, str]) -> int | None:
+    """``TAILNET_UDP_PORT``: a port 0-65535, or ``off`` (None: DERP only)."""
+    text = env.get("TAILNET_UDP_PORT", "").strip()
+    if not text:
+        return DEFAULT_UDP_PORT
+    if text.lower() == "off":
+        return None
+    if not text.isdigit() or not 0 <= int(text) < 65536:
+        raise ConfigError(f"TAILNET_UDP_PORT must be a port 0-65535 or 'off', got {text!r}")
+    return int(text)

@@ -28,7 +28,11 @@ admin), the next netmap switches the data plane to the new key (WireGuard sessio
 connections stay), and every DERP connection is re-made with it, since a relay knows a client by its
 key. The home region is reported again.
 
-Not handled yet: direct UDP paths (everything goes through DERP).
+Direct UDP paths (disco, see :mod:`tailnet_agent.disco`): with ``udp_port`` set the node binds one
+IPv4 UDP socket, reports its interface addresses with that port as endpoints, and answers and sends
+disco pings; a peer with a confirmed path gets WireGuard over UDP (the data plane reads and writes
+the socket in batches: no per-packet Python), the others keep going through DERP. The ``disco``
+task re-pings paths in use and looks for paths to the peers the node sends to, once a second.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import asyncio
 import contextlib
 import errno
 import ipaddress
+import socket
 from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -49,11 +54,15 @@ from tailnet_agent.backoff import Backoff, derp_backoff
 from tailnet_agent.control import ControlClient, ControlOptions, NetMap, NodeKeys
 from tailnet_agent.control import netmap as nm
 from tailnet_agent.derp import ConnectionHandler, DerpConnection, DerpError, DerpSupervisor, tls_context
+from tailnet_agent.disco import Action, Disco, DiscoPeer, NoteSource, SendDerp, SendUdp, SetDirect
+from tailnet_agent.netif import local_ipv4_addresses
 from tailnet_agent.streams import ClientConnected, StreamTable, TailnetServer
 
 log = structlog.get_logger("agent.node")
 
 EXIT_ROUTES = frozenset({ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")})
+ACTIVE_SECONDS = 10.0
+"""A peer sent to within this long gets direct-path discovery and heartbeats."""
 
 # -- pure: netmap -> data plane -------------------------------------------------------------------
 
@@ -111,6 +120,27 @@ def filter_rules(netmap: NetMap) -> list[nat.FilterRule]:
     the data plane ignores them)."""
     return [(list(rule.src_ips), [(p.ip, p.first, p.last) for p in rule.dst_ports], list(rule.ip_proto))
             for rule in netmap.packet_filter]
+
+
+def disco_peers(netmap: NetMap, *, fallback_region: int) -> list[DiscoPeer]:
+    """Disco's view of the peers: raw node and disco keys, IPv4 ``ip:port`` endpoints, home region."""
+    out: list[DiscoPeer] = []
+    for peer in netmap.peers.values():
+        if peer.expired or not peer.key.startswith("nodekey:") or not peer.disco_key.startswith("discokey:"):
+            continue
+        try:
+            node_key = bytes.fromhex(peer.key.removeprefix("nodekey:"))
+            disco_key = bytes.fromhex(peer.disco_key.removeprefix("discokey:"))
+        except ValueError:
+            continue
+        endpoints = []
+        for text in peer.endpoints:
+            host, _, port = text.rpartition(":")
+            with contextlib.suppress(ValueError):
+                if ipaddress.ip_address(host).version == 4 and 0 < int(port) < 65536:
+                    endpoints.append((host, int(port)))
+        out.append(DiscoPeer(node_key, disco_key, tuple(endpoints), peer.home_derp or fallback_region))
+    return out
 
 
 def choose_home_region(derp_map: nm.DERPMap) -> int | None:
@@ -186,6 +216,8 @@ class NodeOptions:
     """None uses tailscaled's 0.1 s to 5 s schedule (one Backoff per region)."""
     derp_read_timeout: float = 120.0
     """Seconds without any byte from a relay before it is reconnected (the server keeps alive every 60 s)."""
+    udp_port: int | None = 0
+    """UDP port for direct paths (disco and WireGuard); 0 picks a free one; None: DERP only."""
 
 
 @dataclass
@@ -221,6 +253,9 @@ class Node:
         self._regions: dict[int, _Region] = {}
         self._reported_home = 0
         """The home region last reported to control; 0 when it must be reported (again)."""
+        self._udp: socket.socket | None = None
+        self._udp_writer = False
+        self.disco = self._new_disco()
         self._addresses: list[str] = []
         self._tls = tls_context(options.ca_bundle)
         self._wakeup = asyncio.Event()
@@ -239,12 +274,16 @@ class Node:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 self._streams = StreamTable(self.dataplane, wake=self.wake, spawn=self._spawn, loop=loop)
+                self._open_udp(loop)
                 tg.create_task(self.control.run(), name="control")
                 tg.create_task(self._pump(), name="pump")
                 tg.create_task(self._manage_derp(tg), name="derp-manager")
+                if self._udp is not None:
+                    tg.create_task(self._disco_loop(), name="disco")
                 self._notify()
         finally:
             self._tg = None
+            self._close_udp(loop)
             if self._timer is not None:
                 self._timer.cancel()
             if self._streams is not None:
@@ -332,6 +371,7 @@ class Node:
         if not self.home_region or self.home_region not in netmap.derp_map.regions:
             self.home_region = choose_home_region(netmap.derp_map) or 0
         self._push_peers()
+        self._apply(self.disco.set_peers(disco_peers(netmap, fallback_region=self.home_region)))
         self.dataplane.set_filter(filter_rules(netmap))
         if first:
             log.info("first netmap", peers=len(netmap.peers), home_region=self.home_region)
@@ -343,6 +383,10 @@ class Node:
         """Control rotated the node key: switch the data plane and re-make every DERP connection."""
         self._node_key = self.control.keys.node.raw
         self.dataplane.set_private_key(self._node_key)
+        if self.control.keys.disco.public.raw != self.disco.public_key:
+            self.disco = self._new_disco()  # joined as a new node: new disco key too
+        else:
+            self.disco.set_node_public(self.control.keys.node.public.raw)
         for region in self._regions.values():
             region.task.cancel()
         self._regions.clear()
@@ -419,6 +463,87 @@ class Node:
 
         return handle
 
+    # -- direct paths --
+
+    def _new_disco(self) -> Disco:
+        keys = self.control.keys
+        disco = Disco(keys.disco.raw, keys.disco.public.raw, keys.node.public.raw)
+        if self._udp is not None:
+            disco.endpoints = tuple((ip, self._udp.getsockname()[1]) for ip in local_ipv4_addresses())
+        return disco
+
+    def _open_udp(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.options.udp_port is None:
+            return
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.setblocking(False)
+            sock.bind(("0.0.0.0", self.options.udp_port))
+        except OSError:
+            sock.close()
+            raise
+        self._udp = sock
+        port = sock.getsockname()[1]
+        self.disco.endpoints = tuple((ip, port) for ip in local_ipv4_addresses())
+        self.control.endpoints = [f"{ip}:{p}" for ip, p in self.disco.endpoints]
+        loop.add_reader(sock.fileno(), self._on_udp_readable)
+        log.info("UDP for direct paths", port=port, endpoints=self.control.endpoints)
+
+    def _close_udp(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._udp is None:
+            return
+        loop.remove_reader(self._udp.fileno())
+        if self._udp_writer:
+            loop.remove_writer(self._udp.fileno())
+            self._udp_writer = False
+        self._udp.close()
+        self._udp = None
+
+    def _on_udp_readable(self) -> None:
+        if self._udp is not None and self.dataplane.udp_receive(self._udp.fileno()):
+            self.wake()
+
+    def _flush_udp(self) -> None:
+        """Send queued datagrams; if the socket is full, finish when it is writable."""
+        if self._udp is None:
+            return
+        left = self.dataplane.udp_send(self._udp.fileno())
+        loop = asyncio.get_running_loop()
+        if left and not self._udp_writer:
+            loop.add_writer(self._udp.fileno(), self._flush_udp)
+            self._udp_writer = True
+        elif not left and self._udp_writer:
+            loop.remove_writer(self._udp.fileno())
+            self._udp_writer = False
+
+    def _apply(self, actions: list[Action]) -> None:
+        """Carry out what disco decided."""
+        for action in actions:
+            match action:
+                case SendUdp(addr, packet):
+                    if self._udp is not None:
+                        with contextlib.suppress(OSError):  # full or unreachable: a lost ping
+                            self._udp.sendto(packet, addr)
+                case SendDerp(region, key, packet):
+                    self.dataplane.derp_send(region, key, packet)
+                    self.wake()
+                case SetDirect(key, addr):
+                    self.dataplane.set_peer_direct(key, addr)
+                case NoteSource(addr, key):
+                    self.dataplane.note_udp_source(addr[0], addr[1], key)
+
+    async def _disco_loop(self) -> None:
+        """Once a second: heartbeats, discovery for the peers in use, path expiry."""
+        loop = asyncio.get_running_loop()
+        reported: list[str] = []
+        while True:
+            now = loop.time()
+            if self.control.endpoints != reported and self.control.connected and self.netmap is not None:
+                reported = list(self.control.endpoints)
+                await self.control.set_endpoints(reported)
+            self._apply(self.disco.tick(now, self.dataplane.active_peers(now - ACTIVE_SECONDS)))
+            await asyncio.sleep(1.0)
+
     # -- the pump --
 
     def wake(self) -> None:
@@ -458,10 +583,16 @@ class Node:
                     log.warning("DERP server reports a problem", region=region, problem=message)
                 case nat.DerpRestarting(region, reconnect_in_ms, _try_for):
                     log.info("DERP server restarting", region=region, reconnect_in_ms=reconnect_in_ms)
+                case nat.DiscoUdp(ip, port, payload):
+                    self._apply(self.disco.handle_udp((ip, port), payload, loop.time()))
+                case nat.DiscoDerp(region, key, payload):
+                    self._apply(self.disco.handle_derp(region, key, payload, loop.time()))
                 case nat.DerpPeerGone() | nat.DerpPeerPresent() | nat.DerpFrame() | nat.DerpHealth():
                     pass
                 case _ if streams is not None:
                     streams.dispatch(event)
+        if result.udp_pending:
+            self._flush_udp()
         self._schedule(loop, result.next_deadline)
         return written
 

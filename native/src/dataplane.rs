@@ -49,6 +49,17 @@ pub enum Event {
         reconnect_in_ms: u32,
         try_for_ms: u32,
     },
+    /// A disco message relayed by DERP from the peer `key` (sealed; Python opens it).
+    DiscoDerp {
+        region: u32,
+        key: NodeKey,
+        payload: Vec<u8>,
+    },
+    /// A disco message that arrived on the UDP socket from `src`.
+    DiscoUdp {
+        src: SocketAddr,
+        payload: Vec<u8>,
+    },
     /// A frame the data plane does not handle itself (ServerKey, ServerInfo, unknown types).
     DerpFrame {
         region: u32,
@@ -89,7 +100,11 @@ counters!(
     drop_no_route,
     drop_queue_full,
     drop_backlog_full,
-    drop_disco,
+    disco_in,
+    udp_packets_in,
+    udp_bytes_in,
+    udp_packets_out,
+    udp_bytes_out,
     tcp_fast_resends,
     tcp_probe_resends,
 );
@@ -128,6 +143,9 @@ pub fn parse_key(bytes: &[u8], what: &str) -> Result<NodeKey, Error> {
 #[derive(Debug, Default)]
 pub struct PollOutput {
     pub derp_writes: Vec<(u32, Vec<u8>)>,
+    /// Datagrams queued for the UDP socket (WireGuard to peers with a direct path); taken with
+    /// `udp_queue`.
+    pub udp_pending: usize,
     pub events: Vec<Event>,
     pub next_deadline: Option<f64>,
 }
@@ -137,7 +155,9 @@ pub struct DataPlane {
     stack: Stack,
     filter: Filter,
     derp_in: HashMap<u32, Decoder>,
-    derp_out: BTreeMap<u32, Vec<u8>>,
+    out: Outbox,
+    /// Source addresses of WireGuard over UDP, learned from disco, to the peer they belong to.
+    udp_sources: HashMap<SocketAddr, NodeKey>,
     inbound: VecDeque<(Vec<u8>, PacketInfo)>,
     events: Vec<Event>,
     counters: Counters,
@@ -148,13 +168,38 @@ pub struct DataPlane {
     resends: Vec<Vec<u8>>,
 }
 
-/// Appends a SendPacket frame carrying a WireGuard datagram for `peer`.
-fn queue_to_peer(derp_out: &mut BTreeMap<u32, Vec<u8>>, counters: &mut Counters, peer: &Peer, datagram: &[u8]) {
-    let buf = derp_out.entry(peer.derp_region).or_default();
+/// Where WireGuard datagrams go out: one DERP buffer per region, and UDP datagrams.
+#[derive(Default)]
+struct Outbox {
+    derp: BTreeMap<u32, Vec<u8>>,
+    udp: VecDeque<(SocketAddr, Vec<u8>)>,
+}
+
+/// UDP datagrams queued at most while the socket is not writable; more are dropped (TCP
+/// resends what mattered).
+pub const UDP_QUEUE_MAX: usize = 8192;
+
+/// Queues a WireGuard datagram for `peer`: over its direct UDP path if disco confirmed one,
+/// else as a SendPacket frame for its home DERP region.
+fn queue_to_peer(out: &mut Outbox, counters: &mut Counters, peer: &Peer, datagram: &[u8]) {
+    if let Some(addr) = peer.direct {
+        if out.udp.len() >= UDP_QUEUE_MAX {
+            counters.drop_queue_full += 1;
+            return;
+        }
+        counters.udp_packets_out += 1;
+        counters.udp_bytes_out += datagram.len() as u64;
+        out.udp.push_back((addr, datagram.to_vec()));
+        return;
+    }
+    let buf = out.derp.entry(peer.derp_region).or_default();
     let before = buf.len();
     derp::encode_send_packet(buf, &peer.key, datagram);
     counters.derp_bytes_out += (buf.len() - before) as u64;
 }
+
+/// Learned UDP source addresses kept at most (a flood of pings cannot grow it without bound).
+const MAX_UDP_SOURCES: usize = 4096;
 
 impl DataPlane {
     pub fn new(private_key: &[u8], tcp_buffer: usize) -> Result<Self, Error> {
@@ -169,7 +214,8 @@ impl DataPlane {
             stack: Stack::new(tcp_buffer, 0.0),
             filter: Filter::new(),
             derp_in: HashMap::new(),
-            derp_out: BTreeMap::new(),
+            out: Outbox::default(),
+            udp_sources: HashMap::new(),
             inbound: VecDeque::new(),
             events: Vec::new(),
             counters: Counters::default(),
@@ -265,8 +311,16 @@ impl DataPlane {
     fn handle_frame(&mut self, region: u32, frame: Frame<'_>) {
         self.counters.derp_frames_in += 1;
         match frame {
+            Frame::RecvPacket { src, packet } if packet.starts_with(DISCO_MAGIC) => {
+                self.counters.disco_in += 1;
+                self.events.push(Event::DiscoDerp {
+                    region,
+                    key: src,
+                    payload: packet.to_vec(),
+                });
+            }
             Frame::RecvPacket { src, packet } => self.handle_datagram(src, packet),
-            Frame::Ping(data) => derp::encode_pong(self.derp_out.entry(region).or_default(), &data),
+            Frame::Ping(data) => derp::encode_pong(self.out.derp.entry(region).or_default(), &data),
             Frame::KeepAlive | Frame::Pong(_) => {}
             Frame::PeerGone { key, reason } => self.events.push(Event::DerpPeerGone { region, key, reason }),
             Frame::PeerPresent { key } => self.events.push(Event::DerpPeerPresent { region, key }),
@@ -290,16 +344,78 @@ impl DataPlane {
         }
     }
 
-    /// A datagram relayed from `src`: decrypt it with that peer's session.
-    fn handle_datagram(&mut self, src: [u8; KEY_LEN], datagram: &[u8]) {
+    /// A datagram from the UDP socket: disco goes to Python; WireGuard is matched to its peer
+    /// by the source address disco learned, else by the receiver index it carries.
+    pub fn udp_feed(&mut self, src: SocketAddr, datagram: &[u8]) {
         if datagram.starts_with(DISCO_MAGIC) {
-            self.counters.drop_disco += 1;
+            self.counters.disco_in += 1;
+            self.events.push(Event::DiscoUdp {
+                src,
+                payload: datagram.to_vec(),
+            });
             return;
         }
+        self.counters.udp_packets_in += 1;
+        self.counters.udp_bytes_in += datagram.len() as u64;
+        let key = self
+            .udp_sources
+            .get(&src)
+            .copied()
+            .or_else(|| self.peers.by_receiver_index(datagram));
+        match key {
+            Some(key) => self.handle_datagram(key, datagram),
+            None => self.counters.drop_unknown_peer += 1,
+        }
+    }
+
+    /// Sends WireGuard for `key` over UDP to `addr` (a path disco confirmed), or through DERP
+    /// again with None. Returns false for an unknown peer.
+    pub fn set_peer_direct(&mut self, key: &NodeKey, addr: Option<SocketAddr>) -> bool {
+        match self.peers.get_mut(key) {
+            Some(peer) => {
+                peer.direct = addr;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Peers an IP packet was sent to at or after `since` (the ones worth a direct path).
+    pub fn active_peers(&self, since: f64) -> Vec<NodeKey> {
+        self.peers
+            .iter()
+            .filter(|p| p.last_sent >= since)
+            .map(|p| p.key)
+            .collect()
+    }
+
+    /// Datagrams waiting for the UDP socket, oldest first (the caller sends and pops them).
+    pub fn udp_queue(&mut self) -> &mut VecDeque<(SocketAddr, Vec<u8>)> {
+        &mut self.out.udp
+    }
+
+    /// Remembers that UDP datagrams from `addr` come from the peer `key` (disco heard it there).
+    pub fn note_udp_source(&mut self, addr: SocketAddr, key: NodeKey) {
+        if self.udp_sources.len() >= MAX_UDP_SOURCES && !self.udp_sources.contains_key(&addr) {
+            self.udp_sources.clear();
+        }
+        self.udp_sources.insert(addr, key);
+    }
+
+    /// Queues raw bytes (a sealed disco message) for `key` through DERP `region`.
+    pub fn derp_send(&mut self, region: u32, key: &NodeKey, payload: &[u8]) {
+        let buf = self.out.derp.entry(region).or_default();
+        let before = buf.len();
+        derp::encode_send_packet(buf, key, payload);
+        self.counters.derp_bytes_out += (buf.len() - before) as u64;
+    }
+
+    /// A WireGuard datagram from the peer `src`: decrypt it with that peer's session.
+    fn handle_datagram(&mut self, src: [u8; KEY_LEN], datagram: &[u8]) {
         let Self {
             peers,
             scratch,
-            derp_out,
+            out: outbox,
             counters,
             inbound,
             filter,
@@ -321,7 +437,7 @@ impl DataPlane {
                 }
                 TunnResult::WriteToNetwork(out) => {
                     counters.wg_handshake_packets += 1;
-                    queue_to_peer(derp_out, counters, peer, out);
+                    queue_to_peer(outbox, counters, peer, out);
                     // Flush packets queued while the handshake was in flight.
                     input = &[];
                     continue;
@@ -361,16 +477,18 @@ impl DataPlane {
         let Self {
             peers,
             scratch,
-            derp_out,
+            out: outbox,
             counters,
+            now,
             ..
         } = self;
         let Some(peer) = peers.get_mut(key) else { return };
+        peer.last_sent = *now;
         counters.packets_out += 1;
         counters.bytes_out += pkt.len() as u64;
         match peer.tunn.encapsulate(pkt, scratch) {
             TunnResult::WriteToNetwork(out) => {
-                queue_to_peer(derp_out, counters, peer, out);
+                queue_to_peer(outbox, counters, peer, out);
             }
             TunnResult::Err(_) => counters.drop_wireguard += 1,
             // Queued until the handshake completes.
@@ -400,14 +518,14 @@ impl DataPlane {
         let Self {
             peers,
             scratch,
-            derp_out,
+            out: outbox,
             counters,
             ..
         } = self;
         for peer in peers.iter_mut() {
             if let TunnResult::WriteToNetwork(out) = peer.tunn.update_timers(scratch) {
                 counters.wg_handshake_packets += 1;
-                queue_to_peer(derp_out, counters, peer, out);
+                queue_to_peer(outbox, counters, peer, out);
             }
         }
     }
@@ -446,12 +564,13 @@ impl DataPlane {
         .into_iter()
         .flatten()
         .reduce(f64::min);
-        let derp_writes = std::mem::take(&mut self.derp_out)
+        let derp_writes = std::mem::take(&mut self.out.derp)
             .into_iter()
             .filter(|(_, b)| !b.is_empty())
             .collect();
         PollOutput {
             derp_writes,
+            udp_pending: self.out.udp.len(),
             events,
             next_deadline,
         }
@@ -755,6 +874,85 @@ mod tests {
         ev.clear();
         step(&mut a, &mut b, now + 0.001, &mut ev);
         assert!(ev.contains(&('a', Event::Tcp(TcpEvent::Reset(ha)))), "{ev:?}");
+    }
+
+    /// Moves queued UDP datagrams from `from` (at address `src`) into `to`.
+    fn udp_carry(from: &mut DataPlane, src: SocketAddr, to: &mut DataPlane) {
+        for (_, datagram) in from.udp_queue().drain(..).collect::<Vec<_>>() {
+            to.udp_feed(src, &datagram);
+        }
+    }
+
+    #[test]
+    fn tcp_over_a_direct_udp_path() {
+        let (mut a, mut b) = pair();
+        let (a_addr, b_addr): (SocketAddr, SocketAddr) =
+            ("192.0.2.1:41641".parse().unwrap(), "192.0.2.2:41641".parse().unwrap());
+        assert!(a.set_peer_direct(&b.public_key(), Some(b_addr)));
+        assert!(b.set_peer_direct(&a.public_key(), Some(a_addr)));
+        // B learned A's address from disco; A finds B's packets by their receiver index.
+        b.note_udp_source(a_addr, a.public_key());
+        b.stack().listen(80).unwrap();
+        let ha = a.tcp_connect(format!("{B_IP}:80").parse().unwrap(), 30.0);
+        let payload = vec![5u8; 500_000];
+        let (mut sent, mut got, mut hb) = (0, 0, None);
+        let mut now = 0.0;
+        while got < payload.len() && now < 5.0 {
+            now += 0.001;
+            let out = a.poll(now);
+            assert!(out.derp_writes.is_empty(), "nothing goes through DERP");
+            udp_carry(&mut a, a_addr, &mut b);
+            let out = b.poll(now);
+            assert!(out.derp_writes.is_empty(), "nothing goes through DERP");
+            for e in out.events {
+                if let Event::Tcp(TcpEvent::Accepted { handle, .. }) = e {
+                    hb = Some(handle);
+                }
+            }
+            udp_carry(&mut b, b_addr, &mut a);
+            if sent < payload.len() {
+                sent += a.stack().send(ha, &payload[sent..]).unwrap_or(0);
+            }
+            if let Some(hb) = hb {
+                got += b.stack().recv(hb, 1 << 20).unwrap().len();
+            }
+        }
+        assert_eq!(got, payload.len());
+        assert!(a.counters().udp_packets_out > 300 && b.counters().udp_packets_in > 300);
+        assert_eq!(a.counters().drop_unknown_peer, 0);
+        assert_eq!(a.active_peers(now - 0.5), vec![b.public_key()]);
+        assert!(a.active_peers(now + 1.0).is_empty());
+        // Back to DERP.
+        assert!(a.set_peer_direct(&b.public_key(), None));
+        a.stack().send(ha, b"x").unwrap();
+        assert!(!a.poll(now + 0.001).derp_writes.is_empty());
+        assert!(!a.set_peer_direct(&[9u8; 32], None), "unknown peer");
+    }
+
+    #[test]
+    fn disco_arrives_as_events_from_derp_and_udp() {
+        let (mut a, mut b) = pair();
+        let mut disco = DISCO_MAGIC.to_vec();
+        disco.extend([1u8; 40]);
+        a.derp_send(1, &b.public_key(), &disco);
+        let out = a.poll(0.0);
+        relay(&a, out.derp_writes, &mut b);
+        let src: SocketAddr = "192.0.2.1:1".parse().unwrap();
+        b.udp_feed(src, &disco);
+        b.udp_feed(src, &[4, 0, 0, 0, 1, 2, 3, 4, 0, 0, 0, 0]);
+        let events = b.poll(0.0).events;
+        assert!(events.contains(&Event::DiscoDerp {
+            region: 1,
+            key: a.public_key(),
+            payload: disco.clone()
+        }));
+        assert!(events.contains(&Event::DiscoUdp { src, payload: disco }));
+        assert_eq!(b.counters().disco_in, 2);
+        assert_eq!(
+            b.counters().drop_unknown_peer,
+            1,
+            "WireGuard from an unknown address and index"
+        );
     }
 
     #[test]

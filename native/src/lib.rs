@@ -119,6 +119,14 @@ event_class!(
     /// A frame the data plane does not handle (ServerKey, ServerInfo, unknown types).
     DerpFrame { region: u32, frame_type: u8, payload: Py<PyBytes> }
 );
+event_class!(
+    /// A sealed disco message relayed by DERP `region` from the peer `key`.
+    DiscoDerp { region: u32, key: Py<PyBytes>, payload: Py<PyBytes> }
+);
+event_class!(
+    /// A sealed disco message from the UDP socket.
+    DiscoUdp { src_ip: String, src_port: u16, payload: Py<PyBytes> }
+);
 
 fn event_to_py(py: Python<'_>, event: Event) -> PyResult<Py<PyAny>> {
     let bytes = |b: &[u8]| PyBytes::new(py, b).unbind();
@@ -175,6 +183,24 @@ fn event_to_py(py: Python<'_>, event: Event) -> PyResult<Py<PyAny>> {
             },
         )?
         .into_any(),
+        Event::DiscoDerp { region, key, payload } => Py::new(
+            py,
+            DiscoDerp {
+                region,
+                key: bytes(&key),
+                payload: bytes(&payload),
+            },
+        )?
+        .into_any(),
+        Event::DiscoUdp { src, payload } => Py::new(
+            py,
+            DiscoUdp {
+                src_ip: src.ip().to_string(),
+                src_port: src.port(),
+                payload: bytes(&payload),
+            },
+        )?
+        .into_any(),
         Event::DerpFrame {
             region,
             frame_type,
@@ -197,6 +223,8 @@ fn event_to_py(py: Python<'_>, event: Event) -> PyResult<Py<PyAny>> {
 pub struct PollResult {
     /// `[(region, bytes)]`: one batched buffer per DERP region to write to its relay.
     pub derp_writes: Py<PyList>,
+    /// Datagrams queued for the UDP socket; `udp_send` sends them.
+    pub udp_pending: usize,
     /// Events in the order they happened.
     pub events: Py<PyList>,
     /// Monotonic time (same clock as `now`) by which `poll` must be called again.
@@ -284,6 +312,91 @@ impl DataPlane {
         self.inner.derp_reset(region);
     }
 
+    /// Queues `payload` (a sealed disco message) for the peer `key` through DERP `region`.
+    fn derp_send(&mut self, region: u32, key: &[u8], payload: &[u8]) -> PyResult<()> {
+        let key = parse_key(key, "peer node key").map_err(to_py_err)?;
+        self.inner.derp_send(region, &key, payload);
+        Ok(())
+    }
+
+    /// Feeds one UDP datagram (tests; the agent uses `udp_receive`).
+    fn udp_feed(&mut self, src_ip: &str, src_port: u16, datagram: &[u8]) -> PyResult<()> {
+        self.inner
+            .udp_feed(SocketAddr::new(parse_ip(src_ip)?, src_port), datagram);
+        Ok(())
+    }
+
+    /// Reads up to `max_datagrams` from the non-blocking UDP socket `fd` (owned by the caller)
+    /// into the data plane; returns how many were read. Call `poll` afterwards.
+    #[pyo3(signature = (fd, max_datagrams = 4096))]
+    fn udp_receive(&mut self, fd: i32, max_datagrams: usize) -> PyResult<usize> {
+        let sock = borrow_udp(fd);
+        let mut buf = vec![0u8; 65536];
+        let mut n = 0;
+        while n < max_datagrams {
+            match sock.recv_from(&mut buf) {
+                Ok((len, src)) => {
+                    self.inner.udp_feed(unmap(src), &buf[..len]);
+                    n += 1;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                // ICMP errors from earlier sends surface here (e.g. ConnectionRefused); skip them.
+                Err(e) if e.raw_os_error().is_some() && n < max_datagrams => {
+                    n += 1;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Sends queued datagrams on the non-blocking UDP socket `fd` until it would block; returns
+    /// how many are still queued (wait for writability, then call again).
+    fn udp_send(&mut self, fd: i32) -> PyResult<usize> {
+        let sock = borrow_udp(fd);
+        let queue = self.inner.udp_queue();
+        while let Some((dst, datagram)) = queue.front() {
+            match sock.send_to(datagram, *dst) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                // Unreachable destinations and the like lose this datagram only.
+                Err(_) => {}
+            }
+            queue.pop_front();
+        }
+        Ok(queue.len())
+    }
+
+    /// Sends WireGuard for the peer `key` directly to `addr` = (ip, port), or through DERP again
+    /// with None. Returns False for an unknown peer.
+    fn set_peer_direct(&mut self, key: &[u8], addr: Option<(String, u16)>) -> PyResult<bool> {
+        let key = parse_key(key, "peer node key").map_err(to_py_err)?;
+        let addr = match addr {
+            Some((ip, port)) => Some(SocketAddr::new(parse_ip(&ip)?, port)),
+            None => None,
+        };
+        Ok(self.inner.set_peer_direct(&key, addr))
+    }
+
+    /// Node keys of the peers an IP packet was sent to at or after `since`.
+    fn active_peers<'py>(&self, py: Python<'py>, since: f64) -> Vec<Bound<'py, PyBytes>> {
+        self.inner
+            .active_peers(since)
+            .iter()
+            .map(|k| PyBytes::new(py, k))
+            .collect()
+    }
+
+    /// Remembers that UDP datagrams from (ip, port) come from the peer `key`.
+    fn note_udp_source(&mut self, ip: &str, port: u16, key: &[u8]) -> PyResult<()> {
+        let key = parse_key(key, "peer node key").map_err(to_py_err)?;
+        self.inner.note_udp_source(SocketAddr::new(parse_ip(ip)?, port), key);
+        Ok(())
+    }
+
     fn poll(&mut self, py: Python<'_>, now: f64) -> PyResult<PollResult> {
         if !now.is_finite() || now < 0.0 {
             return Err(PyValueError::new_err(format!(
@@ -301,6 +414,7 @@ impl DataPlane {
         }
         Ok(PollResult {
             derp_writes: writes.unbind(),
+            udp_pending: out.udp_pending,
             events: events.unbind(),
             next_deadline: out.next_deadline,
             counters: self.counters_dict(py)?.unbind(),
@@ -366,6 +480,25 @@ impl DataPlane {
     }
 }
 
+/// A `UdpSocket` view of a descriptor the caller owns (never closed here).
+fn borrow_udp(fd: i32) -> std::mem::ManuallyDrop<std::net::UdpSocket> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the caller passes an open UDP socket it keeps open for the call; ManuallyDrop
+    // keeps this view from closing it.
+    std::mem::ManuallyDrop::new(unsafe { std::net::UdpSocket::from_raw_fd(fd) })
+}
+
+/// IPv4-mapped IPv6 source addresses (from a dual-stack socket) as plain IPv4.
+fn unmap(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
+            None => addr,
+        },
+        v4 => v4,
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DataPlane>()?;
@@ -383,6 +516,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DerpHealth>()?;
     m.add_class::<DerpRestarting>()?;
     m.add_class::<DerpFrame>()?;
+    m.add_class::<DiscoDerp>()?;
+    m.add_class::<DiscoUdp>()?;
     m.add("DEFAULT_TCP_BUFFER_SIZE", DEFAULT_TCP_BUFFER)?;
     m.add("MTU", stack::MTU)?;
     Ok(())

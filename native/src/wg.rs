@@ -1,7 +1,7 @@
 //! WireGuard peers: one boringtun `Tunn` per peer, AllowedIPs, DERP region, route table.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use boringtun::noise::Tunn;
 use boringtun::x25519::{PublicKey, StaticSecret};
@@ -16,6 +16,10 @@ pub struct Peer {
     pub allowed_ips: Vec<Prefix>,
     pub derp_region: u32,
     pub tunn: Tunn,
+    /// A direct UDP path confirmed by disco; None sends through DERP.
+    pub direct: Option<SocketAddr>,
+    /// When an IP packet was last sent to this peer (the caller's clock; -inf never).
+    pub last_sent: f64,
 }
 
 impl Peer {
@@ -36,6 +40,9 @@ pub struct PeerSpec {
 pub struct Peers {
     private: StaticSecret,
     by_key: HashMap<NodeKey, Peer>,
+    /// Our WireGuard session index (the receiver index of inbound packets, shifted right by 8)
+    /// to the peer it belongs to.
+    by_index: HashMap<u32, NodeKey>,
     routes: RouteTable<NodeKey>,
     next_index: u32,
 }
@@ -45,6 +52,7 @@ impl Peers {
         Peers {
             private: StaticSecret::from(private),
             by_key: HashMap::new(),
+            by_index: HashMap::new(),
             routes: RouteTable::new(),
             next_index: 1,
         }
@@ -66,18 +74,14 @@ impl Peers {
                     peer.derp_region = spec.derp_region;
                     peer
                 }
-                None => {
-                    // Session ids are `index << 8`; keep indices unique and within 24 bits.
-                    let index = self.next_index;
-                    self.next_index = (self.next_index % 0x00ff_ffff) + 1;
-                    let tunn = Tunn::new(self.private.clone(), PublicKey::from(spec.key), None, None, index, None);
-                    Peer {
-                        key: spec.key,
-                        allowed_ips: spec.allowed_ips,
-                        derp_region: spec.derp_region,
-                        tunn,
-                    }
-                }
+                None => Peer {
+                    key: spec.key,
+                    allowed_ips: spec.allowed_ips,
+                    derp_region: spec.derp_region,
+                    tunn: self.new_tunn(spec.key),
+                    direct: None,
+                    last_sent: f64::NEG_INFINITY,
+                },
             };
             for prefix in &peer.allowed_ips {
                 routes.insert(*prefix, peer.key);
@@ -85,16 +89,42 @@ impl Peers {
             self.by_key.insert(peer.key, peer);
         }
         self.routes = routes;
+        let by_key = &self.by_key;
+        self.by_index.retain(|_, key| by_key.contains_key(key));
+    }
+
+    /// A WireGuard session for `key` under a fresh index (session ids are `index << 8`; indices
+    /// stay unique and within 24 bits).
+    fn new_tunn(&mut self, key: NodeKey) -> Tunn {
+        let index = self.next_index;
+        self.next_index = (self.next_index % 0x00ff_ffff) + 1;
+        self.by_index.insert(index, key);
+        Tunn::new(self.private.clone(), PublicKey::from(key), None, None, index, None)
+    }
+
+    /// The peer an inbound WireGuard message is for, from its receiver index (responses,
+    /// cookies and data carry one; initiations do not).
+    pub fn by_receiver_index(&self, datagram: &[u8]) -> Option<NodeKey> {
+        let at = match datagram.first()? {
+            2 => 8,
+            3 | 4 => 4,
+            _ => return None,
+        };
+        let index = u32::from_le_bytes(datagram.get(at..at + 4)?.try_into().ok()?);
+        self.by_index.get(&(index >> 8)).copied()
     }
 
     /// Replaces this node's private key (control rotated the node key): every peer gets a new
     /// `Tunn`, so sessions are re-established with the new key on the next packet.
     pub fn set_private(&mut self, private: [u8; 32]) {
         self.private = StaticSecret::from(private);
-        for peer in self.by_key.values_mut() {
-            let index = self.next_index;
-            self.next_index = (self.next_index % 0x00ff_ffff) + 1;
-            peer.tunn = Tunn::new(self.private.clone(), PublicKey::from(peer.key), None, None, index, None);
+        self.by_index.clear();
+        let keys: Vec<NodeKey> = self.by_key.keys().copied().collect();
+        for key in keys {
+            let tunn = self.new_tunn(key);
+            if let Some(peer) = self.by_key.get_mut(&key) {
+                peer.tunn = tunn;
+            }
         }
     }
 
@@ -109,6 +139,10 @@ impl Peers {
 
     pub fn get(&self, key: &NodeKey) -> Option<&Peer> {
         self.by_key.get(key)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Peer> {
+        self.by_key.values()
     }
 
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Peer> {
@@ -149,6 +183,25 @@ mod tests {
         );
         assert_eq!(peers.route("100.64.0.6".parse().unwrap()), Some(key));
         assert_eq!(peers.get(&key).unwrap().derp_region, 999);
+    }
+
+    #[test]
+    fn receiver_index_finds_the_peer() {
+        let mut peers = Peers::new([1; 32]);
+        let s = spec(2, &["100.64.0.6/32"], 999);
+        let key = s.key;
+        peers.set(vec![s]);
+        let index = *peers.by_index.iter().find(|(_, k)| **k == key).unwrap().0;
+        let mut data = vec![4u8, 0, 0, 0];
+        data.extend(((index << 8) | 3).to_le_bytes());
+        assert_eq!(peers.by_receiver_index(&data), Some(key));
+        assert_eq!(
+            peers.by_receiver_index(&[1, 0, 0, 0, 0, 0, 0, 0]),
+            None,
+            "initiations carry no receiver"
+        );
+        peers.set(vec![]);
+        assert_eq!(peers.by_receiver_index(&data), None, "gone with the peer");
     }
 
     #[test]

@@ -45,6 +45,8 @@ log = structlog.get_logger("agent.control.client")
 CAPABILITY_VERSION = 138
 """``tailcfg.CurrentCapabilityVersion`` of tailscale v1.98; Headscale 0.29 accepts >= 113."""
 ZERO_TIME = "0001-01-01T00:00:00Z"
+ENDPOINT_LOCAL = 1
+"""``tailcfg.EndpointLocal``: an address of a local interface."""
 _REAUTH_STATUSES = frozenset({401, 403, 404})
 
 
@@ -128,6 +130,8 @@ class ControlClient:
         self._updated = asyncio.Event()
         self.preferred_derp = 0
         """Home DERP region reported in Hostinfo.NetInfo; 0 until the data plane picks one."""
+        self.endpoints: list[str] = []
+        """UDP endpoints (``ip:port``) reported in map requests; empty: DERP only."""
         self._conn: ControlTransport | None = None
 
     async def run(self) -> None:
@@ -197,6 +201,15 @@ class ControlClient:
         and with every later map poll. Returns whether the server took it now.
         """
         self.preferred_derp = region
+        return await self._lite_update("home DERP", region=region)
+
+    async def set_endpoints(self, endpoints: list[str]) -> bool:
+        """Report this node's UDP endpoints (``ip:port``, local addresses), so peers ping them for
+        a direct path. Sent like :meth:`set_preferred_derp`."""
+        self.endpoints = list(endpoints)
+        return await self._lite_update("endpoints", endpoints=self.endpoints)
+
+    async def _lite_update(self, what: str, **context: object) -> bool:
         conn = self._conn
         if conn is None:
             return False
@@ -204,9 +217,9 @@ class ControlClient:
         try:
             resp = await conn.request("POST", "/machine/map", body)
         except (ControlError, OSError, TimeoutError) as exc:
-            log.warning("home DERP update failed; it goes with the next map poll", error=str(exc) or repr(exc))
+            log.warning(f"{what} update failed; it goes with the next map poll", error=str(exc) or repr(exc))
             return False
-        log.info("reported home DERP", region=region, status=resp.status)
+        log.info(f"reported {what}", status=resp.status, **context)
         return resp.status == 200
 
     def register_request(self) -> dict[str, Any]:
@@ -266,6 +279,8 @@ class ControlClient:
             "OmitPeers": False,
             "Compress": "",
             "Hostinfo": self.hostinfo(),
+            **({"Endpoints": self.endpoints, "EndpointTypes": [ENDPOINT_LOCAL] * len(self.endpoints)}
+               if self.endpoints else {}),
         }
 
     async def _poll(self, conn: ControlTransport, *, on_first_message: Callable[[], None]) -> None:

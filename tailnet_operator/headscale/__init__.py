@@ -30,7 +30,7 @@ from ._errors import (
     TransportError,
     Unauthorized,
 )
-from ._models import ApiKey, Health, NewApiKey, Node, Policy, PreAuthKey, User, mask_key
+from ._models import ApiKey, Health, NewApiKey, Node, Policy, PreAuthKey, User, mask_key, raw_api_key_prefix
 from ._transport import AiohttpTransport, MockTransport, Request, Response, Transport
 
 __all__ = [
@@ -68,4 +68,5 @@ __all__ = [
     "Unauthorized",
     "User",
     "mask_key",
+    "raw_api_key_prefix",
 ]

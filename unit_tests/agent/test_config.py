@@ -25,6 +25,7 @@ def test_defaults(env: dict[str, str]) -> None:
     assert cfg.targets == (Target(name="db", address="100.64.0.7", ports=(PortMapping(port=5432, listen=5432),)),)
     assert (cfg.bind_address, cfg.health_host, cfg.health_port) == ("0.0.0.0", "0.0.0.0", 9002)
     assert cfg.accept_routes is True and cfg.ca_bundle is None and cfg.dial_timeout == 30.0
+    assert cfg.udp_port == 41641
 
 
 def test_ingress_defaults_to_no_accept_routes_and_needs_no_targets(env: dict[str, str]) -> None:
@@ -40,6 +41,12 @@ def test_overrides(env: dict[str, str], tmp_path: Path) -> None:
     cfg = load(env)
     assert cfg.ca_bundle == ca and (cfg.health_host, cfg.health_port) == ("127.0.0.1", 9100)
     assert cfg.accept_routes is False and cfg.bind_address == "127.0.0.1" and cfg.dial_timeout == 2.5
+
+
+@pytest.mark.parametrize(("text", "port"), [("0", 0), ("50000", 50000), ("off", None), ("OFF", None)])
+def test_udp_port(env: dict[str, str], text: str, port: int | None) -> None:
+    env["TAILNET_UDP_PORT"] = text
+    assert load(env).udp_port == port
 
 
 def test_targets_file(env: dict[str, str], tmp_path: Path) -> None:
@@ -87,6 +94,8 @@ def test_bad_targets(text: str, message: str) -> None:
     ({"TAILNET_ACCEPT_ROUTES": "maybe"}, "TAILNET_ACCEPT_ROUTES must be true or false"),
     ({"TAILNET_BIND_ADDRESS": "localhost"}, "TAILNET_BIND_ADDRESS must be an IP address"),
     ({"TAILNET_DIAL_TIMEOUT": "-1"}, "TAILNET_DIAL_TIMEOUT must be positive"),
+    ({"TAILNET_UDP_PORT": "65536"}, "TAILNET_UDP_PORT must be a port 0-65535 or 'off'"),
+    ({"TAILNET_UDP_PORT": "no"}, "TAILNET_UDP_PORT must be a port 0-65535 or 'off'"),
 ])
 def test_errors_are_one_line(env: dict[str, str], change: dict[str, str], message: str) -> None:
     env.update(change)
