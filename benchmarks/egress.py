@@ -205,8 +205,9 @@ def rss_kib(pid: int) -> int:
 
 @contextlib.asynccontextmanager
 async def running_agent(env: Environment, headscale: Headscale, target_ip: str, port: int,
-                        listen: int) -> AsyncIterator[subprocess.Popen[bytes]]:
-    """The agent as its own process (AGENT_MODE=egress), its listener on 127.0.0.1:``listen``."""
+                        listen: int, *, direct: bool) -> AsyncIterator[tuple[subprocess.Popen[bytes], str]]:
+    """The agent as its own process (AGENT_MODE=egress), its listener on 127.0.0.1:``listen``;
+    DERP only unless ``direct``."""
     key_file = env.root / "agent-auth-key"
     key_file.write_text(headscale.create_preauth_key(tags=["tag:bench-agent"], reusable=True, ephemeral=True))
     config = {
@@ -214,7 +215,8 @@ async def running_agent(env: Environment, headscale: Headscale, target_ip: str, 
         "AGENT_MODE": "egress",
         "TAILNET_CONTROL_URL": headscale.url,
         "TAILNET_AUTH_KEY_FILE": str(key_file),
-        "TAILNET_HOSTNAME": "bench-agent",
+        "TAILNET_HOSTNAME": "bench-agent-direct" if direct else "bench-agent-derp",
+        "TAILNET_UDP_PORT": "0" if direct else "off",
         "TAILNET_CA_BUNDLE": str(headscale.ca_bundle),
         "TAILNET_TARGETS": json.dumps([{"name": "bench", "address": target_ip,
                                         "ports": [{"port": port, "listen": listen}]}]),
@@ -222,13 +224,13 @@ async def running_agent(env: Environment, headscale: Headscale, target_ip: str, 
         "TAILNET_HEALTH_ADDRESS": f"127.0.0.1:{free_port()}",
         "TAILNET_LOG_LEVEL": "warning",
     }
-    log = (env.log_dir / "agent.log").open("wb")
+    log = (env.log_dir / f"agent-{'direct' if direct else 'derp'}.log").open("wb")
     proc = subprocess.Popen(  # noqa: ASYNC220 - started once, before any measurement
         [sys.executable, "-m", "tailnet_agent"], env=config, stdout=log, stderr=subprocess.STDOUT)
     try:
         health = config["TAILNET_HEALTH_ADDRESS"]
         wait_until(lambda: _ready(f"http://{health}/readyz"), timeout=60, what="the agent's /readyz")
-        yield proc
+        yield proc, f"http://{health}/metrics"
     finally:
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -236,6 +238,28 @@ async def running_agent(env: Environment, headscale: Headscale, target_ip: str, 
         if proc.poll() is None:
             proc.kill()
         log.close()
+
+
+async def until_direct(dial: Dial, metrics_url: str, timeout: float = 30.0) -> None:
+    """Send a little until the agent's metrics show WireGuard going both ways over UDP."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await upload(dial, 64 * 1024)
+        text = await asyncio.to_thread(_fetch, metrics_url)
+        counts = {name: float(value) for name, value in
+                  (line.split() for line in text.splitlines() if line.startswith("tailnet_agent_dataplane_udp"))}
+        if counts.get("tailnet_agent_dataplane_udp_packets_out_total", 0) and counts.get(
+                "tailnet_agent_dataplane_udp_packets_in_total", 0):
+            return
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"no direct path within {timeout:.0f} s (see the agent-direct log)")
+
+
+def _fetch(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())
 
 
 def _ready(url: str) -> bool:
@@ -276,13 +300,17 @@ async def run(mib: int, rounds: int, setups: int, *, agent: bool = True) -> list
         paths = [(PathResult("tailscaled userspace, DERP"), socks5_dialer(derp_client, target, port)),
                  (PathResult("tailscaled userspace, direct"), socks5_dialer(direct_client, target, port))]
         async with contextlib.AsyncExitStack() as stack:
-            # Processes whose memory is reported: tailscaled on the DERP path, and the agent.
-            pids = {paths[0][0].name: derp_client.process.pid}
+            # Processes whose memory is reported.
+            pids = {paths[0][0].name: derp_client.process.pid, paths[1][0].name: direct_client.process.pid}
             if agent:
-                listen = free_port()
-                agent_process = await stack.enter_async_context(running_agent(env, headscale, target, port, listen))
-                paths.append((PathResult("agent, DERP"), tcp_dialer(listen)))
-                pids["agent, DERP"] = agent_process.pid
+                for name, direct in (("agent, DERP", False), ("agent, direct", True)):
+                    listen = free_port()
+                    process, metrics = await stack.enter_async_context(
+                        running_agent(env, headscale, target, port, listen, direct=direct))
+                    paths.append((PathResult(name), tcp_dialer(listen)))
+                    pids[name] = process.pid
+                    if direct:
+                        await until_direct(paths[-1][1], metrics)
             for result, _ in paths:
                 if (pid := pids.get(result.name)) is not None:
                     result.extra["rss_ready_kib"] = rss_kib(pid)
@@ -332,10 +360,14 @@ def main(argv: list[str] | None = None) -> int:
         if r.extra:
             print(f"{r.name}: " + ", ".join(f"{k}={v}" for k, v in r.extra.items()))
     derp = ratios(results, "agent, DERP", "tailscaled userspace, DERP")
+    direct = ratios(results, "agent, direct", "tailscaled userspace, direct")
     if derp:
         print("agent / tailscaled over DERP: " + ", ".join(f"{k}={v}" for k, v in derp.items()))
+    if direct:
+        print("agent / tailscaled direct: " + ", ".join(f"{k}={v}" for k, v in direct.items()))
     if args.json:
-        doc = {"results": [asdict(r) for r in results], "agent_over_tailscaled_derp": derp}
+        doc = {"results": [asdict(r) for r in results], "agent_over_tailscaled_derp": derp,
+               "agent_over_tailscaled_direct": direct}
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 

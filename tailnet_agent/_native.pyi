@@ -231,9 +231,10 @@ class DataPlane:
         """Listen on all node addresses; each connection arrives as an Accepted event.
         Raises OSError(EADDRINUSE) when the port already has a listener."""
     def tcp_unlisten(self, listener: int) -> None: ...
-    def tcp_send(self, handle: int, data: bytes) -> int:
-        """Queue bytes; returns how many were accepted (0 while connecting). A short count
-        means the buffer is full: wait for Writable. BrokenPipeError after shutdown."""
+    def tcp_send(self, handle: int, data: bytes | bytearray | memoryview) -> int:
+        """Queue bytes from any contiguous buffer (not copied first); returns how many were accepted
+        (0 while connecting). A short count means the buffer is full: wait for Writable.
+        BrokenPipeError after shutdown."""
     def tcp_recv(self, handle: int, max_bytes: int = 262144) -> bytes:
         """Read buffered bytes (b"" when none; EOF is the PeerClosed event)."""
     def tcp_shutdown_write(self, handle: int) -> None:

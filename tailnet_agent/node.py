@@ -42,7 +42,7 @@ import contextlib
 import errno
 import ipaddress
 import socket
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -337,6 +337,14 @@ class Node:
         streams = self._require_streams()
         ip = self.resolve(host)
         return await streams.open_connection(ip, port, host=host, timeout=timeout or self.options.dial_timeout)
+
+    async def create_connection(self, protocol_factory: Callable[[], asyncio.Protocol], host: str, port: int, *,
+                                timeout: float | None = None) -> tuple[asyncio.Transport, asyncio.Protocol]:
+        """:meth:`open_connection` with a protocol instead of streams (``loop.create_connection``)."""
+        streams = self._require_streams()
+        ip = self.resolve(host)
+        return await streams.create_connection(protocol_factory, ip, port, host=host,
+                                               timeout=timeout or self.options.dial_timeout)
 
     def start_server(self, client_connected_cb: ClientConnected, port: int) -> TailnetServer:
         """Accept tailnet connections on ``port`` (all node addresses; the packet filter applies).

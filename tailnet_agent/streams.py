@@ -29,6 +29,7 @@ Errors of a dial (all ``OSError``; ``reason`` is the metrics label)::
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -118,7 +119,9 @@ class TailnetTransport(asyncio.Transport):
         self._dp = table.dataplane
         self.handle = handle
         self._protocol = protocol
-        self._buffer = bytearray()
+        self._buffer: collections.deque[memoryview] = collections.deque()
+        """Queued writes, oldest first; the first may be partly sent already."""
+        self._buffered = 0
         self._high = DEFAULT_HIGH_WATER
         self._low = DEFAULT_HIGH_WATER // 4
         self._writing_paused = False
@@ -182,14 +185,17 @@ class TailnetTransport(asyncio.Transport):
         return self._low, self._high
 
     def get_write_buffer_size(self) -> int:
-        return len(self._buffer)
+        return self._buffered
 
     def write(self, data: bytes | bytearray | memoryview[int]) -> None:
         if self._eof_requested:
             raise RuntimeError("cannot write after write_eof()")
         if not data or self._released:
             return
-        self._buffer.extend(data)
+        # bytes are kept as they are; a mutable buffer is copied, since the caller may reuse it.
+        view = memoryview(data if isinstance(data, bytes) else bytes(data)).cast("B")
+        self._buffer.append(view)
+        self._buffered += len(view)
         self._flush()
         self._maybe_pause()
 
@@ -206,7 +212,7 @@ class TailnetTransport(asyncio.Transport):
 
     def abort(self) -> None:
         self._closing = True
-        self._buffer.clear()
+        self._clear_buffer()
         self._release(abort=True)
 
     # -- events from the table --
@@ -224,14 +230,18 @@ class TailnetTransport(asyncio.Transport):
     def on_peer_closed(self) -> None:
         if self._lost:
             return
-        keep_open = self._protocol.eof_received() if isinstance(self._protocol, asyncio.Protocol) else False
+        try:
+            keep_open = self._protocol.eof_received() if isinstance(self._protocol, asyncio.Protocol) else False
+        except Exception as exc:  # as asyncio's transports: a failing protocol fails its connection only
+            self._fatal(exc)
+            return
         if not keep_open:
             self.close()
 
     def on_released(self, exc: Exception | None) -> None:
         """Closed (``exc`` None) or Reset: the native side already released the handle."""
         self._released = True
-        self._buffer.clear()
+        self._clear_buffer()
         self._connection_lost(exc)
 
     # -- internals --
@@ -244,26 +254,38 @@ class TailnetTransport(asyncio.Transport):
             data = self._dp.tcp_recv(self.handle, RECV_CHUNK)
             if not data:
                 break
-            protocol.data_received(data)
+            try:
+                protocol.data_received(data)
+            except Exception as exc:
+                self._fatal(exc)
+                return
         else:
             if not self._released:
                 self._readable_pending = True  # paused mid-way: more may be waiting
         self._table.wake()  # freed receive window: let the pump send a window update
 
+    def _clear_buffer(self) -> None:
+        self._buffer.clear()
+        self._buffered = 0
+
     def _flush(self) -> None:
         sent_any = False
         while self._buffer and not self._released:
-            chunk = bytes(self._buffer[:SEND_CHUNK])
+            view = self._buffer[0]
             try:
-                n = self._dp.tcp_send(self.handle, chunk)
+                n = self._dp.tcp_send(self.handle, view[:SEND_CHUNK])
             except (BrokenPipeError, ValueError) as exc:
-                self._buffer.clear()
+                self._clear_buffer()
                 self._fatal(ConnectionResetError(f"connection lost while writing: {exc}"))
                 return
             if n:
-                del self._buffer[:n]
+                self._buffered -= n
                 sent_any = True
-            if n < len(chunk):
+                if n == len(view):
+                    self._buffer.popleft()
+                    continue
+                self._buffer[0] = view[n:]
+            if n < min(len(view), SEND_CHUNK):
                 break
         if sent_any:
             self._table.wake()
@@ -283,12 +305,12 @@ class TailnetTransport(asyncio.Transport):
         self._table.wake()
 
     def _maybe_pause(self) -> None:
-        if not self._writing_paused and len(self._buffer) > self._high:
+        if not self._writing_paused and self._buffered > self._high:
             self._writing_paused = True
             self._protocol.pause_writing()
 
     def _maybe_resume(self) -> None:
-        if self._writing_paused and len(self._buffer) <= self._low:
+        if self._writing_paused and self._buffered <= self._low:
             self._writing_paused = False
             self._protocol.resume_writing()
 
@@ -365,8 +387,8 @@ class StreamTable:
         self.loop = loop
         self._spawn = spawn
         self.transports: dict[int, TailnetTransport] = {}
-        self._dials: dict[int, tuple[asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
-                                     str, int, int]] = {}
+        self._dials: dict[int, tuple[asyncio.Future[tuple[TailnetTransport, asyncio.Protocol]],
+                                     str, int, Callable[[], asyncio.Protocol]]] = {}
         self.listeners: dict[int, TailnetServer] = {}
 
     def forget(self, handle: int) -> None:
@@ -374,12 +396,14 @@ class StreamTable:
 
     # -- public operations --
 
-    async def open_connection(self, ip: str, port: int, *, host: str | None = None, timeout: float = 30.0,
-                              limit: int = DEFAULT_LIMIT) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """Dial ``ip:port``; ``host`` is the name shown in errors (default ``ip``)."""
-        future: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = self.loop.create_future()
+    async def create_connection(self, protocol_factory: Callable[[], asyncio.Protocol], ip: str, port: int, *,
+                                host: str | None = None, timeout: float = 30.0,
+                                ) -> tuple[TailnetTransport, asyncio.Protocol]:
+        """Dial ``ip:port`` and attach a protocol, as ``loop.create_connection``; ``host`` is the name
+        shown in errors (default ``ip``)."""
+        future: asyncio.Future[tuple[TailnetTransport, asyncio.Protocol]] = self.loop.create_future()
         handle = self.dataplane.tcp_connect(ip, port, timeout)
-        self._dials[handle] = (future, host or ip, port, limit)
+        self._dials[handle] = (future, host or ip, port, protocol_factory)
         self.wake()
         try:
             return await future
@@ -388,6 +412,15 @@ class StreamTable:
                 self.dataplane.tcp_abort(handle)
                 self.wake()
             raise
+
+    async def open_connection(self, ip: str, port: int, *, host: str | None = None, timeout: float = 30.0,
+                              limit: int = DEFAULT_LIMIT) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Dial ``ip:port`` with streams; ``host`` is the name shown in errors (default ``ip``)."""
+        reader = asyncio.StreamReader(limit=limit, loop=self.loop)
+        transport, protocol = await self.create_connection(
+            lambda: asyncio.StreamReaderProtocol(reader, loop=self.loop), ip, port, host=host, timeout=timeout)
+        assert isinstance(protocol, asyncio.StreamReaderProtocol)
+        return reader, asyncio.StreamWriter(transport, protocol, reader, self.loop)
 
     def start_server(self, callback: ClientConnected, port: int, *, limit: int = DEFAULT_LIMIT) -> TailnetServer:
         """Listen on ``port`` of every node address; raises OSError(EADDRINUSE) if taken."""
@@ -447,8 +480,9 @@ class StreamTable:
         if entry is None or entry[0].done():
             self.dataplane.tcp_abort(handle)  # the dialer gave up meanwhile
             return
-        future, _host, _port, limit = entry
-        future.set_result(self._streams(handle, limit))
+        future, _host, _port, protocol_factory = entry
+        protocol = protocol_factory()
+        future.set_result((self._attach(handle, protocol), protocol))
 
     def _accepted(self, listener: int, handle: int, remote_ip: str, remote_port: int) -> None:
         server = self.listeners.get(listener)
@@ -460,13 +494,17 @@ class StreamTable:
         self._spawn(_serve_one(server.callback, reader, writer, remote_ip, remote_port),
                     f"tailnet-conn-{remote_ip}:{remote_port}")
 
-    def _streams(self, handle: int, limit: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    def _attach(self, handle: int, protocol: asyncio.Protocol) -> TailnetTransport:
         local, remote = self.dataplane.tcp_endpoints(handle)
-        reader = asyncio.StreamReader(limit=limit, loop=self.loop)
-        protocol = asyncio.StreamReaderProtocol(reader, loop=self.loop)
         transport = TailnetTransport(self, handle, protocol, extra={"peername": remote, "sockname": local})
         self.transports[handle] = transport
         protocol.connection_made(transport)
+        return transport
+
+    def _streams(self, handle: int, limit: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader = asyncio.StreamReader(limit=limit, loop=self.loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=self.loop)
+        transport = self._attach(handle, protocol)
         return reader, asyncio.StreamWriter(transport, protocol, reader, self.loop)
 
 

@@ -15,6 +15,7 @@ pub mod wg;
 use std::net::{IpAddr, SocketAddr};
 
 use pyo3::exceptions::{PyBrokenPipeError, PyConnectionError, PyOSError, PyValueError};
+use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
@@ -444,8 +445,20 @@ impl DataPlane {
         self.inner.stack().unlisten(listener).map_err(stack_err)
     }
 
-    fn tcp_send(&mut self, handle: u64, data: &[u8]) -> PyResult<usize> {
-        self.inner.stack().send(handle, data).map_err(stack_err)
+    /// Queues bytes from any C-contiguous buffer (bytes, bytearray, memoryview) without an
+    /// intermediate copy; returns how many the send buffer took.
+    fn tcp_send(&mut self, handle: u64, data: &Bound<'_, PyAny>) -> PyResult<usize> {
+        if let Ok(bytes) = data.cast::<PyBytes>() {
+            return self.inner.stack().send(handle, bytes.as_bytes()).map_err(stack_err);
+        }
+        let buffer = PyBuffer::<u8>::get(data)?;
+        if !buffer.is_c_contiguous() {
+            return Err(PyValueError::new_err("tcp_send needs a contiguous buffer"));
+        }
+        // SAFETY: the buffer is C-contiguous and held (with the GIL) for the whole call; the
+        // stack copies out of the slice before returning, and nothing here mutates it.
+        let slice = unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, buffer.len_bytes()) };
+        self.inner.stack().send(handle, slice).map_err(stack_err)
     }
 
     #[pyo3(signature = (handle, max_bytes = 262144))]

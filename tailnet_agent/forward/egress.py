@@ -1,16 +1,16 @@
 """Egress: a local TCP listener per target port, each connection dialled over the tailnet and spliced.
 
-The operator points one Service per target at these listeners. A connection is accepted, the node
-waits (at most ``dial_timeout`` seconds) until it is ready, dials ``address:port`` over the tailnet,
-and then copies both ways with half-close (:func:`~tailnet_agent.forward.splice.splice`). A failed
-dial resets the local connection (the client sees ECONNRESET, as with a plain proxy) and is counted
-by reason. Every connection runs as a task of the forwarder's TaskGroup.
+The operator points one Service per target at these listeners. A connection is accepted (and not
+read from yet), the node waits (at most ``dial_timeout`` seconds) until it is ready, dials
+``address:port`` over the tailnet, and then copies both ways with half-close
+(:class:`~tailnet_agent.forward.splice.Splice`, protocol to protocol). A failed dial resets the local
+connection (the client sees ECONNRESET, as with a plain proxy) and is counted by reason. Every
+connection runs as a task of the forwarder's TaskGroup.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import Protocol
 
@@ -20,7 +20,7 @@ from tailnet_agent.config import PortMapping, Target
 from tailnet_agent.health import AgentMetrics
 from tailnet_agent.streams import error_reason
 
-from .splice import splice
+from .splice import Splice
 
 log = structlog.get_logger("agent.egress")
 
@@ -28,44 +28,23 @@ log = structlog.get_logger("agent.egress")
 class Dialer(Protocol):
     """What egress needs from the node (:class:`tailnet_agent.node.Node` is the real one)."""
 
-    async def open_connection(self, host: str, port: int, *, timeout: float | None = None,
-                              ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
+    async def create_connection(self, protocol_factory: Callable[[], asyncio.Protocol], host: str, port: int, *,
+                                timeout: float | None = None) -> tuple[asyncio.Transport, asyncio.Protocol]: ...
 
     async def wait_ready(self) -> None: ...
-
-
-OnConnection = Callable[[asyncio.StreamReader, asyncio.StreamWriter], None]
-
-
-class _Accepting(asyncio.StreamReaderProtocol):
-    """StreamReaderProtocol that hands each new connection's streams to a callback (no task of its own)."""
-
-    def __init__(self, on_connection: OnConnection, loop: asyncio.AbstractEventLoop, limit: int) -> None:
-        self._streams_reader = asyncio.StreamReader(limit=limit, loop=loop)
-        super().__init__(self._streams_reader, loop=loop)
-        self._on_connection = on_connection
-        self._event_loop = loop
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        assert isinstance(transport, asyncio.Transport)
-        self._on_connection(self._streams_reader,
-                            asyncio.StreamWriter(transport, self, self._streams_reader, self._event_loop))
 
 
 class EgressForwarder:
     """Runs the listeners of ``targets``; ``run`` blocks until cancelled."""
 
     def __init__(self, node: Dialer, targets: tuple[Target, ...], *, bind_address: str = "0.0.0.0",
-                 dial_timeout: float = 30.0, metrics: AgentMetrics | None = None,
-                 limit: int = 1 << 20) -> None:
+                 dial_timeout: float = 30.0, metrics: AgentMetrics | None = None) -> None:
         self.node = node
         self.targets = targets
         self.bind_address = bind_address
         self.dial_timeout = dial_timeout
         """Seconds for readiness plus the dial. Default 30."""
         self.metrics = metrics or AgentMetrics()
-        self.limit = limit
         self.listening = asyncio.Event()
         """Set once every listener is bound."""
 
@@ -90,47 +69,50 @@ class EgressForwarder:
 
     def _factory(self, tg: asyncio.TaskGroup, target: Target, mapping: PortMapping,
                  loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Protocol]:
-        def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            tg.create_task(self._forward(target, mapping, reader, writer),
-                           name=f"egress-{target.name}-{mapping.port}")
+        sent = self.metrics.bytes.labels(target.name, "sent")
+        received = self.metrics.bytes.labels(target.name, "received")
 
-        return lambda: _Accepting(on_connection, loop, self.limit)
+        def accept() -> asyncio.Protocol:
+            splice = Splice(count_a_to_b=sent.inc, count_b_to_a=received.inc)
+            loop.call_soon(lambda: tg.create_task(self._forward(target, mapping, splice),
+                                                  name=f"egress-{target.name}-{mapping.port}"))
+            return splice.a
 
-    async def _forward(self, target: Target, mapping: PortMapping, reader: asyncio.StreamReader,
-                       writer: asyncio.StreamWriter) -> None:
+        return accept
+
+    async def _forward(self, target: Target, mapping: PortMapping, splice: Splice) -> None:
         m = self.metrics
         m.connections.labels(target.name).inc()
         active = m.active.labels(target.name)
         active.inc()
-        client = writer.get_extra_info("peername")
+        client = splice.a.transport.get_extra_info("peername") if splice.a.transport else None
         try:
             try:
                 async with asyncio.timeout(self.dial_timeout):
                     await self.node.wait_ready()
-                    upstream = await self.node.open_connection(target.address, mapping.port,
-                                                               timeout=self.dial_timeout)
+                    await self.node.create_connection(lambda: splice.b, target.address, mapping.port,
+                                                      timeout=self.dial_timeout)
             except (OSError, TimeoutError) as exc:
                 reason = error_reason(exc)
                 message = str(exc) or f"tailnet node not ready within {self.dial_timeout:g}s"
                 m.dial_errors.labels(target.name, reason).inc()
                 log.warning("egress dial failed", target=target.name, to=f"{target.address}:{mapping.port}",
                             client=client, reason=reason, error=message)
-                writer.transport.abort()
+                splice.abort()
                 return
-            sent = m.bytes.labels(target.name, "sent")
-            received = m.bytes.labels(target.name, "received")
+            splice.join()
             try:
-                await splice((reader, writer), upstream, count_a_to_b=sent.inc, count_b_to_a=received.inc)
+                await splice.done
             except OSError as exc:
                 log.info("egress connection ended with an error", target=target.name, client=client,
                          error=str(exc) or repr(exc))
         except Exception:
             log.exception("egress connection failed", target=target.name, client=client)
-            writer.transport.abort()
+            splice.abort()
         except BaseException:
-            writer.transport.abort()
+            splice.abort()
             raise
         finally:
             active.dec()
-            with contextlib.suppress(Exception):
-                writer.close()
+            if splice.done.done() and not splice.done.cancelled():
+                splice.done.exception()  # retrieved: an early failure is not "never retrieved"

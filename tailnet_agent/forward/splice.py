@@ -1,56 +1,123 @@
-"""Copy bytes both ways between two stream pairs with half-close (Go's io.Copy plus CloseWrite).
+"""Copy bytes both ways between two transports with half-close (Go's io.Copy plus CloseWrite).
 
-When one side reaches EOF, ``write_eof`` goes to the other side and the opposite direction keeps
-copying until it ends too; then both writers are closed. An error in either direction (a reset,
-a write to a lost connection) aborts both connections.
+:class:`Splice` joins two protocols, ``a`` and ``b``: what one receives is written straight to the
+other's transport (no stream buffers, no copies in Python), and flow control is passed across: when
+one transport's write buffer is full, the other stops reading until it drains. When one side
+reaches EOF, ``write_eof`` goes to the other and the opposite direction keeps copying until it ends
+too; then both are closed. If either connection fails (a reset, a write to a lost connection), the
+other is aborted and :attr:`Splice.done` raises the error.
+
+``a`` may be attached before ``b`` exists (an accepted client while its upstream is being dialled):
+it does not read until :meth:`Splice.join` is called.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
-
-COPY_CHUNK = 256 << 10
-"""Largest read per copy step: 256 KiB."""
 
 Count = Callable[[int], None]
 
 
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: Count) -> None:
-    while data := await src.read(COPY_CHUNK):
-        dst.write(data)
-        count(len(data))
-        await dst.drain()
-    if dst.can_write_eof() and not dst.is_closing():
-        dst.write_eof()
+def _ignore(_: int) -> None:
+    pass
 
 
-async def splice(a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-                 b: tuple[asyncio.StreamReader, asyncio.StreamWriter], *,
-                 count_a_to_b: Count = lambda n: None, count_b_to_a: Count = lambda n: None) -> None:
-    """Forward ``a`` <-> ``b`` until both directions reached EOF; returns when both are closed.
+class _End(asyncio.Protocol):
+    """One end of a splice: what arrives here goes to the other end's transport."""
 
-    Raises ``OSError`` (e.g. ``ConnectionResetError``) after aborting both sides if one failed.
-    """
-    (a_reader, a_writer), (b_reader, b_writer) = a, b
-    try:
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(_pipe(a_reader, b_writer, count_a_to_b), name="splice-a-to-b")
-            tg.create_task(_pipe(b_reader, a_writer, count_b_to_a), name="splice-b-to-a")
-    except BaseExceptionGroup as group:
-        a_writer.transport.abort()
-        b_writer.transport.abort()
-        errors = group.subgroup(lambda e: isinstance(e, OSError))
-        if errors is not None and errors.exceptions and len(errors.exceptions) == len(group.exceptions):
-            raise errors.exceptions[0] from None
-        raise
-    except BaseException:
-        a_writer.transport.abort()
-        b_writer.transport.abort()
-        raise
-    for writer in (a_writer, b_writer):
-        writer.close()
-    for writer in (a_writer, b_writer):
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
+    def __init__(self, splice: Splice, count: Count) -> None:
+        self._splice = splice
+        self._count = count
+        self.other: _End
+        self.transport: asyncio.Transport | None = None
+        self.eof = False
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if not self._splice.joined:
+            transport.pause_reading()
+
+    def data_received(self, data: bytes) -> None:
+        out = self.other.transport
+        if out is None or self.other.lost:
+            return
+        out.write(data)
+        self._count(len(data))
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        if self._splice.joined:
+            self._splice.forward_eof(self)
+        return True  # keep writing the other direction
+
+    def pause_writing(self) -> None:
+        if (src := self.other.transport) is not None and not self.other.lost:
+            src.pause_reading()
+
+    def resume_writing(self) -> None:
+        if (src := self.other.transport) is not None and not self.other.lost:
+            src.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._splice.end_lost(self, exc)
+
+
+class Splice:
+    """Two joined protocols; await :attr:`done` for the end of both directions."""
+
+    def __init__(self, *, count_a_to_b: Count = _ignore, count_b_to_a: Count = _ignore) -> None:
+        self.a = _End(self, count_a_to_b)
+        self.b = _End(self, count_b_to_a)
+        self.a.other, self.b.other = self.b, self.a
+        self.joined = False
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def join(self) -> None:
+        """Both ends are connected: start copying (and pass on an EOF that came early)."""
+        self.joined = True
+        for end in (self.a, self.b):
+            if end.lost:
+                self.end_lost(end, None)
+                return
+        for end in (self.a, self.b):
+            if end.eof:
+                self.forward_eof(end)
+            elif end.transport is not None:
+                end.transport.resume_reading()
+
+    def abort(self) -> None:
+        for end in (self.a, self.b):
+            if end.transport is not None:
+                end.transport.abort()
+
+    def forward_eof(self, end: _End) -> None:
+        out = end.other.transport
+        if out is not None and not end.other.lost and out.can_write_eof() and not out.is_closing():
+            try:
+                out.write_eof()
+            except OSError as exc:  # the other side is already gone (reset or closed)
+                self.abort()
+                if not self.done.done():
+                    self.done.set_exception(exc)
+                return
+        if self.a.eof and self.b.eof:
+            for side in (self.a, self.b):
+                if side.transport is not None:
+                    side.transport.close()  # flushes what is still queued first
+
+    def end_lost(self, end: _End, exc: Exception | None) -> None:
+        other = end.other
+        if exc is not None:
+            if other.transport is not None:
+                other.transport.abort()
+            if not self.done.done():
+                self.done.set_exception(exc if isinstance(exc, OSError) else ConnectionError(str(exc)))
+            return
+        if self.joined and not other.lost and other.transport is not None:
+            other.transport.close()
+        if (other.lost or other.transport is None) and not self.done.done():
+            self.done.set_result(None)
