@@ -209,11 +209,13 @@ class DataPlane:
         """Queue ``payload`` (a sealed disco message) for the peer ``key`` through DERP ``region``."""
     def udp_feed(self, src_ip: str, src_port: int, datagram: bytes) -> None:
         """Feed one UDP datagram (tests; the agent uses udp_receive)."""
-    def udp_receive(self, fd: int, max_datagrams: int = 4096) -> int:
-        """Read datagrams from the non-blocking UDP socket ``fd`` (the caller owns it) into the
-        data plane; returns how many. Disco becomes DiscoUdp events; poll afterwards."""
+    def udp_receive(self, fd: int, max_reads: int = 1024) -> int:
+        """Read from the non-blocking UDP socket ``fd`` (the caller owns it; GRO-coalesced reads are
+        split) into the data plane; returns the datagrams read. Disco becomes DiscoUdp events; poll
+        afterwards."""
     def udp_send(self, fd: int) -> int:
-        """Send queued datagrams on ``fd`` until it would block; returns how many are left."""
+        """Send queued datagrams on ``fd`` until it would block (GSO batches where the kernel has
+        them); returns how many are left."""
     def set_peer_direct(self, key: bytes, addr: tuple[str, int] | None) -> bool:
         """Send WireGuard for the peer ``key`` over UDP to ``addr``, or through DERP with None.
         False for an unknown peer."""

@@ -61,6 +61,8 @@ from tailnet_agent.streams import ClientConnected, StreamTable, TailnetServer
 log = structlog.get_logger("agent.node")
 
 EXIT_ROUTES = frozenset({ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")})
+UDP_GRO = 104
+"""Linux ``UDP_GRO`` socket option (``linux/udp.h``)."""
 ACTIVE_SECONDS = 10.0
 """A peer sent to within this long gets direct-path discovery and heartbeats."""
 
@@ -490,6 +492,8 @@ class Node:
         except OSError:
             sock.close()
             raise
+        with contextlib.suppress(OSError):  # coalesced receives (Linux >= 5.0); optional
+            sock.setsockopt(socket.SOL_UDP, UDP_GRO, 1)
         self._udp = sock
         port = sock.getsockname()[1]
         self.disco.endpoints = tuple((ip, port) for ip in local_ipv4_addresses())
@@ -516,6 +520,8 @@ class Node:
         if self._udp is None:
             return
         left = self.dataplane.udp_send(self._udp.fileno())
+        if not left and not self._udp_writer:
+            return
         loop = asyncio.get_running_loop()
         if left and not self._udp_writer:
             loop.add_writer(self._udp.fileno(), self._flush_udp)

@@ -10,12 +10,13 @@ pub mod filter;
 pub mod recovery;
 pub mod route;
 pub mod stack;
+pub mod udp;
 pub mod wg;
 
 use std::net::{IpAddr, SocketAddr};
 
-use pyo3::exceptions::{PyBrokenPipeError, PyConnectionError, PyOSError, PyValueError};
 use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::{PyBrokenPipeError, PyConnectionError, PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
@@ -250,6 +251,9 @@ impl PollResult {
 #[pyclass(module = "tailnet_agent._native")]
 pub struct DataPlane {
     inner: dataplane::DataPlane,
+    /// UDP segmentation offload still believed to work on the UDP socket.
+    gso: bool,
+    recv_buf: Vec<u8>,
 }
 
 fn parse_ip(s: &str) -> PyResult<IpAddr> {
@@ -274,7 +278,11 @@ impl DataPlane {
     #[pyo3(signature = (private_key, *, tcp_buffer_size = DEFAULT_TCP_BUFFER))]
     fn new(private_key: &[u8], tcp_buffer_size: usize) -> PyResult<Self> {
         let inner = dataplane::DataPlane::new(private_key, tcp_buffer_size).map_err(to_py_err)?;
-        Ok(DataPlane { inner })
+        Ok(DataPlane {
+            inner,
+            gso: true,
+            recv_buf: vec![0u8; udp::RECV_BUFFER],
+        })
     }
 
     /// The node's X25519 public key (32 bytes).
@@ -327,48 +335,22 @@ impl DataPlane {
         Ok(())
     }
 
-    /// Reads up to `max_datagrams` from the non-blocking UDP socket `fd` (owned by the caller)
-    /// into the data plane; returns how many were read. Call `poll` afterwards.
-    #[pyo3(signature = (fd, max_datagrams = 4096))]
-    fn udp_receive(&mut self, fd: i32, max_datagrams: usize) -> PyResult<usize> {
-        let sock = borrow_udp(fd);
-        let mut buf = vec![0u8; 65536];
-        let mut n = 0;
-        while n < max_datagrams {
-            match sock.recv_from(&mut buf) {
-                Ok((len, src)) => {
-                    self.inner.udp_feed(unmap(src), &buf[..len]);
-                    n += 1;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                // ICMP errors from earlier sends surface here (e.g. ConnectionRefused); skip them.
-                Err(e) if e.raw_os_error().is_some() && n < max_datagrams => {
-                    n += 1;
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(n)
+    /// Reads up to `max_reads` batches from the non-blocking UDP socket `fd` (owned by the
+    /// caller; GRO-coalesced reads are split) into the data plane; returns the datagrams read.
+    /// Call `poll` afterwards.
+    #[pyo3(signature = (fd, max_reads = 1024))]
+    fn udp_receive(&mut self, fd: i32, max_reads: usize) -> usize {
+        let Self { inner, recv_buf, .. } = self;
+        udp::receive(fd, recv_buf, max_reads, |src, datagram| inner.udp_feed(src, datagram))
     }
 
-    /// Sends queued datagrams on the non-blocking UDP socket `fd` until it would block; returns
-    /// how many are still queued (wait for writability, then call again).
-    fn udp_send(&mut self, fd: i32) -> PyResult<usize> {
-        let sock = borrow_udp(fd);
+    /// Sends queued datagrams on the non-blocking UDP socket `fd` until it would block, in GSO
+    /// batches where the kernel allows; returns how many are still queued (wait for
+    /// writability, then call again).
+    fn udp_send(&mut self, fd: i32) -> usize {
         let queue = self.inner.udp_queue();
-        while let Some((dst, datagram)) = queue.front() {
-            match sock.send_to(datagram, *dst) {
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                // Unreachable destinations and the like lose this datagram only.
-                Err(_) => {}
-            }
-            queue.pop_front();
-        }
-        Ok(queue.len())
+        udp::send_queue(fd, queue, &mut self.gso);
+        queue.len()
     }
 
     /// Sends WireGuard for the peer `key` directly to `addr` = (ip, port), or through DERP again
@@ -490,25 +472,6 @@ impl DataPlane {
     fn send_ip_packets(&mut self, packets: Vec<Vec<u8>>) {
         let refs: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
         self.inner.send_ip_packets(&refs);
-    }
-}
-
-/// A `UdpSocket` view of a descriptor the caller owns (never closed here).
-fn borrow_udp(fd: i32) -> std::mem::ManuallyDrop<std::net::UdpSocket> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: the caller passes an open UDP socket it keeps open for the call; ManuallyDrop
-    // keeps this view from closing it.
-    std::mem::ManuallyDrop::new(unsafe { std::net::UdpSocket::from_raw_fd(fd) })
-}
-
-/// IPv4-mapped IPv6 source addresses (from a dual-stack socket) as plain IPv4.
-fn unmap(addr: SocketAddr) -> SocketAddr {
-    match addr {
-        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
-            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
-            None => addr,
-        },
-        v4 => v4,
     }
 }
 
