@@ -63,8 +63,11 @@ log = structlog.get_logger("agent.node")
 EXIT_ROUTES = frozenset({ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")})
 UDP_GRO = 104
 """Linux ``UDP_GRO`` socket option (``linux/udp.h``)."""
-ACTIVE_SECONDS = 10.0
-"""A peer sent to within this long gets direct-path discovery and heartbeats."""
+ACTIVE_SECONDS = 45.0
+"""A peer sent to within this long gets direct-path discovery and heartbeats (tailscaled's
+``sessionActiveTimeout``)."""
+DISCO_TICK_SECONDS = 1.0
+"""The disco loop's period; traffic through DERP brings the next tick forward (at most every 0.1 s)."""
 
 # -- pure: netmap -> data plane -------------------------------------------------------------------
 
@@ -257,6 +260,8 @@ class Node:
         """The home region last reported to control; 0 when it must be reported (again)."""
         self._udp: socket.socket | None = None
         self._udp_writer = False
+        self._derp_traffic = asyncio.Event()
+        """Set when the pump wrote to a relay: the disco loop looks for direct paths soon."""
         self.disco = self._new_disco()
         self._addresses: list[str] = []
         self._tls = tls_context(options.ca_bundle)
@@ -547,7 +552,8 @@ class Node:
                     self.dataplane.note_udp_source(addr[0], addr[1], key)
 
     async def _disco_loop(self) -> None:
-        """Once a second: heartbeats, discovery for the peers in use, path expiry."""
+        """Heartbeats, discovery for the peers in use, path expiry: every second, and soon after
+        traffic went through DERP (a peer just became worth a direct path)."""
         loop = asyncio.get_running_loop()
         reported: list[str] = []
         while True:
@@ -556,7 +562,11 @@ class Node:
                 reported = list(self.control.endpoints)
                 await self.control.set_endpoints(reported)
             self._apply(self.disco.tick(now, self.dataplane.active_peers(now - ACTIVE_SECONDS)))
-            await asyncio.sleep(1.0)
+            self._derp_traffic.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(DISCO_TICK_SECONDS):
+                    await self._derp_traffic.wait()
+            await asyncio.sleep(0.1)  # rate limit; Disco itself limits pings per peer
 
     # -- the pump --
 
@@ -590,6 +600,8 @@ class Node:
                 continue
             if conn not in written:
                 written.append(conn)
+        if written:
+            self._derp_traffic.set()
         streams = self._streams
         for event in result.events:
             match event:
