@@ -63,6 +63,10 @@ log = structlog.get_logger("agent.node")
 EXIT_ROUTES = frozenset({ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")})
 UDP_GRO = 104
 """Linux ``UDP_GRO`` socket option (``linux/udp.h``)."""
+SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33
+"""Linux socket options that exceed ``net.core.[rw]mem_max`` (with CAP_NET_ADMIN)."""
+UDP_SOCKET_BUFFER = 7 << 20
+"""UDP socket buffer size asked for: 7 MiB (tailscaled's ``socketBufferSize``)."""
 ACTIVE_SECONDS = 45.0
 """A peer sent to within this long gets direct-path discovery and heartbeats (tailscaled's
 ``sessionActiveTimeout``)."""
@@ -146,6 +150,18 @@ def disco_peers(netmap: NetMap, *, fallback_region: int) -> list[DiscoPeer]:
                     endpoints.append((host, int(port)))
         out.append(DiscoPeer(node_key, disco_key, tuple(endpoints), peer.home_derp or fallback_region))
     return out
+
+
+def _grow_socket_buffers(sock: socket.socket) -> None:
+    """Ask for 7 MiB send and receive buffers, as tailscaled does: the default (about 208 KiB) drops
+    datagrams when a burst from a fast peer arrives between two reads. The FORCE options need
+    CAP_NET_ADMIN; without it the kernel caps the size at net.core.[rw]mem_max."""
+    for force, plain in ((SO_RCVBUFFORCE, socket.SO_RCVBUF), (SO_SNDBUFFORCE, socket.SO_SNDBUF)):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, UDP_SOCKET_BUFFER)
+        except OSError:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, plain, UDP_SOCKET_BUFFER)
 
 
 def choose_home_region(derp_map: nm.DERPMap) -> int | None:
@@ -499,6 +515,7 @@ class Node:
             raise
         with contextlib.suppress(OSError):  # coalesced receives (Linux >= 5.0); optional
             sock.setsockopt(socket.SOL_UDP, UDP_GRO, 1)
+        _grow_socket_buffers(sock)
         self._udp = sock
         port = sock.getsockname()[1]
         self.disco.endpoints = tuple((ip, port) for ip in local_ipv4_addresses())
