@@ -245,6 +245,28 @@ async def test_64_mib_each_way_through_one_connection(
               f"{2 * size / 1e6 / elapsed:.1f} MB/s total ({size / 1e6 / elapsed:.1f} MB/s per direction)")
 
 
+async def test_the_stun_endpoint_reaches_peers(headscale: Headscale) -> None:
+    """Headscale's embedded DERP answers STUN on 127.0.0.1: the address it saw is reported as an
+    endpoint of type STUN, and another node's netmap carries it."""
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    async with running_agent(headscale, "agent-stun", key, udp_port=0) as agent, \
+            running_agent(headscale, "agent-observer", key) as observer:
+        port = agent.node.udp_port
+        assert port is not None
+        stun_endpoint = f"127.0.0.1:{port}"
+        await eventually(lambda: stun_endpoint in agent.node.control.endpoints, timeout=30,
+                         what="the STUN-observed endpoint")
+        kinds = dict(zip(agent.node.control.endpoints, agent.node.control.endpoint_types, strict=True))
+        assert kinds[stun_endpoint] == 2, kinds
+
+        def listed() -> bool:
+            netmap = observer.node.netmap
+            seen = [p for p in (netmap.peers.values() if netmap else ()) if p.hostname == "agent-stun"]
+            return bool(seen) and stun_endpoint in seen[0].endpoints
+
+        await eventually(listed, timeout=30, what="the observer's netmap lists the STUN endpoint")
+
+
 async def connect_and_close(port: int) -> None:
     _, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.close()

@@ -142,6 +142,17 @@ class DiscoUdp:
     @property
     def payload(self) -> bytes: ...
 
+class StunUdp:
+    """A STUN message from the UDP socket (a DERP node's binding response)."""
+
+    __match_args__ = ("src_ip", "src_port", "payload")
+    @property
+    def src_ip(self) -> str: ...
+    @property
+    def src_port(self) -> int: ...
+    @property
+    def payload(self) -> bytes: ...
+
 Event: TypeAlias = (
     Connected
     | Readable
@@ -158,6 +169,7 @@ Event: TypeAlias = (
     | DerpFrame
     | DiscoDerp
     | DiscoUdp
+    | StunUdp
 )
 
 # (node public key (32 bytes), AllowedIPs prefixes, home DERP region id)

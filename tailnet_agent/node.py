@@ -29,7 +29,8 @@ connections stay), and every DERP connection is re-made with it, since a relay k
 key. The home region is reported again.
 
 Direct UDP paths (disco, see :mod:`tailnet_agent.disco`): with ``udp_port`` set the node binds one
-IPv4 UDP socket, reports its interface addresses with that port as endpoints, and answers and sends
+IPv4 UDP socket, reports its interface addresses with that port as endpoints (plus the address the
+home region's STUN server saw, refreshed every 20 s), and answers and sends
 disco pings; a peer with a confirmed path gets WireGuard over UDP (the data plane reads and writes
 the socket in batches: no per-packet Python), the others keep going through DERP. The ``disco``
 task re-pings paths in use and looks for paths to the peers the node sends to, once a second.
@@ -50,9 +51,11 @@ from typing import Any
 import structlog
 
 from tailnet_agent import _native as nat
+from tailnet_agent import stun
 from tailnet_agent.backoff import Backoff, derp_backoff
 from tailnet_agent.control import ControlClient, ControlOptions, NetMap, NodeKeys
 from tailnet_agent.control import netmap as nm
+from tailnet_agent.control.client import ENDPOINT_LOCAL, ENDPOINT_STUN
 from tailnet_agent.derp import ConnectionHandler, DerpConnection, DerpError, DerpSupervisor, tls_context
 from tailnet_agent.disco import Action, Disco, DiscoPeer, NoteSource, SendDerp, SendUdp, SetDirect
 from tailnet_agent.netif import local_ipv4_addresses
@@ -70,6 +73,8 @@ UDP_SOCKET_BUFFER = 7 << 20
 ACTIVE_SECONDS = 45.0
 """A peer sent to within this long gets direct-path discovery and heartbeats (tailscaled's
 ``sessionActiveTimeout``)."""
+STUN_INTERVAL = 20.0
+"""Seconds between rounds of STUN requests (tailscaled re-STUNs every 20-26 s)."""
 DISCO_TICK_SECONDS = 1.0
 """The disco loop's period; traffic through DERP brings the next tick forward (at most every 0.1 s)."""
 
@@ -276,6 +281,10 @@ class Node:
         """The home region last reported to control; 0 when it must be reported (again)."""
         self._udp: socket.socket | None = None
         self._udp_writer = False
+        self._stun_endpoint: tuple[str, int] | None = None
+        """Our address as a DERP node's STUN server saw it; None until one answered."""
+        self._stun_pending: dict[bytes, float] = {}
+        """STUN transaction id -> when it was sent."""
         self._derp_traffic = asyncio.Event()
         """Set when the pump wrote to a relay: the disco loop looks for direct paths soon."""
         self.disco = self._new_disco()
@@ -332,6 +341,11 @@ class Node:
         """Wait until :attr:`ready`."""
         while not self.ready:
             await self._changed.wait()
+
+    @property
+    def udp_port(self) -> int | None:
+        """The port of the UDP socket for direct paths; None without one."""
+        return None if self._udp is None else int(self._udp.getsockname()[1])
 
     def addresses(self) -> list[str]:
         """The node's tailnet IPs (no prefix length)."""
@@ -499,9 +513,56 @@ class Node:
     def _new_disco(self) -> Disco:
         keys = self.control.keys
         disco = Disco(keys.disco.raw, keys.disco.public.raw, keys.node.public.raw)
-        if self._udp is not None:
-            disco.endpoints = tuple((ip, self._udp.getsockname()[1]) for ip in local_ipv4_addresses())
+        disco.endpoints = tuple(addr for addr, _ in self._endpoints())
         return disco
+
+    def _endpoints(self) -> list[tuple[tuple[str, int], int]]:
+        """Our UDP endpoints with their type: interface addresses, then what STUN saw."""
+        if self._udp is None:
+            return []
+        port = self._udp.getsockname()[1]
+        found = [((ip, port), ENDPOINT_LOCAL) for ip in local_ipv4_addresses()]
+        if self._stun_endpoint is not None and all(addr != self._stun_endpoint for addr, _ in found):
+            found.append((self._stun_endpoint, ENDPOINT_STUN))
+        return found
+
+    def _update_endpoints(self) -> None:
+        """Refresh the endpoints disco offers and map requests carry (the disco loop reports changes)."""
+        endpoints = self._endpoints()
+        self.disco.endpoints = tuple(addr for addr, _ in endpoints)
+        self.control.use_endpoints([(f"{ip}:{port}", kind) for (ip, port), kind in endpoints])
+
+    async def _send_stun(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Binding requests to the home region's STUN servers; answers arrive as StunUdp events."""
+        netmap = self.netmap
+        if self._udp is None or netmap is None or self.home_region not in netmap.derp_map.regions:
+            return
+        for derp_node in netmap.derp_map.regions[self.home_region].nodes:
+            if derp_node.stun_port < 0:
+                continue
+            port = derp_node.stun_port or stun.DEFAULT_PORT
+            host = derp_node.ipv4 or derp_node.host_name
+            try:
+                infos = await loop.getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM)
+            except OSError as exc:
+                log.debug("STUN server not resolved", host=host, error=str(exc))
+                continue
+            tx_id = stun.new_tx_id()
+            self._stun_pending[tx_id] = loop.time()
+            with contextlib.suppress(OSError):
+                self._udp.sendto(stun.binding_request(tx_id), infos[0][4][:2])
+
+    def _on_stun(self, payload: bytes, now: float) -> None:
+        answer = stun.parse_response(payload)
+        if answer is None or self._stun_pending.pop(answer[0], None) is None:
+            return
+        if answer[1] != self._stun_endpoint:
+            log.info("STUN endpoint", address=f"{answer[1][0]}:{answer[1][1]}")
+            self._stun_endpoint = answer[1]
+            self._update_endpoints()
+        for tx_id, sent in list(self._stun_pending.items()):
+            if now - sent > STUN_INTERVAL:
+                del self._stun_pending[tx_id]
 
     def _open_udp(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.options.udp_port is None:
@@ -517,11 +578,9 @@ class Node:
             sock.setsockopt(socket.SOL_UDP, UDP_GRO, 1)
         _grow_socket_buffers(sock)
         self._udp = sock
-        port = sock.getsockname()[1]
-        self.disco.endpoints = tuple((ip, port) for ip in local_ipv4_addresses())
-        self.control.endpoints = [f"{ip}:{p}" for ip, p in self.disco.endpoints]
+        self._update_endpoints()
         loop.add_reader(sock.fileno(), self._on_udp_readable)
-        log.info("UDP for direct paths", port=port, endpoints=self.control.endpoints)
+        log.info("UDP for direct paths", port=sock.getsockname()[1], endpoints=self.control.endpoints)
 
     def _close_udp(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._udp is None:
@@ -573,11 +632,17 @@ class Node:
         traffic went through DERP (a peer just became worth a direct path)."""
         loop = asyncio.get_running_loop()
         reported: list[str] = []
+        stunned = float("-inf")
         while True:
             now = loop.time()
+            if now - stunned >= STUN_INTERVAL and self.netmap is not None:
+                stunned = now
+                self._update_endpoints()  # interface addresses may have changed too
+                await self._send_stun(loop)
             if self.control.endpoints != reported and self.control.connected and self.netmap is not None:
                 reported = list(self.control.endpoints)
-                await self.control.set_endpoints(reported)
+                await self.control.set_endpoints(list(zip(self.control.endpoints, self.control.endpoint_types,
+                                                          strict=True)))
             self._apply(self.disco.tick(now, self.dataplane.active_peers(now - ACTIVE_SECONDS)))
             self._derp_traffic.clear()
             with contextlib.suppress(TimeoutError):
@@ -630,6 +695,8 @@ class Node:
                     self._apply(self.disco.handle_udp((ip, port), payload, loop.time()))
                 case nat.DiscoDerp(region, key, payload):
                     self._apply(self.disco.handle_derp(region, key, payload, loop.time()))
+                case nat.StunUdp(_ip, _port, payload):
+                    self._on_stun(payload, loop.time())
                 case nat.DerpPeerGone() | nat.DerpPeerPresent() | nat.DerpFrame() | nat.DerpHealth():
                     pass
                 case _ if streams is not None:

@@ -60,6 +60,11 @@ pub enum Event {
         src: SocketAddr,
         payload: Vec<u8>,
     },
+    /// A STUN message (a DERP node's answer to a binding request) from `src`.
+    StunUdp {
+        src: SocketAddr,
+        payload: Vec<u8>,
+    },
     /// A frame the data plane does not handle itself (ServerKey, ServerInfo, unknown types).
     DerpFrame {
         region: u32,
@@ -196,6 +201,12 @@ fn queue_to_peer(out: &mut Outbox, counters: &mut Counters, peer: &Peer, datagra
     let before = buf.len();
     derp::encode_send_packet(buf, &peer.key, datagram);
     counters.derp_bytes_out += (buf.len() - before) as u64;
+}
+
+/// STUN (RFC 5389): two zero bits, then the magic cookie at bytes 4..8. WireGuard messages
+/// start with type 1-4 and three zero bytes, so they never match.
+fn looks_like_stun(datagram: &[u8]) -> bool {
+    datagram.len() >= 20 && datagram[0] & 0xc0 == 0 && datagram[4..8] == [0x21, 0x12, 0xa4, 0x42]
 }
 
 /// Learned UDP source addresses kept at most (a flood of pings cannot grow it without bound).
@@ -350,6 +361,13 @@ impl DataPlane {
         if datagram.starts_with(DISCO_MAGIC) {
             self.counters.disco_in += 1;
             self.events.push(Event::DiscoUdp {
+                src,
+                payload: datagram.to_vec(),
+            });
+            return;
+        }
+        if looks_like_stun(datagram) {
+            self.events.push(Event::StunUdp {
                 src,
                 payload: datagram.to_vec(),
             });
@@ -940,6 +958,9 @@ mod tests {
         let src: SocketAddr = "192.0.2.1:1".parse().unwrap();
         b.udp_feed(src, &disco);
         b.udp_feed(src, &[4, 0, 0, 0, 1, 2, 3, 4, 0, 0, 0, 0]);
+        let mut stun = vec![1, 1, 0, 0, 0x21, 0x12, 0xa4, 0x42];
+        stun.extend([7u8; 12]);
+        b.udp_feed(src, &stun);
         let events = b.poll(0.0).events;
         assert!(events.contains(&Event::DiscoDerp {
             region: 1,
@@ -947,6 +968,7 @@ mod tests {
             payload: disco.clone()
         }));
         assert!(events.contains(&Event::DiscoUdp { src, payload: disco }));
+        assert!(events.contains(&Event::StunUdp { src, payload: stun }));
         assert_eq!(b.counters().disco_in, 2);
         assert_eq!(
             b.counters().drop_unknown_peer,

@@ -129,6 +129,10 @@ event_class!(
     /// A sealed disco message from the UDP socket.
     DiscoUdp { src_ip: String, src_port: u16, payload: Py<PyBytes> }
 );
+event_class!(
+    /// A STUN message from the UDP socket (a DERP node's binding response).
+    StunUdp { src_ip: String, src_port: u16, payload: Py<PyBytes> }
+);
 
 fn event_to_py(py: Python<'_>, event: Event) -> PyResult<Py<PyAny>> {
     let bytes = |b: &[u8]| PyBytes::new(py, b).unbind();
@@ -197,6 +201,15 @@ fn event_to_py(py: Python<'_>, event: Event) -> PyResult<Py<PyAny>> {
         Event::DiscoUdp { src, payload } => Py::new(
             py,
             DiscoUdp {
+                src_ip: src.ip().to_string(),
+                src_port: src.port(),
+                payload: bytes(&payload),
+            },
+        )?
+        .into_any(),
+        Event::StunUdp { src, payload } => Py::new(
+            py,
+            StunUdp {
                 src_ip: src.ip().to_string(),
                 src_port: src.port(),
                 payload: bytes(&payload),
@@ -494,6 +507,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DerpFrame>()?;
     m.add_class::<DiscoDerp>()?;
     m.add_class::<DiscoUdp>()?;
+    m.add_class::<StunUdp>()?;
     m.add("DEFAULT_TCP_BUFFER_SIZE", DEFAULT_TCP_BUFFER)?;
     m.add("MTU", stack::MTU)?;
     Ok(())

@@ -23,7 +23,7 @@ A register ``Error`` or an interactive ``AuthURL`` is terminal (:class:`Registra
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +47,8 @@ CAPABILITY_VERSION = 138
 ZERO_TIME = "0001-01-01T00:00:00Z"
 ENDPOINT_LOCAL = 1
 """``tailcfg.EndpointLocal``: an address of a local interface."""
+ENDPOINT_STUN = 2
+"""``tailcfg.EndpointSTUN``: the address a DERP node's STUN server saw."""
 _REAUTH_STATUSES = frozenset({401, 403, 404})
 
 
@@ -132,6 +134,8 @@ class ControlClient:
         """Home DERP region reported in Hostinfo.NetInfo; 0 until the data plane picks one."""
         self.endpoints: list[str] = []
         """UDP endpoints (``ip:port``) reported in map requests; empty: DERP only."""
+        self.endpoint_types: list[int] = []
+        """``tailcfg.EndpointType`` of each endpoint (local 1, STUN 2)."""
         self._conn: ControlTransport | None = None
 
     async def run(self) -> None:
@@ -203,10 +207,16 @@ class ControlClient:
         self.preferred_derp = region
         return await self._lite_update("home DERP", region=region)
 
-    async def set_endpoints(self, endpoints: list[str]) -> bool:
-        """Report this node's UDP endpoints (``ip:port``, local addresses), so peers ping them for
-        a direct path. Sent like :meth:`set_preferred_derp`."""
-        self.endpoints = list(endpoints)
+    def use_endpoints(self, endpoints: Sequence[tuple[str, int]]) -> None:
+        """The UDP endpoints (``ip:port``, ``tailcfg.EndpointType``) that map requests carry from now
+        on; :meth:`set_endpoints` also sends them at once."""
+        self.endpoints = [text for text, _ in endpoints]
+        self.endpoint_types = [kind for _, kind in endpoints]
+
+    async def set_endpoints(self, endpoints: Sequence[tuple[str, int]]) -> bool:
+        """Report this node's UDP endpoints, so peers ping them for a direct path. Sent like
+        :meth:`set_preferred_derp`."""
+        self.use_endpoints(endpoints)
         return await self._lite_update("endpoints", endpoints=self.endpoints)
 
     async def _lite_update(self, what: str, **context: object) -> bool:
@@ -279,8 +289,7 @@ class ControlClient:
             "OmitPeers": False,
             "Compress": "",
             "Hostinfo": self.hostinfo(),
-            **({"Endpoints": self.endpoints, "EndpointTypes": [ENDPOINT_LOCAL] * len(self.endpoints)}
-               if self.endpoints else {}),
+            **({"Endpoints": self.endpoints, "EndpointTypes": self.endpoint_types} if self.endpoints else {}),
         }
 
     async def _poll(self, conn: ControlTransport, *, on_first_message: Callable[[], None]) -> None:
