@@ -240,6 +240,10 @@ class Disco:
         """Our node key changed (rotation): pings carry the new one."""
         self._node_public = node_public
 
+    def direct_peers(self) -> list[bytes]:
+        """Node keys of the peers with a direct path in use."""
+        return [key for key, path in self._paths.items() if path.addr is not None]
+
     def direct_path(self, node_key: bytes) -> Addr | None:
         path = self._paths.get(node_key)
         return path.addr if path else None

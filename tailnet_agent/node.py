@@ -429,7 +429,9 @@ class Node:
         self._node_key = self.control.keys.node.raw
         self.dataplane.set_private_key(self._node_key)
         if self.control.keys.disco.public.raw != self.disco.public_key:
-            self.disco = self._new_disco()  # joined as a new node: new disco key too
+            # Joined as a new node: a new disco key too; its paths are found again.
+            self._apply([SetDirect(key, None) for key in self.disco.direct_peers()])
+            self.disco = self._new_disco()
         else:
             self.disco.set_node_public(self.control.keys.node.public.raw)
         for region in self._regions.values():

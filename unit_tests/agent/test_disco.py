@@ -100,6 +100,7 @@ def test_a_path_without_pongs_falls_back_to_derp_after_the_trust_time() -> None:
     a, b = pair()
     deliver(deliver(a.disco.tick(0.0, [b.node_key]), a, b, 0.0), b, a, 0.0)
     assert a.disco.direct_path(b.node_key) == b.addr
+    assert a.disco.direct_peers() == [b.node_key]
     heartbeat = a.disco.tick(HEARTBEAT_SECONDS, [b.node_key])
     assert [x for x in heartbeat if isinstance(x, SendUdp)], "heartbeat pings while in use"
     assert a.disco.tick(TRUST_SECONDS - 0.1, []) == [], "still trusted"
