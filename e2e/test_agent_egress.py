@@ -239,6 +239,7 @@ async def test_64_mib_each_way_through_one_connection(
             assert sent_udp > size and got_udp > size, "both directions went over the direct path"
             seen = next(p for p in peer.peers() if p.get("HostName") == f"agent-bulk-{path}")
             assert seen.get("CurAddr"), f"tailscaled sends to the agent directly: {seen}"
+            assert "tailnet_agent_direct_peers 1.0" in agent.metrics.render().decode().splitlines()
         else:
             assert sent_udp == got_udp == 0
         print(f"\n64 MiB each way through the agent ({path}): {elapsed:.1f}s, "

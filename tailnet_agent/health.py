@@ -14,6 +14,7 @@ Metrics (``direction`` is ``sent`` towards the target or ``received`` from it)::
     tailnet_agent_dial_errors_total{target,reason}   reason: no_route, timeout, refused, unknown_name, ...
     tailnet_agent_control_connected                  1 while the control connection is up
     tailnet_agent_derp_connected                     1 while the home DERP region is connected
+    tailnet_agent_direct_peers                       peers reached over a direct UDP path (not DERP)
     tailnet_agent_dataplane_<counter>_total          the data plane's counters (packets, bytes, drops)
 """
 
@@ -56,6 +57,9 @@ class NodeStatus(Protocol):
     @property
     def derp_connections(self) -> Mapping[int, object]: ...
 
+    @property
+    def direct_peer_count(self) -> int: ...
+
 
 class _NodeCollector(Collector):
     def __init__(self, node: NodeStatus) -> None:
@@ -68,6 +72,8 @@ class _NodeCollector(Collector):
         home = node.home_region
         yield GaugeMetricFamily("tailnet_agent_derp_connected", "1 while the home DERP region is connected.",
                                 value=1 if home and home in node.derp_connections else 0)
+        yield GaugeMetricFamily("tailnet_agent_direct_peers", "Peers reached over a direct UDP path, not DERP.",
+                                value=node.direct_peer_count)
         for name, value in sorted(node.counters.items()):
             metric = re.sub(r"[^a-zA-Z0-9_]", "_", name)
             yield CounterMetricFamily(f"tailnet_agent_dataplane_{metric}", f"Data plane counter {name}.",

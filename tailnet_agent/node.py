@@ -343,6 +343,11 @@ class Node:
             await self._changed.wait()
 
     @property
+    def direct_peer_count(self) -> int:
+        """Peers reached over a direct UDP path right now."""
+        return len(self.disco.direct_peers())
+
+    @property
     def udp_port(self) -> int | None:
         """The port of the UDP socket for direct paths; None without one."""
         return None if self._udp is None else int(self._udp.getsockname()[1])

@@ -17,6 +17,7 @@ class FakeNode:
     control_connected: bool = False
     counters: dict[str, int] = field(default_factory=dict)
     derp_connections: dict[int, object] = field(default_factory=dict)
+    direct_peer_count: int = 0
 
     @property
     def ready(self) -> bool:
@@ -42,6 +43,7 @@ async def test_readyz_follows_netmap_and_derp_and_metrics_render() -> None:
             node.derp_connections[999] = object()
             node.control_connected = True
             node.counters = {"packets_in": 7, "drop_filtered": 2}
+            node.direct_peer_count = 3
             metrics.connections.labels("db").inc()
             metrics.dial_errors.labels("db", "no_route").inc()
             metrics.bytes.labels("db", "sent").inc(10)
@@ -54,5 +56,6 @@ async def test_readyz_follows_netmap_and_derp_and_metrics_render() -> None:
                  'tailnet_agent_dial_errors_total{reason="no_route",target="db"} 1.0',
                  'tailnet_agent_bytes_total{direction="sent",target="db"} 10.0',
                  "tailnet_agent_control_connected 1.0", "tailnet_agent_derp_connected 1.0",
+                 "tailnet_agent_direct_peers 3.0",
                  "tailnet_agent_dataplane_packets_in_total 7.0", "tailnet_agent_dataplane_drop_filtered_total 2.0"):
         assert line in text.splitlines(), line
