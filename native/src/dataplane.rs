@@ -485,7 +485,7 @@ impl DataPlane {
         };
         self.filter.note_outbound(&info, self.now);
         if info.proto == PROTO_TCP {
-            self.recovery.on_outbound(pkt, self.now);
+            self.recovery.on_outbound(pkt, &info, self.now);
         }
         self.seal(&key, pkt);
     }
@@ -561,7 +561,7 @@ impl DataPlane {
                 continue;
             }
             if info.proto == PROTO_TCP {
-                self.recovery.on_inbound(&pkt, now, &mut self.resends);
+                self.recovery.on_inbound(&pkt, &info, now, &mut self.resends);
             }
             self.stack.ingress(pkt);
         }

@@ -37,6 +37,10 @@ pub struct PacketInfo {
     pub icmp_type: u8,
     /// True for non-first IPv4 fragments (no transport header).
     pub fragment: bool,
+    /// Where the transport header and payload are: `pkt[l4_start..l4_end]` (bounded by the IP
+    /// header's length field).
+    pub l4_start: usize,
+    pub l4_end: usize,
 }
 
 impl PacketInfo {
@@ -65,7 +69,7 @@ fn ports(l4: &[u8]) -> (u16, u16) {
 /// Returns `None` for packets too short or of an unknown IP version.
 pub fn parse_packet(pkt: &[u8]) -> Option<PacketInfo> {
     let version = pkt.first()? >> 4;
-    let (src, dst, mut proto, mut l4, fragment) = match version {
+    let (src, dst, mut proto, mut l4, fragment, ip_end) = match version {
         4 => {
             let ihl = usize::from(pkt[0] & 0x0f) * 4;
             if ihl < 20 || pkt.len() < ihl {
@@ -74,12 +78,14 @@ pub fn parse_packet(pkt: &[u8]) -> Option<PacketInfo> {
             let src: [u8; 4] = pkt[12..16].try_into().ok()?;
             let dst: [u8; 4] = pkt[16..20].try_into().ok()?;
             let frag_offset = u16::from_be_bytes([pkt[6], pkt[7]]) & 0x1fff;
+            let total = usize::from(u16::from_be_bytes([pkt[2], pkt[3]]));
             (
                 IpAddr::from(src),
                 IpAddr::from(dst),
                 pkt[9],
                 &pkt[ihl..],
                 frag_offset != 0,
+                total.min(pkt.len()),
             )
         }
         6 => {
@@ -88,7 +94,15 @@ pub fn parse_packet(pkt: &[u8]) -> Option<PacketInfo> {
             }
             let src: [u8; 16] = pkt[8..24].try_into().ok()?;
             let dst: [u8; 16] = pkt[24..40].try_into().ok()?;
-            (IpAddr::from(src), IpAddr::from(dst), pkt[6], &pkt[40..], false)
+            let payload = usize::from(u16::from_be_bytes([pkt[4], pkt[5]]));
+            (
+                IpAddr::from(src),
+                IpAddr::from(dst),
+                pkt[6],
+                &pkt[40..],
+                false,
+                (40 + payload).min(pkt.len()),
+            )
         }
         _ => return None,
     };
@@ -114,6 +128,8 @@ pub fn parse_packet(pkt: &[u8]) -> Option<PacketInfo> {
             }
         }
     }
+    // `l4` is a subslice of `pkt`; its offset is where the transport header starts.
+    let l4_start = l4.as_ptr() as usize - pkt.as_ptr() as usize;
     let mut info = PacketInfo {
         src,
         dst,
@@ -123,6 +139,8 @@ pub fn parse_packet(pkt: &[u8]) -> Option<PacketInfo> {
         tcp_flags: 0,
         icmp_type: 0,
         fragment,
+        l4_start,
+        l4_end: ip_end.max(l4_start),
     };
     if fragment {
         return Some(info);

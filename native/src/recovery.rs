@@ -26,6 +26,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
+use crate::filter::{PacketInfo, PROTO_TCP};
+
 /// SACKed segments above a hole (or duplicate ACKs) that mark it lost.
 pub const DUP_THRESH: usize = 3;
 /// Resends one ACK may release.
@@ -60,44 +62,24 @@ pub struct Segment {
     pub sack: Vec<(u32, u32)>,
 }
 
-/// Parses an IPv4 or IPv6 (no extension headers) TCP segment.
-pub fn parse_tcp(pkt: &[u8]) -> Option<Segment> {
-    let (src, dst, l4, ip_payload_len) = match pkt.first()? >> 4 {
-        4 => {
-            let ihl = usize::from(pkt[0] & 0x0f) * 4;
-            let total = usize::from(u16::from_be_bytes([*pkt.get(2)?, *pkt.get(3)?]));
-            let frag = u16::from_be_bytes([*pkt.get(6)?, *pkt.get(7)?]) & 0x3fff;
-            if ihl < 20 || pkt.len() < ihl || pkt[9] != 6 || frag != 0 || total < ihl {
-                return None;
-            }
-            let src: [u8; 4] = pkt[12..16].try_into().ok()?;
-            let dst: [u8; 4] = pkt[16..20].try_into().ok()?;
-            let end = total.min(pkt.len());
-            (IpAddr::from(src), IpAddr::from(dst), &pkt[ihl..end], end - ihl)
-        }
-        6 => {
-            if pkt.len() < 40 || pkt[6] != 6 {
-                return None;
-            }
-            let plen = usize::from(u16::from_be_bytes([pkt[4], pkt[5]]));
-            let src: [u8; 16] = pkt[8..24].try_into().ok()?;
-            let dst: [u8; 16] = pkt[24..40].try_into().ok()?;
-            let end = (40 + plen).min(pkt.len());
-            (IpAddr::from(src), IpAddr::from(dst), &pkt[40..end], end - 40)
-        }
-        _ => return None,
-    };
+/// The TCP fields of a packet the data plane already parsed (`info`); None for other protocols,
+/// fragments and truncated headers.
+pub fn parse_tcp(pkt: &[u8], info: &PacketInfo) -> Option<Segment> {
+    if info.proto != PROTO_TCP || info.fragment {
+        return None;
+    }
+    let l4 = pkt.get(info.l4_start..info.l4_end)?;
     let hdr = l4.get(..20)?;
     let offset = usize::from(hdr[12] >> 4) * 4;
     if offset < 20 || l4.len() < offset {
         return None;
     }
     let flags = hdr[13];
-    let payload_len = ip_payload_len - offset;
+    let payload_len = l4.len() - offset;
     let len = payload_len as u32 + u32::from(flags & TCP_SYN != 0) + u32::from(flags & TCP_FIN != 0);
     Some(Segment {
-        src: (src, u16::from_be_bytes([hdr[0], hdr[1]])),
-        dst: (dst, u16::from_be_bytes([hdr[2], hdr[3]])),
+        src: (info.src, info.src_port),
+        dst: (info.dst, info.dst_port),
         seq: u32::from_be_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]),
         ack: u32::from_be_bytes([hdr[8], hdr[9], hdr[10], hdr[11]]),
         flags,
@@ -307,9 +289,10 @@ impl Recovery {
         self.flows.len()
     }
 
-    /// A packet the local stack sends: data segments are kept until acknowledged.
-    pub fn on_outbound(&mut self, pkt: &[u8], now: f64) {
-        let Some(seg) = parse_tcp(pkt) else { return };
+    /// A packet the local stack sends (`info` from `parse_packet`): data segments are kept until
+    /// acknowledged.
+    pub fn on_outbound(&mut self, pkt: &[u8], info: &PacketInfo, now: f64) {
+        let Some(seg) = parse_tcp(pkt, info) else { return };
         let key = (seg.src, seg.dst);
         if seg.flags & (TCP_RST | TCP_SYN) != 0 {
             self.flows.remove(&key);
@@ -358,9 +341,10 @@ impl Recovery {
         flow.max = flow.max.max(end);
     }
 
-    /// A packet for the local stack: ACK and SACK processing; copies to resend go to `out`.
-    pub fn on_inbound(&mut self, pkt: &[u8], now: f64, out: &mut Vec<Vec<u8>>) {
-        let Some(seg) = parse_tcp(pkt) else { return };
+    /// A packet for the local stack (`info` from `parse_packet`): ACK and SACK processing; copies
+    /// to resend go to `out`.
+    pub fn on_inbound(&mut self, pkt: &[u8], info: &PacketInfo, now: f64, out: &mut Vec<Vec<u8>>) {
+        let Some(seg) = parse_tcp(pkt, info) else { return };
         let key = (seg.dst, seg.src);
         if seg.flags & TCP_RST != 0 {
             self.flows.remove(&key);
@@ -428,6 +412,21 @@ impl Recovery {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::filter::parse_packet;
+
+    impl Recovery {
+        fn sent(&mut self, pkt: &[u8], now: f64) {
+            self.on_outbound(pkt, &parse_packet(pkt).unwrap(), now);
+        }
+
+        fn acked(&mut self, pkt: &[u8], now: f64, out: &mut Vec<Vec<u8>>) {
+            self.on_inbound(pkt, &parse_packet(pkt).unwrap(), now, out);
+        }
+    }
+
+    fn tcp(pkt: &[u8]) -> Option<Segment> {
+        parse_tcp(pkt, &parse_packet(pkt)?)
+    }
 
     const LOCAL: [u8; 4] = [100, 64, 0, 1];
     const REMOTE: [u8; 4] = [100, 64, 0, 2];
@@ -493,7 +492,7 @@ mod tests {
         (0..n)
             .map(|i| {
                 let p = data(isn.wrapping_add(i * MSS));
-                r.on_outbound(&p, now);
+                r.sent(&p, now);
                 p
             })
             .collect()
@@ -502,11 +501,11 @@ mod tests {
     #[test]
     fn parses_sack_blocks_and_lengths() {
         let p = packet(false, 7, 9, TCP_ACK | TCP_FIN, 5, 3, &[(10, 20), (30, 40)]);
-        let s = parse_tcp(&p).unwrap();
+        let s = tcp(&p).unwrap();
         assert_eq!((s.seq, s.ack, s.window, s.payload_len, s.len), (7, 9, 5, 3, 4));
         assert_eq!(s.sack, vec![(10, 20), (30, 40)]);
         assert_eq!(s.dst, (IpAddr::from(LOCAL), 40000));
-        assert!(parse_tcp(&p[..30]).is_none());
+        assert!(tcp(&p[..30]).is_none());
     }
 
     #[test]
@@ -515,9 +514,9 @@ mod tests {
         send(&mut r, 1000, 4, 0.0);
         assert_eq!(r.held_bytes(), 4 * (40 + MSS as usize));
         let mut out = Vec::new();
-        r.on_inbound(&ack(1000 + 2 * MSS, &[]), 0.004, &mut out);
+        r.acked(&ack(1000 + 2 * MSS, &[]), 0.004, &mut out);
         assert_eq!(r.held_bytes(), 2 * (40 + MSS as usize));
-        r.on_inbound(&ack(1000 + 4 * MSS, &[]), 0.004, &mut out);
+        r.acked(&ack(1000 + 4 * MSS, &[]), 0.004, &mut out);
         assert_eq!(r.held_bytes(), 0);
         assert!(out.is_empty());
         let flow = r.flows.values().next().unwrap();
@@ -533,20 +532,20 @@ mod tests {
         let mut out = Vec::new();
         // Segments 2, 3 and 4 were dropped; 5..=9 arrived.
         let at = |i: u32| isn + i * MSS;
-        r.on_inbound(&ack(at(2), &[(at(5), at(6))]), 0.01, &mut out);
+        r.acked(&ack(at(2), &[(at(5), at(6))]), 0.01, &mut out);
         assert!(out.is_empty(), "one SACKed segment is not yet evidence of loss");
-        r.on_inbound(&ack(at(2), &[(at(5), at(8))]), 0.01, &mut out);
+        r.acked(&ack(at(2), &[(at(5), at(8))]), 0.01, &mut out);
         assert_eq!(
             out,
             vec![sent[2].clone(), sent[3].clone()],
             "at most two per ACK, lowest first"
         );
         out.clear();
-        r.on_inbound(&ack(at(2), &[(at(5), at(9))]), 0.01, &mut out);
+        r.acked(&ack(at(2), &[(at(5), at(9))]), 0.01, &mut out);
         assert_eq!(out, vec![sent[4].clone()], "already resent holes wait an RTT");
         assert_eq!(r.fast_resends, 3);
         out.clear();
-        r.on_inbound(&ack(at(10), &[]), 0.02, &mut out);
+        r.acked(&ack(at(10), &[]), 0.02, &mut out);
         assert!(out.is_empty());
         assert_eq!(r.held_bytes(), 0);
     }
@@ -556,19 +555,19 @@ mod tests {
         let mut r = Recovery::new();
         let sent = send(&mut r, 1, 6, 0.0);
         let mut out = Vec::new();
-        r.on_inbound(&ack(1 + MSS, &[]), 0.01, &mut out);
+        r.acked(&ack(1 + MSS, &[]), 0.01, &mut out);
         for _ in 0..DUP_THRESH - 1 {
-            r.on_inbound(&ack(1 + MSS, &[]), 0.011, &mut out);
+            r.acked(&ack(1 + MSS, &[]), 0.011, &mut out);
         }
         assert!(out.is_empty());
-        r.on_inbound(&ack(1 + MSS, &[]), 0.012, &mut out);
+        r.acked(&ack(1 + MSS, &[]), 0.012, &mut out);
         assert_eq!(out, vec![sent[1].clone()]);
         out.clear();
         // Segment 1 repaired; segment 3 was lost too: the partial ACK resends it at once.
-        r.on_inbound(&ack(1 + 3 * MSS, &[]), 0.02, &mut out);
+        r.acked(&ack(1 + 3 * MSS, &[]), 0.02, &mut out);
         assert_eq!(out, vec![sent[3].clone()]);
         out.clear();
-        r.on_inbound(&ack(1 + 6 * MSS, &[]), 0.03, &mut out);
+        r.acked(&ack(1 + 6 * MSS, &[]), 0.03, &mut out);
         assert!(out.is_empty());
     }
 
@@ -577,7 +576,7 @@ mod tests {
         let mut r = Recovery::new();
         let sent = send(&mut r, u32::MAX - 1500, 3, 0.0);
         let mut out = Vec::new();
-        r.on_inbound(&ack((u32::MAX - 1500).wrapping_add(2 * MSS), &[]), 0.005, &mut out);
+        r.acked(&ack((u32::MAX - 1500).wrapping_add(2 * MSS), &[]), 0.005, &mut out);
         let first = r.next_deadline().unwrap();
         assert!(
             (first - (0.005 + MIN_PROBE_TIMEOUT)).abs() < 1e-9,
@@ -601,9 +600,9 @@ mod tests {
         let mut r = Recovery::new();
         send(&mut r, 1, 2, 0.0);
         let mut out = Vec::new();
-        r.on_inbound(&packet(false, 1, 1 + MSS, TCP_ACK, 0, 0, &[]), 0.01, &mut out);
+        r.acked(&packet(false, 1, 1 + MSS, TCP_ACK, 0, 0, &[]), 0.01, &mut out);
         assert_eq!(r.next_deadline(), None);
-        r.on_inbound(&packet(false, 1, 0, TCP_RST, 0, 0, &[]), 0.02, &mut out);
+        r.acked(&packet(false, 1, 0, TCP_RST, 0, 0, &[]), 0.02, &mut out);
         assert_eq!(r.flow_count(), 0);
         assert!(out.is_empty());
     }
@@ -613,7 +612,7 @@ mod tests {
         let mut r = Recovery::new();
         send(&mut r, 1, 3, 0.0);
         let big = packet(true, 1, 1, TCP_ACK, 100, 2 * MSS as usize, &[]);
-        r.on_outbound(&big, 1.0);
+        r.sent(&big, 1.0);
         let flow = r.flows.values().next().unwrap();
         assert_eq!(flow.segments.len(), 2);
         assert_eq!(flow.segments.values().next().unwrap().packet, big);
