@@ -197,10 +197,17 @@ fn queue_to_peer(out: &mut Outbox, counters: &mut Counters, peer: &Peer, datagra
         out.udp.push_back((addr, datagram.to_vec()));
         return;
     }
-    let buf = out.derp.entry(peer.derp_region).or_default();
-    let before = buf.len();
-    derp::encode_send_packet(buf, &peer.key, datagram);
-    counters.derp_bytes_out += (buf.len() - before) as u64;
+    out.queue_derp(counters, peer.derp_region, &peer.key, datagram);
+}
+
+impl Outbox {
+    /// Appends a SendPacket frame for `key` to `region`'s write buffer.
+    fn queue_derp(&mut self, counters: &mut Counters, region: u32, key: &NodeKey, payload: &[u8]) {
+        let buf = self.derp.entry(region).or_default();
+        let before = buf.len();
+        derp::encode_send_packet(buf, key, payload);
+        counters.derp_bytes_out += (buf.len() - before) as u64;
+    }
 }
 
 /// STUN (RFC 5389): two zero bits, then the magic cookie at bytes 4..8. WireGuard messages
@@ -422,10 +429,7 @@ impl DataPlane {
 
     /// Queues raw bytes (a sealed disco message) for `key` through DERP `region`.
     pub fn derp_send(&mut self, region: u32, key: &NodeKey, payload: &[u8]) {
-        let buf = self.out.derp.entry(region).or_default();
-        let before = buf.len();
-        derp::encode_send_packet(buf, key, payload);
-        self.counters.derp_bytes_out += (buf.len() - before) as u64;
+        self.out.queue_derp(&mut self.counters, region, key, payload);
     }
 
     /// A WireGuard datagram from the peer `src`: decrypt it with that peer's session.
