@@ -229,7 +229,7 @@ async def running_agent(env: Environment, headscale: Headscale, target_ip: str, 
         [sys.executable, "-m", "tailnet_agent"], env=config, stdout=log, stderr=subprocess.STDOUT)
     try:
         health = config["TAILNET_HEALTH_ADDRESS"]
-        wait_until(lambda: _ready(f"http://{health}/readyz"), timeout=60, what="the agent's /readyz")
+        wait_until(lambda: _fetch(f"http://{health}/readyz"), timeout=60, what="the agent's /readyz")
         yield proc, f"http://{health}/metrics"
     finally:
         proc.terminate()
@@ -256,17 +256,11 @@ async def until_direct(dial: Dial, metrics_url: str, timeout: float = 30.0) -> N
 
 
 def _fetch(url: str) -> str:
+    """The body of a 2xx answer (urllib raises on any other)."""
     import urllib.request
 
     with urllib.request.urlopen(url, timeout=5) as resp:
         return str(resp.read().decode())
-
-
-def _ready(url: str) -> bool:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=2) as resp:
-        return bool(resp.status == 200)
 
 
 async def held_connections_rss(pid: int, dial: Dial, connections: int) -> int:

@@ -537,7 +537,7 @@ class Node:
         """Refresh the endpoints disco offers and map requests carry (the disco loop reports changes)."""
         endpoints = self._endpoints()
         self.disco.endpoints = tuple(addr for addr, _ in endpoints)
-        self.control.use_endpoints([(f"{ip}:{port}", kind) for (ip, port), kind in endpoints])
+        self.control.endpoints = [(f"{ip}:{port}", kind) for (ip, port), kind in endpoints]
 
     async def _send_stun(self, loop: asyncio.AbstractEventLoop) -> None:
         """Binding requests to the home region's STUN servers; answers arrive as StunUdp events."""
@@ -587,7 +587,8 @@ class Node:
         self._udp = sock
         self._update_endpoints()
         loop.add_reader(sock.fileno(), self._on_udp_readable)
-        log.info("UDP for direct paths", port=sock.getsockname()[1], endpoints=self.control.endpoints)
+        log.info("UDP for direct paths", port=sock.getsockname()[1],
+                 endpoints=[text for text, _ in self.control.endpoints])
 
     def _close_udp(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._udp is None:
@@ -638,7 +639,7 @@ class Node:
         """Heartbeats, discovery for the peers in use, path expiry: every second, and soon after
         traffic went through DERP (a peer just became worth a direct path)."""
         loop = asyncio.get_running_loop()
-        reported: list[str] = []
+        reported: list[tuple[str, int]] = []
         stunned = float("-inf")
         while True:
             now = loop.time()
@@ -648,8 +649,7 @@ class Node:
                 await self._send_stun(loop)
             if self.control.endpoints != reported and self.control.connected and self.netmap is not None:
                 reported = list(self.control.endpoints)
-                await self.control.set_endpoints(list(zip(self.control.endpoints, self.control.endpoint_types,
-                                                          strict=True)))
+                await self.control.report_endpoints()
             self._apply(self.disco.tick(now, self.dataplane.active_peers(now - ACTIVE_SECONDS)))
             self._derp_traffic.clear()
             with contextlib.suppress(TimeoutError):

@@ -23,7 +23,7 @@ A register ``Error`` or an interactive ``AuthURL`` is terminal (:class:`Registra
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,10 +132,9 @@ class ControlClient:
         self._updated = asyncio.Event()
         self.preferred_derp = 0
         """Home DERP region reported in Hostinfo.NetInfo; 0 until the data plane picks one."""
-        self.endpoints: list[str] = []
-        """UDP endpoints (``ip:port``) reported in map requests; empty: DERP only."""
-        self.endpoint_types: list[int] = []
-        """``tailcfg.EndpointType`` of each endpoint (local 1, STUN 2)."""
+        self.endpoints: list[tuple[str, int]] = []
+        """UDP endpoints reported in map requests: (``ip:port``, ``tailcfg.EndpointType``: local 1,
+        STUN 2); empty: DERP only."""
         self._conn: ControlTransport | None = None
 
     async def run(self) -> None:
@@ -207,17 +206,10 @@ class ControlClient:
         self.preferred_derp = region
         return await self._lite_update("home DERP", region=region)
 
-    def use_endpoints(self, endpoints: Sequence[tuple[str, int]]) -> None:
-        """The UDP endpoints (``ip:port``, ``tailcfg.EndpointType``) that map requests carry from now
-        on; :meth:`set_endpoints` also sends them at once."""
-        self.endpoints = [text for text, _ in endpoints]
-        self.endpoint_types = [kind for _, kind in endpoints]
-
-    async def set_endpoints(self, endpoints: Sequence[tuple[str, int]]) -> bool:
-        """Report this node's UDP endpoints, so peers ping them for a direct path. Sent like
-        :meth:`set_preferred_derp`."""
-        self.use_endpoints(endpoints)
-        return await self._lite_update("endpoints", endpoints=self.endpoints)
+    async def report_endpoints(self) -> bool:
+        """Report :attr:`endpoints` now, so peers ping them for a direct path. Sent like
+        :meth:`set_preferred_derp`; map polls carry them anyway."""
+        return await self._lite_update("endpoints", endpoints=[text for text, _ in self.endpoints])
 
     async def _lite_update(self, what: str, **context: object) -> bool:
         conn = self._conn
@@ -289,7 +281,8 @@ class ControlClient:
             "OmitPeers": False,
             "Compress": "",
             "Hostinfo": self.hostinfo(),
-            **({"Endpoints": self.endpoints, "EndpointTypes": self.endpoint_types} if self.endpoints else {}),
+            **({"Endpoints": [text for text, _ in self.endpoints],
+                "EndpointTypes": [kind for _, kind in self.endpoints]} if self.endpoints else {}),
         }
 
     async def _poll(self, conn: ControlTransport, *, on_first_message: Callable[[], None]) -> None:

@@ -56,7 +56,7 @@ class EgressForwarder:
                 for target in self.targets:
                     for mapping in target.ports:
                         server = await loop.create_server(
-                            self._factory(tg, target, mapping, loop), self.bind_address, mapping.listen,
+                            self._factory(tg, target, mapping), self.bind_address, mapping.listen,
                             reuse_address=True)
                         servers.append(server)
                         log.info("egress listening", target=target.name, listen=f"{self.bind_address}:"
@@ -68,14 +68,14 @@ class EgressForwarder:
                 server.close()
 
     def _factory(self, tg: asyncio.TaskGroup, target: Target, mapping: PortMapping,
-                 loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Protocol]:
+                 ) -> Callable[[], asyncio.Protocol]:
         sent = self.metrics.bytes.labels(target.name, "sent")
         received = self.metrics.bytes.labels(target.name, "received")
 
         def accept() -> asyncio.Protocol:
             splice = Splice(count_a_to_b=sent.inc, count_b_to_a=received.inc)
-            loop.call_soon(lambda: tg.create_task(self._forward(target, mapping, splice),
-                                                  name=f"egress-{target.name}-{mapping.port}"))
+            # The task first runs after connection_made has given splice.a its transport.
+            tg.create_task(self._forward(target, mapping, splice), name=f"egress-{target.name}-{mapping.port}")
             return splice.a
 
         return accept
