@@ -541,6 +541,8 @@ class Node:
 
     async def _send_stun(self, loop: asyncio.AbstractEventLoop) -> None:
         """Binding requests to the home region's STUN servers; answers arrive as StunUdp events."""
+        # Requests of earlier rounds that were never answered are forgotten here.
+        self._stun_pending = {tx: at for tx, at in self._stun_pending.items() if loop.time() - at <= STUN_INTERVAL}
         netmap = self.netmap
         if self._udp is None or netmap is None or self.home_region not in netmap.derp_map.regions:
             return
@@ -559,7 +561,7 @@ class Node:
             with contextlib.suppress(OSError):
                 self._udp.sendto(stun.binding_request(tx_id), infos[0][4][:2])
 
-    def _on_stun(self, payload: bytes, now: float) -> None:
+    def _on_stun(self, payload: bytes) -> None:
         answer = stun.parse_response(payload)
         if answer is None or self._stun_pending.pop(answer[0], None) is None:
             return
@@ -567,9 +569,6 @@ class Node:
             log.info("STUN endpoint", address=f"{answer[1][0]}:{answer[1][1]}")
             self._stun_endpoint = answer[1]
             self._update_endpoints()
-        for tx_id, sent in list(self._stun_pending.items()):
-            if now - sent > STUN_INTERVAL:
-                del self._stun_pending[tx_id]
 
     def _open_udp(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.options.udp_port is None:
@@ -703,7 +702,7 @@ class Node:
                 case nat.DiscoDerp(region, key, payload):
                     self._apply(self.disco.handle_derp(region, key, payload, loop.time()))
                 case nat.StunUdp(_ip, _port, payload):
-                    self._on_stun(payload, loop.time())
+                    self._on_stun(payload)
                 case nat.DerpPeerGone() | nat.DerpPeerPresent() | nat.DerpFrame() | nat.DerpHealth():
                     pass
                 case _ if streams is not None:
