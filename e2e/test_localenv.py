@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hack.localenv import Environment, Headscale, ManagedProcess, SiteHost, marked_processes, wait_until
+from hack.localenv import Environment, Headscale, ManagedProcess, SiteHost, free_port, marked_processes, wait_until
 
 from .conftest import TailscaleFactory
 
@@ -104,3 +104,12 @@ def test_leak_check_finds_a_running_process_and_not_a_stopped_one(tmp_path: Path
     finally:
         proc.stop()
     assert list(marked_processes(env.run_id)) == []
+
+
+def test_free_ports_stay_out_of_the_kernels_ephemeral_range() -> None:
+    """Outgoing connections take ports from the ephemeral range; a port handed to a server that
+    binds it later must not be one of those."""
+    low, _ = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports), "each port is handed out once"
+    assert all(10000 <= p < low for p in ports), (min(ports), max(ports), low)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,11 +27,44 @@ class EnvironmentStartError(RuntimeError):
     """A component did not come up; the message names its log file."""
 
 
+LOWEST_PORT = 10000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for ports it picks itself (outgoing connections, ``bind(0)``)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _free_both_ways(port: int) -> bool:
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+        with socket.socket(socket.AF_INET, kind) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port on 127.0.0.1 that nothing uses right now for TCP or UDP, for a server to bind soon.
+
+    Chosen below the kernel's ephemeral range: a port from that range can be taken by any
+    outgoing connection between this check and the server's bind (a real failure seen in the test
+    run: Headscale could not bind). A port is handed out once per process.
+    """
+    low, _ = _ephemeral_range()
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        port = rng.randrange(LOWEST_PORT, max(low, LOWEST_PORT + 1000))
+        if port not in _handed_out and _free_both_ways(port):
+            _handed_out.add(port)
+            return port
+    raise RuntimeError(f"no free port between {LOWEST_PORT} and {low}")
 
 
 def wait_until(condition: Callable[[], T | None], *, timeout: float, interval: float = 0.1,
