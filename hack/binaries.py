@@ -10,9 +10,11 @@ Every binary comes from Go modules through the Go toolchain:
   ``k8s.io/<name> v0.<minor>.<patch>`` and builds the commands from there.
 * The local node's containerd (with its runc shim and ``ctr``), the CNI plugins, CoreDNS,
   kind and cyclonus come the same way, with the build tags their own Makefiles use.
-* runc keeps a patched copy of a dependency under a relative ``replace`` and needs cgo for
-  its ``nsenter`` part: it is built inside a copy of its own module, with cgo and without
-  the optional seccomp support (which would need libseccomp's headers).
+* runc needs cgo for its ``nsenter`` part: it is built inside a copy of its own module, with
+  cgo and without the optional seccomp support (which would need libseccomp's headers). Its
+  go.mod replaces go-selinux with a patched copy that is a module of its own and so absent
+  from the published module; the build drops that replace and uses the go-selinux release it
+  names (the patch only matters on hosts that enforce SELinux labels, which this one does not).
 
 Binaries land in ``<cache>/bin/<component>-<version>/``; a component whose binaries are all
 present is not rebuilt, so a second run takes seconds.
@@ -58,7 +60,9 @@ class Component:
     """Import path of each binary, in the order of ``binaries``."""
     tags: str = ""
     in_module: bool = False
-    """Build inside a copy of the module itself (it needs its own relative ``replace``)."""
+    """Build inside a copy of the module itself (it needs its own go.mod, with cgo)."""
+    drop_replaces: tuple[str, ...] = ()
+    """``replace`` directives of that go.mod whose targets the published module lacks."""
 
     @property
     def directory(self) -> Path:
@@ -87,7 +91,7 @@ CONTAINERD = Component(
     tags="urfave_cli_no_docs no_btrfs osusergo netgo static_build",
 )
 RUNC = Component("runc", versions.RUNC, ("runc",), "github.com/opencontainers/runc", (".",),
-                 tags="urfave_cli_no_docs", in_module=True)
+                 tags="urfave_cli_no_docs", in_module=True, drop_replaces=("github.com/opencontainers/selinux",))
 _CNI_MODULE = "github.com/containernetworking/plugins"
 CNI_PLUGINS = Component(
     "cni-plugins", versions.CNI_PLUGINS, ("bridge", "host-local", "loopback", "portmap"), _CNI_MODULE,
@@ -167,6 +171,8 @@ def _build_in_module(component: Component) -> None:
         work.chmod(0o755)
         for path in work.rglob("*"):
             path.chmod(0o755 if path.is_dir() else 0o644)
+        for old in component.drop_replaces:
+            _run([go, "mod", "edit", f"-dropreplace={old}"], cwd=work)
         _build_packages(go, component, work, "-s -w", cgo=True)
 
 
