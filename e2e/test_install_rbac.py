@@ -1,0 +1,337 @@
+"""The install tree against a real kube-apiserver: `kubectl apply -k manifests/`, then the
+operator from this source tree authenticated only by a token of its ServiceAccount.
+
+This control plane has no node, so the Deployment never gets a pod here; what these tests
+prove is that the objects are accepted (the pod template under the `restricted` Pod Security
+standard included) and that the RBAC is enough for everything the operator does (a Tailnet
+becomes Ready, its policy is rendered, its TailnetSite gets a status, Events are recorded, the
+Lease is held, the finalizer comes off, and not one request is refused) and no more.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from hack import binaries
+from hack.localenv import ControlPlane, Environment, Headscale, ManagedProcess, free_port
+from tailnet_operator.controllers.kinds import TAILNET, TAILNET_SITE
+from tailnet_operator.controllers.policy import rendered_config_map_name
+from tailnet_operator.controllers.tailnet import working_key_secret_name
+from tailnet_operator.runtime import config as rest_config
+from tailnet_operator.runtime.client import JSON, Client
+from tailnet_operator.runtime.errors import Forbidden, NotFound
+from tailnet_operator.runtime.kinds import CONFIG_MAP, EVENT, LEASE, NAMESPACE, SECRET, Resource
+
+from .operator import create_bootstrap_secret, has_condition, remove_tailnets, tailnet_object, unique
+from .polling import eventually
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parent.parent
+MANIFESTS = REPO / "manifests"
+OPERATOR_NAMESPACE = "tailnet-system"
+SERVICE_ACCOUNT = "tailnet-operator"
+LEASE_NAME = "tailnet-operator"
+POD = Resource("", "v1", "pods", "Pod")
+LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
+          "app.kubernetes.io/part-of")
+
+
+@dataclass
+class Installed:
+    rendered: list[JSON]
+    """`kubectl kustomize manifests/`."""
+    apply_output: str
+    """What `kubectl apply -k manifests/` printed (warnings included)."""
+    kubeconfig: Path
+    """Authenticates as the operator's ServiceAccount, with a token from the TokenRequest API."""
+
+
+def _kubectl(kubectl: Path, *args: str | Path, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+    argv = [str(kubectl), *([f"--kubeconfig={kubeconfig}"] if kubeconfig else []), *map(str, args)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
+    assert result.returncode == 0, f"{' '.join(argv)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def _service_account_kubeconfig(plane: ControlPlane, path: Path) -> Path:
+    """The admin kubeconfig's cluster, with a user that is the ServiceAccount's token."""
+    review = plane.request("POST", f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/serviceaccounts/{SERVICE_ACCOUNT}/token",
+                           {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                            "spec": {"expirationSeconds": 3600}})
+    config = yaml.safe_load(plane.kubeconfig.read_text())
+    config["users"] = [{"name": SERVICE_ACCOUNT, "user": {"token": review["status"]["token"]}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = SERVICE_ACCOUNT
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def installed(crds: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    """manifests/ applied as a user would; everything but the shared CRDs is deleted afterwards."""
+    kubectl = binaries.binary("kubectl")
+    rendered = [d for d in yaml.safe_load_all(_kubectl(kubectl, "kustomize", MANIFESTS).stdout) if d]
+    try:
+        applied = _kubectl(kubectl, "apply", "-k", MANIFESTS, kubeconfig=crds.kubeconfig)
+        kubeconfig = _service_account_kubeconfig(crds, tmp_path_factory.mktemp("sa") / "kubeconfig")
+        yield Installed(rendered, applied.stdout + applied.stderr, kubeconfig)
+    finally:
+        # The namespace (and the Lease, Secrets and ConfigMaps in it), the RBAC and the Events
+        # Role in `default`; waits until the namespace is gone so a later install starts clean.
+        _kubectl(kubectl, "delete", "-k", MANIFESTS / "install", "--ignore-not-found", "--timeout=120s",
+                 kubeconfig=crds.kubeconfig)
+
+
+def _rendered(installed: Installed, kind: str, name: str) -> JSON:
+    [obj] = [o for o in installed.rendered if o["kind"] == kind and o["metadata"]["name"] == name]
+    return obj
+
+
+# -- the install ----------------------------------------------------------------------------------
+
+
+async def test_install_is_labelled_and_applies_without_pod_security_warnings(
+    installed: Installed, admin: Client
+) -> None:
+    for obj in installed.rendered:
+        labels = obj["metadata"].get("labels") or {}
+        assert all(labels.get(k) for k in LABELS), f"{obj['kind']} {obj['metadata']['name']}: {labels}"
+    assert not [o for o in installed.rendered if o["apiVersion"].startswith("tailnet.dev/")], "no samples"
+    container = _rendered(installed, "Deployment", "tailnet-operator")["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "localhost/tailnet-operator:dev"
+    assert "PodSecurity" not in installed.apply_output, installed.apply_output
+
+    namespace = await admin.get(NAMESPACE, OPERATOR_NAMESPACE)
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    await admin.get(Resource("", "v1", "serviceaccounts", "ServiceAccount"), SERVICE_ACCOUNT, OPERATOR_NAMESPACE)
+
+
+async def test_the_operator_pod_is_admitted_under_restricted_and_an_unconfined_one_is_not(
+    installed: Installed, admin: Client
+) -> None:
+    template = _rendered(installed, "Deployment", "tailnet-operator")["spec"]["template"]
+    pod: JSON = {"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"name": "tailnet-operator-admission", "namespace": OPERATOR_NAMESPACE,
+                              "labels": template["metadata"]["labels"]},
+                 "spec": copy.deepcopy(template["spec"])}
+    await admin.request("POST", POD.path(OPERATOR_NAMESPACE), body=pod, params={"dryRun": "All"})
+
+    unconfined = copy.deepcopy(pod)
+    del unconfined["spec"]["securityContext"]
+    del unconfined["spec"]["containers"][0]["securityContext"]
+    with pytest.raises(Forbidden, match="violates PodSecurity"):
+        await admin.request("POST", POD.path(OPERATOR_NAMESPACE), body=unconfined, params={"dryRun": "All"})
+
+
+# -- the operator on its ServiceAccount -----------------------------------------------------------
+
+
+def _while_running(operator: ManagedProcess, check: Callable[[], Any]) -> Callable[[], Any]:
+    """``check``, failing at once (with the operator's log) if the operator has exited."""
+
+    def checked() -> Any:
+        operator.check_running()
+        return check()
+
+    return checked
+
+
+async def _http_text(url: str) -> str | None:
+    try:
+        async with aiohttp.ClientSession() as session, session.get(url, timeout=aiohttp.ClientTimeout(2)) as resp:
+            return await resp.text() if resp.status == 200 else None
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
+def _gone(admin: Client, resource: Resource, name: str, namespace: str | None = None) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        try:
+            await admin.get(resource, name, namespace)
+        except NotFound:
+            return True
+        return False
+
+    return check
+
+
+async def test_the_operator_reconciles_with_only_its_service_accounts_permissions(
+    installed: Installed, admin: Client, headscale: Headscale, environment: Environment
+) -> None:
+    name = unique("rbac")
+    site, base, bootstrap = f"{name}-site", f"{name}-base", f"{name}-bootstrap"
+    await create_bootstrap_secret(admin, OPERATOR_NAMESPACE, bootstrap, headscale.api_key)
+    await admin.apply(CONFIG_MAP, {"metadata": {"name": base, "namespace": OPERATOR_NAMESPACE},
+                                   "data": {"policy.hujson": "{}"}})
+    metrics, probes = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    operator = ManagedProcess(f"operator-{name}", [
+        sys.executable, "-m", "tailnet_operator", "--kubeconfig", installed.kubeconfig,
+        "--namespace", OPERATOR_NAMESPACE, "--leader-elect",
+        f"--metrics-bind-address={metrics}", f"--health-probe-bind-address={probes}",
+    ], log_dir=environment.log_dir, run_id=environment.run_id, cwd=REPO)
+    operator.start()
+    try:
+        await eventually(_while_running(operator, lambda: _http_text(f"http://{probes}/readyz")), timeout=60,
+                         what="the operator's /readyz (its informers listed everything)")
+        lease = await eventually(_while_running(operator, lambda: _lease_holder(admin)), timeout=30,
+                                 what="the operator to hold its Lease")
+        assert lease.startswith(f"{socket.gethostname()}_")
+
+        await admin.create(TAILNET, tailnet_object(
+            name, headscale, OPERATOR_NAMESPACE, secret=bootstrap,
+            policy={"baseConfigMapRef": {"namespace": OPERATOR_NAMESPACE, "name": base, "key": "policy.hujson"},
+                    "mode": "Render"}))
+        await admin.create(TAILNET_SITE, {
+            "apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetSite", "metadata": {"name": site},
+            "spec": {"tailnetRef": {"name": name}, "routes": ["192.168.77.0/24"], "routerTag": "tag:site-rbac"}})
+
+        # Each wait proves one group of rows of docs/reference/rbac.md.
+        await eventually(_while_running(operator, has_condition(admin, TAILNET, name, "Ready", "True", "Connected")),
+                         timeout=60, what="the Tailnet to be Ready (working key minted and stored)")
+        await admin.get(SECRET, working_key_secret_name(name), OPERATOR_NAMESPACE)
+        await eventually(_while_running(operator, has_condition(admin, TAILNET, name, "PolicyApplied", "False",
+                                                                "RenderOnly")),
+                         timeout=60, what="the policy to be rendered into its ConfigMap")
+        rendered = await admin.get(CONFIG_MAP, rendered_config_map_name(name), OPERATOR_NAMESPACE)
+        assert "tag:site-rbac" in rendered["data"]["policy.hujson"]
+        await eventually(_while_running(operator, has_condition(admin, TAILNET_SITE, site, "Ready", "False",
+                                                                "NoRouter")),
+                         timeout=60, what="the TailnetSite's status")
+        await eventually(_while_running(operator, lambda: _event_reasons(admin, name)), timeout=30,
+                         what="an Event about the Tailnet from the operator")
+
+        await admin.delete(TAILNET_SITE, site)
+        await admin.delete(TAILNET, name)
+        await eventually(_while_running(operator, _gone(admin, TAILNET, name)), timeout=60,
+                         what="the operator to expire the working key and remove its finalizer")
+
+        text = await _http_text(f"http://{metrics}/metrics")
+        assert text is not None
+        refused = re.findall(r'^rest_client_requests_total\{code="40[13]".*$', text, re.MULTILINE)
+        assert not refused, f"kube-apiserver refused requests of the operator: {refused}"
+    finally:
+        operator.stop()
+        for resource, obj in ((TAILNET_SITE, site), (TAILNET, name)):
+            with contextlib.suppress(NotFound):
+                await admin.delete(resource, obj)
+        await remove_tailnets(admin, OPERATOR_NAMESPACE)
+    lease_spec = (await admin.get(LEASE, LEASE_NAME, OPERATOR_NAMESPACE))["spec"]
+    assert not lease_spec.get("holderIdentity"), "a graceful stop releases the Lease"
+
+
+async def _lease_holder(admin: Client) -> str | None:
+    try:
+        lease = await admin.get(LEASE, LEASE_NAME, OPERATOR_NAMESPACE)
+    except NotFound:
+        return None
+    holder = lease.get("spec", {}).get("holderIdentity")
+    return str(holder) if holder else None
+
+
+async def _event_reasons(admin: Client, name: str) -> set[str]:
+    events = await admin.list(EVENT, "default")
+    return {e["reason"] for e in events.items
+            if e.get("regarding", {}).get("name") == name and e.get("reportingController") == "tailnet-operator"}
+
+
+# -- and no more ----------------------------------------------------------------------------------
+
+
+def _grants(rendered: list[JSON]) -> list[dict[str, str]]:
+    """The resource attributes of every rule the bindings give the ServiceAccount."""
+    roles = {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
+             for o in rendered if o["kind"] in ("Role", "ClusterRole")}
+    attributes = []
+    for binding in (o for o in rendered if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        namespace = binding["metadata"].get("namespace", "")
+        ref = binding["roleRef"]
+        for rule in roles[(ref["kind"], "" if ref["kind"] == "ClusterRole" else namespace, ref["name"])]["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    plural, _, subresource = resource.partition("/")
+                    for verb in rule["verbs"]:
+                        for name in rule.get("resourceNames") or [""]:
+                            attributes.append({"namespace": namespace, "group": group, "resource": plural,
+                                               "subresource": subresource, "verb": verb, "name": name})
+    return attributes
+
+
+async def _allowed(client: Client, attributes: dict[str, str]) -> bool:
+    review = await client.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body={
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {k: v for k, v in attributes.items() if v}}})
+    return bool(review["status"].get("allowed"))
+
+
+def _refused(other: str) -> list[dict[str, str]]:
+    """Requests the operator does not make, so its ServiceAccount must not be allowed them."""
+    ns = OPERATOR_NAMESPACE
+    return [
+        {"namespace": other, "resource": "secrets", "verb": "get"},
+        {"namespace": "", "resource": "secrets", "verb": "get"},
+        {"namespace": other, "resource": "secrets", "verb": "patch"},
+        {"namespace": other, "resource": "secrets", "verb": "create"},
+        {"namespace": other, "resource": "configmaps", "verb": "patch"},
+        {"namespace": ns, "resource": "secrets", "verb": "delete"},
+        {"namespace": ns, "resource": "secrets", "verb": "update"},
+        {"namespace": ns, "resource": "pods", "verb": "create"},
+        {"namespace": ns, "resource": "pods", "verb": "list"},
+        {"namespace": ns, "group": "apps", "resource": "deployments", "verb": "patch"},
+        {"namespace": ns, "resource": "services", "verb": "patch"},
+        {"namespace": ns, "group": "coordination.k8s.io", "resource": "leases", "verb": "update", "name": "other"},
+        {"namespace": other, "group": "events.k8s.io", "resource": "events", "verb": "create"},
+        {"namespace": other, "resource": "events", "verb": "create"},
+        {"group": "tailnet.dev", "resource": "tailnets", "verb": "delete"},
+        {"group": "tailnet.dev", "resource": "tailnets", "verb": "create"},
+        {"group": "tailnet.dev", "resource": "tailnets", "verb": "update"},
+        {"group": "tailnet.dev", "resource": "tailnetegresses", "subresource": "status", "verb": "patch"},
+        {"group": "rbac.authorization.k8s.io", "resource": "clusterroles", "verb": "escalate"},
+        {"resource": "serviceaccounts", "subresource": "token", "verb": "create", "namespace": ns},
+    ]
+
+
+async def test_the_service_account_may_do_what_the_rbac_lists_and_is_refused_the_rest(
+    installed: Installed, admin: Client
+) -> None:
+    other = unique("rbac-other")
+    await admin.create(NAMESPACE, {"metadata": {"name": other}})
+    try:
+        await admin.apply(SECRET, {"metadata": {"name": "unrelated", "namespace": other}, "type": "Opaque",
+                                   "data": {"key": base64.b64encode(b"value").decode()}})
+        async with Client(rest_config.load(installed.kubeconfig)) as sa:
+            granted = _grants(installed.rendered)
+            assert granted
+            denied = [a for a in granted if not await _allowed(sa, a)]
+            assert not denied, f"rules the apiserver does not grant: {denied}"
+            allowed = [a for a in _refused(other) if await _allowed(sa, a)]
+            assert not allowed, f"allowed, though the operator never needs it: {allowed}"
+
+            # Real requests, not only reviews: outside its namespace the operator can neither
+            # fetch a Secret by name nor write one.
+            with pytest.raises(Forbidden):
+                await sa.get(SECRET, "unrelated", other)
+            with pytest.raises(Forbidden):
+                await sa.apply(SECRET, {"metadata": {"name": "unrelated", "namespace": other},
+                                        "data": {"key": base64.b64encode(b"changed").decode()}})
+            with pytest.raises(Forbidden):
+                await sa.delete(TAILNET, "any")
+        secret = await admin.get(SECRET, "unrelated", other)
+        assert base64.b64decode(secret["data"]["key"]) == b"value"
+    finally:
+        await admin.delete(NAMESPACE, other)
