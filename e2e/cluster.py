@@ -1,7 +1,7 @@
 """The cluster the ``cluster`` tests run against: the local node, or kind under ``make e2e``.
 
 Both are reached through a kubeconfig and ``kubectl``; what differs is behind
-:class:`TestCluster`: how a locally built image reaches the node, the address at which pods
+:class:`ClusterUnderTest`: how a locally built image reaches the node, the address at which pods
 reach a server the test runs on the host, and whether NetworkPolicy is enforced.
 """
 
@@ -34,7 +34,7 @@ class Image(Protocol):
     def archive(self) -> Path: ...
 
 
-class TestCluster(Protocol):
+class ClusterUnderTest(Protocol):
     @property
     def kubeconfig(self) -> Path: ...
     @property
@@ -67,17 +67,18 @@ class KindCluster:
                         "--name", self.name], check=True, capture_output=True)
 
 
-def kubectl(cluster: TestCluster, *args: str, stdin: str | None = None, check: bool = True,
+def kubectl(cluster: ClusterUnderTest, *args: str, stdin: str | None = None, check: bool = True,
             timeout: float = 120) -> str:
     return _kubectl(cluster.kubeconfig, *args, stdin=stdin, check=check, timeout=timeout).stdout
 
 
-def get_json(cluster: TestCluster, *args: str) -> Any:
+def get_json(cluster: ClusterUnderTest, *args: str) -> Any:
     return json.loads(kubectl(cluster, "get", *args, "-o", "json"))
 
 
-def apply(cluster: TestCluster, docs: Sequence[dict[str, Any]]) -> None:
-    kubectl(cluster, "apply", "--server-side", "--field-manager=e2e", "-f", "-", stdin=yaml.safe_dump_all(docs))
+def apply(cluster: ClusterUnderTest, docs: Sequence[dict[str, Any]]) -> None:
+    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "--field-manager=e2e", "-f", "-",
+            stdin=yaml.safe_dump_all(docs))
 
 
 def condition(obj: dict[str, Any], kind: str) -> str | None:
@@ -87,7 +88,7 @@ def condition(obj: dict[str, Any], kind: str) -> str | None:
     return None
 
 
-def wait_available(cluster: TestCluster, namespace: str, name: str, timeout: float = 120) -> None:
+def wait_available(cluster: ClusterUnderTest, namespace: str, name: str, timeout: float = 120) -> None:
     def available() -> bool:
         return condition(get_json(cluster, "-n", namespace, "deployment", name), "Available") == "True"
 
@@ -99,7 +100,7 @@ def wait_available(cluster: TestCluster, namespace: str, name: str, timeout: flo
         raise AssertionError(f"{exc}\n{pods}\n{events[-3000:]}") from exc
 
 
-def wait_pod_running(cluster: TestCluster, namespace: str, name: str, timeout: float = 120) -> None:
+def wait_pod_running(cluster: ClusterUnderTest, namespace: str, name: str, timeout: float = 120) -> None:
     def running() -> bool:
         pod = get_json(cluster, "-n", namespace, "pod", name)
         return condition(pod, "Ready") == "True"
@@ -108,7 +109,7 @@ def wait_pod_running(cluster: TestCluster, namespace: str, name: str, timeout: f
 
 
 @contextmanager
-def namespace(cluster: TestCluster, prefix: str, labels: dict[str, str] | None = None) -> Iterator[str]:
+def namespace(cluster: ClusterUnderTest, prefix: str, labels: dict[str, str] | None = None) -> Iterator[str]:
     """A namespace for one test, deleted (without waiting) afterwards."""
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     apply(cluster, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}])
@@ -120,7 +121,7 @@ def namespace(cluster: TestCluster, prefix: str, labels: dict[str, str] | None =
         kubectl(cluster, "delete", "namespace", name, "--wait=false", check=False)
 
 
-def _default_service_account(cluster: TestCluster, ns: str) -> bool:
+def _default_service_account(cluster: ClusterUnderTest, ns: str) -> bool:
     return kubectl(cluster, "-n", ns, "get", "serviceaccount", "default", check=False) != ""
 
 
@@ -158,7 +159,7 @@ http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Hello).serve_forever()
 SLEEPER = "import time\nwhile True: time.sleep(3600)\n"
 
 
-def exec_python(cluster: TestCluster, ns: str, pod: str, code: str, timeout: float = 30) -> str:
+def exec_python(cluster: ClusterUnderTest, ns: str, pod: str, code: str, timeout: float = 30) -> str:
     """Run Python in a pod through ``kubectl exec`` (apiserver -> kubelet -> CRI) and return stdout."""
     return kubectl(cluster, "-n", ns, "exec", pod, "--", "python3", "-c", textwrap.dedent(code), timeout=timeout)
 

@@ -44,7 +44,7 @@ from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
 
 if TYPE_CHECKING:
-    from e2e.cluster import Image, TestCluster
+    from e2e.cluster import ClusterUnderTest, Image
 
 _ARTIFACTS = Path(__file__).resolve().parent.parent / "_artifacts" / "test-runs"
 _environment: Environment | None = None
@@ -172,7 +172,7 @@ def site_host(environment: Environment) -> Iterator[Callable[[], SiteHost]]:
 
 
 @pytest.fixture(scope="session")
-def cluster(environment: Environment) -> TestCluster:
+def cluster(environment: Environment) -> ClusterUnderTest:
     """The cluster the ``cluster`` tests run against; started once per session."""
     from e2e.cluster import EXTERNAL_KUBECONFIG, KindCluster
     from hack.localenv.hostnet import HostNetwork
@@ -188,7 +188,7 @@ def cluster(environment: Environment) -> TestCluster:
 
 
 @pytest.fixture(scope="session")
-def project_image(cluster: TestCluster) -> Image:
+def project_image(cluster: ClusterUnderTest) -> Image:
     """The project's image (Containerfile), built unless cached, loaded into the cluster."""
     from hack import image
 
@@ -198,7 +198,7 @@ def project_image(cluster: TestCluster) -> Image:
 
 
 @pytest.fixture(scope="session")
-def cluster_headscale(environment: Environment, cluster: TestCluster) -> Iterator[Headscale]:
+def cluster_headscale(environment: Environment, cluster: ClusterUnderTest) -> Iterator[Headscale]:
     """A Headscale that pods reach: it listens on the cluster's host address."""
     server = environment.headscale("cluster-headscale", address=cluster.host_address)
     try:

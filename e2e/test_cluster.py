@@ -10,6 +10,8 @@ import ipaddress
 import json
 import socket
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +20,7 @@ import pytest
 from e2e.cluster import (
     HTTP_SERVER,
     SLEEPER,
-    TestCluster,
+    ClusterUnderTest,
     apply,
     exec_python,
     get_json,
@@ -35,7 +37,7 @@ from tailnet_operator import __version__
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e]
 
 
-def test_the_node_is_ready_and_runs_the_projects_image(cluster: TestCluster, project_image: Any) -> None:
+def test_the_node_is_ready_and_runs_the_projects_image(cluster: ClusterUnderTest, project_image: Any) -> None:
     nodes = get_json(cluster, "nodes")["items"]
     assert nodes, "the cluster has a node"
     for node in nodes:
@@ -62,7 +64,7 @@ def test_the_node_is_ready_and_runs_the_projects_image(cluster: TestCluster, pro
         assert "AGENT_MODE is unset" in agent_log, agent_log
 
 
-def _finished(cluster: TestCluster, ns: str, pod: str) -> str:
+def _finished(cluster: ClusterUnderTest, ns: str, pod: str) -> str:
     def phase() -> str | None:
         value = get_json(cluster, "-n", ns, "pod", pod)["status"].get("phase")
         return str(value) if value in ("Succeeded", "Failed") else None
@@ -70,7 +72,7 @@ def _finished(cluster: TestCluster, ns: str, pod: str) -> str:
     return wait_until(phase, timeout=120, what=f"pod {ns}/{pod} to finish")
 
 
-def test_pods_reach_each_other_by_cluster_ip_and_by_name(cluster: TestCluster, project_image: Any) -> None:
+def test_pods_reach_each_other_by_cluster_ip_and_by_name(cluster: ClusterUnderTest, project_image: Any) -> None:
     with namespace(cluster, "server") as server_ns, namespace(cluster, "client") as client_ns:
         apply(cluster, [
             python_pod("hello", server_ns, project_image.ref, HTTP_SERVER, labels={"app": "hello"}, port=8080),
@@ -89,12 +91,12 @@ def test_pods_reach_each_other_by_cluster_ip_and_by_name(cluster: TestCluster, p
             assert body.strip() == "hello from hello", url
 
 
-def _getter(cluster: TestCluster, ns: str, url: str) -> Callable[[], str]:
+def _getter(cluster: ClusterUnderTest, ns: str, url: str) -> Callable[[], str]:
     return lambda: exec_python(cluster, ns, "client", http_get_code(url))
 
 
 def test_a_name_added_to_the_hosts_config_map_resolves_without_a_restart(
-        cluster: TestCluster, project_image: Any) -> None:
+        cluster: ClusterUnderTest, project_image: Any) -> None:
     from hack.localenv.node import HOSTS_CONFIG_MAP
 
     hosts_ns, hosts_name = HOSTS_CONFIG_MAP
@@ -125,7 +127,7 @@ except OSError as exc:
     assert _coredns_pods(cluster) == coredns_before, "CoreDNS was not restarted"
 
 
-def _coredns_pods(cluster: TestCluster) -> list[tuple[str, int]]:
+def _coredns_pods(cluster: ClusterUnderTest) -> list[tuple[str, int]]:
     pods = get_json(cluster, "-n", "kube-system", "pods", "-l", "k8s-app=kube-dns")["items"]
     return sorted((p["metadata"]["name"], p["status"]["containerStatuses"][0]["restartCount"]) for p in pods)
 
@@ -140,6 +142,16 @@ print(json.dumps({"routes": routes, "resolv": open("/etc/resolv.conf").read()}))
 """
 
 
+DNS_PROBE = """
+import socket
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+    try:
+        sock.sendto(b"probe", ("127.0.0.1", 53))
+    except PermissionError:
+        pass  # dropped by the guard, as it should be
+"""
+
+
 def _ip(little_endian_hex: str) -> str:
     return socket.inet_ntoa(struct.pack("<I", int(little_endian_hex, 16)))
 
@@ -148,7 +160,7 @@ def _cidr(destination_hex: str, mask_hex: str) -> str:
     return str(ipaddress.ip_network(f"{_ip(destination_hex)}/{_ip(mask_hex)}"))
 
 
-def test_pods_and_the_host_can_only_address_this_machine(cluster: TestCluster, project_image: Any) -> None:
+def test_pods_and_the_host_can_only_address_this_machine(cluster: ClusterUnderTest, project_image: Any) -> None:
     """A pod has no default route, only the safe range; its resolver is the cluster's alone; on
     the host, every cluster address that is not on the bridge is unreachable."""
     from hack.localenv import hostnet, node
@@ -166,9 +178,14 @@ def test_pods_and_the_host_can_only_address_this_machine(cluster: TestCluster, p
 
     assert hostnet.unreachable_route_present(hostnet.CLUSTER_RANGE)
     for address in ("198.19.128.1", node.CLUSTER_DNS, "198.19.255.254", "198.19.1.1"):
-        assert hostnet.route_get(address).startswith("RTNETLINK answers: Network is unreachable") or \
-            "unreachable" in hostnet.route_get(address), (address, hostnet.route_get(address))
-    assert hostnet.guard_drops() == 0, "a pod sent a packet towards an address outside the safe range"
+        answer = hostnet.route_get(address)
+        assert answer == "RTNETLINK answers: No route to host", (address, answer)  # the unreachable route
+    counts = hostnet.guard_counts()
+    assert counts["pod-escape"] == 0, "a pod sent a packet towards an address outside the safe range"
+    assert counts["node-dns"] == 0, "a process of the node sent a DNS query (to the machine's resolver)"
+    # The DNS fence sees what it is meant to see: a query from the node's group to loopback.
+    subprocess.run([sys.executable, "-c", DNS_PROBE], group=hostnet.NODE_GID, check=True, timeout=10)
+    assert hostnet.guard_counts()["node-dns"] == 1
     node_addresses = get_json(cluster, "node", node.NODE_NAME)["status"]["addresses"]
     assert {a["type"]: a["address"] for a in node_addresses} == {
         "InternalIP": hostnet.NODE_IP, "Hostname": node.NODE_NAME}

@@ -11,7 +11,7 @@ import pytest
 from e2e.cluster import (
     HTTP_SERVER,
     SLEEPER,
-    TestCluster,
+    ClusterUnderTest,
     apply,
     exec_python,
     get_json,
@@ -37,7 +37,7 @@ def admit_namespace(ns: str, team: str) -> dict[str, Any]:
     }
 
 
-def _model(cluster: TestCluster, namespaces: list[str]) -> tuple[list[netpol.Namespace], list[netpol.Pod]]:
+def _model(cluster: ClusterUnderTest, namespaces: list[str]) -> tuple[list[netpol.Namespace], list[netpol.Pod]]:
     """Namespaces and pods as the cluster has them (labels, addresses, ports)."""
     spaces, pods = [], []
     for ns in namespaces:
@@ -49,7 +49,7 @@ def _model(cluster: TestCluster, namespaces: list[str]) -> tuple[list[netpol.Nam
     return spaces, pods
 
 
-def test_a_policy_admitting_one_namespace_refuses_another(cluster: TestCluster, project_image: Any) -> None:
+def test_a_policy_admitting_one_namespace_refuses_another(cluster: ClusterUnderTest, project_image: Any) -> None:
     with namespace(cluster, "np-api") as api_ns, \
             namespace(cluster, "np-front", labels={"team": "frontend"}) as front_ns, \
             namespace(cluster, "np-other", labels={"team": "other"}) as other_ns:

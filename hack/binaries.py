@@ -10,8 +10,9 @@ Every binary comes from Go modules through the Go toolchain:
   ``k8s.io/<name> v0.<minor>.<patch>`` and builds the commands from there.
 * The local node's containerd (with its runc shim and ``ctr``), the CNI plugins, CoreDNS,
   kind and cyclonus come the same way, with the build tags their own Makefiles use.
-* runc needs cgo for its ``nsenter`` part: it is built inside a copy of its own module, with
-  cgo and without the optional seccomp support (which would need libseccomp's headers). Its
+* runc needs cgo for its ``nsenter`` part and libseccomp (the ``seccomp`` tag) for the
+  ``RuntimeDefault`` profile that Pod Security's ``restricted`` level demands: it is built
+  inside a copy of its own module, with cgo, against Debian's libseccomp-dev. Its
   go.mod replaces go-selinux with a patched copy that is a module of its own and so absent
   from the published module; the build drops that replace and uses the go-selinux release it
   names (the patch only matters on hosts that enforce SELinux labels, which this one does not).
@@ -91,7 +92,8 @@ CONTAINERD = Component(
     tags="urfave_cli_no_docs no_btrfs osusergo netgo static_build",
 )
 RUNC = Component("runc", versions.RUNC, ("runc",), "github.com/opencontainers/runc", (".",),
-                 tags="urfave_cli_no_docs", in_module=True, drop_replaces=("github.com/opencontainers/selinux",))
+                 tags="seccomp urfave_cli_no_docs", in_module=True,
+                 drop_replaces=("github.com/opencontainers/selinux",))
 _CNI_MODULE = "github.com/containernetworking/plugins"
 CNI_PLUGINS = Component(
     "cni-plugins", versions.CNI_PLUGINS, ("bridge", "host-local", "loopback", "portmap"), _CNI_MODULE,

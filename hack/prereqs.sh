@@ -40,8 +40,8 @@ if [ "$(id -u)" = 0 ]; then
   if [ ${#node_missing[@]} -gt 0 ]; then
     need "the local node needs these packages: apt-get install ${node_missing[*]}"
   fi
-  if ! ldconfig -p 2>/dev/null | grep -q libc.a && [ ! -f /usr/lib/x86_64-linux-gnu/libc.a ]; then
-    need "the pause image is linked statically: apt-get install libc6-dev"
+  if [ ! -f /usr/include/seccomp.h ]; then
+    need "runc is built with seccomp (Pod Security's RuntimeDefault profile): apt-get install libseccomp-dev"
   fi
 fi
 

@@ -92,13 +92,14 @@ class ManagedProcess:
 
     def __init__(self, name: str, argv: Sequence[str | os.PathLike[str]], *, log_dir: Path,
                  run_id: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-                 user: int | None = None) -> None:
+                 user: int | None = None, group: int | None = None) -> None:
         self.name = name
         self.argv = [str(a) for a in argv]
         self.log_path = log_dir / f"{name}.log"
         self._env = {**os.environ, **(env or {}), RUN_MARKER: run_id}
         self._cwd = cwd
         self._user = user
+        self._group = group if group is not None else user
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -114,7 +115,7 @@ class ManagedProcess:
         self._proc = subprocess.Popen(
             self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=self._env, cwd=self._cwd, start_new_session=True,
-            user=self._user, group=self._user,
+            user=self._user, group=self._group,
         )
 
     def running(self) -> bool:

@@ -36,12 +36,12 @@ START_TIMEOUT = 60.0
 SERVICE_CIDR = "198.19.128.0/24"
 """ClusterIPs: inside the benchmarking range 198.18.0.0/15, never a real network."""
 
-CLUSTER_CONTROLLERS = (
-    "garbagecollector", "namespace", "serviceaccount", "serviceaccount-token",
-    "root-ca-certificate-publisher", "deployment", "replicaset", "statefulset", "daemonset", "job",
-    "endpointslice", "endpointslice-mirroring", "disruption", "pod-garbage-collector", "ttl",
-    "node-lifecycle", "persistentvolume-binder", "resourcequota",
-)
+CLUSTER_CONTROLLERS = tuple(f"{name}-controller" for name in (
+    "garbage-collector", "namespace", "serviceaccount", "serviceaccount-token",
+    "root-ca-certificate-publisher", "clusterrole-aggregation", "deployment", "replicaset", "statefulset",
+    "daemonset", "job", "endpoints", "endpointslice", "endpointslice-mirroring", "disruption",
+    "pod-garbage-collector", "ttl", "node-lifecycle", "taint-eviction", "resourcequota", "service-cidr",
+))
 """What a node's workloads need from kube-controller-manager."""
 
 
@@ -53,12 +53,13 @@ class ControlPlane:
     """
 
     def __init__(self, workdir: Path, *, log_dir: Path, run_id: str, address: str = "127.0.0.1",
-                 cluster: bool = False) -> None:
+                 cluster: bool = False, group: int | None = None) -> None:
         self.workdir = workdir
         self.log_dir = log_dir
         self.run_id = run_id
         self.address = address
         self.cluster = cluster
+        self.group = group
         self.etcd_port = free_port()
         self.etcd_peer_port = free_port()
         self.port = free_port()
@@ -102,7 +103,7 @@ class ControlPlane:
             f"--cert-dir={pki}",
             *(self._cluster_apiserver_flags() if self.cluster else
               ["--authorization-mode=RBAC", "--disable-admission-plugins=ServiceAccount"]),
-        ], log_dir=self.log_dir, run_id=self.run_id)
+        ], log_dir=self.log_dir, run_id=self.run_id, group=self.group)
         self.start_apiserver()
         controllers = ",".join(CLUSTER_CONTROLLERS) if self.cluster else "garbagecollector,namespace"
         self.controller_manager = ManagedProcess("kube-controller-manager", [
@@ -114,7 +115,7 @@ class ControlPlane:
             *([f"--service-account-private-key-file={service_accounts.key}",
                f"--root-ca-file={self._ca.cert_path}", "--use-service-account-credentials=false",
                "--node-monitor-grace-period=40s"] if self.cluster else []),
-        ], log_dir=self.log_dir, run_id=self.run_id)
+        ], log_dir=self.log_dir, run_id=self.run_id, group=self.group)
         self.controller_manager.start()
         return self
 
@@ -155,7 +156,7 @@ class ControlPlane:
                 f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
                 f"--initial-cluster=default={peer}", "--unsafe-no-fsync",
                 "--log-level=warn",
-            ], log_dir=self.log_dir, run_id=self.run_id)
+            ], log_dir=self.log_dir, run_id=self.run_id, group=self.group)
         self.etcd.start()
         wait_until(lambda: self._etcd_healthy(), timeout=START_TIMEOUT, what="etcd /health")
 

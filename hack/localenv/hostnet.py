@@ -33,6 +33,9 @@ NODE_BRIDGE = "tnode0"
 """An empty bridge that carries the node's address (the kernel has no dummy interfaces)."""
 POD_BRIDGE = "tcni0"
 GUARD_TABLE = "tailnet_node_guard"
+NODE_GID = 64900
+"""The group every process of the node runs with (no group uses it), so the guard can tell
+their packets apart: a DNS query from any of them is counted and dropped."""
 
 SYSCTLS = (
     "net.ipv4.ip_forward",
@@ -229,27 +232,35 @@ class HostNetwork:
 
 
 def _guard_ruleset() -> str:
-    """Drop whatever a pod sends through the host to an address outside the safe range."""
+    """Drop whatever a pod sends through the host to an address outside the safe range (IPv6 too,
+    but for link-local and multicast, which stay on the bridge), and any DNS query a node process
+    sends at all (cluster names are CoreDNS's, asked from pods)."""
     return f"""
 table inet {GUARD_TABLE} {{
   chain forward {{
     type filter hook forward priority -10; policy accept;
-    ip saddr {POD_CIDR} ip daddr != {SAFE_RANGE} counter drop
-    iifname "{POD_BRIDGE}" meta nfproto ipv6 counter drop
+    ip saddr {POD_CIDR} ip daddr != {SAFE_RANGE} counter drop comment "pod-escape"
+    iifname "{POD_BRIDGE}" ip6 daddr != {{ fe80::/10, ff00::/8 }} counter drop comment "pod-escape"
+  }}
+  chain output {{
+    type filter hook output priority -10; policy accept;
+    meta skgid {NODE_GID} udp dport 53 counter drop comment "node-dns"
+    meta skgid {NODE_GID} tcp dport 53 counter drop comment "node-dns"
   }}
 }}
 """
 
 
-def guard_drops() -> int:
-    """Packets the guard has dropped so far (0 unless a pod tried to leave the safe range)."""
+def guard_counts() -> dict[str, int]:
+    """Packets the guard has dropped so far, by rule: ``pod-escape`` and ``node-dns``."""
     out = _run("nft", "-j", "list", "table", "inet", GUARD_TABLE, check=False).stdout
-    total = 0
+    counts: dict[str, int] = {"pod-escape": 0, "node-dns": 0}
     for entry in json.loads(out or '{"nftables": []}').get("nftables", []):
-        for expr in entry.get("rule", {}).get("expr", []):
-            if "counter" in expr:
-                total += int(expr["counter"]["packets"])
-    return total
+        rule = entry.get("rule", {})
+        for expr in rule.get("expr", []):
+            if "counter" in expr and rule.get("comment") in counts:
+                counts[rule["comment"]] += int(expr["counter"]["packets"])
+    return counts
 
 
 def cgroup_dirs(name: str, controllers: Sequence[Path] | None = None) -> list[Path]:

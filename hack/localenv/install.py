@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
@@ -14,14 +15,19 @@ OPERATOR_NAMESPACE = "tailnet-system"
 OPERATOR_DEPLOYMENT = "tailnet-operator"
 
 
+INSTALLED_IMAGE = "localhost/tailnet-operator"
+"""The image ``manifests/kustomization.yaml`` installs (its ``images:`` entry); an overlay renames that."""
+
+
 def install_overlay(directory: Path, image_ref: str) -> Path:
     """A kustomization over ``manifests/`` that sets the image, as a user's own overlay would."""
     repository, tag = image_ref.rsplit(":", 1)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [str(REPO / "manifests")],
-        "images": [{"name": "tailnet-operator", "newName": repository, "newTag": tag}],
+        # kustomize takes bases by relative path only.
+        "resources": [os.path.relpath(REPO / "manifests", directory)],
+        "images": [{"name": INSTALLED_IMAGE, "newName": repository, "newTag": tag}],
     }))
     return directory
 

@@ -111,7 +111,7 @@ class Node:
 
     def _spawn(self, name: str, argv: Sequence[str | os.PathLike[str]],
                env: dict[str, str] | None = None) -> ManagedProcess:
-        proc = ManagedProcess(name, argv, log_dir=self.log_dir, run_id=self.run_id, env=env)
+        proc = ManagedProcess(name, argv, log_dir=self.log_dir, run_id=self.run_id, env=env, group=hostnet.NODE_GID)
         self.processes.append(proc)
         proc.start()
         return proc
@@ -230,7 +230,7 @@ class Cluster:
         try:
             self.host.setup()
             self.plane = ControlPlane(self.workdir / "controlplane", log_dir=self.log_dir, run_id=self.run_id,
-                                      address=hostnet.NODE_IP, cluster=True).start()
+                                      address=hostnet.NODE_IP, cluster=True, group=hostnet.NODE_GID).start()
             self.timings["control plane"] = time.monotonic() - started
             mark = time.monotonic()
             self.node = Node(self.workdir / "node", self.plane, log_dir=self.log_dir, run_id=self.run_id)
