@@ -74,9 +74,9 @@ _IGNORED_SUFFIXES = (".pyc", ".pyo", ".so", ".swp", "~")
 PAUSE_SOURCE = "hack/pause/pause.c"
 PAUSE_CFLAGS = ("-static", "-Os", "-s")
 NONROOT = "65532:65532"
-KEEP_PROJECT_IMAGES = 3
-"""Project images (archives and cached layers) kept after a build; older ones are removed."""
 PAUSE_USER = "65535:65535"
+KEEP_PROJECT_IMAGES = 2
+"""Project images (archives and cached layers) kept after a build; older ones are removed."""
 
 _LEFTOVERS = (
     Path("/var/lib/containers/cache/blob-info-cache-v1.boltdb"),
@@ -279,7 +279,8 @@ def restore_host(before: HostState) -> list[str]:
 
 def _remove_empty_parents(directory: Path, existed: frozenset[Path]) -> None:
     """Remove the directories buildah created for a leftover, up to one that existed before."""
-    while directory not in existed and directory != directory.parent and directory.is_dir():
+    while directory not in existed and directory.is_dir() and any(
+            directory == top or top in directory.parents for top in _LEFTOVER_TOPS):
         if any(directory.iterdir()):
             return
         directory.rmdir()
@@ -594,8 +595,9 @@ def _drop_older(image: Image) -> None:
         for target in stale_images(parse_listing(listing), image.repository, kept, logs):
             try:
                 buildah("rmi", target)
-            except BuildError as exc:  # still used by a container or a child: left for next time
-                print(f"warning: {exc}", file=sys.stderr)
+            except BuildError as exc:  # gone with a removed child, or still in use: left for next time
+                if "image not known" not in str(exc):
+                    print(f"warning: {exc}", file=sys.stderr)
 
 
 def _build_log(tag: str) -> Path:
