@@ -81,7 +81,7 @@ async def running_manager(kubeconfig: Path, *, registry: CollectorRegistry | Non
                       registry=registry or CollectorRegistry())
     reconciler = WidgetReconciler(manager.client, manager.cache)
     (manager.controller("widget", reconciler, options=ControllerOptions(workers=workers))
-     .for_(WIDGET).owns(CONFIG_MAP, WIDGET))
+     .for_(WIDGET).owns(CONFIG_MAP))
     task = asyncio.create_task(manager.run())
     try:
         await eventually(lambda: manager.cache.informer(WIDGET).synced or task.done(), what="cache sync")
@@ -252,7 +252,7 @@ def _elected_manager(kubeconfig: Path, identity: str, lease: str) -> tuple[Manag
         graceful_shutdown_timeout=5)
     manager = Manager(rest_config.load(kubeconfig), options, registry=CollectorRegistry())
     reconciler = WidgetReconciler(manager.client, manager.cache)
-    manager.controller("widget", reconciler).for_(WIDGET).owns(CONFIG_MAP, WIDGET)
+    manager.controller("widget", reconciler).for_(WIDGET).owns(CONFIG_MAP)
     return manager, reconciler
 
 
@@ -355,7 +355,7 @@ async def test_manager_serves_probes_and_controller_runtime_metrics(
                       ManagerOptions(metrics_bind_address="127.0.0.1:0", health_probe_bind_address="127.0.0.1:0"),
                       registry=CollectorRegistry())
     reconciler = WidgetReconciler(manager.client, manager.cache)
-    manager.controller("widget", reconciler).for_(WIDGET).owns(CONFIG_MAP, WIDGET)
+    manager.controller("widget", reconciler).for_(WIDGET).owns(CONFIG_MAP)
     task = asyncio.create_task(manager.run())
     try:
         await eventually(lambda: "metrics" in manager.bound_addresses and "probes" in manager.bound_addresses,

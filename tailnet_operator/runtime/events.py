@@ -26,9 +26,11 @@ from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum, StrEnum
-from typing import Any, Protocol, final
+from typing import Protocol, final
 
 import structlog
+
+from tailnet_operator.types import JSON
 
 from .clock import Clock, RealClock
 from .errors import KubeError, NotFound
@@ -46,7 +48,6 @@ __all__ = [
     "SpamFilter",
 ]
 
-JSON = dict[str, Any]
 
 REPORTING_CONTROLLER = "tailnet-operator"
 CLUSTER_SCOPED_NAMESPACE = "default"
@@ -305,7 +306,7 @@ class EventRecorder:
         body: JSON = {
             "apiVersion": EVENT.api_version, "kind": EVENT.kind,
             "metadata": {"name": name, "namespace": ref.event_namespace},
-            "eventTime": micro_time(datetime.now(UTC)),
+            "eventTime": micro_time(self._clock.utcnow()),
             "type": key.type, "reason": key.reason, "action": key.action, "note": key.note,
             "regarding": ref.to_json(),
             "reportingController": self._controller, "reportingInstance": self._instance,
@@ -322,7 +323,7 @@ class EventRecorder:
 
     async def _patch_series(self, key: EventKey, series: Series) -> Outcome | None:
         """Raise the Event's series count; None when the Event is gone (expired: start anew)."""
-        patch = {"series": {"count": series.count, "lastObservedTime": micro_time(datetime.now(UTC))}}
+        patch = {"series": {"count": series.count, "lastObservedTime": micro_time(self._clock.utcnow())}}
         try:
             async with asyncio.timeout(self._timeout):
                 await self._client.merge_patch(EVENT, series.name, patch, series.namespace)

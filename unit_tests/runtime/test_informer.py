@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -58,11 +59,21 @@ class Recorder:
                             obj.key if isinstance(obj, DeletedFinalStateUnknown) else obj["metadata"]["name"]))
 
 
-async def run_until_exhausted(client: ScriptedClient) -> tuple[Informer, Recorder]:
-    async def no_sleep(_: float) -> None:
+class NoWaitClock:
+    """A clock whose sleeps only yield: retries happen at once."""
+
+    def now(self) -> float:
+        return 0.0
+
+    async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(0)
 
-    informer = Informer(client, CONFIG_MAP, backoff=Backoff(jitter=0), sleep=no_sleep)  # type: ignore[arg-type]
+    def utcnow(self) -> datetime:
+        return datetime(2026, 1, 1, tzinfo=UTC)
+
+
+async def run_until_exhausted(client: ScriptedClient) -> tuple[Informer, Recorder]:
+    informer = Informer(client, CONFIG_MAP, backoff=Backoff(jitter=0), clock=NoWaitClock())
     recorder = Recorder()
     informer.add_handler(recorder)
     task = asyncio.create_task(informer.run())
