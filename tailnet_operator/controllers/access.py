@@ -17,16 +17,18 @@ from typing import Any
 
 from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, TransportError
-from tailnet_operator.runtime import SECRET, Reader
+from tailnet_operator.runtime import SECRET, Clock, EventRecorder, Reader
 from tailnet_operator.types import JSON
 
 __all__ = [
     "ClientFactory",
     "Connection",
+    "Deps",
     "HeadscaleAccess",
     "NoAccess",
     "Problem",
     "StoredKey",
+    "TailnetRun",
     "default_client_factory",
     "name_of",
     "problem_from",
@@ -172,3 +174,26 @@ class HeadscaleAccess:
         if not raw:
             raise Problem("CASecretMissing", f"the CA Secret {ref.namespace}/{ref.name} has no key {ref.key}")
         return base64.b64decode(raw).decode()
+
+
+@dataclass(frozen=True)
+class Deps:
+    """What every reconciler of a Tailnet's resources works with, besides its own Writer."""
+
+    reader: Reader
+    """The cache."""
+    access: HeadscaleAccess
+    events: EventRecorder
+    clock: Clock
+
+
+@dataclass(frozen=True)
+class TailnetRun:
+    """One reconcile of one Tailnet: the object as cached (events, owners, status) and as parsed."""
+
+    obj: JSON
+    tailnet: Tailnet
+
+    @property
+    def name(self) -> str:
+        return name_of(self.tailnet)

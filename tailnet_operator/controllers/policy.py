@@ -46,10 +46,10 @@ from tailnet_operator.policy import (
 )
 from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.resources import owned_metadata
-from tailnet_operator.runtime import CONFIG_MAP, Clock, EventRecorder, Reader, Request, Resource, Result, Writer
+from tailnet_operator.runtime import CONFIG_MAP, Request, Resource, Result, Writer
 from tailnet_operator.types import JSON
 
-from .access import HeadscaleAccess, NoAccess, name_of
+from .access import Deps, NoAccess, TailnetRun, name_of
 from .conditions import Cond
 from .kinds import TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .status import StatusWriter
@@ -83,33 +83,23 @@ class Inputs:
 
 
 @dataclass(frozen=True)
-class Run:
-    """One reconcile of one Tailnet's policy: the Tailnet as cached and parsed, and what its CRs need."""
+class Run(TailnetRun):
+    """One reconcile of one Tailnet's policy, and what its CRs need."""
 
-    obj: JSON
-    tailnet: Tailnet
     inputs: Inputs
-
-    @property
-    def name(self) -> str:
-        return name_of(self.tailnet)
 
 
 class PolicyReconciler:
     """Reconciles one Tailnet's policy and the status of its TailnetSites.
 
-    Reads through ``reader``, writes through ``writer`` as :data:`FIELD_MANAGER`, reaches
-    Headscale through ``access`` with the working key the Tailnet reconciler keeps.
+    Works with ``deps`` (Headscale is reached with the working key the Tailnet reconciler keeps)
+    and writes through ``writer`` as :data:`FIELD_MANAGER`.
     """
 
-    def __init__(self, *, reader: Reader, writer: Writer, access: HeadscaleAccess, events: EventRecorder,
-                 clock: Clock) -> None:
-        self.reader = reader
+    def __init__(self, deps: Deps, writer: Writer) -> None:
+        self.reader, self.access, self.events, self.clock = deps.reader, deps.access, deps.events, deps.clock
         self.writer = writer
-        self.access = access
-        self.events = events
-        self.clock = clock
-        self.status = StatusWriter(writer, clock, field_manager=FIELD_MANAGER)
+        self.status = StatusWriter(writer, deps.clock, field_manager=FIELD_MANAGER)
 
     @property
     def namespace(self) -> str:

@@ -16,7 +16,7 @@ from tailnet_operator.runtime import (
 )
 from tailnet_operator.types import JSON
 
-from .access import ClientFactory, HeadscaleAccess, default_client_factory, working_key_secret_name
+from .access import ClientFactory, Deps, HeadscaleAccess, default_client_factory, working_key_secret_name
 from .kinds import MODELS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .policy import FIELD_MANAGER as POLICY_FIELD_MANAGER
 from .policy import TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
@@ -70,19 +70,18 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
     for resource in (TAILNET_SITE, TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY):
         cache.add_indexer(resource, TAILNET_INDEX, tailnet_ref_index)
     cache.informer(TAILNET)
-    access = HeadscaleAccess(cache, namespace, headscale)
-    clock = clock or manager.clock
 
-    tailnet = TailnetReconciler(reader=cache, writer=manager.writer(TAILNET_FIELD_MANAGER), access=access,
-                                events=events, clock=clock)
+    deps = Deps(reader=cache, access=HeadscaleAccess(cache, namespace, headscale), events=events,
+                clock=clock or manager.clock)
+
+    tailnet = TailnetReconciler(deps, manager.writer(TAILNET_FIELD_MANAGER))
     (manager.controller("tailnet", tailnet)
      .for_(TAILNET, GenerationChanged())
      .watches(SECRET, _tailnets_referencing(cache, _refers(("bootstrapKeySecretRef",))))
      .watches(SECRET, _tailnets_referencing(cache, _refers(("caSecretRef",))))
      .watches(SECRET, _tailnets_referencing(cache, _working_key_of(namespace))))
 
-    policy = PolicyReconciler(reader=cache, writer=manager.writer(POLICY_FIELD_MANAGER), access=access,
-                              events=events, clock=clock)
+    policy = PolicyReconciler(deps, manager.writer(POLICY_FIELD_MANAGER))
     (manager.controller("policy", policy)
      .for_(TAILNET, GenerationChanged())
      .watches(TAILNET_SITE, _by_tailnet_ref, GenerationChanged())

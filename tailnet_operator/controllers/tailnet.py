@@ -35,9 +35,6 @@ from tailnet_operator.resources import owned_metadata
 from tailnet_operator.runtime import (
     FINALIZER,
     SECRET,
-    Clock,
-    EventRecorder,
-    Reader,
     Request,
     Result,
     Writer,
@@ -51,9 +48,10 @@ from .access import (
     KEY_FIELD,
     ClientFactory,
     Connection,
-    HeadscaleAccess,
+    Deps,
     Problem,
     StoredKey,
+    TailnetRun,
     default_client_factory,
     name_of,
     problem_from,
@@ -96,35 +94,25 @@ class KeySource(Enum):
 
 
 @dataclass(frozen=True)
-class Run:
-    """One reconcile of one Tailnet: the object as cached, as parsed, and where its Headscale is."""
+class Run(TailnetRun):
+    """One reconcile of one Tailnet, and where its Headscale is."""
 
-    obj: JSON
-    tailnet: Tailnet
     endpoint: Connection
-
-    @property
-    def name(self) -> str:
-        return name_of(self.tailnet)
 
 
 class TailnetReconciler:
     """Reconciles one Tailnet: access to its Headscale, the working key and the Ready condition.
 
-    Reads the cache through ``reader``, writes through ``writer`` as :data:`FIELD_MANAGER`,
-    reaches Headscale through ``access`` and reads the time from ``clock``. ``after_store``
-    (called between storing a rotated key and expiring the old one) is a seam for tests that
-    simulate a crash there.
+    Works with ``deps`` (the cache, Headscale access, Events, the clock) and writes through
+    ``writer`` as :data:`FIELD_MANAGER`. ``after_store`` (called between storing a rotated key
+    and expiring the old one) is a seam for tests that simulate a crash there.
     """
 
-    def __init__(self, *, reader: Reader, writer: Writer, access: HeadscaleAccess, events: EventRecorder,
-                 clock: Clock, after_store: Callable[[], Awaitable[None]] | None = None) -> None:
-        self.reader = reader
+    def __init__(self, deps: Deps, writer: Writer, *,
+                 after_store: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.reader, self.access, self.events, self.clock = deps.reader, deps.access, deps.events, deps.clock
         self.writer = writer
-        self.access = access
-        self.events = events
-        self.clock = clock
-        self.status = StatusWriter(writer, clock, field_manager=FIELD_MANAGER)
+        self.status = StatusWriter(writer, deps.clock, field_manager=FIELD_MANAGER)
         self.after_store = after_store
 
     @property

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import TypeVar, overload
+from typing import TypeVar
 
 import structlog
 from pydantic import BaseModel
@@ -27,6 +27,7 @@ from .clock import Clock
 from .informer import NAMESPACE_INDEX, EventHandler, IndexFunc, Informer, label_selector, store_key
 from .interfaces import ListerWatcher
 from .kinds import Resource
+from .reading import TypedReader
 from .scheme import Scheme
 
 log = structlog.get_logger("cache")
@@ -45,7 +46,7 @@ InformerKey = tuple[Resource, str | None, str | None]
 """(resource, namespace or None for all, label selector or None for all)."""
 
 
-class SharedCache:
+class SharedCache(TypedReader):
     """Informers keyed by (resource, namespace, labels); ``namespace=None`` watches all namespaces."""
 
     def __init__(self, client: ListerWatcher, *, scheme: Scheme | None = None, clock: Clock | None = None) -> None:
@@ -104,45 +105,20 @@ class SharedCache:
 
     # -- the read API (Reader) ----------------------------------------------------------------
 
-    @overload
-    def get(self, kind: type[M], name: str, namespace: str | None = None) -> M | None: ...
-
-    @overload
-    def get(self, kind: Resource, name: str, namespace: str | None = None) -> JSON | None: ...
-
-    def get(self, kind: type[M] | Resource, name: str, namespace: str | None = None) -> M | JSON | None:
-        """The cached object, or None. A model class returns it validated (``ValidationError`` if it does not parse)."""
-        resource = kind if isinstance(kind, Resource) else self.scheme.resource(kind)
+    def _get_raw(self, resource: Resource, name: str, namespace: str | None) -> JSON | None:
         key = f"{namespace}/{name}" if namespace and resource.namespaced else name
-        obj = self._reader(resource, namespace).store.get(key)
-        if obj is None or isinstance(kind, Resource):
-            return obj
-        return self._typed(kind, resource, obj)
+        return self._reader(resource, namespace).store.get(key)
 
-    @overload
-    def list(self, kind: type[M], namespace: str | None = None, *,
-             index: tuple[str, str] | None = None) -> list[M]: ...
-
-    @overload
-    def list(self, kind: Resource, namespace: str | None = None, *,
-             index: tuple[str, str] | None = None) -> list[JSON]: ...
-
-    def list(self, kind: type[M] | Resource, namespace: str | None = None, *,
-             index: tuple[str, str] | None = None) -> list[M] | list[JSON]:
-        """Cached objects, optionally of one namespace or under one ``(indexer, value)``."""
-        resource = kind if isinstance(kind, Resource) else self.scheme.resource(kind)
+    def _list_raw(self, resource: Resource, namespace: str | None, index: tuple[str, str] | None) -> list[JSON]:
         store = self._reader(resource, namespace).store
         if index is not None:
             items = store.by_index(*index)
             if namespace:
                 items = [o for o in items if o.get("metadata", {}).get("namespace") == namespace]
-        elif namespace and resource.namespaced:
-            items = store.by_index(NAMESPACE_INDEX, namespace)
-        else:
-            items = store.objects()
-        if isinstance(kind, Resource):
             return items
-        return [self._typed(kind, resource, obj) for obj in items]
+        if namespace and resource.namespaced:
+            return store.by_index(NAMESPACE_INDEX, namespace)
+        return store.objects()
 
     def _typed(self, model: type[M], resource: Resource, obj: JSON) -> M:
         """``obj`` validated as ``model``, parsed once per resourceVersion (read-only, like the dict)."""

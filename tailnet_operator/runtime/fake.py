@@ -33,9 +33,7 @@ import copy
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any, TypeVar, overload
-
-from pydantic import BaseModel
+from typing import Any
 
 from tailnet_operator.types import JSON
 
@@ -44,18 +42,17 @@ from .clock import Clock, RealClock
 from .errors import Conflict, NotFound
 from .informer import matches_labels
 from .kinds import Resource
+from .reading import TypedReader
 from .scheme import Scheme
 from .ssa import Path, fields_v1, item_key, leaf_paths
 
 __all__ = ["FakeClient"]
 
-M = TypeVar("M", bound=BaseModel)
-
 _SYSTEM_METADATA = ("uid", "resourceVersion", "generation", "creationTimestamp", "managedFields",
                     "deletionTimestamp", "name", "namespace")
 
 
-class FakeClient:
+class FakeClient(TypedReader):
     """Objects in memory, with the semantics listed in the module docstring.
 
     ``field_manager`` is used when a write names none (default ``"fake"``); ``clock`` stamps
@@ -111,30 +108,10 @@ class FakeClient:
 
     # -- Reader ---------------------------------------------------------------------------------
 
-    @overload
-    def get(self, kind: type[M], name: str, namespace: str | None = None) -> M | None: ...
+    def _get_raw(self, resource: Resource, name: str, namespace: str | None) -> JSON | None:
+        return self._objects.get((resource, namespace or "" if resource.namespaced else "", name))
 
-    @overload
-    def get(self, kind: Resource, name: str, namespace: str | None = None) -> JSON | None: ...
-
-    def get(self, kind: type[M] | Resource, name: str, namespace: str | None = None) -> M | JSON | None:
-        resource = kind if isinstance(kind, Resource) else self.scheme.resource(kind)
-        obj = self._objects.get((resource, namespace or "" if resource.namespaced else "", name))
-        if obj is None or isinstance(kind, Resource):
-            return obj
-        return kind.model_validate(obj)
-
-    @overload
-    def list(self, kind: type[M], namespace: str | None = None, *,
-             index: tuple[str, str] | None = None) -> list[M]: ...
-
-    @overload
-    def list(self, kind: Resource, namespace: str | None = None, *,
-             index: tuple[str, str] | None = None) -> list[JSON]: ...
-
-    def list(self, kind: type[M] | Resource, namespace: str | None = None, *,
-             index: tuple[str, str] | None = None) -> list[M] | list[JSON]:
-        resource = kind if isinstance(kind, Resource) else self.scheme.resource(kind)
+    def _list_raw(self, resource: Resource, namespace: str | None, index: tuple[str, str] | None) -> list[JSON]:
         items = [o for (r, ns, _), o in sorted(self._objects.items(), key=lambda kv: kv[0][1:])
                  if r == resource and (not namespace or ns == namespace)]
         if index is not None:
@@ -142,9 +119,7 @@ class FakeClient:
             if func is None:
                 raise KeyError(f"no indexer named {index[0]!r}")
             items = [o for o in items if index[1] in func(o)]
-        if isinstance(kind, Resource):
-            return items
-        return [kind.model_validate(o) for o in items]
+        return items
 
     # -- Writer ---------------------------------------------------------------------------------
 
@@ -235,7 +210,7 @@ class FakeClient:
     async def list_objects(self, resource: Resource, namespace: str | None = None, *,
                            label_selector: str | None = None) -> ObjectList:
         labels = dict(part.split("=", 1) for part in label_selector.split(",")) if label_selector else None
-        items = [copy.deepcopy(o) for o in self.list(resource, namespace) if matches_labels(o, labels)]
+        items = [copy.deepcopy(o) for o in self._list_raw(resource, namespace, None) if matches_labels(o, labels)]
         return ObjectList(items, str(self._version))
 
     async def watch_objects(self, resource: Resource, namespace: str | None = None, *, resource_version: str,

@@ -8,7 +8,7 @@ from typing import Any
 
 from tailnet_operator.controllers import policy as policy_controller
 from tailnet_operator.controllers import tailnet as tailnet_controller
-from tailnet_operator.controllers.access import HeadscaleAccess, working_key_secret_name
+from tailnet_operator.controllers.access import Deps, HeadscaleAccess, working_key_secret_name
 from tailnet_operator.controllers.kinds import (
     MODELS,
     TAILNET,
@@ -64,13 +64,12 @@ class World:
         self.headscale = FakeHeadscale(self.clock)
         self.events = EventLog()
         recorder = EventRecorder(self.events, reporting_instance="test", clock=self.clock)
-        access = HeadscaleAccess(self.kube, NAMESPACE, self.headscale.factory)
+        deps = Deps(reader=self.kube, access=HeadscaleAccess(self.kube, NAMESPACE, self.headscale.factory),
+                    events=recorder, clock=self.clock)
         self.tailnet = TailnetReconciler(
-            reader=self.kube, writer=Applier(self.kube, self.kube, field_manager=tailnet_controller.FIELD_MANAGER),
-            access=access, events=recorder, clock=self.clock)
+            deps, Applier(self.kube, self.kube, field_manager=tailnet_controller.FIELD_MANAGER))
         self.policy = PolicyReconciler(
-            reader=self.kube, writer=Applier(self.kube, self.kube, field_manager=policy_controller.FIELD_MANAGER),
-            access=access, events=recorder, clock=self.clock)
+            deps, Applier(self.kube, self.kube, field_manager=policy_controller.FIELD_MANAGER))
 
     # -- objects ------------------------------------------------------------------------------
 
