@@ -59,7 +59,7 @@ from tailnet_agent.control.client import ENDPOINT_LOCAL, ENDPOINT_STUN
 from tailnet_agent.derp import ConnectionHandler, DerpConnection, DerpError, DerpSupervisor, tls_context
 from tailnet_agent.disco import Action, Disco, DiscoPeer, NoteSource, SendDerp, SendUdp, SetDirect
 from tailnet_agent.netif import local_ipv4_addresses
-from tailnet_agent.streams import ClientConnected, StreamTable, TailnetServer
+from tailnet_agent.streams import ClientConnected, DialError, StreamTable, TailnetServer
 
 log = structlog.get_logger("agent.node")
 
@@ -204,16 +204,11 @@ def resolve_name(netmap: NetMap, name: str) -> str | None:
 # -- options and errors ---------------------------------------------------------------------------
 
 
-class UnknownNameError(OSError):
+class UnknownNameError(DialError):
     """A dial target that is neither an IP nor a MagicDNS name in the netmap."""
 
     reason = "unknown_name"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(errno.ENOENT, message)
-
-    def __str__(self) -> str:
-        return str(self.strerror)
+    code = errno.ENOENT
 
 
 class NotRunningError(OSError):

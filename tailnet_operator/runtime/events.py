@@ -35,6 +35,7 @@ from tailnet_operator.types import JSON
 from .clock import Clock, RealClock
 from .errors import KubeError, NotFound
 from .kinds import EVENT, Resource
+from .ratelimit import TokenBucket
 
 __all__ = [
     "EventKey",
@@ -151,14 +152,13 @@ class SpamFilter:
         self._burst = burst
         self._qps = qps
         self._max_keys = max_keys
-        self._buckets: OrderedDict[Hashable, tuple[float, float]] = OrderedDict()  # tokens, at
+        self._buckets: OrderedDict[Hashable, TokenBucket] = OrderedDict()
 
     def allow(self, key: Hashable, now: float) -> bool:
         """Take a token for `key` at monotonic time `now` (seconds); False when none is left."""
-        tokens, at = self._buckets.pop(key, (float(self._burst), now))
-        tokens = min(float(self._burst), tokens + max(now - at, 0.0) * self._qps)
-        allowed = tokens >= 1.0
-        self._buckets[key] = (tokens - 1.0 if allowed else tokens, now)
+        bucket = self._buckets.pop(key, None) or TokenBucket(self._qps, self._burst)
+        allowed = bucket.take(now)
+        self._buckets[key] = bucket
         if len(self._buckets) > self._max_keys:
             self._buckets.popitem(last=False)
         return allowed

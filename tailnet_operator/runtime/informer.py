@@ -19,13 +19,13 @@ Objects in the store are shared with every reader: treat them as read-only.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
 
+from tailnet_agent.backoff import Backoff
 from tailnet_operator.types import JSON
 
 from .client import WATCH_INACTIVITY_TIMEOUT
@@ -165,22 +165,9 @@ class Store:
 # -- Informer ------------------------------------------------------------------------------------
 
 
-@dataclass
-class Backoff:
-    """Jittered exponential backoff: ``initial`` seconds doubling to ``cap``; ``reset()`` restarts."""
-
-    initial: float = 0.8
-    cap: float = 30.0
-    jitter: float = 1.0
-    _next: float = 0.0
-
-    def delay(self) -> float:
-        base = self._next or self.initial
-        self._next = min(base * 2, self.cap)
-        return base * (1 + self.jitter * random.random()) if self.jitter else base
-
-    def reset(self) -> None:
-        self._next = 0.0
+def informer_backoff(*, jitter: float = 1.0) -> Backoff:
+    """client-go's reflector backoff: 0.8 s doubling to a 30 s cap, times a factor in [1, 1 + jitter)."""
+    return Backoff(initial=0.8, maximum=30.0, jitter_low=1.0, jitter_high=1.0 + jitter)
 
 
 @dataclass
@@ -215,7 +202,7 @@ class Informer:
         self.stats = InformerStats()
         self._handlers: list[EventHandler] = []
         self._synced = asyncio.Event()
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff or informer_backoff()
         self._clock: Clock = clock or RealClock()
         self._inactivity_timeout = inactivity_timeout
         self._log = log.bind(resource=str(resource), namespace=namespace or "")
@@ -251,7 +238,7 @@ class Informer:
                 resource_version = None
             except KubeError as exc:
                 self.stats.watch_errors += 1
-                delay = self._backoff.delay()
+                delay = self._backoff.next()
                 self._log.warning("list/watch failed, retrying", error=str(exc), retry_in=round(delay, 2))
                 await self._clock.sleep(delay)
 

@@ -11,7 +11,7 @@ import pytest
 
 from tailnet_operator.runtime.client import JSON, ObjectList, WatchEvent
 from tailnet_operator.runtime.errors import Gone, TransportError
-from tailnet_operator.runtime.informer import Backoff, DeletedFinalStateUnknown, Informer, Store
+from tailnet_operator.runtime.informer import DeletedFinalStateUnknown, Informer, Store, informer_backoff
 from tailnet_operator.runtime.kinds import CONFIG_MAP
 
 
@@ -73,7 +73,7 @@ class NoWaitClock:
 
 
 async def run_until_exhausted(client: ScriptedClient) -> tuple[Informer, Recorder]:
-    informer = Informer(client, CONFIG_MAP, backoff=Backoff(jitter=0), clock=NoWaitClock())
+    informer = Informer(client, CONFIG_MAP, backoff=informer_backoff(jitter=0), clock=NoWaitClock())
     recorder = Recorder()
     informer.add_handler(recorder)
     task = asyncio.create_task(informer.run())
@@ -125,7 +125,7 @@ async def test_gone_relists_and_emits_tombstones_for_objects_that_vanished() -> 
 
 
 def test_backoff_doubles_from_800ms_to_a_30s_cap() -> None:
-    backoff = Backoff(jitter=0)
-    assert [backoff.delay() for _ in range(8)] == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]
+    backoff = informer_backoff(jitter=0)
+    assert [backoff.next() for _ in range(8)] == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]
     backoff.reset()
-    assert backoff.delay() == 0.8
+    assert backoff.next() == 0.8
