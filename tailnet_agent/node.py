@@ -4,9 +4,9 @@
 
 * ``control``: the :class:`ControlClient`; each netmap it delivers is pushed into the data plane
   (self addresses, peers with their AllowedIPs and home DERP region, packet filter);
-* ``derp-manager``: keeps one :class:`DerpSupervisor` (raw mode) per DERP region in use: the home
-  region, plus every region a peer is homed in, since a peer must be sent to through *its* region;
-  it reports the home region to control (``set_preferred_derp``) so peers send to us there;
+* ``derp-manager``: :class:`~tailnet_agent.relays.Relays` keeps one ``DerpSupervisor`` per DERP
+  region in use: the home region, plus every region a peer is homed in, since a peer must be sent
+  to through *its* region; it reports the home region to control so peers send to us there;
 * ``derp-<region>``: the supervisors; their handlers feed what they read into ``derp_feed``;
 * ``pump``: the only place ``poll`` runs. Anything that gives the data plane work (DERP bytes, app
   writes and reads, dials, a ``next_deadline`` timer via ``loop.call_at``) calls :meth:`Node.wake`;
@@ -42,7 +42,7 @@ import errno
 import ipaddress
 import socket
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +50,10 @@ import structlog
 
 from tailnet_agent import _native as nat
 from tailnet_agent import stun
-from tailnet_agent.backoff import Backoff, derp_backoff
+from tailnet_agent.backoff import Backoff
 from tailnet_agent.control import ControlClient, ControlOptions, NetMap, NodeKeys
 from tailnet_agent.control.client import ENDPOINT_LOCAL, ENDPOINT_STUN
-from tailnet_agent.derp import ConnectionHandler, DerpConnection, DerpError, DerpSupervisor, tls_context
+from tailnet_agent.derp import DerpConnection, DerpError, tls_context
 from tailnet_agent.disco import Action, Disco, NoteSource, SendDerp, SendUdp, SetDirect
 from tailnet_agent.netif import local_ipv4_addresses
 from tailnet_agent.projection import (
@@ -64,6 +64,7 @@ from tailnet_agent.projection import (
     resolve_name,
     self_addresses,
 )
+from tailnet_agent.relays import Relays
 from tailnet_agent.streams import ClientConnected, DialError, StreamTable, TailnetServer
 
 log = structlog.get_logger("agent.node")
@@ -134,12 +135,6 @@ class NodeOptions:
     """UDP port for direct paths (disco and WireGuard); 0 picks a free one; None: DERP only."""
 
 
-@dataclass
-class _Region:
-    supervisor: DerpSupervisor
-    task: asyncio.Task[None]
-
-
 # -- the node -------------------------------------------------------------------------------------
 
 
@@ -163,10 +158,6 @@ class Node:
         """The data plane's cumulative counters as of the last poll."""
         self.derp_writes_dropped = 0
         """Batches of DERP frames dropped because their region had no connection."""
-        self.derp_connections: dict[int, DerpConnection] = {}
-        self._regions: dict[int, _Region] = {}
-        self._reported_home = 0
-        """The home region last reported to control; 0 when it must be reported (again)."""
         self._udp: socket.socket | None = None
         self._udp_writer = False
         self._stun_endpoint: tuple[str, int] | None = None
@@ -176,10 +167,11 @@ class Node:
         self._derp_traffic = asyncio.Event()
         """Set when the pump wrote to a relay: the disco loop looks for direct paths soon."""
         self.disco = self._new_disco()
+        self.relays = Relays(self.dataplane, tls=tls_context(options.ca_bundle),
+                             read_timeout=options.derp_read_timeout, backoff=options.derp_backoff,
+                             wake=self.wake, notify=self._notify, report_home=self.control.set_preferred_derp)
         self._addresses: list[str] = []
-        self._tls = tls_context(options.ca_bundle)
         self._wakeup = asyncio.Event()
-        self._netmap_changed = asyncio.Event()
         self._changed = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._tg: asyncio.TaskGroup | None = None
@@ -197,7 +189,7 @@ class Node:
                 self._open_udp(loop)
                 tg.create_task(self.control.run(), name="control")
                 tg.create_task(self._pump(), name="pump")
-                tg.create_task(self._manage_derp(tg), name="derp-manager")
+                tg.create_task(self.relays.run(tg), name="derp-manager")
                 if self._udp is not None:
                     tg.create_task(self._disco_loop(), name="disco")
                 self._notify()
@@ -219,6 +211,11 @@ class Node:
     def ready(self) -> bool:
         """A netmap arrived and the home DERP region is connected."""
         return self.netmap is not None and self.home_region in self.derp_connections
+
+    @property
+    def derp_connections(self) -> dict[int, DerpConnection]:
+        """The connected relay of each DERP region in use."""
+        return self.relays.connections
 
     @property
     def control_connected(self) -> bool:
@@ -313,7 +310,7 @@ class Node:
         self.dataplane.set_filter(filter_rules(netmap))
         if first:
             log.info("first netmap", peers=len(netmap.peers), home_region=self.home_region)
-        self._netmap_changed.set()
+        self.relays.update(netmap, home=self.home_region, node_key=self._node_key)
         self._notify()
         self.wake()
 
@@ -327,10 +324,7 @@ class Node:
             self.disco = self._new_disco()
         else:
             self.disco.set_node_public(self.control.keys.node.public.raw)
-        for region in self._regions.values():
-            region.task.cancel()
-        self._regions.clear()
-        self._reported_home = 0
+        self.relays.rekey()
         log.info("node key rotated; DERP connections re-made with the new key",
                  node_key=self.control.keys.node.public.short())
 
@@ -338,70 +332,6 @@ class Node:
         if self.netmap is not None:
             self.dataplane.set_peers(peer_specs(self.netmap, accept_routes=self.options.accept_routes,
                                                 fallback_region=self.home_region))
-
-    # -- DERP --
-
-    async def _manage_derp(self, tg: asyncio.TaskGroup) -> None:
-        """Keep one supervisor per region in use and report the home region to control."""
-        try:
-            while True:
-                await self._netmap_changed.wait()
-                self._netmap_changed.clear()
-                netmap = self.netmap
-                if netmap is None:
-                    continue
-                home = self.home_region
-                if not home:
-                    log.warning("the DERP map has no usable home region; the node cannot relay")
-                    continue
-                wanted = {home} | {p.home_derp for p in netmap.peers.values()
-                                   if p.home_derp in netmap.derp_map.regions}
-                for region_id in sorted(wanted):
-                    nodes = netmap.derp_map.regions[region_id].nodes
-                    if region_id in self._regions:
-                        self._regions[region_id].supervisor.set_nodes(nodes)
-                        continue
-                    supervisor = DerpSupervisor(
-                        nodes, self._node_key, self._derp_handler(region_id), preferred=region_id == home,
-                        tls=self._tls, read_timeout=self.options.derp_read_timeout,
-                        backoff=replace(self.options.derp_backoff) if self.options.derp_backoff
-                        else derp_backoff())
-                    task = tg.create_task(supervisor.run(), name=f"derp-{region_id}")
-                    self._regions[region_id] = _Region(supervisor, task)
-                    log.info("DERP region in use", region=region_id, home=region_id == home)
-                for region_id in set(self._regions) - wanted:
-                    self._regions.pop(region_id).task.cancel()
-                    log.info("DERP region no longer in use", region=region_id)
-                if home != self._reported_home:
-                    for region_id, region in self._regions.items():
-                        with contextlib.suppress(DerpError, OSError):
-                            await region.supervisor.set_preferred(region_id == home)
-                    await self.control.set_preferred_derp(home)
-                    self._reported_home = home
-        finally:
-            for region in self._regions.values():
-                region.task.cancel()
-            self._regions.clear()
-
-    def _derp_handler(self, region: int) -> ConnectionHandler:
-        async def handle(conn: DerpConnection) -> None:
-            self.dataplane.derp_reset(region)
-            self.derp_connections[region] = conn
-            self._notify()
-            self.wake()
-            try:
-                while True:
-                    chunk = await conn.read_chunk()
-                    self.dataplane.derp_feed(region, chunk)
-                    self.wake()
-                    # Let the pump poll before reading on, so input does not pile up unprocessed.
-                    await asyncio.sleep(0)
-            finally:
-                if self.derp_connections.get(region) is conn:
-                    del self.derp_connections[region]
-                self._notify()
-
-        return handle
 
     # -- direct paths --
 
