@@ -12,6 +12,8 @@
   writes and reads, dials, a ``next_deadline`` timer via ``loop.call_at``) calls :meth:`Node.wake`;
   the pump polls once per wake-up batch, writes ``derp_writes`` to the relays (waiting on ``drain``
   for backpressure) and hands TCP events to the :class:`~tailnet_agent.streams.StreamTable`;
+* ``disco`` (with a UDP socket): :meth:`DirectPath.run <tailnet_agent.direct.DirectPath.run>`
+  re-pings paths in use and looks for direct paths to the peers the node sends to;
 * the handlers of connections accepted by :meth:`Node.start_server`.
 
 Home DERP region: the lowest region id of the DERP map that may be a home (not ``NoMeasureNoHome``,
@@ -26,12 +28,9 @@ admin), the next netmap switches the data plane to the new key (WireGuard sessio
 connections stay), and every DERP connection is re-made with it, since a relay knows a client by its
 key. The home region is reported again.
 
-Direct UDP paths (disco, see :mod:`tailnet_agent.disco`): with ``udp_port`` set the node binds one
-IPv4 UDP socket, reports its interface addresses with that port as endpoints (plus the address the
-home region's STUN server saw, refreshed every 20 s), and answers and sends
-disco pings; a peer with a confirmed path gets WireGuard over UDP (the data plane reads and writes
-the socket in batches: no per-packet Python), the others keep going through DERP. The ``disco``
-task re-pings paths in use and looks for paths to the peers the node sends to, once a second.
+Parts, each its own module: the pure netmap projection (:mod:`tailnet_agent.projection`), the
+DERP relays (:mod:`tailnet_agent.relays`), the direct path: UDP socket, STUN and disco
+(:mod:`tailnet_agent.direct`); the node itself keeps the dial/listen API and the pump.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ import asyncio
 import contextlib
 import errno
 import ipaddress
-import socket
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,13 +47,11 @@ from typing import Any
 import structlog
 
 from tailnet_agent import _native as nat
-from tailnet_agent import stun
 from tailnet_agent.backoff import Backoff
 from tailnet_agent.control import ControlClient, ControlOptions, NetMap, NodeKeys
-from tailnet_agent.control.client import ENDPOINT_LOCAL, ENDPOINT_STUN
 from tailnet_agent.derp import DerpConnection, DerpError, tls_context
-from tailnet_agent.disco import Action, Disco, NoteSource, SendDerp, SendUdp, SetDirect
-from tailnet_agent.netif import local_ipv4_addresses
+from tailnet_agent.direct import DirectPath
+from tailnet_agent.disco import Disco
 from tailnet_agent.projection import (
     choose_home_region,
     disco_peers,
@@ -68,31 +64,6 @@ from tailnet_agent.relays import Relays
 from tailnet_agent.streams import ClientConnected, DialError, StreamTable, TailnetServer
 
 log = structlog.get_logger("agent.node")
-
-UDP_GRO = 104
-"""Linux ``UDP_GRO`` socket option (``linux/udp.h``)."""
-SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33
-"""Linux socket options that exceed ``net.core.[rw]mem_max`` (with CAP_NET_ADMIN)."""
-UDP_SOCKET_BUFFER = 7 << 20
-"""UDP socket buffer size asked for: 7 MiB (tailscaled's ``socketBufferSize``)."""
-ACTIVE_SECONDS = 45.0
-"""A peer sent to within this long gets direct-path discovery and heartbeats (tailscaled's
-``sessionActiveTimeout``)."""
-STUN_INTERVAL = 20.0
-"""Seconds between rounds of STUN requests (tailscaled re-STUNs every 20-26 s)."""
-DISCO_TICK_SECONDS = 1.0
-"""The disco loop's period; traffic through DERP brings the next tick forward (at most every 0.1 s)."""
-
-def _grow_socket_buffers(sock: socket.socket) -> None:
-    """Ask for 7 MiB send and receive buffers, as tailscaled does: the default (about 208 KiB) drops
-    datagrams when a burst from a fast peer arrives between two reads. The FORCE options need
-    CAP_NET_ADMIN; without it the kernel caps the size at net.core.[rw]mem_max."""
-    for force, plain in ((SO_RCVBUFFORCE, socket.SO_RCVBUF), (SO_SNDBUFFORCE, socket.SO_SNDBUF)):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, force, UDP_SOCKET_BUFFER)
-        except OSError:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, plain, UDP_SOCKET_BUFFER)
 
 
 # -- options and errors ---------------------------------------------------------------------------
@@ -158,15 +129,8 @@ class Node:
         """The data plane's cumulative counters as of the last poll."""
         self.derp_writes_dropped = 0
         """Batches of DERP frames dropped because their region had no connection."""
-        self._udp: socket.socket | None = None
-        self._udp_writer = False
-        self._stun_endpoint: tuple[str, int] | None = None
-        """Our address as a DERP node's STUN server saw it; None until one answered."""
-        self._stun_pending: dict[bytes, float] = {}
-        """STUN transaction id -> when it was sent."""
-        self._derp_traffic = asyncio.Event()
-        """Set when the pump wrote to a relay: the disco loop looks for direct paths soon."""
-        self.disco = self._new_disco()
+        self.direct = DirectPath(self.dataplane, self.control, port=options.udp_port, netmap=lambda: self.netmap,
+                                 home=lambda: self.home_region, wake=self.wake)
         self.relays = Relays(self.dataplane, tls=tls_context(options.ca_bundle),
                              read_timeout=options.derp_read_timeout, backoff=options.derp_backoff,
                              wake=self.wake, notify=self._notify, report_home=self.control.set_preferred_derp)
@@ -186,16 +150,16 @@ class Node:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 self._streams = StreamTable(self.dataplane, wake=self.wake, spawn=self._spawn, loop=loop)
-                self._open_udp(loop)
+                self.direct.open(loop)
                 tg.create_task(self.control.run(), name="control")
                 tg.create_task(self._pump(), name="pump")
                 tg.create_task(self.relays.run(tg), name="derp-manager")
-                if self._udp is not None:
-                    tg.create_task(self._disco_loop(), name="disco")
+                if self.direct.enabled:
+                    tg.create_task(self.direct.run(), name="disco")
                 self._notify()
         finally:
             self._tg = None
-            self._close_udp(loop)
+            self.direct.close(loop)
             if self._timer is not None:
                 self._timer.cancel()
             if self._streams is not None:
@@ -228,14 +192,19 @@ class Node:
             await self._changed.wait()
 
     @property
+    def disco(self) -> Disco:
+        """Disco's state (direct paths per peer)."""
+        return self.direct.disco
+
+    @property
     def direct_peer_count(self) -> int:
         """Peers reached over a direct UDP path right now."""
-        return len(self.disco.direct_peers())
+        return len(self.direct.disco.direct_peers())
 
     @property
     def udp_port(self) -> int | None:
         """The port of the UDP socket for direct paths; None without one."""
-        return None if self._udp is None else int(self._udp.getsockname()[1])
+        return self.direct.udp_port
 
     def addresses(self) -> list[str]:
         """The node's tailnet IPs (no prefix length)."""
@@ -306,7 +275,7 @@ class Node:
         if not self.home_region or self.home_region not in netmap.derp_map.regions:
             self.home_region = choose_home_region(netmap.derp_map) or 0
         self._push_peers()
-        self._apply(self.disco.set_peers(disco_peers(netmap, fallback_region=self.home_region)))
+        self.direct.apply(self.direct.disco.set_peers(disco_peers(netmap, fallback_region=self.home_region)))
         self.dataplane.set_filter(filter_rules(netmap))
         if first:
             log.info("first netmap", peers=len(netmap.peers), home_region=self.home_region)
@@ -318,12 +287,7 @@ class Node:
         """Control rotated the node key: switch the data plane and re-make every DERP connection."""
         self._node_key = self.control.keys.node.raw
         self.dataplane.set_private_key(self._node_key)
-        if self.control.keys.disco.public.raw != self.disco.public_key:
-            # Joined as a new node: a new disco key too; its paths are found again.
-            self._apply([SetDirect(key, None) for key in self.disco.direct_peers()])
-            self.disco = self._new_disco()
-        else:
-            self.disco.set_node_public(self.control.keys.node.public.raw)
+        self.direct.rekey()
         self.relays.rekey()
         log.info("node key rotated; DERP connections re-made with the new key",
                  node_key=self.control.keys.node.public.short())
@@ -332,147 +296,6 @@ class Node:
         if self.netmap is not None:
             self.dataplane.set_peers(peer_specs(self.netmap, accept_routes=self.options.accept_routes,
                                                 fallback_region=self.home_region))
-
-    # -- direct paths --
-
-    def _new_disco(self) -> Disco:
-        keys = self.control.keys
-        disco = Disco(keys.disco.raw, keys.disco.public.raw, keys.node.public.raw)
-        disco.endpoints = tuple(addr for addr, _ in self._endpoints())
-        return disco
-
-    def _endpoints(self) -> list[tuple[tuple[str, int], int]]:
-        """Our UDP endpoints with their type: interface addresses, then what STUN saw."""
-        if self._udp is None:
-            return []
-        port = self._udp.getsockname()[1]
-        found = [((ip, port), ENDPOINT_LOCAL) for ip in local_ipv4_addresses()]
-        if self._stun_endpoint is not None and all(addr != self._stun_endpoint for addr, _ in found):
-            found.append((self._stun_endpoint, ENDPOINT_STUN))
-        return found
-
-    def _update_endpoints(self) -> None:
-        """Refresh the endpoints disco offers and map requests carry (the disco loop reports changes)."""
-        endpoints = self._endpoints()
-        self.disco.endpoints = tuple(addr for addr, _ in endpoints)
-        self.control.endpoints = [(f"{ip}:{port}", kind) for (ip, port), kind in endpoints]
-
-    async def _send_stun(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Binding requests to the home region's STUN servers; answers arrive as StunUdp events."""
-        # Requests of earlier rounds that were never answered are forgotten here.
-        self._stun_pending = {tx: at for tx, at in self._stun_pending.items() if loop.time() - at <= STUN_INTERVAL}
-        netmap = self.netmap
-        if self._udp is None or netmap is None or self.home_region not in netmap.derp_map.regions:
-            return
-        for derp_node in netmap.derp_map.regions[self.home_region].nodes:
-            if derp_node.stun_port < 0:
-                continue
-            port = derp_node.stun_port or stun.DEFAULT_PORT
-            host = derp_node.ipv4 or derp_node.host_name
-            try:
-                infos = await loop.getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM)
-            except OSError as exc:
-                log.debug("STUN server not resolved", host=host, error=str(exc))
-                continue
-            tx_id = stun.new_tx_id()
-            self._stun_pending[tx_id] = loop.time()
-            with contextlib.suppress(OSError):
-                self._udp.sendto(stun.binding_request(tx_id), infos[0][4][:2])
-
-    def _on_stun(self, payload: bytes) -> None:
-        answer = stun.parse_response(payload)
-        if answer is None or self._stun_pending.pop(answer[0], None) is None:
-            return
-        if answer[1] != self._stun_endpoint:
-            log.info("STUN endpoint", address=f"{answer[1][0]}:{answer[1][1]}")
-            self._stun_endpoint = answer[1]
-            self._update_endpoints()
-
-    def _open_udp(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self.options.udp_port is None:
-            return
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            sock.setblocking(False)
-            sock.bind(("0.0.0.0", self.options.udp_port))
-        except OSError:
-            sock.close()
-            raise
-        with contextlib.suppress(OSError):  # coalesced receives (Linux >= 5.0); optional
-            sock.setsockopt(socket.SOL_UDP, UDP_GRO, 1)
-        _grow_socket_buffers(sock)
-        self._udp = sock
-        self._update_endpoints()
-        loop.add_reader(sock.fileno(), self._on_udp_readable)
-        log.info("UDP for direct paths", port=sock.getsockname()[1],
-                 endpoints=[text for text, _ in self.control.endpoints])
-
-    def _close_udp(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._udp is None:
-            return
-        loop.remove_reader(self._udp.fileno())
-        if self._udp_writer:
-            loop.remove_writer(self._udp.fileno())
-            self._udp_writer = False
-        self._udp.close()
-        self._udp = None
-
-    def _on_udp_readable(self) -> None:
-        if self._udp is not None and self.dataplane.udp_receive(self._udp.fileno()):
-            self.wake()
-
-    def _flush_udp(self) -> None:
-        """Send queued datagrams; if the socket is full, finish when it is writable."""
-        if self._udp is None:
-            return
-        left = self.dataplane.udp_send(self._udp.fileno())
-        if not left and not self._udp_writer:
-            return
-        loop = asyncio.get_running_loop()
-        if left and not self._udp_writer:
-            loop.add_writer(self._udp.fileno(), self._flush_udp)
-            self._udp_writer = True
-        elif not left and self._udp_writer:
-            loop.remove_writer(self._udp.fileno())
-            self._udp_writer = False
-
-    def _apply(self, actions: list[Action]) -> None:
-        """Carry out what disco decided."""
-        for action in actions:
-            match action:
-                case SendUdp(addr, packet):
-                    if self._udp is not None:
-                        with contextlib.suppress(OSError):  # full or unreachable: a lost ping
-                            self._udp.sendto(packet, addr)
-                case SendDerp(region, key, packet):
-                    self.dataplane.derp_send(region, key, packet)
-                    self.wake()
-                case SetDirect(key, addr):
-                    self.dataplane.set_peer_direct(key, addr)
-                case NoteSource(addr, key):
-                    self.dataplane.note_udp_source(addr[0], addr[1], key)
-
-    async def _disco_loop(self) -> None:
-        """Heartbeats, discovery for the peers in use, path expiry: every second, and soon after
-        traffic went through DERP (a peer just became worth a direct path)."""
-        loop = asyncio.get_running_loop()
-        reported: list[tuple[str, int]] = []
-        stunned = float("-inf")
-        while True:
-            now = loop.time()
-            if now - stunned >= STUN_INTERVAL and self.netmap is not None:
-                stunned = now
-                self._update_endpoints()  # interface addresses may have changed too
-                await self._send_stun(loop)
-            if self.control.endpoints != reported and self.control.connected and self.netmap is not None:
-                reported = list(self.control.endpoints)
-                await self.control.report_endpoints()
-            self._apply(self.disco.tick(now, self.dataplane.active_peers(now - ACTIVE_SECONDS)))
-            self._derp_traffic.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(DISCO_TICK_SECONDS):
-                    await self._derp_traffic.wait()
-            await asyncio.sleep(0.1)  # rate limit; Disco itself limits pings per peer
 
     # -- the pump --
 
@@ -507,7 +330,7 @@ class Node:
             if conn not in written:
                 written.append(conn)
         if written:
-            self._derp_traffic.set()
+            self.direct.note_derp_traffic()
         streams = self._streams
         for event in result.events:
             match event:
@@ -516,17 +339,17 @@ class Node:
                 case nat.DerpRestarting(region, reconnect_in_ms, _try_for):
                     log.info("DERP server restarting", region=region, reconnect_in_ms=reconnect_in_ms)
                 case nat.DiscoUdp(ip, port, payload):
-                    self._apply(self.disco.handle_udp((ip, port), payload, loop.time()))
+                    self.direct.apply(self.direct.disco.handle_udp((ip, port), payload, loop.time()))
                 case nat.DiscoDerp(region, key, payload):
-                    self._apply(self.disco.handle_derp(region, key, payload, loop.time()))
+                    self.direct.apply(self.direct.disco.handle_derp(region, key, payload, loop.time()))
                 case nat.StunUdp(_ip, _port, payload):
-                    self._on_stun(payload)
+                    self.direct.on_stun(payload)
                 case nat.DerpPeerGone() | nat.DerpPeerPresent() | nat.DerpFrame() | nat.DerpHealth():
                     pass
                 case _ if streams is not None:
                     streams.dispatch(event)
         if result.udp_pending:
-            self._flush_udp()
+            self.direct.flush()
         self._schedule(loop, result.next_deadline)
         return written
 
