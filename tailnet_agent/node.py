@@ -40,8 +40,7 @@ import contextlib
 import errno
 import ipaddress
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -84,20 +83,15 @@ class NotRunningError(OSError):
 
 @dataclass(kw_only=True)
 class NodeOptions:
-    control_url: str
-    auth_key: str = field(repr=False)
-    """Pre-auth key; never logged."""
-    hostname: str
-    ca_bundle: Path | None = None
-    """PEM CAs for control and DERP TLS; None uses the system store."""
+    control: ControlOptions
+    """How to reach and join the control server (URL, pre-auth key, hostname, CA, backoff); its
+    ``ca_bundle`` also verifies the DERP relays."""
     accept_routes: bool = True
     """Route to peers' subnet routes (``--accept-routes``). Default true (egress)."""
     dial_timeout: float = 30.0
     """Seconds without a SYN-ACK before a dial fails. Default 30."""
-    ephemeral: bool = True
     tcp_buffer_size: int | None = None
     """Per-connection send and receive buffer in bytes; None keeps the data plane's 512 KiB."""
-    control_backoff: Backoff = field(default_factory=Backoff)
     derp_backoff: Backoff | None = None
     """None uses tailscaled's 0.1 s to 5 s schedule (one Backoff per region)."""
     derp_read_timeout: float = 120.0
@@ -114,11 +108,7 @@ class Node:
 
     def __init__(self, options: NodeOptions, keys: NodeKeys | None = None) -> None:
         self.options = options
-        self.control = ControlClient(
-            ControlOptions(url=options.control_url, auth_key=options.auth_key, hostname=options.hostname,
-                           ca_bundle=options.ca_bundle, ephemeral=options.ephemeral,
-                           backoff=options.control_backoff),
-            keys or NodeKeys.generate(), on_netmap=self._on_netmap)
+        self.control = ControlClient(options.control, keys or NodeKeys.generate(), on_netmap=self._on_netmap)
         self._node_key = self.control.keys.node.raw
         kwargs = {} if options.tcp_buffer_size is None else {"tcp_buffer_size": options.tcp_buffer_size}
         self.dataplane = nat.DataPlane(self._node_key, **kwargs)
@@ -131,7 +121,7 @@ class Node:
         """Batches of DERP frames dropped because their region had no connection."""
         self.direct = DirectPath(self.dataplane, self.control, port=options.udp_port, netmap=lambda: self.netmap,
                                  home=lambda: self.home_region, wake=self.wake)
-        self.relays = Relays(self.dataplane, tls=tls_context(options.ca_bundle),
+        self.relays = Relays(self.dataplane, tls=tls_context(options.control.ca_bundle),
                              read_timeout=options.derp_read_timeout, backoff=options.derp_backoff,
                              wake=self.wake, notify=self._notify, report_home=self.control.set_preferred_derp)
         self._addresses: list[str] = []
