@@ -136,6 +136,8 @@ def needs_apply(desired: JSON, current: JSON | None, *, manager: str, subresourc
         return True
     sent = {p for p in leaf_paths(desired) if _value_at(desired, p) != {}}  # an empty map covers nothing
     for owned in managed_paths(current, manager, subresource=subresource) - _IGNORED:
-        if not any(owned[: len(path)] == path for path in sent):
+        # Sent when a sent path lies under the owned one, or the owned one under a sent path (the
+        # API server records some items as one atomic entry, e.g. an ownerReference by its uid).
+        if not any(owned[: len(path)] == path or path[: len(owned)] == owned for path in sent):
             return True  # the manager owns a field it no longer sends: the apply removes it
     return False
