@@ -73,18 +73,18 @@ def sample(registry: CollectorRegistry, metric: str, **labels: str) -> float:
 
 
 @asynccontextmanager
-async def running_manager(kubeconfig: Path, *, registry: CollectorRegistry | None = None,
-                          workers: int = 2) -> AsyncIterator[tuple[Manager, WidgetReconciler]]:
+async def running_manager(kubeconfig: Path, *, registry: CollectorRegistry | None = None, workers: int = 2,
+                          namespace: str | None = None) -> AsyncIterator[tuple[Manager, WidgetReconciler]]:
     from tailnet_operator.runtime.controller import ControllerOptions
 
     manager = Manager(rest_config.load(kubeconfig), ManagerOptions(graceful_shutdown_timeout=5),
                       registry=registry or CollectorRegistry())
     reconciler = WidgetReconciler(manager.cache, manager.writer())
     (manager.controller("widget", reconciler, options=ControllerOptions(workers=workers))
-     .for_(WIDGET).owns(CONFIG_MAP))
+     .for_(WIDGET, namespace=namespace).owns(CONFIG_MAP, namespace=namespace))
     task = asyncio.create_task(manager.run())
     try:
-        await eventually(lambda: manager.cache.informer(WIDGET).synced or task.done(), what="cache sync")
+        await eventually(lambda: manager.cache.informer(WIDGET, namespace).synced or task.done(), what="cache sync")
         if task.done():
             task.result()
         yield manager, reconciler
@@ -164,7 +164,9 @@ async def test_a_spec_change_costs_exactly_two_writes_and_a_repeat_reconcile_non
     control_plane: ControlPlane, admin: Client, namespace: str
 ) -> None:
     """The owned ConfigMap and the status, once each: the runtime feeds each write's answer to the
-    cache, so the reconcile that the ConfigMap's own event triggers finds nothing to write."""
+    cache, so the reconcile that the ConfigMap's own event triggers finds nothing to write. The
+    manager is scoped to the test's namespace, so Widgets of other tests (whose namespaces may be
+    terminating) add no requests to the count."""
     registry = CollectorRegistry()
 
     def settled(name: str, value: str) -> Callable[[], Awaitable[bool]]:
@@ -184,7 +186,8 @@ async def test_a_spec_change_costs_exactly_two_writes_and_a_repeat_reconcile_non
             await eventually(idle, what="the queue to drain")
             await asyncio.sleep(0.5)
 
-    async with running_manager(control_plane.kubeconfig, registry=registry) as (manager, reconciler):
+    async with running_manager(control_plane.kubeconfig, registry=registry, namespace=namespace) as (manager,
+                                                                                                   reconciler):
         await admin.create(WIDGET, widget("counted", namespace, "one"))
         await eventually(settled("counted", "one"), what="created and settled")
         await quiet(manager, reconciler)
