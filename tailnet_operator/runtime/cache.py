@@ -129,6 +129,10 @@ class SharedCache(TypedReader):
             return hit[1]
         parsed = model.model_validate(obj)
         self._parsed[key] = (version, parsed)
+        if len(self._parsed) > 2 * sum(len(i.store) for i in self._informers.values()) + 64:
+            self._parsed = {k: v for k, v in self._parsed.items()
+                            if any(r == k[0] and i.store.get(k[1]) is not None
+                                   for (r, _, _), i in self._informers.items())}  # forget deleted objects
         return parsed
 
     def _reader(self, resource: Resource, namespace: str | None) -> Informer:
