@@ -4,11 +4,13 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+OPERATOR ?= cluster
 
 .PHONY: run test unit lint manifests binaries native prereqs e2e bench clean help
 
 help:
-	@echo "make run        start the local environment and run the operator against it (Ctrl-C stops)"
+	@echo "make run        start the local cluster, install the operator in it, follow its logs (Ctrl-C stops)"
+	@echo "                OPERATOR=source: run the operator from the source tree instead of the image"
 	@echo "make test       lint, type-check and run every test against the real binaries"
 	@echo "make unit       only the fast tests (no processes)"
 	@echo "make manifests  regenerate manifests/crd from tailnet_operator/api"
@@ -55,16 +57,20 @@ test: $(VENV)/.native binaries lint
 	cd native && cargo test --quiet --release
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# OPERATOR=source runs the operator from the source tree against the local cluster (no image build).
 run: $(VENV)/.native binaries
-	@$(PY) -m hack.localenv
+	@TAILNET_RUN_OPERATOR=$(OPERATOR) $(PY) -m hack.localenv
 
-e2e:
+# The cluster tests against kind: the same tests `make test` runs against the local node.
+e2e: $(VENV)/.native
 	@command -v docker >/dev/null && docker info >/dev/null 2>&1 || \
-	  { echo "error: make e2e runs against kind and needs a running Docker engine; 'make test' runs the same flows against the local environment" >&2; exit 1; }
-	@command -v kind >/dev/null || { echo "error: install kind (sigs.k8s.io/kind) for make e2e" >&2; exit 1; }
-	E2E_KUBECONFIG=$$(mktemp) && kind create cluster --name tailnet-e2e --kubeconfig $$E2E_KUBECONFIG && \
-	  TAILNET_E2E_KUBECONFIG=$$E2E_KUBECONFIG $(VENV)/bin/pytest e2e -m e2e; rc=$$?; \
-	  kind delete cluster --name tailnet-e2e; exit $$rc
+	  { echo "error: make e2e runs against kind and needs a running Docker engine; 'make test' runs the same tests against the local node" >&2; exit 1; }
+	@$(PY) -m hack.binaries build kind kubernetes etcd headscale
+	KIND=$$($(PY) -m hack.binaries path kind) && E2E_KUBECONFIG=$$(mktemp) && \
+	  $$KIND create cluster --name tailnet-e2e --kubeconfig $$E2E_KUBECONFIG && \
+	  TAILNET_E2E_HOST_ADDRESS=$$(docker network inspect kind -f '{{(index .IPAM.Config 0).Gateway}}') \
+	  TAILNET_E2E_KUBECONFIG=$$E2E_KUBECONFIG $(VENV)/bin/pytest e2e -m cluster; rc=$$?; \
+	  $$KIND delete cluster --name tailnet-e2e; exit $$rc
 
 bench: $(VENV)/.native binaries
 	$(PY) -m benchmarks.egress --json _artifacts/bench-egress.json

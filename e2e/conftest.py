@@ -7,8 +7,14 @@
 * ``headscale`` (per test, fresh database) and ``module_headscale`` (per module).
 * ``tailscale_nodes`` (per test): a factory of tailscaled nodes, stopped after the test.
 * ``site_host`` (per test): a factory of hosts in network namespaces.
+* ``cluster`` (session): a cluster that runs pods: the local node (root only), or the cluster
+  in ``$TAILNET_E2E_KUBECONFIG`` (kind, under ``make e2e``); ``project_image`` (session): the
+  project's image, built (cached by content) and loaded into it; ``cluster_headscale``
+  (session): a Headscale that pods reach.
 
-After the session, any process of this run that is still alive fails the run and is killed.
+After the session, any process of this run that is still alive fails the run and is killed, and
+so does anything the local node left on the host (containers, mounts, links, routes, nftables
+tables, cgroups, host paths, changed sysctls).
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ import shutil
 import signal
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from hack.localenv import (
+    Cluster,
     ControlPlane,
     Environment,
     Headscale,
@@ -35,8 +43,12 @@ from hack.localenv import (
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
 
+if TYPE_CHECKING:
+    from e2e.cluster import Image, TestCluster
+
 _ARTIFACTS = Path(__file__).resolve().parent.parent / "_artifacts" / "test-runs"
 _environment: Environment | None = None
+_cluster: Cluster | None = None
 
 
 def _session_environment() -> Environment:
@@ -159,6 +171,42 @@ def site_host(environment: Environment) -> Iterator[Callable[[], SiteHost]]:
             host.destroy()
 
 
+@pytest.fixture(scope="session")
+def cluster(environment: Environment) -> TestCluster:
+    """The cluster the ``cluster`` tests run against; started once per session."""
+    from e2e.cluster import EXTERNAL_KUBECONFIG, KindCluster
+    from hack.localenv.hostnet import HostNetwork
+
+    global _cluster
+    if os.environ.get(EXTERNAL_KUBECONFIG):
+        return KindCluster.from_environment()
+    reason = HostNetwork.available()
+    if reason is not None:
+        pytest.skip(f"the local node cannot run here: {reason}")
+    _cluster = environment.cluster()
+    return _cluster
+
+
+@pytest.fixture(scope="session")
+def project_image(cluster: TestCluster) -> Image:
+    """The project's image (Containerfile), built unless cached, loaded into the cluster."""
+    from hack import image
+
+    built = image.project_image()
+    cluster.load_image(built)
+    return built
+
+
+@pytest.fixture(scope="session")
+def cluster_headscale(environment: Environment, cluster: TestCluster) -> Iterator[Headscale]:
+    """A Headscale that pods reach: it listens on the cluster's host address."""
+    server = environment.headscale("cluster-headscale", address=cluster.host_address)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 # -- reporting and the leak check ---------------------------------------------------------------
 
 _failed = False
@@ -181,6 +229,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     _environment.close()
     survivors = list(marked_processes(_environment.run_id))
+    leftovers = _cluster.leftovers() if _cluster is not None else []
     for pid, _ in survivors:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -192,7 +241,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             reporter.write_line(f"LEAK: processes started by the tests outlived them:\n{lines}", red=True)
     elif reporter is not None:
         reporter.write_line(f"leak check: no process of run {_environment.run_id} is left running")
-    if _failed or survivors or exitstatus != 0:
+    if leftovers:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if reporter is not None:
+            reporter.write_line("LEAK: the local node left on the host:\n  " + "\n  ".join(leftovers), red=True)
+    elif _cluster is not None and reporter is not None:
+        timings = ", ".join(f"{k} {v:.1f}s" for k, v in _cluster.timings.items())
+        reporter.write_line(f"leak check: the local node left nothing on the host (start: {timings})")
+    if _failed or survivors or leftovers or exitstatus != 0:
         if reporter is not None:
             reporter.write_line(f"component logs kept in {_environment.log_dir}")
     else:

@@ -1,4 +1,9 @@
-"""`make run`'s environment: it comes up with the CRDs and samples, and Ctrl-C stops all of it."""
+"""`make run`'s environment: it comes up with the CRDs and samples, and Ctrl-C stops all of it.
+
+This runs the fast loop (``TAILNET_LOCALENV_NODE=0``: control plane only, operator from the source
+tree): one local node runs per machine and the test session's ``cluster`` may hold it. The node
+and the in-cluster install that ``make run`` uses by default are the ``cluster`` tests' own
+(``Cluster``, ``install_operator``)."""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ def test_local_environment_serves_the_samples_and_stops_on_ctrl_c(tmp_path: Path
 
     probes = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "TAILNET_LOCALENV_DIR": str(tmp_path / "localenv"),
-           "KUBECONFIG": str(tmp_path / "must-not-be-touched"),
+           "KUBECONFIG": str(tmp_path / "must-not-be-touched"), "TAILNET_LOCALENV_NODE": "0",
            "TAILNET_LOCALENV_PROBES": probes, "TAILNET_LOCALENV_METRICS": f"127.0.0.1:{free_port()}"}
     proc = subprocess.Popen([sys.executable, "-m", "hack.localenv"], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

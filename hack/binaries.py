@@ -5,14 +5,21 @@ Every binary comes from Go modules through the Go toolchain:
 * Headscale, Tailscale and etcd are built from a throwaway module that requires the exact
   version (etcd's server module replaces its siblings with relative paths, which rules out
   ``go install``; for the others it avoids the version-list lookup ``go install`` makes).
-* kube-apiserver and kube-controller-manager live in ``k8s.io/kubernetes``, whose go.mod
-  points its staging modules at ``./staging``; a throwaway module replaces each of them with
-  the published ``k8s.io/<name> v0.<minor>.<patch>`` and builds the commands from there.
+* The Kubernetes commands live in ``k8s.io/kubernetes``, whose go.mod points its staging
+  modules at ``./staging``; a throwaway module replaces each of them with the published
+  ``k8s.io/<name> v0.<minor>.<patch>`` and builds the commands from there.
+* The local node's containerd (with its runc shim and ``ctr``), the CNI plugins, CoreDNS,
+  kind and cyclonus come the same way, with the build tags their own Makefiles use.
+* runc needs cgo for its ``nsenter`` part: it is built inside a copy of its own module, with
+  cgo and without the optional seccomp support (which would need libseccomp's headers). Its
+  go.mod replaces go-selinux with a patched copy that is a module of its own and so absent
+  from the published module; the build drops that replace and uses the go-selinux release it
+  names (the patch only matters on hosts that enforce SELinux labels, which this one does not).
 
 Binaries land in ``<cache>/bin/<component>-<version>/``; a component whose binaries are all
 present is not rebuilt, so a second run takes seconds.
 
-Usage: ``python -m hack.binaries [build|path COMPONENT|list]``.
+Usage: ``python -m hack.binaries [build [COMPONENT...] | path BINARY | list]``.
 """
 
 from __future__ import annotations
@@ -43,9 +50,19 @@ def cache_root() -> Path:
 
 @dataclass(frozen=True)
 class Component:
+    """One versioned set of binaries built from one Go module."""
+
     name: str
     version: str
     binaries: tuple[str, ...]
+    module: str = ""
+    packages: tuple[str, ...] = ()
+    """Import path of each binary, in the order of ``binaries``."""
+    tags: str = ""
+    in_module: bool = False
+    """Build inside a copy of the module itself (it needs its own go.mod, with cgo)."""
+    drop_replaces: tuple[str, ...] = ()
+    """``replace`` directives of that go.mod whose targets the published module lacks."""
 
     @property
     def directory(self) -> Path:
@@ -59,12 +76,33 @@ class Component:
 
 
 KUBERNETES = Component(
-    "kubernetes", versions.KUBERNETES, ("kube-apiserver", "kube-controller-manager", "kubectl")
+    "kubernetes", versions.KUBERNETES,
+    ("kube-apiserver", "kube-controller-manager", "kubectl", "kube-scheduler", "kubelet", "kube-proxy"),
 )
-ETCD = Component("etcd", versions.ETCD, ("etcd",))
-HEADSCALE = Component("headscale", versions.HEADSCALE, ("headscale",))
-TAILSCALE = Component("tailscale", versions.TAILSCALE, ("tailscaled", "tailscale"))
-COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE)
+ETCD = Component("etcd", versions.ETCD, ("etcd",), "go.etcd.io/etcd/server/v3", ("go.etcd.io/etcd/server/v3",))
+HEADSCALE = Component("headscale", versions.HEADSCALE, ("headscale",), "github.com/juanfont/headscale",
+                      ("github.com/juanfont/headscale/cmd/headscale",))
+TAILSCALE = Component("tailscale", versions.TAILSCALE, ("tailscaled", "tailscale"), "tailscale.com",
+                      ("tailscale.com/cmd/tailscaled", "tailscale.com/cmd/tailscale"))
+_CONTAINERD_MODULE = "github.com/containerd/containerd/v2"
+CONTAINERD = Component(
+    "containerd", versions.CONTAINERD, ("containerd", "containerd-shim-runc-v2", "ctr"), _CONTAINERD_MODULE,
+    tuple(f"{_CONTAINERD_MODULE}/cmd/{b}" for b in ("containerd", "containerd-shim-runc-v2", "ctr")),
+    tags="urfave_cli_no_docs no_btrfs osusergo netgo static_build",
+)
+RUNC = Component("runc", versions.RUNC, ("runc",), "github.com/opencontainers/runc", (".",),
+                 tags="urfave_cli_no_docs", in_module=True, drop_replaces=("github.com/opencontainers/selinux",))
+_CNI_MODULE = "github.com/containernetworking/plugins"
+CNI_PLUGINS = Component(
+    "cni-plugins", versions.CNI_PLUGINS, ("bridge", "host-local", "loopback", "portmap"), _CNI_MODULE,
+    tuple(f"{_CNI_MODULE}/plugins/{p}" for p in ("main/bridge", "ipam/host-local", "main/loopback", "meta/portmap")),
+)
+COREDNS = Component("coredns", versions.COREDNS, ("coredns",), "github.com/coredns/coredns",
+                    ("github.com/coredns/coredns",))
+KIND = Component("kind", versions.KIND, ("kind",), "sigs.k8s.io/kind", ("sigs.k8s.io/kind",))
+CYCLONUS = Component("cyclonus", versions.CYCLONUS, ("cyclonus",), "github.com/mattfenwick/cyclonus",
+                     ("github.com/mattfenwick/cyclonus/cmd/cyclonus",))
+COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE, CONTAINERD, RUNC, CNI_PLUGINS, COREDNS, KIND, CYCLONUS)
 
 _MIN_GO = (1, 26)
 
@@ -107,9 +145,8 @@ def _install_into(component: Component, staging: Path) -> None:
     staging.rename(final)
 
 
-def _build_from_module(component: Component, module: str, packages: dict[str, str],
-                       ldflags: str = "-s -w") -> None:
-    """Build ``packages`` (binary name -> import path) of ``module@v<version>`` in a throwaway module.
+def _build_from_module(component: Component, ldflags: str = "-s -w") -> None:
+    """Build the component's packages of ``module@v<version>`` in a throwaway module.
 
     ``go install pkg@version`` would be simpler, but it also asks the proxy for the module's
     version list (to report deprecations), which a proxy may refuse; requiring the exact
@@ -119,12 +156,33 @@ def _build_from_module(component: Component, module: str, packages: dict[str, st
     with tempfile.TemporaryDirectory(prefix=f"{component.name}-build-") as tmp:
         work = Path(tmp)
         _throwaway_module(go, work)
-        _run([go, "get", f"{module}@v{component.version}"], cwd=work)
-        staging = Path(tempfile.mkdtemp(prefix=f".{component.name}-", dir=cache_root()))
-        for binary_name, package in packages.items():
-            _run([go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(staging / binary_name), package],
-                 cwd=work, env={"CGO_ENABLED": "0"})
-        _install_into(component, staging)
+        _run([go, "get", f"{component.module}@v{component.version}"], cwd=work)
+        _build_packages(go, component, work, ldflags, cgo=False)
+
+
+def _build_in_module(component: Component) -> None:
+    """Build inside a writable copy of the module, so that its own relative replaces hold."""
+    go = require_go()
+    with tempfile.TemporaryDirectory(prefix=f"{component.name}-build-") as tmp:
+        info = json.loads(_run([go, "mod", "download", "-json", f"{component.module}@v{component.version}"],
+                               cwd=Path(tmp)))
+        work = Path(tmp) / "src"
+        shutil.copytree(info["Dir"], work)
+        work.chmod(0o755)
+        for path in work.rglob("*"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        for old in component.drop_replaces:
+            _run([go, "mod", "edit", f"-dropreplace={old}"], cwd=work)
+        _build_packages(go, component, work, "-s -w", cgo=True)
+
+
+def _build_packages(go: str, component: Component, work: Path, ldflags: str, *, cgo: bool) -> None:
+    staging = Path(tempfile.mkdtemp(prefix=f".{component.name}-", dir=cache_root()))
+    tags = ["-tags", component.tags] if component.tags else []
+    for binary_name, package in zip(component.binaries, component.packages, strict=True):
+        _run([go, "build", "-trimpath", *tags, "-ldflags", ldflags, "-o", str(staging / binary_name), package],
+             cwd=work, env={"CGO_ENABLED": "1" if cgo else "0"})
+    _install_into(component, staging)
 
 
 def _throwaway_module(go: str, workdir: Path) -> None:
@@ -172,14 +230,10 @@ def build(component: Component) -> float:
     print(f"building {component.name} {component.version} ...", file=sys.stderr, flush=True)
     if component is KUBERNETES:
         _build_kubernetes(component)
-    elif component is ETCD:
-        _build_from_module(component, "go.etcd.io/etcd/server/v3", {"etcd": "go.etcd.io/etcd/server/v3"})
-    elif component is HEADSCALE:
-        _build_from_module(component, "github.com/juanfont/headscale",
-                           {"headscale": "github.com/juanfont/headscale/cmd/headscale"})
-    elif component is TAILSCALE:
-        _build_from_module(component, "tailscale.com", {
-            "tailscaled": "tailscale.com/cmd/tailscaled", "tailscale": "tailscale.com/cmd/tailscale"})
+    elif component.in_module:
+        _build_in_module(component)
+    else:
+        _build_from_module(component)
     elapsed = time.monotonic() - started
     print(f"built {component.name} {component.version} in {elapsed:.0f}s -> {component.directory}",
           file=sys.stderr, flush=True)
@@ -190,7 +244,12 @@ def main(argv: list[str]) -> int:
     command = argv[0] if argv else "build"
     try:
         if command == "build":
-            total = sum(build(c) for c in COMPONENTS)
+            names = set(argv[1:])
+            unknown = names - {c.name for c in COMPONENTS}
+            if unknown:
+                print(f"error: unknown component(s) {sorted(unknown)}", file=sys.stderr)
+                return 2
+            total = sum(build(c) for c in COMPONENTS if not names or c.name in names)
             print(f"all binaries ready under {cache_root() / 'bin'} ({total:.0f}s spent building)",
                   file=sys.stderr)
         elif command == "path" and len(argv) == 2:
@@ -200,7 +259,7 @@ def main(argv: list[str]) -> int:
                 state = "cached" if component.is_built() else "missing"
                 print(f"{component.name:12} {component.version:10} {state:8} {component.directory}")
         else:
-            print("usage: python -m hack.binaries [build | path BINARY | list]", file=sys.stderr)
+            print("usage: python -m hack.binaries [build [COMPONENT...] | path BINARY | list]", file=sys.stderr)
             return 2
     except MissingToolError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -29,4 +29,20 @@ if [ -f native/Cargo.toml ]; then
   fi
 fi
 
+# The local node (root only; without root its tests are skipped): packet filtering for kube-proxy
+# and the guard, conntrack, and an OCI builder with a Debian rootfs for the images.
+if [ "$(id -u)" = 0 ]; then
+  node_missing=()
+  for tool in ip:iproute2 nft:nftables iptables:iptables conntrack:conntrack buildah:buildah \
+              debootstrap:debootstrap gcc:gcc mount:mount; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 || node_missing+=("${tool#*:}")
+  done
+  if [ ${#node_missing[@]} -gt 0 ]; then
+    need "the local node needs these packages: apt-get install ${node_missing[*]}"
+  fi
+  if ! ldconfig -p 2>/dev/null | grep -q libc.a && [ ! -f /usr/lib/x86_64-linux-gnu/libc.a ]; then
+    need "the pause image is linked statically: apt-get install libc6-dev"
+  fi
+fi
+
 exit $missing

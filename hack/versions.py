@@ -10,3 +10,18 @@ KUBERNETES = "1.36.3"
 ETCD = "3.6.16"
 HEADSCALE = "0.29.2"
 TAILSCALE = "1.98.10"
+
+# The local node: containerd runs pods through runc, CNI plugins wire them to a bridge, CoreDNS
+# serves cluster DNS (and the Tailnet's hosts file) as a Deployment.
+CONTAINERD = "2.4.2"
+RUNC = "1.3.3"
+CNI_PLUGINS = "1.10.0"
+COREDNS = "1.12.4"
+
+# Test tools: kind runs `make e2e` where Docker exists; cyclonus computes which connections a
+# set of NetworkPolicies allows, with its own implementation of the semantics.
+KIND = "0.33.0"
+CYCLONUS = "0.5.6"
+
+# The Debian release the image's base rootfs is made from (debootstrap).
+DEBIAN_SUITE = "bookworm"

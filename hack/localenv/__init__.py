@@ -1,5 +1,6 @@
 """The local environment: real etcd, kube-apiserver, kube-controller-manager, Headscale and
-tailscaled processes on 127.0.0.1, for the tests and for ``make run``.
+tailscaled processes on 127.0.0.1, and a real single-node cluster (:mod:`.node`), for the tests
+and for ``make run``.
 
 An :class:`Environment` owns one run directory (state, certificates and a ``logs/`` folder)
 and every process started through it; ``close()`` stops them all, in reverse order.
@@ -27,11 +28,13 @@ from ._process import (
 from .controlplane import ControlPlane
 from .headscale import Headscale, HeadscaleError
 from .netns import ROUTER_UID, SiteHost, netns_available
+from .node import Cluster
 from .tailscale import TailscaleNode
 
 __all__ = [
     "ROUTER_UID",
     "RUN_MARKER",
+    "Cluster",
     "ControlPlane",
     "Environment",
     "EnvironmentStartError",
@@ -70,9 +73,11 @@ class Environment:
         self._owned.append(plane)
         return plane.start()
 
-    def headscale(self, name: str | None = None) -> Headscale:
+    def headscale(self, name: str | None = None, *, address: str = "127.0.0.1") -> Headscale:
+        """A started Headscale; ``address`` is where it listens (the node address for pods)."""
         name = name or f"headscale-{next(self._names)}"
-        server = Headscale(self._dir(name), log_dir=self.log_dir, run_id=self.run_id, name=name)
+        server = Headscale(self._dir(name), log_dir=self.log_dir, run_id=self.run_id, name=name,
+                           address=address)
         self._owned.append(server)
         return server.start()
 
@@ -92,6 +97,12 @@ class Environment:
         if authkey is not None:
             node.up(authkey, advertise_routes=advertise_routes, accept_routes=accept_routes)
         return node
+
+    def cluster(self) -> Cluster:
+        """A single-node cluster (needs root); one per machine at a time."""
+        cluster = Cluster(self._dir("cluster"), log_dir=self.log_dir / "cluster", run_id=self.run_id)
+        self._owned.append(cluster)
+        return cluster.start()
 
     def site_host(self) -> SiteHost:
         host = SiteHost(log_dir=self.log_dir, run_id=self.run_id)

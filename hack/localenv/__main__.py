@@ -1,10 +1,18 @@
 """``make run``: the local environment plus the operator, in the foreground until Ctrl-C.
 
-It starts a control plane and a Headscale under ``_artifacts/localenv`` (or
-``$TAILNET_LOCALENV_DIR``), installs the CRDs and the samples (the sample Tailnet pointed at
-the local Headscale), runs ``tailnet-operator`` against that control plane only, and stops
-everything on exit. A cluster configured elsewhere (``$KUBECONFIG``, ``~/.kube/config``) is
-never read or written: the operator gets this environment's kubeconfig explicitly.
+Under ``_artifacts/localenv`` (or ``$TAILNET_LOCALENV_DIR``) it starts the local single-node
+cluster (:mod:`hack.localenv.node`, needs root) and a Headscale that pods reach, builds the
+project's image and loads it into the node, installs the operator with ``kubectl apply -k
+manifests/`` as a user would, applies the samples (the sample Tailnet pointed at the local
+Headscale) and follows the operator's logs. Ctrl-C tears everything down.
+
+``$TAILNET_RUN_OPERATOR=source`` (``make run OPERATOR=source``) keeps the fast loop: the
+operator runs from the source tree against the same local cluster, with no image build.
+``$TAILNET_LOCALENV_NODE=0``, or a machine where the node cannot run (not root), starts only
+etcd, kube-apiserver and kube-controller-manager, with the operator from the source tree.
+
+A cluster configured elsewhere (``$KUBECONFIG``, ``~/.kube/config``) is never read or written:
+every command gets this environment's kubeconfig explicitly.
 """
 
 from __future__ import annotations
@@ -21,7 +29,9 @@ from typing import Any
 from hack import binaries
 from tailnet_operator.api.crds import install_crds, load_samples
 
-from . import ControlPlane, Environment, EnvironmentStartError, Headscale, default_root
+from . import Cluster, ControlPlane, Environment, EnvironmentStartError, Headscale, default_root, wait_until
+from .hostnet import HostNetwork
+from .install import install_operator, install_overlay, operator_available
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NAMESPACE = "tailnet-system"
@@ -84,6 +94,48 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _wants_node() -> str | None:
+    """None when the local node should run, else why not."""
+    if os.environ.get("TAILNET_LOCALENV_NODE", "1") == "0":
+        return "TAILNET_LOCALENV_NODE=0"
+    return HostNetwork.available()
+
+
+def _prepare(plane: ControlPlane, headscale: Headscale, env: Environment) -> Path:
+    """CRDs, the operator's namespace and Secrets, the samples; returns the bootstrap key file."""
+    key_file = env.root / "headscale-bootstrap-key"
+    key_file.write_text(headscale.api_key)
+    key_file.chmod(0o600)
+    install_crds(plane.api_client())
+    _apply(plane, [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}},
+        {"apiVersion": "v1", "kind": "Secret",
+         "metadata": {"name": BOOTSTRAP_SECRET, "namespace": OPERATOR_NAMESPACE},
+         "stringData": {"apiKey": headscale.api_key}},
+        {"apiVersion": "v1", "kind": "ConfigMap",
+         "metadata": {"name": "tailnet-policy-base", "namespace": OPERATOR_NAMESPACE},
+         "data": {"policy.hujson": BASE_POLICY}},
+    ])
+    samples = _point_samples_at(headscale, load_samples())
+    _apply(plane, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+                   for ns in sorted({d["metadata"]["namespace"] for d in samples
+                                     if d["metadata"].get("namespace")})])
+    _apply(plane, samples)
+    return key_file
+
+
+def _install_in_cluster(cluster: Cluster, env: Environment) -> None:
+    from hack import image
+
+    print("building the project's image (cached by content) ...", flush=True)
+    built = image.project_image()
+    cluster.load_image(built)
+    install_operator(cluster.kubeconfig, install_overlay(env.root / "install", built.ref))
+    print("waiting for the operator's Deployment ...", flush=True)
+    wait_until(lambda: operator_available(cluster.kubeconfig), timeout=180,
+               what="the tailnet-operator Deployment to be Available")
+
+
 def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)  # stop everything as Ctrl-C does
@@ -92,39 +144,35 @@ def main() -> int:
         shutil.rmtree(root)
     env = Environment(root, run_id=f"localenv-{os.getpid()}")
     operator: subprocess.Popen[bytes] | None = None
+    from_source = os.environ.get("TAILNET_RUN_OPERATOR", "cluster") == "source"
     try:
-        print("starting etcd, kube-apiserver and kube-controller-manager ...", flush=True)
-        plane = env.control_plane()
-        print("starting Headscale ...", flush=True)
-        headscale = env.headscale("headscale")
-        key_file = env.root / "headscale-bootstrap-key"
-        key_file.write_text(headscale.api_key)
-        key_file.chmod(0o600)
-
-        install_crds(plane.api_client())
-        _apply(plane, [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}},
-            {"apiVersion": "v1", "kind": "Secret",
-             "metadata": {"name": BOOTSTRAP_SECRET, "namespace": OPERATOR_NAMESPACE},
-             "stringData": {"apiKey": headscale.api_key}},
-            {"apiVersion": "v1", "kind": "ConfigMap",
-             "metadata": {"name": "tailnet-policy-base", "namespace": OPERATOR_NAMESPACE},
-             "data": {"policy.hujson": BASE_POLICY}},
-        ])
-        samples = _point_samples_at(headscale, load_samples())
-        _apply(plane, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-                       for ns in sorted({d["metadata"]["namespace"] for d in samples
-                                         if d["metadata"].get("namespace")})])
-        _apply(plane, samples)
+        no_node = _wants_node()
+        cluster: Cluster | None = None
+        if no_node is None:
+            print("starting the local node: control plane, containerd, kubelet, kube-proxy, CoreDNS ...", flush=True)
+            cluster = env.cluster()
+            assert cluster.plane is not None
+            plane = cluster.plane
+            print("starting Headscale ...", flush=True)
+            headscale = env.headscale("headscale", address=cluster.host_address)
+        else:
+            print(f"no local node ({no_node}): etcd, kube-apiserver and kube-controller-manager only", flush=True)
+            from_source = True
+            plane = env.control_plane()
+            print("starting Headscale ...", flush=True)
+            headscale = env.headscale("headscale")
+        key_file = _prepare(plane, headscale, env)
+        if cluster is not None and not from_source:
+            _install_in_cluster(cluster, env)
         bin_dir = _link_kubectl(env)
-
+        where = "from the source tree" if from_source else "in the cluster (kubectl -n tailnet-system logs follows)"
         print(f"""
 local environment ready (state and logs: {env.root})
   kubeconfig:      {plane.kubeconfig}
   kube-apiserver:  {plane.url}
   Headscale:       {headscale.url}  (CA: {headscale.ca_bundle}; bootstrap key in {key_file})
   component logs:  {env.log_dir}
-  operator:        http://{METRICS_ADDRESS}/metrics, http://{PROBES_ADDRESS}/readyz
+  operator:        {where}{f", http://{METRICS_ADDRESS}/metrics, http://{PROBES_ADDRESS}/readyz" if from_source else ""}
 
 look at the samples from another shell:
   export KUBECONFIG={plane.kubeconfig} PATH={bin_dir}:$PATH
@@ -133,13 +181,18 @@ look at the samples from another shell:
   kubectl get tailnetegresses,tailnetingresses -A
   kubectl explain tailnetegress.spec
 
-running tailnet-operator against this environment; Ctrl-C stops everything.
+running tailnet-operator; Ctrl-C stops everything.
 """, flush=True)
-        operator = subprocess.Popen([sys.executable, "-m", "tailnet_operator", "--kubeconfig",
-                                     str(plane.kubeconfig), "--metrics-bind-address", METRICS_ADDRESS,
-                                     "--health-probe-bind-address", PROBES_ADDRESS], cwd=REPO)
+        if from_source:
+            operator = subprocess.Popen([sys.executable, "-m", "tailnet_operator", "--kubeconfig",
+                                         str(plane.kubeconfig), "--metrics-bind-address", METRICS_ADDRESS,
+                                         "--health-probe-bind-address", PROBES_ADDRESS], cwd=REPO)
+        else:
+            operator = subprocess.Popen([str(binaries.binary("kubectl")), f"--kubeconfig={plane.kubeconfig}",
+                                         "-n", OPERATOR_NAMESPACE, "logs", "-f", "deployment/tailnet-operator"])
+        watched = [*plane.processes(), headscale.process, *(cluster.node.processes if cluster and cluster.node else [])]
         while operator.poll() is None:
-            for proc in env_processes(plane, headscale):
+            for proc in watched:
                 proc.check_running()
             time.sleep(1)
         return operator.returncode or 0
@@ -157,10 +210,6 @@ running tailnet-operator against this environment; Ctrl-C stops everything.
                 operator.kill()
         print("stopping the local environment ...", flush=True)
         env.close()
-
-
-def env_processes(plane: ControlPlane, headscale: Headscale) -> list[Any]:
-    return [*plane.processes(), headscale.process]
 
 
 if __name__ == "__main__":

@@ -1,11 +1,18 @@
-"""etcd + kube-apiserver + kube-controller-manager on 127.0.0.1, as envtest runs them.
+"""etcd + kube-apiserver + kube-controller-manager, as envtest runs them.
 
-kube-controller-manager runs only the garbage collector and the namespace controller, so
-owner references cascade and namespaces finalize as they do in a cluster.
+By default everything listens on 127.0.0.1 and kube-controller-manager runs only the garbage
+collector and the namespace controller, so owner references cascade and namespaces finalize as
+they do in a cluster, and nothing else acts on the objects tests create.
+
+With ``cluster=True`` (the control plane of the local node, :mod:`hack.localenv.node`) the
+apiserver listens on the node's address, which pods can reach; it authorizes kubelets with the
+Node authorizer, admits pods with their ServiceAccounts, never resolves the node's name (it
+dials the InternalIP), and kube-controller-manager runs the controllers workloads need.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import ssl
 import urllib.request
@@ -26,6 +33,17 @@ if TYPE_CHECKING:
 START_TIMEOUT = 60.0
 """Seconds each component gets to report healthy."""
 
+SERVICE_CIDR = "198.19.128.0/24"
+"""ClusterIPs: inside the benchmarking range 198.18.0.0/15, never a real network."""
+
+CLUSTER_CONTROLLERS = (
+    "garbagecollector", "namespace", "serviceaccount", "serviceaccount-token",
+    "root-ca-certificate-publisher", "deployment", "replicaset", "statefulset", "daemonset", "job",
+    "endpointslice", "endpointslice-mirroring", "disruption", "pod-garbage-collector", "ttl",
+    "node-lifecycle", "persistentvolume-binder", "resourcequota",
+)
+"""What a node's workloads need from kube-controller-manager."""
+
 
 class ControlPlane:
     """A kube-apiserver backed by its own etcd, with an admin kubeconfig.
@@ -34,14 +52,17 @@ class ControlPlane:
     ``stop()`` stops everything and is safe to call twice.
     """
 
-    def __init__(self, workdir: Path, *, log_dir: Path, run_id: str) -> None:
+    def __init__(self, workdir: Path, *, log_dir: Path, run_id: str, address: str = "127.0.0.1",
+                 cluster: bool = False) -> None:
         self.workdir = workdir
         self.log_dir = log_dir
         self.run_id = run_id
+        self.address = address
+        self.cluster = cluster
         self.etcd_port = free_port()
         self.etcd_peer_port = free_port()
         self.port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
+        self.url = f"https://{address}:{self.port}"
         self.kubeconfig = workdir / "kubeconfig"
         self.etcd: ManagedProcess | None = None
         self.apiserver: ManagedProcess | None = None
@@ -58,8 +79,9 @@ class ControlPlane:
     def start(self) -> ControlPlane:
         pki = self.workdir / "pki"
         self._ca = CertificateAuthority(pki, "kube")
-        serving = self._ca.issue("apiserver", common_name="kube-apiserver",
-                                 hosts=("localhost", "127.0.0.1", "kubernetes.default.svc"))
+        serving = self._ca.issue("apiserver", common_name="kube-apiserver", hosts=(
+            "localhost", "127.0.0.1", self.address, _first_address(SERVICE_CIDR), "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local"))
         self._admin = self._ca.issue("admin", common_name="admin", organizations=("system:masters",),
                                      client=True)
         service_accounts = signing_key(pki, "service-accounts")
@@ -68,28 +90,60 @@ class ControlPlane:
         self.apiserver = ManagedProcess("kube-apiserver", [
             binaries.binary("kube-apiserver"),
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            f"--bind-address={self.address}", f"--advertise-address={self.address}",
+            f"--secure-port={self.port}",
             f"--tls-cert-file={serving.cert}", f"--tls-private-key-file={serving.key}",
             f"--client-ca-file={self._ca.cert_path}",
-            "--authorization-mode=RBAC",
             f"--service-account-issuer={self.url}/",
             f"--service-account-key-file={service_accounts.cert}",
             f"--service-account-signing-key-file={service_accounts.key}",
-            "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
-            "--disable-admission-plugins=ServiceAccount",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
             "--enable-priority-and-fairness=false",
             f"--cert-dir={pki}",
+            *(self._cluster_apiserver_flags() if self.cluster else
+              ["--authorization-mode=RBAC", "--disable-admission-plugins=ServiceAccount"]),
         ], log_dir=self.log_dir, run_id=self.run_id)
         self.start_apiserver()
+        controllers = ",".join(CLUSTER_CONTROLLERS) if self.cluster else "garbagecollector,namespace"
         self.controller_manager = ManagedProcess("kube-controller-manager", [
             binaries.binary("kube-controller-manager"),
             f"--kubeconfig={self.kubeconfig}",
-            "--controllers=garbagecollector,namespace",
+            f"--controllers={controllers}",
             "--leader-elect=false", "--secure-port=0",
             "--concurrent-gc-syncs=5",
+            *([f"--service-account-private-key-file={service_accounts.key}",
+               f"--root-ca-file={self._ca.cert_path}", "--use-service-account-credentials=false",
+               "--node-monitor-grace-period=40s"] if self.cluster else []),
         ], log_dir=self.log_dir, run_id=self.run_id)
         self.controller_manager.start()
         return self
+
+    def _cluster_apiserver_flags(self) -> list[str]:
+        assert self._ca is not None
+        kubelet_client = self._ca.issue("apiserver-kubelet-client", common_name="kube-apiserver-kubelet-client",
+                                        organizations=("system:masters",), client=True)
+        return [
+            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+            # Logs and exec dial the node's InternalIP; its hostname would go to the machine's
+            # resolver, which may answer with an address outside this machine.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={kubelet_client.cert}",
+            f"--kubelet-client-key={kubelet_client.key}",
+            "--endpoint-reconciler-type=lease",
+        ]
+
+    def issue_client(self, name: str, *, user: str, groups: tuple[str, ...] = ()) -> Path:
+        """A kubeconfig for ``user`` (in ``groups``), with a client certificate from this plane's CA."""
+        assert self._ca is not None
+        pair = self._ca.issue(name, common_name=user, organizations=groups, client=True)
+        path = self.workdir / f"{name}.kubeconfig"
+        self._write_kubeconfig(path, user_cert=(pair.cert, pair.key))
+        return path
+
+    @property
+    def ca_cert(self) -> Path:
+        assert self._ca is not None
+        return self._ca.cert_path
 
     def start_etcd(self) -> None:
         """Start (or restart) etcd on the same ports and data directory."""
@@ -203,17 +257,24 @@ class ControlPlane:
         self.apiserver.check_running()
         return bool(self.request("GET", "/readyz") == "ok")
 
-    def _write_kubeconfig(self, path: Path | None = None, server: str | None = None) -> None:
+    def _write_kubeconfig(self, path: Path | None = None, server: str | None = None,
+                          user_cert: tuple[Path, Path] | None = None) -> None:
         assert self._ca is not None and self._admin is not None
         path = path or self.kubeconfig
+        cert, key = user_cert or (self._admin.cert, self._admin.key)
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "tailnet-local",
             "clusters": [{"name": "tailnet-local", "cluster": {
                 "server": server or self.url, "certificate-authority-data": b64encode(self._ca.pem).decode()}}],
             "users": [{"name": "admin", "user": {
-                "client-certificate-data": b64encode(self._admin.cert.read_bytes()).decode(),
-                "client-key-data": b64encode(self._admin.key.read_bytes()).decode()}}],
+                "client-certificate-data": b64encode(cert.read_bytes()).decode(),
+                "client-key-data": b64encode(key.read_bytes()).decode()}}],
             "contexts": [{"name": "tailnet-local", "context": {"cluster": "tailnet-local", "user": "admin"}}],
         }
         path.write_text(yaml.safe_dump(config))
         path.chmod(0o600)
+
+
+def _first_address(cidr: str) -> str:
+    """The ClusterIP of the ``kubernetes`` Service: the first address of the Service range."""
+    return str(next(ipaddress.ip_network(cidr).hosts()))

@@ -1,4 +1,5 @@
-"""A real Headscale on 127.0.0.1: TLS from a test CA, embedded DERP, policy in the database.
+"""A real Headscale on 127.0.0.1 (or the local node's address, for pods): TLS from a test CA,
+embedded DERP, policy in the database.
 
 Each instance has its own state directory (a fresh SQLite database). The bootstrap API key
 is created through Headscale's own CLI over its unix socket, as an administrator would.
@@ -38,12 +39,13 @@ class Headscale:
     """One Headscale server. ``url`` is both the login URL and the API URL."""
 
     def __init__(self, workdir: Path, *, log_dir: Path, run_id: str, name: str = "headscale",
-                 ca: CertificateAuthority | None = None) -> None:
+                 ca: CertificateAuthority | None = None, address: str = "127.0.0.1") -> None:
         self.workdir = workdir
         self.name = name
+        self.address = address
         self.port = free_port()
         self.stun_port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
+        self.url = f"https://{address}:{self.port}"
         self.config_path = workdir / "config.yaml"
         self.ca = ca or CertificateAuthority(workdir / "pki", "headscale")
         self.api_key = ""
@@ -58,7 +60,7 @@ class Headscale:
     def start(self) -> Headscale:
         self.workdir.mkdir(parents=True, exist_ok=True)
         serving = self.ca.issue(f"{self.name}-serving", common_name="headscale",
-                                hosts=("127.0.0.1", "localhost"))
+                                hosts=tuple(dict.fromkeys(("127.0.0.1", "localhost", self.address))))
         self.config_path.write_text(yaml.safe_dump(self._config(serving.cert, serving.key)))
         self.process.start()
         wait_until(self._healthy, timeout=START_TIMEOUT, what=f"{self.name} /health")
@@ -138,7 +140,7 @@ class Headscale:
         state = self.workdir
         return {
             "server_url": self.url,
-            "listen_addr": f"127.0.0.1:{self.port}",
+            "listen_addr": f"{self.address}:{self.port}",
             "metrics_listen_addr": "",
             "grpc_listen_addr": "127.0.0.1:0",
             "unix_socket": str(state / "headscale.sock"),
@@ -151,10 +153,10 @@ class Headscale:
             "derp": {
                 "server": {
                     "enabled": True, "region_id": 999, "region_code": "local", "region_name": "local",
-                    "stun_listen_addr": f"127.0.0.1:{self.stun_port}",
+                    "stun_listen_addr": f"{self.address}:{self.stun_port}",
                     "private_key_path": str(state / "derp_server_private.key"),
                     "automatically_add_embedded_derp_region": True,
-                    "ipv4": "127.0.0.1",
+                    "ipv4": self.address,
                 },
                 "urls": [], "paths": [], "auto_update_enabled": False, "update_frequency": "24h",
             },

@@ -1,0 +1,170 @@
+"""The cluster the ``cluster`` tests run against: the local node, or kind under ``make e2e``.
+
+Both are reached through a kubeconfig and ``kubectl``; what differs is behind
+:class:`TestCluster`: how a locally built image reaches the node, the address at which pods
+reach a server the test runs on the host, and whether NetworkPolicy is enforced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from hack.localenv import wait_until
+from hack.localenv.node import kubectl as _kubectl
+
+EXTERNAL_KUBECONFIG = "TAILNET_E2E_KUBECONFIG"
+"""Set by ``make e2e``: run the cluster tests against this cluster (kind) instead of the local node."""
+
+
+class Image(Protocol):
+    @property
+    def ref(self) -> str: ...
+    @property
+    def archive(self) -> Path: ...
+
+
+class TestCluster(Protocol):
+    @property
+    def kubeconfig(self) -> Path: ...
+    @property
+    def host_address(self) -> str:
+        """Where pods reach a server the test runs on this machine."""
+    @property
+    def enforces_network_policy(self) -> bool: ...
+
+    def load_image(self, image: Image) -> None: ...
+
+
+@dataclass
+class KindCluster:
+    """A kind cluster made by ``make e2e``; images go in with ``kind load image-archive``."""
+
+    kubeconfig: Path
+    name: str
+    host_address: str
+    enforces_network_policy: bool = True
+
+    @classmethod
+    def from_environment(cls) -> KindCluster:
+        return cls(Path(os.environ[EXTERNAL_KUBECONFIG]), os.environ.get("TAILNET_E2E_KIND_NAME", "tailnet-e2e"),
+                   os.environ.get("TAILNET_E2E_HOST_ADDRESS", "172.18.0.1"))
+
+    def load_image(self, image: Image) -> None:
+        from hack import binaries
+
+        subprocess.run([str(binaries.binary("kind")), "load", "image-archive", str(image.archive),
+                        "--name", self.name], check=True, capture_output=True)
+
+
+def kubectl(cluster: TestCluster, *args: str, stdin: str | None = None, check: bool = True,
+            timeout: float = 120) -> str:
+    return _kubectl(cluster.kubeconfig, *args, stdin=stdin, check=check, timeout=timeout).stdout
+
+
+def get_json(cluster: TestCluster, *args: str) -> Any:
+    return json.loads(kubectl(cluster, "get", *args, "-o", "json"))
+
+
+def apply(cluster: TestCluster, docs: Sequence[dict[str, Any]]) -> None:
+    kubectl(cluster, "apply", "--server-side", "--field-manager=e2e", "-f", "-", stdin=yaml.safe_dump_all(docs))
+
+
+def condition(obj: dict[str, Any], kind: str) -> str | None:
+    for cond in obj.get("status", {}).get("conditions", []):
+        if cond["type"] == kind:
+            return str(cond["status"])
+    return None
+
+
+def wait_available(cluster: TestCluster, namespace: str, name: str, timeout: float = 120) -> None:
+    def available() -> bool:
+        return condition(get_json(cluster, "-n", namespace, "deployment", name), "Available") == "True"
+
+    try:
+        wait_until(available, timeout=timeout, what=f"deployment {namespace}/{name} Available")
+    except TimeoutError as exc:
+        pods = kubectl(cluster, "-n", namespace, "get", "pods", "-o", "wide", check=False)
+        events = kubectl(cluster, "-n", namespace, "get", "events", "--sort-by=.lastTimestamp", check=False)
+        raise AssertionError(f"{exc}\n{pods}\n{events[-3000:]}") from exc
+
+
+def wait_pod_running(cluster: TestCluster, namespace: str, name: str, timeout: float = 120) -> None:
+    def running() -> bool:
+        pod = get_json(cluster, "-n", namespace, "pod", name)
+        return condition(pod, "Ready") == "True"
+
+    wait_until(running, timeout=timeout, what=f"pod {namespace}/{name} Ready")
+
+
+@contextmanager
+def namespace(cluster: TestCluster, prefix: str, labels: dict[str, str] | None = None) -> Iterator[str]:
+    """A namespace for one test, deleted (without waiting) afterwards."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    apply(cluster, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}])
+    wait_until(lambda: _default_service_account(cluster, name), timeout=60,
+               what=f"the default ServiceAccount of {name}")
+    try:
+        yield name
+    finally:
+        kubectl(cluster, "delete", "namespace", name, "--wait=false", check=False)
+
+
+def _default_service_account(cluster: TestCluster, ns: str) -> bool:
+    return kubectl(cluster, "-n", ns, "get", "serviceaccount", "default", check=False) != ""
+
+
+RESTRICTED_CONTAINER: dict[str, Any] = {
+    "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def python_pod(name: str, ns: str, image: str, script: str, *, labels: dict[str, str] | None = None,
+               port: int | None = None) -> dict[str, Any]:
+    """A pod of the project's image running a Python script (the image has no shell tools)."""
+    container: dict[str, Any] = {
+        "name": "main", "image": image, "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", "-c", textwrap.dedent(script)], "securityContext": RESTRICTED_CONTAINER,
+    }
+    if port is not None:
+        container["ports"] = [{"containerPort": port}]
+        container["readinessProbe"] = {"tcpSocket": {"port": port}, "periodSeconds": 1}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": labels or {}},
+            "spec": {"containers": [container], "terminationGracePeriodSeconds": 1,
+                     "enableServiceLinks": False}}
+
+
+HTTP_SERVER = """
+import http.server, socket
+class Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("hello from " + socket.gethostname()).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Hello).serve_forever()
+"""
+
+SLEEPER = "import time\nwhile True: time.sleep(3600)\n"
+
+
+def exec_python(cluster: TestCluster, ns: str, pod: str, code: str, timeout: float = 30) -> str:
+    """Run Python in a pod through ``kubectl exec`` (apiserver -> kubelet -> CRI) and return stdout."""
+    return kubectl(cluster, "-n", ns, "exec", pod, "--", "python3", "-c", textwrap.dedent(code), timeout=timeout)
+
+
+def http_get_code(url: str, timeout: float = 3) -> str:
+    return f"""
+import urllib.request
+print(urllib.request.urlopen({url!r}, timeout={timeout}).read().decode())
+"""

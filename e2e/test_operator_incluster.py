@@ -1,0 +1,87 @@
+"""The operator as its users deploy it: ``kubectl apply -k manifests/`` with the project's image,
+running in a pod under the ``restricted`` Pod Security level, holding the Lease and reconciling
+a Tailnet against a real Headscale that the pod reaches over the pod network."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.cluster import TestCluster, apply, condition, get_json, kubectl, python_pod, wait_available
+from e2e.operator import tailnet_object, unique
+from hack.localenv import Headscale, wait_until
+from hack.localenv.install import OPERATOR_NAMESPACE, install_operator, install_overlay
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e]
+
+NAMESPACE = OPERATOR_NAMESPACE
+
+
+@pytest.fixture(scope="module")
+def installed_operator(cluster: TestCluster, project_image: Any, tmp_path_factory: pytest.TempPathFactory
+                       ) -> Iterator[str]:
+    overlay = install_overlay(tmp_path_factory.mktemp("install"), project_image.ref)
+    install_operator(cluster.kubeconfig, overlay)
+    try:
+        wait_available(cluster, NAMESPACE, "tailnet-operator", timeout=180)
+    except AssertionError as exc:
+        logs = kubectl(cluster, "-n", NAMESPACE, "logs", "deployment/tailnet-operator", "--tail=50", check=False)
+        raise AssertionError(f"{exc}\noperator logs:\n{logs}") from exc
+    yield NAMESPACE
+
+
+def test_the_operator_pod_is_admitted_under_restricted_and_holds_the_lease(
+        cluster: TestCluster, installed_operator: str) -> None:
+    labels = get_json(cluster, "namespace", installed_operator)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+
+    pods = get_json(cluster, "-n", installed_operator, "pods", "-l", "app.kubernetes.io/name=tailnet-operator")
+    names = {p["metadata"]["name"] for p in pods["items"] if condition(p, "Ready") == "True"}
+    assert names, "a Ready operator pod"
+
+    def holder() -> str | None:
+        lease = get_json(cluster, "-n", installed_operator, "lease", "tailnet-operator")
+        holder: str | None = lease["spec"].get("holderIdentity")
+        return holder
+
+    identity = wait_until(holder, timeout=60, what="the operator to hold its Lease")
+    assert any(identity.startswith(name) for name in names), (identity, names)
+
+    # The level is enforced, not only labelled: a pod that runs as root is refused.
+    offender = python_pod("root-pod", installed_operator, "tailnet-operator", "")
+    offender["spec"]["containers"][0]["securityContext"] = {"runAsUser": 0}
+    refused = kubectl(cluster, "apply", "--server-side", "--field-manager=e2e", "-f", "-",
+                      stdin=yaml.safe_dump(offender), check=False)
+    assert "violates PodSecurity" in refused or "forbidden" in refused.lower(), refused
+
+
+def test_the_operator_in_the_cluster_reconciles_a_tailnet_to_ready(
+        cluster: TestCluster, installed_operator: str, cluster_headscale: Headscale) -> None:
+    name = unique("incluster")
+    secret = f"{name}-bootstrap"
+    apply(cluster, [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": installed_operator},
+         "stringData": {"apiKey": cluster_headscale.api_key}},
+        tailnet_object(name, cluster_headscale, installed_operator, secret=secret),
+    ])
+    try:
+        def ready() -> dict[str, Any] | None:
+            tailnet = get_json(cluster, "tailnet", name)
+            return tailnet if condition(tailnet, "Ready") == "True" else None
+
+        try:
+            tailnet = wait_until(ready, timeout=120, what=f"Tailnet {name} Ready")
+        except TimeoutError as exc:
+            status = get_json(cluster, "tailnet", name).get("status")
+            logs = kubectl(cluster, "-n", installed_operator, "logs", "deployment/tailnet-operator", "--tail=40",
+                           check=False)
+            raise AssertionError(f"{exc}\nstatus: {status}\noperator logs:\n{logs}") from exc
+        assert tailnet["status"]["conditions"]
+        keys = cluster_headscale.api("GET", "/api/v1/apikey")["apiKeys"]
+        assert len(keys) >= 2, "the operator minted its own working key from the bootstrap key"
+    finally:
+        kubectl(cluster, "delete", "tailnet", name, "--wait=true", "--timeout=60s", check=False)
+        kubectl(cluster, "-n", installed_operator, "delete", "secret", secret, check=False)

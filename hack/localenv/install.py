@@ -1,0 +1,35 @@
+"""Install the operator into a cluster exactly as a user does: ``kubectl apply -k`` over
+``manifests/``, with only the image named by a kustomization of one's own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from .node import deployment_available, kubectl
+
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR_NAMESPACE = "tailnet-system"
+OPERATOR_DEPLOYMENT = "tailnet-operator"
+
+
+def install_overlay(directory: Path, image_ref: str) -> Path:
+    """A kustomization over ``manifests/`` that sets the image, as a user's own overlay would."""
+    repository, tag = image_ref.rsplit(":", 1)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(REPO / "manifests")],
+        "images": [{"name": "tailnet-operator", "newName": repository, "newTag": tag}],
+    }))
+    return directory
+
+
+def install_operator(kubeconfig: Path, overlay: Path) -> None:
+    """Server-side apply (the CRDs are too large for the client-side annotation)."""
+    kubectl(kubeconfig, "apply", "--server-side", "--field-manager=tailnet-install", "-k", str(overlay))
+
+
+def operator_available(kubeconfig: Path) -> bool:
+    return deployment_available(kubeconfig, OPERATOR_NAMESPACE, OPERATOR_DEPLOYMENT)
