@@ -44,6 +44,7 @@ binaries: prereqs
 lint: $(VENV)/.native
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/stubtest tailnet_agent._native --ignore-disjoint-bases --allowlist native/stubtest-allowlist.txt
 	cd native && cargo clippy --quiet --release --all-targets -- -D warnings && cargo fmt --check
 
 manifests: $(VENV)/.installed

@@ -22,6 +22,7 @@ from tailnet_operator.controllers.setup import setup
 from tailnet_operator.controllers.tailnet import TailnetReconciler
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import JSON, Client
+from tailnet_operator.runtime.clock import RealClock
 from tailnet_operator.runtime.errors import NotFound
 from tailnet_operator.runtime.events import EventRecorder
 from tailnet_operator.runtime.kinds import SECRET
@@ -29,12 +30,19 @@ from tailnet_operator.runtime.manager import Manager, ManagerOptions
 
 
 class ShiftedClock:
-    """Wall-clock time plus an offset a test can move forward."""
+    """The real clock, with a wall-clock offset a test can move forward (waits are not shifted)."""
 
     def __init__(self) -> None:
         self.offset = timedelta(0)
+        self._real = RealClock()
 
-    def __call__(self) -> datetime:
+    def now(self) -> float:
+        return self._real.now()
+
+    async def sleep(self, seconds: float) -> None:
+        await self._real.sleep(seconds)
+
+    def utcnow(self) -> datetime:
         return datetime.now(UTC) + self.offset
 
 
@@ -59,11 +67,8 @@ async def running_operator(kubeconfig: Path, namespace: str, *, clock: ShiftedCl
     manager = Manager(rest_config.load(kubeconfig), ManagerOptions(graceful_shutdown_timeout=5),
                       registry=CollectorRegistry())
     events = EventRecorder(manager.client, reporting_instance="test")
-    tailnet, policy = setup(manager, namespace=namespace, events=events)
-    if clock is not None:
-        tailnet._now = clock
-        policy._now = clock
-    tailnet._after_store = after_store
+    tailnet, policy = setup(manager, namespace=namespace, events=events, clock=clock)
+    tailnet.after_store = after_store
     task = asyncio.create_task(manager.run())
     try:
         await eventually(lambda: manager.cache.informer(TAILNET).synced or task.done(), what="cache sync")

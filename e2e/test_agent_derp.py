@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from e2e.polling import eventually
+from hack import derp_codec as codec
 from hack.localenv import Headscale
 from hack.localenv._pki import CertificateAuthority
 from tailnet_agent.backoff import Backoff, derp_backoff
@@ -91,7 +92,7 @@ def embedded_node(headscale: Headscale) -> DerpNode:
 
 async def recv_packet(conn: DerpConnection, *, timeout: float = 10.0) -> tuple[bytes, bytes]:
     async with asyncio.timeout(timeout):
-        return await conn.recv_packet()
+        return await codec.recv_packet(conn)
 
 
 async def test_handshake_receives_server_info_and_answers_ping(headscale: Headscale) -> None:
@@ -107,9 +108,9 @@ async def test_handshake_receives_server_info_and_answers_ping(headscale: Headsc
             await conn.note_preferred(True)
             await conn.send_ping(b"derp-e2e")
             async with asyncio.timeout(10):
-                while not isinstance(message := await conn.recv_message(), f.Pong):
+                while not isinstance(message := await codec.recv_message(conn), codec.Pong):
                     pass
-            assert message == f.Pong(b"derp-e2e")
+            assert message == codec.Pong(b"derp-e2e")
 
 
 async def test_unregistered_node_key_is_refused(headscale: Headscale) -> None:
@@ -121,10 +122,10 @@ async def test_two_nodes_exchange_packets_both_ways(headscale: Headscale) -> Non
     async with registered_nodes(headscale, "derp-a", "derp-b") as (a, b), \
             await open_conn(headscale, home_node(a), node_key(a)) as conn_a, \
             await open_conn(headscale, home_node(b), node_key(b)) as conn_b:
-        await conn_a.send_packet(conn_b.public_key, b"a to b")
+        await codec.send_packet(conn_a, conn_b.public_key, b"a to b")
         assert await recv_packet(conn_b) == (conn_a.public_key, b"a to b")
         big = os.urandom(f.MAX_PACKET_SIZE)  # the largest packet the server relays
-        await conn_b.send_packet(conn_a.public_key, big)
+        await codec.send_packet(conn_b, conn_a.public_key, big)
         assert await recv_packet(conn_a) == (conn_b.public_key, big)
 
 
@@ -134,7 +135,7 @@ async def test_supervisor_reconnects_after_a_server_restart(headscale: Headscale
 
         async def handler(conn: DerpConnection) -> None:
             while True:
-                src, payload = await conn.recv_packet()
+                src, payload = await codec.recv_packet(conn)
                 await inbox.put((sup.generation, src, payload))
 
         sup = DerpSupervisor([home_node(a)], node_key(a), handler, tls=tls_context(headscale.ca_bundle),
@@ -143,7 +144,7 @@ async def test_supervisor_reconnects_after_a_server_restart(headscale: Headscale
         try:
             first = await asyncio.wait_for(sup.wait_connected(), 15)
             async with await open_conn(headscale, home_node(b), node_key(b)) as conn_b:
-                await conn_b.send_packet(first.public_key, b"before")
+                await codec.send_packet(conn_b, first.public_key, b"before")
                 assert await asyncio.wait_for(inbox.get(), 10) == (1, conn_b.public_key, b"before")
 
                 await asyncio.to_thread(headscale.restart)
@@ -154,11 +155,11 @@ async def test_supervisor_reconnects_after_a_server_restart(headscale: Headscale
             assert second is not first and sup.generation >= 2
             async with await open_conn(headscale, home_node(b), node_key(b)) as conn_b:
                 assert inbox.empty()
-                await conn_b.send_packet(second.public_key, b"after")
+                await codec.send_packet(conn_b, second.public_key, b"after")
                 generation, src, payload = await asyncio.wait_for(inbox.get(), 10)
                 assert (src, payload) == (conn_b.public_key, b"after") and generation >= 2
                 current = await sup.wait_connected()
-                await current.send_packet(conn_b.public_key, b"reply")
+                await codec.send_packet(current, conn_b.public_key, b"reply")
                 assert await recv_packet(conn_b) == (current.public_key, b"reply")
             assert not task.done()
         finally:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -24,6 +26,7 @@ from e2e.polling import eventually
 from hack.localenv import Headscale, SiteHost, TailscaleNode, free_port
 from tailnet_agent.backoff import Backoff, derp_backoff
 from tailnet_agent.config import PortMapping, Target
+from tailnet_agent.control import ControlOptions
 from tailnet_agent.forward import EgressForwarder
 from tailnet_agent.health import AgentMetrics
 from tailnet_agent.node import Node, NodeOptions
@@ -49,14 +52,13 @@ class Agent:
 
 @contextlib.asynccontextmanager
 async def running_agent(headscale: Headscale, hostname: str, key: str, targets: list[Target] | None = None,
-                        **options: object) -> AsyncIterator[Agent]:
+                        **options: Any) -> AsyncIterator[Agent]:
     """A Node (and an egress forwarder on 127.0.0.1 when ``targets`` are given), ready before the body."""
-    opts: dict[str, object] = {"control_backoff": Backoff(initial=0.2, maximum=2.0),
-                               "derp_backoff": derp_backoff(initial=0.1, maximum=1.0), "dial_timeout": 15.0,
-                               "udp_port": None}
-    opts.update(options)
-    node = Node(NodeOptions(control_url=headscale.url, auth_key=key, hostname=hostname,
-                            ca_bundle=headscale.ca_bundle, **opts))  # type: ignore[arg-type]
+    control = ControlOptions(url=headscale.url, auth_key=key, hostname=hostname, ca_bundle=headscale.ca_bundle,
+                             backoff=Backoff(initial=0.2, maximum=2.0))
+    defaults = NodeOptions(control=control, derp_backoff=derp_backoff(initial=0.1, maximum=1.0), dial_timeout=15.0,
+                           udp_port=None)
+    node = Node(dataclasses.replace(defaults, **options))
     metrics = AgentMetrics(node)
     forwarder = EgressForwarder(node, tuple(targets or ()), bind_address="127.0.0.1", metrics=metrics,
                                 dial_timeout=node.options.dial_timeout)

@@ -17,8 +17,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from hack.crd_examples import INVALID_EXAMPLES, InvalidExample
 from tailnet_operator.api.crds import create_object, install_crds, load_crds, load_samples
-from tailnet_operator.api.examples import INVALID_EXAMPLES, InvalidExample
 from tailnet_operator.api.registry import KINDS, kind_of
 
 pytestmark = pytest.mark.integration

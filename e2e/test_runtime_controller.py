@@ -73,18 +73,18 @@ def sample(registry: CollectorRegistry, metric: str, **labels: str) -> float:
 
 
 @asynccontextmanager
-async def running_manager(kubeconfig: Path, *, registry: CollectorRegistry | None = None,
-                          workers: int = 2) -> AsyncIterator[tuple[Manager, WidgetReconciler]]:
+async def running_manager(kubeconfig: Path, *, registry: CollectorRegistry | None = None, workers: int = 2,
+                          namespace: str | None = None) -> AsyncIterator[tuple[Manager, WidgetReconciler]]:
     from tailnet_operator.runtime.controller import ControllerOptions
 
     manager = Manager(rest_config.load(kubeconfig), ManagerOptions(graceful_shutdown_timeout=5),
                       registry=registry or CollectorRegistry())
-    reconciler = WidgetReconciler(manager.client, manager.cache)
+    reconciler = WidgetReconciler(manager.cache, manager.writer())
     (manager.controller("widget", reconciler, options=ControllerOptions(workers=workers))
-     .for_(WIDGET).owns(CONFIG_MAP, WIDGET))
+     .for_(WIDGET, namespace=namespace).owns(CONFIG_MAP, namespace=namespace))
     task = asyncio.create_task(manager.run())
     try:
-        await eventually(lambda: manager.cache.informer(WIDGET).synced or task.done(), what="cache sync")
+        await eventually(lambda: manager.cache.informer(WIDGET, namespace).synced or task.done(), what="cache sync")
         if task.done():
             task.result()
         yield manager, reconciler
@@ -158,6 +158,53 @@ async def test_reconciling_objects_already_as_desired_makes_zero_writes(
         assert writes(registry) == 0
         assert sample(registry, "rest_client_requests_total", code="200", method="GET",
                       host=control_plane.url.removeprefix("https://")) > 0
+
+
+async def test_a_spec_change_costs_exactly_two_writes_and_a_repeat_reconcile_none(
+    control_plane: ControlPlane, admin: Client, namespace: str
+) -> None:
+    """The owned ConfigMap and the status, once each: the runtime feeds each write's answer to the
+    cache, so the reconcile that the ConfigMap's own event triggers finds nothing to write. The
+    manager is scoped to the test's namespace, so Widgets of other tests (whose namespaces may be
+    terminating) add no requests to the count."""
+    registry = CollectorRegistry()
+
+    def settled(name: str, value: str) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            obj = await admin.get(WIDGET, name, namespace)
+            return (obj.get("status", {}).get("observedGeneration") == obj["metadata"]["generation"]
+                    and await config_map_value(admin, namespace, name) == value)
+
+        return check
+
+    async def quiet(manager: Manager, reconciler: WidgetReconciler) -> None:
+        """Wait until no reconcile is queued or running, twice in a row 0.5 s apart."""
+        async def idle() -> bool:
+            return all(c.queue.len() == 0 for c in manager.controllers) and reconciler.in_flight == 0
+
+        for _ in range(2):
+            await eventually(idle, what="the queue to drain")
+            await asyncio.sleep(0.5)
+
+    async with running_manager(control_plane.kubeconfig, registry=registry, namespace=namespace) as (manager,
+                                                                                                   reconciler):
+        await admin.create(WIDGET, widget("counted", namespace, "one"))
+        await eventually(settled("counted", "one"), what="created and settled")
+        await quiet(manager, reconciler)
+        assert writes(registry) == 2, "creating a Widget writes its ConfigMap and its status"
+
+        for step, value in enumerate(("two", "three", "four"), start=1):
+            await admin.merge_patch(WIDGET, "counted", {"spec": {"value": value}}, namespace)
+            await eventually(settled("counted", value), what=f"the change to {value}")
+            await quiet(manager, reconciler)
+            assert writes(registry) == 2 + 2 * step, f"spec change {step}: one ConfigMap and one status write"
+
+        before, calls = writes(registry), reconciler.calls[Request(namespace, "counted")]
+        for controller in manager.controllers:
+            controller.queue.add(Request(namespace, "counted"))
+        await eventually(lambda: reconciler.calls[Request(namespace, "counted")] > calls, what="a repeat reconcile")
+        await quiet(manager, reconciler)
+        assert writes(registry) == before, "reconciling an object already as desired writes nothing"
 
 
 # -- outages -----------------------------------------------------------------------------------
@@ -251,8 +298,8 @@ def _elected_manager(kubeconfig: Path, identity: str, lease: str) -> tuple[Manag
                                                     identity=identity),
         graceful_shutdown_timeout=5)
     manager = Manager(rest_config.load(kubeconfig), options, registry=CollectorRegistry())
-    reconciler = WidgetReconciler(manager.client, manager.cache)
-    manager.controller("widget", reconciler).for_(WIDGET).owns(CONFIG_MAP, WIDGET)
+    reconciler = WidgetReconciler(manager.cache, manager.writer())
+    manager.controller("widget", reconciler).for_(WIDGET).owns(CONFIG_MAP)
     return manager, reconciler
 
 
@@ -354,8 +401,8 @@ async def test_manager_serves_probes_and_controller_runtime_metrics(
     manager = Manager(rest_config.load(control_plane.kubeconfig),
                       ManagerOptions(metrics_bind_address="127.0.0.1:0", health_probe_bind_address="127.0.0.1:0"),
                       registry=CollectorRegistry())
-    reconciler = WidgetReconciler(manager.client, manager.cache)
-    manager.controller("widget", reconciler).for_(WIDGET).owns(CONFIG_MAP, WIDGET)
+    reconciler = WidgetReconciler(manager.cache, manager.writer())
+    manager.controller("widget", reconciler).for_(WIDGET).owns(CONFIG_MAP)
     task = asyncio.create_task(manager.run())
     try:
         await eventually(lambda: "metrics" in manager.bound_addresses and "probes" in manager.bound_addresses,

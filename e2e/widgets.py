@@ -1,8 +1,10 @@
 """A test kind ("Widget") and a reconciler for it, used to exercise the runtime end to end.
 
 Each Widget owns one ConfigMap holding its ``spec.value``; its status echoes the generation
-it has seen. The reconciler follows the operator's rules: read the cache, build the desired
-objects with a pure function, write only what differs, through server-side apply.
+it has seen. The reconciler is what a new controller looks like on the runtime: it reads the
+cache (a :class:`~tailnet_operator.runtime.Reader`), builds the desired objects with pure
+functions, and hands them whole to a :class:`~tailnet_operator.runtime.Writer` (the manager's
+Applier, which sends only what differs from the cache).
 """
 
 from __future__ import annotations
@@ -11,10 +13,16 @@ import asyncio
 from collections import Counter
 from typing import Any
 
-from tailnet_operator.runtime.cache import SharedCache
-from tailnet_operator.runtime.client import JSON, Client
-from tailnet_operator.runtime.controller import Request, Result
-from tailnet_operator.runtime.kinds import CONFIG_MAP, Resource
+from tailnet_operator.runtime import (
+    CONFIG_MAP,
+    JSON,
+    Reader,
+    Request,
+    Resource,
+    Result,
+    Writer,
+    set_controller_reference,
+)
 
 GROUP = "test.tailnet.dev"
 WIDGET = Resource(GROUP, "v1", "widgets", "Widget")
@@ -51,15 +59,11 @@ def widget(name: str, namespace: str, value: str) -> JSON:
 def desired_config_map(obj: JSON) -> JSON:
     """The ConfigMap a Widget owns (pure)."""
     meta = obj["metadata"]
-    return {
+    return set_controller_reference(obj, {
         "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {
-            "name": f"{meta['name']}-data", "namespace": meta["namespace"],
-            "ownerReferences": [{"apiVersion": f"{GROUP}/v1", "kind": "Widget", "name": meta["name"],
-                                 "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}],
-        },
+        "metadata": {"name": f"{meta['name']}-data", "namespace": meta["namespace"]},
         "data": {"value": obj.get("spec", {}).get("value", "")},
-    }
+    })
 
 
 def desired_status(obj: JSON) -> dict[str, Any]:
@@ -69,9 +73,9 @@ def desired_status(obj: JSON) -> dict[str, Any]:
 class WidgetReconciler:
     """Counts what it does so tests can check the runtime's guarantees."""
 
-    def __init__(self, client: Client, cache: SharedCache) -> None:
-        self.client = client
-        self.cache = cache
+    def __init__(self, reader: Reader, writer: Writer) -> None:
+        self.reader = reader
+        self.writer = writer
         self.calls: Counter[Request] = Counter()
         self.missing: set[Request] = set()
         self.in_flight = 0
@@ -83,19 +87,14 @@ class WidgetReconciler:
         self.in_flight += 1
         try:
             await self.hold.wait()
-            obj = self.cache.get(WIDGET, request.name, request.namespace)
+            obj = self.reader.get(WIDGET, request.name, request.namespace)
             if obj is None:
                 self.missing.add(request)
                 return Result()
             self.missing.discard(request)
-            want = desired_config_map(obj)
-            have = self.cache.get(CONFIG_MAP, want["metadata"]["name"], request.namespace)
-            if have is None or have.get("data") != want["data"]:
-                await self.client.apply(CONFIG_MAP, want)
-            status = desired_status(obj)
-            if obj.get("status") != status:
-                await self.client.apply_status(WIDGET, {
-                    "metadata": {"name": request.name, "namespace": request.namespace}, "status": status})
+            await self.writer.apply(CONFIG_MAP, desired_config_map(obj))
+            await self.writer.apply_status(WIDGET, {
+                "metadata": {"name": request.name, "namespace": request.namespace}, "status": desired_status(obj)})
             return Result()
         finally:
             self.in_flight -= 1

@@ -38,15 +38,16 @@ def _configure_logging() -> None:
 
 async def run_egress() -> int:
     from tailnet_agent import config
-    from tailnet_agent.control import RegistrationError
+    from tailnet_agent.control import ControlOptions, RegistrationError
     from tailnet_agent.forward import EgressForwarder
     from tailnet_agent.health import AgentMetrics, HealthServer
     from tailnet_agent.node import Node, NodeOptions
 
     cfg = config.load(mode="egress")
-    node = Node(NodeOptions(control_url=cfg.control_url, auth_key=cfg.auth_key, hostname=cfg.hostname,
-                            ca_bundle=cfg.ca_bundle, accept_routes=cfg.accept_routes,
-                            dial_timeout=cfg.dial_timeout, udp_port=cfg.udp_port))
+    control = ControlOptions(url=cfg.control_url, auth_key=cfg.auth_key, hostname=cfg.hostname,
+                             ca_bundle=cfg.ca_bundle)
+    node = Node(NodeOptions(control=control, accept_routes=cfg.accept_routes, dial_timeout=cfg.dial_timeout,
+                            udp_port=cfg.udp_port))
     metrics = AgentMetrics(node)
     forwarder = EgressForwarder(node, cfg.targets, bind_address=cfg.bind_address, dial_timeout=cfg.dial_timeout,
                                 metrics=metrics)

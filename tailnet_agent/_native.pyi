@@ -7,11 +7,35 @@ Time is any monotonic clock in seconds (e.g. ``time.monotonic()``), the same for
 """
 
 from collections.abc import Sequence
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, final
 
 DEFAULT_TCP_BUFFER_SIZE: Final[int]
 MTU: Final[int]
 
+__all__ = [
+    "DEFAULT_TCP_BUFFER_SIZE",
+    "MTU",
+    "Accepted",
+    "Closed",
+    "Connected",
+    "DataPlane",
+    "DerpFrame",
+    "DerpHealth",
+    "DerpPeerGone",
+    "DerpPeerPresent",
+    "DerpRestarting",
+    "DialFailed",
+    "DiscoDerp",
+    "DiscoUdp",
+    "PeerClosed",
+    "PollResult",
+    "Readable",
+    "Reset",
+    "StunUdp",
+    "Writable",
+]
+
+@final
 class Connected:
     """An outbound connection (tcp_connect) completed its handshake."""
 
@@ -19,6 +43,7 @@ class Connected:
     @property
     def handle(self) -> int: ...
 
+@final
 class Readable:
     """Data is waiting; re-armed by each tcp_recv call on the handle."""
 
@@ -26,6 +51,7 @@ class Readable:
     @property
     def handle(self) -> int: ...
 
+@final
 class Writable:
     """Send-buffer space freed up after a short tcp_send."""
 
@@ -33,6 +59,7 @@ class Writable:
     @property
     def handle(self) -> int: ...
 
+@final
 class PeerClosed:
     """The peer sent FIN and everything before it has been read (EOF); writing still works."""
 
@@ -40,6 +67,7 @@ class PeerClosed:
     @property
     def handle(self) -> int: ...
 
+@final
 class Closed:
     """Both directions closed gracefully; the handle is released."""
 
@@ -47,6 +75,7 @@ class Closed:
     @property
     def handle(self) -> int: ...
 
+@final
 class Reset:
     """The connection was reset or timed out; the handle is released."""
 
@@ -54,6 +83,7 @@ class Reset:
     @property
     def handle(self) -> int: ...
 
+@final
 class Accepted:
     """A listener accepted a connection with a new ``handle``."""
 
@@ -67,6 +97,7 @@ class Accepted:
     @property
     def remote_port(self) -> int: ...
 
+@final
 class DialFailed:
     """tcp_connect failed (e.g. ``"no route to 100.64.0.9: ..."``, ``"connection timed out"``,
     ``"connection refused (reset by peer)"``); the handle is released."""
@@ -77,6 +108,7 @@ class DialFailed:
     @property
     def reason(self) -> str: ...
 
+@final
 class DerpPeerGone:
     __match_args__ = ("region", "key", "reason")
     @property
@@ -86,6 +118,7 @@ class DerpPeerGone:
     @property
     def reason(self) -> int: ...
 
+@final
 class DerpPeerPresent:
     __match_args__ = ("region", "key")
     @property
@@ -93,6 +126,7 @@ class DerpPeerPresent:
     @property
     def key(self) -> bytes: ...
 
+@final
 class DerpHealth:
     __match_args__ = ("region", "message")
     @property
@@ -100,6 +134,7 @@ class DerpHealth:
     @property
     def message(self) -> str: ...
 
+@final
 class DerpRestarting:
     __match_args__ = ("region", "reconnect_in_ms", "try_for_ms")
     @property
@@ -109,6 +144,7 @@ class DerpRestarting:
     @property
     def try_for_ms(self) -> int: ...
 
+@final
 class DerpFrame:
     """A DERP frame the data plane does not handle (ServerKey, ServerInfo, unknown types)."""
 
@@ -120,6 +156,7 @@ class DerpFrame:
     @property
     def payload(self) -> bytes: ...
 
+@final
 class DiscoDerp:
     """A sealed disco message relayed by DERP ``region`` from the peer ``key``."""
 
@@ -131,6 +168,7 @@ class DiscoDerp:
     @property
     def payload(self) -> bytes: ...
 
+@final
 class DiscoUdp:
     """A sealed disco message that arrived on the UDP socket."""
 
@@ -142,6 +180,7 @@ class DiscoUdp:
     @property
     def payload(self) -> bytes: ...
 
+@final
 class StunUdp:
     """A STUN message from the UDP socket (a DERP node's binding response)."""
 
@@ -180,6 +219,7 @@ PeerSpec: TypeAlias = tuple[bytes, Sequence[str], int]
 #    IPProto: IP protocol numbers; empty means TCP, UDP, ICMP and ICMPv6)
 FilterRule: TypeAlias = tuple[Sequence[str], Sequence[tuple[str, int, int]], Sequence[int]]
 
+@final
 class PollResult:
     @property
     def derp_writes(self) -> list[tuple[int, bytes]]:
@@ -196,10 +236,11 @@ class PollResult:
     def counters(self) -> dict[str, int]:
         """Cumulative: packets_in/out, bytes_in/out, derp_*, and drop_<reason> counts."""
 
+@final
 class DataPlane:
     """One tailnet node's data plane. Use from a single thread."""
 
-    def __init__(self, private_key: bytes, *, tcp_buffer_size: int = ...) -> None:
+    def __new__(cls, private_key: bytes, *, tcp_buffer_size: int = ...) -> DataPlane:
         """``private_key``: the node's X25519 private key (32 bytes). ``tcp_buffer_size``:
         receive and send buffer per TCP connection (default 512 KiB each)."""
     @property

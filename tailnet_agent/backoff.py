@@ -1,4 +1,5 @@
-"""Jittered exponential backoff, shared by the control client and the DERP supervisor."""
+"""Jittered exponential backoff: the project's one implementation, used by the agent's control
+client and DERP supervisor and by the operator's informers (stdlib only, so cheap to import)."""
 
 from __future__ import annotations
 

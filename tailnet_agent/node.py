@@ -4,36 +4,33 @@
 
 * ``control``: the :class:`ControlClient`; each netmap it delivers is pushed into the data plane
   (self addresses, peers with their AllowedIPs and home DERP region, packet filter);
-* ``derp-manager``: keeps one :class:`DerpSupervisor` (raw mode) per DERP region in use: the home
-  region, plus every region a peer is homed in, since a peer must be sent to through *its* region;
-  it reports the home region to control (``set_preferred_derp``) so peers send to us there;
+* ``derp-manager``: :class:`~tailnet_agent.relays.Relays` keeps one ``DerpSupervisor`` per DERP
+  region in use: the home region, plus every region a peer is homed in, since a peer must be sent
+  to through *its* region; it reports the home region to control so peers send to us there;
 * ``derp-<region>``: the supervisors; their handlers feed what they read into ``derp_feed``;
 * ``pump``: the only place ``poll`` runs. Anything that gives the data plane work (DERP bytes, app
   writes and reads, dials, a ``next_deadline`` timer via ``loop.call_at``) calls :meth:`Node.wake`;
   the pump polls once per wake-up batch, writes ``derp_writes`` to the relays (waiting on ``drain``
   for backpressure) and hands TCP events to the :class:`~tailnet_agent.streams.StreamTable`;
+* ``disco`` (with a UDP socket): :meth:`DirectPath.run <tailnet_agent.direct.DirectPath.run>`
+  re-pings paths in use and looks for direct paths to the peers the node sends to;
 * the handlers of connections accepted by :meth:`Node.start_server`.
 
 Home DERP region: the lowest region id of the DERP map that may be a home (not ``NoMeasureNoHome``,
 with a non-STUN-only node). tailscaled measures latency instead; with Headscale's single embedded
 region the choice is the same. The region stays the home while it is in the map.
 
-Routing follows ``routemanager.peerViewOf``: a peer's own addresses are always routable; its other
-AllowedIPs (subnet routes Headscale puts there for the primary router) only with accept-routes; exit
-routes (``0.0.0.0/0``, ``::/0``) never, since this node does not select an exit node. Peers that are
-expired, or have neither a disco key nor a home DERP region, are left out.
+What the node pushes into the data plane is the pure projection of each netmap
+(:mod:`tailnet_agent.projection`: routes, peers, packet filter, home region, MagicDNS).
 
 Node-key rotation: when control rotates the node key (the key expired, or the node was expired by an
 admin), the next netmap switches the data plane to the new key (WireGuard sessions restart, TCP
 connections stay), and every DERP connection is re-made with it, since a relay knows a client by its
 key. The home region is reported again.
 
-Direct UDP paths (disco, see :mod:`tailnet_agent.disco`): with ``udp_port`` set the node binds one
-IPv4 UDP socket, reports its interface addresses with that port as endpoints (plus the address the
-home region's STUN server saw, refreshed every 20 s), and answers and sends
-disco pings; a peer with a confirmed path gets WireGuard over UDP (the data plane reads and writes
-the socket in batches: no per-packet Python), the others keep going through DERP. The ``disco``
-task re-pings paths in use and looks for paths to the peers the node sends to, once a second.
+Parts, each its own module: the pure netmap projection (:mod:`tailnet_agent.projection`), the
+DERP relays (:mod:`tailnet_agent.relays`), the direct path: UDP socket, STUN and disco
+(:mod:`tailnet_agent.direct`); the node itself keeps the dial/listen API and the pump.
 """
 
 from __future__ import annotations
@@ -42,178 +39,40 @@ import asyncio
 import contextlib
 import errno
 import ipaddress
-import socket
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from tailnet_agent import _native as nat
-from tailnet_agent import stun
-from tailnet_agent.backoff import Backoff, derp_backoff
+from tailnet_agent.backoff import Backoff
 from tailnet_agent.control import ControlClient, ControlOptions, NetMap, NodeKeys
-from tailnet_agent.control import netmap as nm
-from tailnet_agent.control.client import ENDPOINT_LOCAL, ENDPOINT_STUN
-from tailnet_agent.derp import ConnectionHandler, DerpConnection, DerpError, DerpSupervisor, tls_context
-from tailnet_agent.disco import Action, Disco, DiscoPeer, NoteSource, SendDerp, SendUdp, SetDirect
-from tailnet_agent.netif import local_ipv4_addresses
-from tailnet_agent.streams import ClientConnected, StreamTable, TailnetServer
+from tailnet_agent.derp import DerpConnection, DerpError, tls_context
+from tailnet_agent.direct import DirectPath
+from tailnet_agent.disco import Disco
+from tailnet_agent.projection import (
+    choose_home_region,
+    disco_peers,
+    filter_rules,
+    peer_specs,
+    resolve_name,
+    self_addresses,
+)
+from tailnet_agent.relays import Relays
+from tailnet_agent.streams import ClientConnected, DialError, StreamTable, TailnetServer
 
 log = structlog.get_logger("agent.node")
-
-EXIT_ROUTES = frozenset({ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0")})
-UDP_GRO = 104
-"""Linux ``UDP_GRO`` socket option (``linux/udp.h``)."""
-SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33
-"""Linux socket options that exceed ``net.core.[rw]mem_max`` (with CAP_NET_ADMIN)."""
-UDP_SOCKET_BUFFER = 7 << 20
-"""UDP socket buffer size asked for: 7 MiB (tailscaled's ``socketBufferSize``)."""
-ACTIVE_SECONDS = 45.0
-"""A peer sent to within this long gets direct-path discovery and heartbeats (tailscaled's
-``sessionActiveTimeout``)."""
-STUN_INTERVAL = 20.0
-"""Seconds between rounds of STUN requests (tailscaled re-STUNs every 20-26 s)."""
-DISCO_TICK_SECONDS = 1.0
-"""The disco loop's period; traffic through DERP brings the next tick forward (at most every 0.1 s)."""
-
-# -- pure: netmap -> data plane -------------------------------------------------------------------
-
-
-def self_addresses(netmap: NetMap) -> list[str]:
-    """The node's own addresses for ``set_self``: the first IPv4 and the first IPv6 host address."""
-    out: list[str] = []
-    for version in (4, 6):
-        for net in netmap.self_node.addresses:
-            if net.version == version:
-                out.append(f"{net.network_address}/{net.max_prefixlen}")
-                break
-    return out
-
-
-def peer_routes(peer: nm.Node, *, accept_routes: bool) -> list[nm.IPNetwork]:
-    """What the node may send to ``peer``: its own addresses, plus its subnet routes with accept-routes.
-
-    Subnet routes are the AllowedIPs beyond the peer's addresses (Headscale puts a router's primary
-    routes there); exit routes are always left out.
-    """
-    own = set(peer.addresses)
-    out: list[nm.IPNetwork] = []
-    for net in peer.routable_ips:
-        if net in EXIT_ROUTES or net in out:
-            continue
-        is_self = net in own or net.prefixlen == net.max_prefixlen
-        if is_self or accept_routes:
-            out.append(net)
-    return out
-
-
-def peer_specs(netmap: NetMap, *, accept_routes: bool, fallback_region: int) -> list[nat.PeerSpec]:
-    """``set_peers`` input: (raw node key, AllowedIPs, home region; ``fallback_region`` if unknown)."""
-    specs: list[nat.PeerSpec] = []
-    for peer in sorted(netmap.peers.values(), key=lambda p: p.id):
-        if peer.expired or not peer.key.startswith("nodekey:"):
-            continue
-        if not peer.disco_key and not peer.home_derp:
-            continue
-        try:
-            key = bytes.fromhex(peer.key.removeprefix("nodekey:"))
-        except ValueError:
-            log.warning("peer with a malformed node key skipped", peer=peer.name or peer.id)
-            continue
-        if len(key) != 32:
-            continue
-        routes = [str(net) for net in peer_routes(peer, accept_routes=accept_routes)]
-        specs.append((key, routes, peer.home_derp or fallback_region))
-    return specs
-
-
-def filter_rules(netmap: NetMap) -> list[nat.FilterRule]:
-    """The netmap's packet filter in the data plane's rule shape (``cap:`` sources pass through;
-    the data plane ignores them)."""
-    return [(list(rule.src_ips), [(p.ip, p.first, p.last) for p in rule.dst_ports], list(rule.ip_proto))
-            for rule in netmap.packet_filter]
-
-
-def disco_peers(netmap: NetMap, *, fallback_region: int) -> list[DiscoPeer]:
-    """Disco's view of the peers: raw node and disco keys, IPv4 ``ip:port`` endpoints, home region."""
-    out: list[DiscoPeer] = []
-    for peer in netmap.peers.values():
-        if peer.expired or not peer.key.startswith("nodekey:") or not peer.disco_key.startswith("discokey:"):
-            continue
-        try:
-            node_key = bytes.fromhex(peer.key.removeprefix("nodekey:"))
-            disco_key = bytes.fromhex(peer.disco_key.removeprefix("discokey:"))
-        except ValueError:
-            continue
-        endpoints = []
-        for text in peer.endpoints:
-            host, _, port = text.rpartition(":")
-            with contextlib.suppress(ValueError):
-                if ipaddress.ip_address(host).version == 4 and 0 < int(port) < 65536:
-                    endpoints.append((host, int(port)))
-        out.append(DiscoPeer(node_key, disco_key, tuple(endpoints), peer.home_derp or fallback_region))
-    return out
-
-
-def _grow_socket_buffers(sock: socket.socket) -> None:
-    """Ask for 7 MiB send and receive buffers, as tailscaled does: the default (about 208 KiB) drops
-    datagrams when a burst from a fast peer arrives between two reads. The FORCE options need
-    CAP_NET_ADMIN; without it the kernel caps the size at net.core.[rw]mem_max."""
-    for force, plain in ((SO_RCVBUFFORCE, socket.SO_RCVBUF), (SO_SNDBUFFORCE, socket.SO_SNDBUF)):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, force, UDP_SOCKET_BUFFER)
-        except OSError:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, plain, UDP_SOCKET_BUFFER)
-
-
-def choose_home_region(derp_map: nm.DERPMap) -> int | None:
-    """The lowest region id that can be a home (see the module docstring); None if there is none."""
-    for region_id in sorted(derp_map.regions):
-        region = derp_map.regions[region_id]
-        if region.no_measure_no_home or region.avoid:
-            continue
-        if any(not n.stun_only for n in region.nodes):
-            return region_id
-    return None
-
-
-def resolve_name(netmap: NetMap, name: str) -> str | None:
-    """A peer's (or our own) IP for a MagicDNS name, ``host`` or ``host.<domain>``; IPv4 preferred.
-
-    Matches the netmap's node ``Name`` (FQDN) exactly, or its first label; case-insensitive.
-    """
-    wanted = name.strip().rstrip(".").lower()
-    if not wanted:
-        return None
-    for node in (*sorted(netmap.peers.values(), key=lambda p: p.id), netmap.self_node):
-        fqdn = node.name.rstrip(".").lower()
-        if not fqdn or node.expired:
-            continue
-        short = fqdn.split(".", 1)[0]
-        domain = netmap.domain.rstrip(".").lower()
-        if wanted in (fqdn, short) or (domain and wanted == f"{short}.{domain}"):
-            addrs = sorted(node.addresses, key=lambda n: n.version)
-            if addrs:
-                return str(addrs[0].network_address)
-    return None
 
 
 # -- options and errors ---------------------------------------------------------------------------
 
 
-class UnknownNameError(OSError):
+class UnknownNameError(DialError):
     """A dial target that is neither an IP nor a MagicDNS name in the netmap."""
 
     reason = "unknown_name"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(errno.ENOENT, message)
-
-    def __str__(self) -> str:
-        return str(self.strerror)
+    code = errno.ENOENT
 
 
 class NotRunningError(OSError):
@@ -224,32 +83,21 @@ class NotRunningError(OSError):
 
 @dataclass(kw_only=True)
 class NodeOptions:
-    control_url: str
-    auth_key: str = field(repr=False)
-    """Pre-auth key; never logged."""
-    hostname: str
-    ca_bundle: Path | None = None
-    """PEM CAs for control and DERP TLS; None uses the system store."""
+    control: ControlOptions
+    """How to reach and join the control server (URL, pre-auth key, hostname, CA, backoff); its
+    ``ca_bundle`` also verifies the DERP relays."""
     accept_routes: bool = True
     """Route to peers' subnet routes (``--accept-routes``). Default true (egress)."""
     dial_timeout: float = 30.0
     """Seconds without a SYN-ACK before a dial fails. Default 30."""
-    ephemeral: bool = True
     tcp_buffer_size: int | None = None
     """Per-connection send and receive buffer in bytes; None keeps the data plane's 512 KiB."""
-    control_backoff: Backoff = field(default_factory=Backoff)
     derp_backoff: Backoff | None = None
     """None uses tailscaled's 0.1 s to 5 s schedule (one Backoff per region)."""
     derp_read_timeout: float = 120.0
     """Seconds without any byte from a relay before it is reconnected (the server keeps alive every 60 s)."""
     udp_port: int | None = 0
     """UDP port for direct paths (disco and WireGuard); 0 picks a free one; None: DERP only."""
-
-
-@dataclass
-class _Region:
-    supervisor: DerpSupervisor
-    task: asyncio.Task[None]
 
 
 # -- the node -------------------------------------------------------------------------------------
@@ -260,11 +108,7 @@ class Node:
 
     def __init__(self, options: NodeOptions, keys: NodeKeys | None = None) -> None:
         self.options = options
-        self.control = ControlClient(
-            ControlOptions(url=options.control_url, auth_key=options.auth_key, hostname=options.hostname,
-                           ca_bundle=options.ca_bundle, ephemeral=options.ephemeral,
-                           backoff=options.control_backoff),
-            keys or NodeKeys.generate(), on_netmap=self._on_netmap)
+        self.control = ControlClient(options.control, keys or NodeKeys.generate(), on_netmap=self._on_netmap)
         self._node_key = self.control.keys.node.raw
         kwargs = {} if options.tcp_buffer_size is None else {"tcp_buffer_size": options.tcp_buffer_size}
         self.dataplane = nat.DataPlane(self._node_key, **kwargs)
@@ -275,23 +119,13 @@ class Node:
         """The data plane's cumulative counters as of the last poll."""
         self.derp_writes_dropped = 0
         """Batches of DERP frames dropped because their region had no connection."""
-        self.derp_connections: dict[int, DerpConnection] = {}
-        self._regions: dict[int, _Region] = {}
-        self._reported_home = 0
-        """The home region last reported to control; 0 when it must be reported (again)."""
-        self._udp: socket.socket | None = None
-        self._udp_writer = False
-        self._stun_endpoint: tuple[str, int] | None = None
-        """Our address as a DERP node's STUN server saw it; None until one answered."""
-        self._stun_pending: dict[bytes, float] = {}
-        """STUN transaction id -> when it was sent."""
-        self._derp_traffic = asyncio.Event()
-        """Set when the pump wrote to a relay: the disco loop looks for direct paths soon."""
-        self.disco = self._new_disco()
+        self.direct = DirectPath(self.dataplane, self.control, port=options.udp_port, netmap=lambda: self.netmap,
+                                 home=lambda: self.home_region, wake=self.wake)
+        self.relays = Relays(self.dataplane, tls=tls_context(options.control.ca_bundle),
+                             read_timeout=options.derp_read_timeout, backoff=options.derp_backoff,
+                             wake=self.wake, notify=self._notify, report_home=self.control.set_preferred_derp)
         self._addresses: list[str] = []
-        self._tls = tls_context(options.ca_bundle)
         self._wakeup = asyncio.Event()
-        self._netmap_changed = asyncio.Event()
         self._changed = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._tg: asyncio.TaskGroup | None = None
@@ -306,16 +140,16 @@ class Node:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 self._streams = StreamTable(self.dataplane, wake=self.wake, spawn=self._spawn, loop=loop)
-                self._open_udp(loop)
+                self.direct.open(loop)
                 tg.create_task(self.control.run(), name="control")
                 tg.create_task(self._pump(), name="pump")
-                tg.create_task(self._manage_derp(tg), name="derp-manager")
-                if self._udp is not None:
-                    tg.create_task(self._disco_loop(), name="disco")
+                tg.create_task(self.relays.run(tg), name="derp-manager")
+                if self.direct.enabled:
+                    tg.create_task(self.direct.run(), name="disco")
                 self._notify()
         finally:
             self._tg = None
-            self._close_udp(loop)
+            self.direct.close(loop)
             if self._timer is not None:
                 self._timer.cancel()
             if self._streams is not None:
@@ -333,6 +167,11 @@ class Node:
         return self.netmap is not None and self.home_region in self.derp_connections
 
     @property
+    def derp_connections(self) -> dict[int, DerpConnection]:
+        """The connected relay of each DERP region in use."""
+        return self.relays.connections
+
+    @property
     def control_connected(self) -> bool:
         """The control connection is up (between connect and loss)."""
         return self.control.connected
@@ -343,14 +182,19 @@ class Node:
             await self._changed.wait()
 
     @property
+    def disco(self) -> Disco:
+        """Disco's state (direct paths per peer)."""
+        return self.direct.disco
+
+    @property
     def direct_peer_count(self) -> int:
         """Peers reached over a direct UDP path right now."""
-        return len(self.disco.direct_peers())
+        return len(self.direct.disco.direct_peers())
 
     @property
     def udp_port(self) -> int | None:
         """The port of the UDP socket for direct paths; None without one."""
-        return None if self._udp is None else int(self._udp.getsockname()[1])
+        return self.direct.udp_port
 
     def addresses(self) -> list[str]:
         """The node's tailnet IPs (no prefix length)."""
@@ -421,11 +265,11 @@ class Node:
         if not self.home_region or self.home_region not in netmap.derp_map.regions:
             self.home_region = choose_home_region(netmap.derp_map) or 0
         self._push_peers()
-        self._apply(self.disco.set_peers(disco_peers(netmap, fallback_region=self.home_region)))
+        self.direct.apply(self.direct.disco.set_peers(disco_peers(netmap, fallback_region=self.home_region)))
         self.dataplane.set_filter(filter_rules(netmap))
         if first:
             log.info("first netmap", peers=len(netmap.peers), home_region=self.home_region)
-        self._netmap_changed.set()
+        self.relays.update(netmap, home=self.home_region, node_key=self._node_key)
         self._notify()
         self.wake()
 
@@ -433,16 +277,8 @@ class Node:
         """Control rotated the node key: switch the data plane and re-make every DERP connection."""
         self._node_key = self.control.keys.node.raw
         self.dataplane.set_private_key(self._node_key)
-        if self.control.keys.disco.public.raw != self.disco.public_key:
-            # Joined as a new node: a new disco key too; its paths are found again.
-            self._apply([SetDirect(key, None) for key in self.disco.direct_peers()])
-            self.disco = self._new_disco()
-        else:
-            self.disco.set_node_public(self.control.keys.node.public.raw)
-        for region in self._regions.values():
-            region.task.cancel()
-        self._regions.clear()
-        self._reported_home = 0
+        self.direct.rekey()
+        self.relays.rekey()
         log.info("node key rotated; DERP connections re-made with the new key",
                  node_key=self.control.keys.node.public.short())
 
@@ -450,211 +286,6 @@ class Node:
         if self.netmap is not None:
             self.dataplane.set_peers(peer_specs(self.netmap, accept_routes=self.options.accept_routes,
                                                 fallback_region=self.home_region))
-
-    # -- DERP --
-
-    async def _manage_derp(self, tg: asyncio.TaskGroup) -> None:
-        """Keep one supervisor per region in use and report the home region to control."""
-        try:
-            while True:
-                await self._netmap_changed.wait()
-                self._netmap_changed.clear()
-                netmap = self.netmap
-                if netmap is None:
-                    continue
-                home = self.home_region
-                if not home:
-                    log.warning("the DERP map has no usable home region; the node cannot relay")
-                    continue
-                wanted = {home} | {p.home_derp for p in netmap.peers.values()
-                                   if p.home_derp in netmap.derp_map.regions}
-                for region_id in sorted(wanted):
-                    nodes = netmap.derp_map.regions[region_id].nodes
-                    if region_id in self._regions:
-                        self._regions[region_id].supervisor.set_nodes(nodes)
-                        continue
-                    supervisor = DerpSupervisor(
-                        nodes, self._node_key, self._derp_handler(region_id), preferred=region_id == home,
-                        tls=self._tls, read_timeout=self.options.derp_read_timeout,
-                        backoff=replace(self.options.derp_backoff) if self.options.derp_backoff
-                        else derp_backoff())
-                    task = tg.create_task(supervisor.run(), name=f"derp-{region_id}")
-                    self._regions[region_id] = _Region(supervisor, task)
-                    log.info("DERP region in use", region=region_id, home=region_id == home)
-                for region_id in set(self._regions) - wanted:
-                    self._regions.pop(region_id).task.cancel()
-                    log.info("DERP region no longer in use", region=region_id)
-                if home != self._reported_home:
-                    for region_id, region in self._regions.items():
-                        with contextlib.suppress(DerpError, OSError):
-                            await region.supervisor.set_preferred(region_id == home)
-                    await self.control.set_preferred_derp(home)
-                    self._reported_home = home
-        finally:
-            for region in self._regions.values():
-                region.task.cancel()
-            self._regions.clear()
-
-    def _derp_handler(self, region: int) -> ConnectionHandler:
-        async def handle(conn: DerpConnection) -> None:
-            self.dataplane.derp_reset(region)
-            self.derp_connections[region] = conn
-            self._notify()
-            self.wake()
-            try:
-                while True:
-                    chunk = await conn.read_chunk()
-                    self.dataplane.derp_feed(region, chunk)
-                    self.wake()
-                    # Let the pump poll before reading on, so input does not pile up unprocessed.
-                    await asyncio.sleep(0)
-            finally:
-                if self.derp_connections.get(region) is conn:
-                    del self.derp_connections[region]
-                self._notify()
-
-        return handle
-
-    # -- direct paths --
-
-    def _new_disco(self) -> Disco:
-        keys = self.control.keys
-        disco = Disco(keys.disco.raw, keys.disco.public.raw, keys.node.public.raw)
-        disco.endpoints = tuple(addr for addr, _ in self._endpoints())
-        return disco
-
-    def _endpoints(self) -> list[tuple[tuple[str, int], int]]:
-        """Our UDP endpoints with their type: interface addresses, then what STUN saw."""
-        if self._udp is None:
-            return []
-        port = self._udp.getsockname()[1]
-        found = [((ip, port), ENDPOINT_LOCAL) for ip in local_ipv4_addresses()]
-        if self._stun_endpoint is not None and all(addr != self._stun_endpoint for addr, _ in found):
-            found.append((self._stun_endpoint, ENDPOINT_STUN))
-        return found
-
-    def _update_endpoints(self) -> None:
-        """Refresh the endpoints disco offers and map requests carry (the disco loop reports changes)."""
-        endpoints = self._endpoints()
-        self.disco.endpoints = tuple(addr for addr, _ in endpoints)
-        self.control.endpoints = [(f"{ip}:{port}", kind) for (ip, port), kind in endpoints]
-
-    async def _send_stun(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Binding requests to the home region's STUN servers; answers arrive as StunUdp events."""
-        # Requests of earlier rounds that were never answered are forgotten here.
-        self._stun_pending = {tx: at for tx, at in self._stun_pending.items() if loop.time() - at <= STUN_INTERVAL}
-        netmap = self.netmap
-        if self._udp is None or netmap is None or self.home_region not in netmap.derp_map.regions:
-            return
-        for derp_node in netmap.derp_map.regions[self.home_region].nodes:
-            if derp_node.stun_port < 0:
-                continue
-            port = derp_node.stun_port or stun.DEFAULT_PORT
-            host = derp_node.ipv4 or derp_node.host_name
-            try:
-                infos = await loop.getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM)
-            except OSError as exc:
-                log.debug("STUN server not resolved", host=host, error=str(exc))
-                continue
-            tx_id = stun.new_tx_id()
-            self._stun_pending[tx_id] = loop.time()
-            with contextlib.suppress(OSError):
-                self._udp.sendto(stun.binding_request(tx_id), infos[0][4][:2])
-
-    def _on_stun(self, payload: bytes) -> None:
-        answer = stun.parse_response(payload)
-        if answer is None or self._stun_pending.pop(answer[0], None) is None:
-            return
-        if answer[1] != self._stun_endpoint:
-            log.info("STUN endpoint", address=f"{answer[1][0]}:{answer[1][1]}")
-            self._stun_endpoint = answer[1]
-            self._update_endpoints()
-
-    def _open_udp(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self.options.udp_port is None:
-            return
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            sock.setblocking(False)
-            sock.bind(("0.0.0.0", self.options.udp_port))
-        except OSError:
-            sock.close()
-            raise
-        with contextlib.suppress(OSError):  # coalesced receives (Linux >= 5.0); optional
-            sock.setsockopt(socket.SOL_UDP, UDP_GRO, 1)
-        _grow_socket_buffers(sock)
-        self._udp = sock
-        self._update_endpoints()
-        loop.add_reader(sock.fileno(), self._on_udp_readable)
-        log.info("UDP for direct paths", port=sock.getsockname()[1],
-                 endpoints=[text for text, _ in self.control.endpoints])
-
-    def _close_udp(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._udp is None:
-            return
-        loop.remove_reader(self._udp.fileno())
-        if self._udp_writer:
-            loop.remove_writer(self._udp.fileno())
-            self._udp_writer = False
-        self._udp.close()
-        self._udp = None
-
-    def _on_udp_readable(self) -> None:
-        if self._udp is not None and self.dataplane.udp_receive(self._udp.fileno()):
-            self.wake()
-
-    def _flush_udp(self) -> None:
-        """Send queued datagrams; if the socket is full, finish when it is writable."""
-        if self._udp is None:
-            return
-        left = self.dataplane.udp_send(self._udp.fileno())
-        if not left and not self._udp_writer:
-            return
-        loop = asyncio.get_running_loop()
-        if left and not self._udp_writer:
-            loop.add_writer(self._udp.fileno(), self._flush_udp)
-            self._udp_writer = True
-        elif not left and self._udp_writer:
-            loop.remove_writer(self._udp.fileno())
-            self._udp_writer = False
-
-    def _apply(self, actions: list[Action]) -> None:
-        """Carry out what disco decided."""
-        for action in actions:
-            match action:
-                case SendUdp(addr, packet):
-                    if self._udp is not None:
-                        with contextlib.suppress(OSError):  # full or unreachable: a lost ping
-                            self._udp.sendto(packet, addr)
-                case SendDerp(region, key, packet):
-                    self.dataplane.derp_send(region, key, packet)
-                    self.wake()
-                case SetDirect(key, addr):
-                    self.dataplane.set_peer_direct(key, addr)
-                case NoteSource(addr, key):
-                    self.dataplane.note_udp_source(addr[0], addr[1], key)
-
-    async def _disco_loop(self) -> None:
-        """Heartbeats, discovery for the peers in use, path expiry: every second, and soon after
-        traffic went through DERP (a peer just became worth a direct path)."""
-        loop = asyncio.get_running_loop()
-        reported: list[tuple[str, int]] = []
-        stunned = float("-inf")
-        while True:
-            now = loop.time()
-            if now - stunned >= STUN_INTERVAL and self.netmap is not None:
-                stunned = now
-                self._update_endpoints()  # interface addresses may have changed too
-                await self._send_stun(loop)
-            if self.control.endpoints != reported and self.control.connected and self.netmap is not None:
-                reported = list(self.control.endpoints)
-                await self.control.report_endpoints()
-            self._apply(self.disco.tick(now, self.dataplane.active_peers(now - ACTIVE_SECONDS)))
-            self._derp_traffic.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(DISCO_TICK_SECONDS):
-                    await self._derp_traffic.wait()
-            await asyncio.sleep(0.1)  # rate limit; Disco itself limits pings per peer
 
     # -- the pump --
 
@@ -689,7 +320,7 @@ class Node:
             if conn not in written:
                 written.append(conn)
         if written:
-            self._derp_traffic.set()
+            self.direct.note_derp_traffic()
         streams = self._streams
         for event in result.events:
             match event:
@@ -698,17 +329,17 @@ class Node:
                 case nat.DerpRestarting(region, reconnect_in_ms, _try_for):
                     log.info("DERP server restarting", region=region, reconnect_in_ms=reconnect_in_ms)
                 case nat.DiscoUdp(ip, port, payload):
-                    self._apply(self.disco.handle_udp((ip, port), payload, loop.time()))
+                    self.direct.apply(self.direct.disco.handle_udp((ip, port), payload, loop.time()))
                 case nat.DiscoDerp(region, key, payload):
-                    self._apply(self.disco.handle_derp(region, key, payload, loop.time()))
+                    self.direct.apply(self.direct.disco.handle_derp(region, key, payload, loop.time()))
                 case nat.StunUdp(_ip, _port, payload):
-                    self._on_stun(payload)
+                    self.direct.on_stun(payload)
                 case nat.DerpPeerGone() | nat.DerpPeerPresent() | nat.DerpFrame() | nat.DerpHealth():
                     pass
                 case _ if streams is not None:
                     streams.dispatch(event)
         if result.udp_pending:
-            self._flush_udp()
+            self.direct.flush()
         self._schedule(loop, result.next_deadline)
         return written
 

@@ -19,11 +19,11 @@ produces work calls ``wake()`` and the node's pump polls (sans-IO core, thin asy
 Errors of a dial (all ``OSError``; ``reason`` is the metrics label)::
 
     OSError
-    ├── NoRouteError        (EHOSTUNREACH)  no peer or accepted route covers the address   reason="no_route"
-    ├── ConnectionRefusedError
-    │   └── DialRefusedError                the peer answered with RST                     reason="refused"
-    └── TimeoutError
-        └── DialTimeoutError                no SYN-ACK in time (packet filter?)            reason="timeout"
+    └── DialError           (``reason``, ``code``; str() is the message)
+        ├── NoRouteError        (EHOSTUNREACH)  no peer or accepted route covers the address   reason="no_route"
+        ├── DialRefusedError    (also a ConnectionRefusedError) the peer answered with RST     reason="refused"
+        ├── DialTimeoutError    (also a TimeoutError) no SYN-ACK in time (packet filter?)      reason="timeout"
+        └── UnknownNameError    (node.py, ENOENT) neither an IP nor a MagicDNS name            reason="unknown_name"
 """
 
 from __future__ import annotations
@@ -56,34 +56,33 @@ Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 
 # -- dial errors ----------------------------------------------------------------------------------
 
-class NoRouteError(OSError):
+class DialError(OSError):
+    """A dial that failed for a reason the agent names: ``reason`` is the metrics label and
+    ``code`` the errno; ``str()`` is the message alone."""
+
+    reason = "error"
+    code = 0
+
+    def __init__(self, message: str) -> None:
+        super().__init__(self.code, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class NoRouteError(DialError):
     reason = "no_route"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(errno.EHOSTUNREACH, message)
-
-    def __str__(self) -> str:
-        return str(self.strerror)
+    code = errno.EHOSTUNREACH
 
 
-class DialRefusedError(ConnectionRefusedError):
+class DialRefusedError(DialError, ConnectionRefusedError):
     reason = "refused"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(errno.ECONNREFUSED, message)
-
-    def __str__(self) -> str:
-        return str(self.strerror)
+    code = errno.ECONNREFUSED
 
 
-class DialTimeoutError(TimeoutError):
+class DialTimeoutError(DialError, TimeoutError):
     reason = "timeout"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(errno.ETIMEDOUT, message)
-
-    def __str__(self) -> str:
-        return str(self.strerror)
+    code = errno.ETIMEDOUT
 
 
 def dial_error(reason: str, host: str, port: int) -> OSError:

@@ -54,7 +54,8 @@ def build_manager(args: argparse.Namespace) -> Manager:
 async def run(args: argparse.Namespace) -> int:
     manager = build_manager(args)
     identity = manager.elector.identity if manager.elector is not None else default_identity()
-    setup(manager, namespace=args.namespace, events=EventRecorder(manager.client, reporting_instance=identity))
+    setup(manager, namespace=args.namespace,
+          events=EventRecorder(manager.client, reporting_instance=identity, clock=manager.clock))
     log.info("starting", version=__version__, api_server=manager.client.config.host, namespace=args.namespace,
              metrics=args.metrics_bind_address, probes=args.health_probe_bind_address,
              leader_election=args.leader_elect)

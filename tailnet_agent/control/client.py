@@ -70,6 +70,10 @@ class ControlTransport(Protocol):
     def stream(self, method: str, path: str, json_body: Any = None) -> AbstractAsyncContextManager[StreamingBody]:
         ...
 
+    async def run(self) -> None:
+        """The connection's reader pump; returns when the connection ends (see ControlConnection.run)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -153,9 +157,7 @@ class ControlClient:
                 continue
             self._conn = conn
             try:
-                if not self.registered:
-                    await self.register(conn)
-                await self._poll(conn, on_first_message=backoff.reset)
+                await self._serve(conn, on_first_message=backoff.reset)
             except RegistrationError:
                 raise
             except _Reauthenticate as exc:
@@ -175,7 +177,23 @@ class ControlClient:
                 await self._sleep(delay)
             finally:
                 self._conn = None
+
+    async def _serve(self, conn: ControlTransport, *, on_first_message: Callable[[], None]) -> None:
+        """Register (if needed) and poll on ``conn``, its reader pump a task of this TaskGroup;
+        the connection is closed on the way out and the failure re-raised as it was."""
+        failure: Exception | None = None
+        async with asyncio.TaskGroup() as group:
+            group.create_task(conn.run(), name="control-conn-reader")
+            try:
+                if not self.registered:
+                    await self.register(conn)
+                await self._poll(conn, on_first_message=on_first_message)
+            except Exception as exc:  # out of the group unwrapped, for run()'s except clauses
+                failure = exc
+            finally:
                 await conn.aclose()
+        if failure is not None:
+            raise failure
 
     @property
     def connected(self) -> bool:

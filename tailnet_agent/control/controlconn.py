@@ -138,8 +138,9 @@ class StreamingResponse:
 
 
 class ControlConnection:
-    """One TS2021 connection. Open with :meth:`open`; use as an async context manager or call
-    :meth:`aclose`. ``closed`` is set when the connection is gone for any reason."""
+    """One TS2021 connection. Open with :meth:`open`, then run :meth:`run` (the reader pump) as a
+    task of the caller's TaskGroup while requests are made; :meth:`aclose` (or leaving ``async
+    with``) ends both. ``closed`` is set when the connection is gone for any reason."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, session: ControlSession,
                  *, endpoint: ControlEndpoint, initial_data: bytes = b"") -> None:
@@ -152,8 +153,8 @@ class ControlConnection:
         self.early_payload: EarlyPayload | None = None
         self.closed = asyncio.Event()
         self._error: ControlError | None = None
-        self._pump = asyncio.get_running_loop().create_task(self._read_loop(initial_data),
-                                                            name="control-conn-reader")
+        self._initial_data = initial_data
+        self._pump: asyncio.Task[object] | None = None
 
     @classmethod
     async def open(cls, url: str, machine_key: PrivateKey, *, capability_version: int,
@@ -199,6 +200,15 @@ class ControlConnection:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def run(self) -> None:
+        """Read and dispatch what the server sends until the connection ends; returns then.
+
+        Blocks: run it in the TaskGroup of the code that makes requests (nothing is answered
+        without it). :meth:`aclose` makes it return.
+        """
+        self._pump = asyncio.current_task()
+        await self._read_loop(self._initial_data)
+
     # -- requests -------------------------------------------------------------------------------
 
     async def request(self, method: str, path: str, json_body: Any = None) -> Response:
@@ -235,9 +245,10 @@ class ControlConnection:
                 self._session.close()
                 await self._flush()
         self._fail(ConnectionLost("connection closed by the client"))
-        self._pump.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._pump
+        if self._pump is not None and self._pump is not asyncio.current_task():
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
         self._writer.close()
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()

@@ -3,9 +3,9 @@
 Layers, each depending only on those below it::
 
     supervisor   keep a connection to the home region up; backoff; NotePreferred on reconnect (asyncio)
-    connection   TLS, HTTP upgrade, handshake I/O, raw byte pump and Python codec helpers (asyncio)
+    connection   TLS, HTTP upgrade, handshake I/O, the raw byte pump for the Rust codec (asyncio)
     handshake    upgrade request/101 response, ServerKey -> ClientInfo -> ServerInfo (sans-IO)
-    frames       frame codec, NaCl box sealing, message types (sans-IO)
+    frames       handshake and control frames, NaCl box sealing (sans-IO)
     errors       the exception tree
 
 Keys are raw 32-byte Curve25519 keys; private keys are never logged.

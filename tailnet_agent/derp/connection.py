@@ -1,13 +1,10 @@
 """One asyncio DERP connection to one region node: TLS, HTTP upgrade, handshake, then a byte pump.
 
-After :meth:`DerpConnection.open` the connection is used in one of two modes, never both:
-
-* **raw** — :meth:`read_chunk` returns stream bytes as they arrive (for the data plane's frame
-  codec) and :meth:`write` queues whole frames; ``await drain()`` applies backpressure.
-* **codec** — :meth:`recv_message` / :meth:`recv_packet` parse frames with the Python codec and
-  answer every Ping with a Pong; :meth:`send_packet` builds SendPacket frames.
-
-Control frames (:meth:`note_preferred`, :meth:`send_ping`) may be sent in either mode.
+After :meth:`DerpConnection.open` the connection is a byte pump for the data plane's frame
+codec: :meth:`read_chunk` returns stream bytes as they arrive and :meth:`write` queues whole
+frames; ``await drain()`` applies backpressure. :meth:`note_preferred` and :meth:`send_ping`
+send the two control frames the agent builds in Python. (Tests that need to parse frames in
+Python use ``hack/derp_codec.py`` over the same methods.)
 Connecting follows ``derphttp_client.go``: dial ``IPv4`` (else ``IPv6``, else ``HostName`` via
 DNS) on ``DERPPort`` (0 means 443), TLS with SNI ``HostName``, ``GET /derp`` with ``Upgrade: DERP``.
 """
@@ -21,7 +18,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Protocol, Self
+from typing import Any, Protocol, Self
 
 import structlog
 
@@ -29,10 +26,8 @@ from . import frames as f
 from .errors import (
     ConnectionLost,
     DerpConnectError,
-    DerpError,
     DerpTLSError,
     HandshakeRejected,
-    MalformedFrame,
 )
 from .handshake import ClientHandshake, HandshakeState
 
@@ -133,8 +128,6 @@ class DerpConnection:
         self.read_timeout = read_timeout
         self.label = label
         self._pending = handshake.trailing_data()
-        self._decoder: f.FrameDecoder | None = None
-        self._mode: Literal["raw", "codec"] | None = None
         self._log = log.bind(derp=label, node_key=short_key(self.public_key))
 
     # -- connecting ---------------------------------------------------------------------------------
@@ -229,7 +222,6 @@ class DerpConnection:
     async def read_chunk(self) -> bytes:
         """The next bytes of the frame stream (never empty). Raises :class:`ConnectionLost` at EOF,
         on errors, or when nothing arrives for ``read_timeout`` seconds."""
-        self._enter("raw")
         return await self._read()
 
     def write(self, data: bytes) -> None:
@@ -257,48 +249,6 @@ class DerpConnection:
         self.write(f.encode_ping(data))
         await self.drain()
 
-    # -- codec mode ---------------------------------------------------------------------------------
-
-    async def send_packet(self, dst_key: bytes, payload: bytes) -> None:
-        """Relay ``payload`` (at most 64 KiB) to the node with public key ``dst_key``."""
-        self.write(f.encode_send_packet(dst_key, payload))
-        await self.drain()
-
-    async def recv_message(self) -> f.Message:
-        """The next server message. Pings are answered with a Pong before they are returned;
-        malformed frames are logged and skipped, as Go's client does."""
-        self._enter("codec")
-        if self._decoder is None:
-            self._decoder = f.FrameDecoder()
-        while True:
-            frame = self._decoder.next_frame()
-            if frame is None:
-                self._decoder.push(await self._read())
-                continue
-            try:
-                message = f.parse_message(frame)
-            except MalformedFrame as exc:
-                self._log.warning("derp: skipping malformed frame", error=str(exc))
-                continue
-            if isinstance(message, f.Ping):
-                self.write(f.encode_pong(message.data))
-                await self.drain()
-            return message
-
-    async def recv_packet(self) -> tuple[bytes, bytes]:
-        """The next relayed packet as ``(source_key, payload)``; other messages are handled or logged."""
-        while True:
-            message = await self.recv_message()
-            match message:
-                case f.RecvPacket(source, payload):
-                    return source, payload
-                case f.Health(problem) if problem:
-                    self._log.warning("derp server reports a health problem", problem=problem)
-                case f.PeerGone(peer, reason):
-                    self._log.debug("derp peer gone", peer=short_key(peer), reason=reason)
-                case f.Restarting(reconnect_in, try_for):
-                    self._log.info("derp server restarting", reconnect_in=reconnect_in, try_for=try_for)
-
     # -- lifecycle ----------------------------------------------------------------------------------
 
     def is_closing(self) -> bool:
@@ -321,12 +271,6 @@ class DerpConnection:
         await self.close()
 
     # -- internals ----------------------------------------------------------------------------------
-
-    def _enter(self, mode: Literal["raw", "codec"]) -> None:
-        if self._mode is None:
-            self._mode = mode
-        elif self._mode != mode:
-            raise DerpError(f"DERP connection already used in {self._mode} mode; cannot switch to {mode}")
 
     async def _read(self) -> bytes:
         if self._pending:

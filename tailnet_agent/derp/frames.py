@@ -7,21 +7,23 @@ The handshake frames carry NaCl boxes (``crypto_box``: X25519 + XSalsa20-Poly130
 PyNaCl's ``Box.encrypt`` output.
 
 Nothing here does I/O; :class:`FrameDecoder` is fed arbitrary chunks and yields whole frames.
-This module is the Python reference and fallback; the data plane's Rust codec parses data frames.
+The product uses it for the handshake and the control frames it sends (NotePreferred, Ping);
+the data plane's Rust codec parses and builds every steady-state frame. The server half and a
+Python steady-state codec for tests live in ``hack/derp_codec.py``.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
 import nacl.exceptions
 import nacl.public
 
-from .errors import BadServerKey, CryptoError, FrameTooLarge, MalformedFrame, PacketTooLarge
+from .errors import BadServerKey, CryptoError, FrameTooLarge, MalformedFrame
 
 MAGIC = "DERP🔑".encode()
 """Server greeting magic, 8 bytes ``44 45 52 50 f0 9f 94 91`` (``derp.Magic``)."""
@@ -63,13 +65,6 @@ class FrameType(IntEnum):
     PONG = 0x13
     HEALTH = 0x14
     RESTARTING = 0x15
-
-
-class PeerGoneReason(IntEnum):
-    """``derp.PeerGoneReasonType``."""
-
-    DISCONNECTED = 0x00
-    NOT_HERE = 0x01
 
 
 # -- frames -------------------------------------------------------------------------------------------
@@ -225,12 +220,6 @@ def _json_object(raw: bytes, what: str) -> dict[str, Any]:
     return doc
 
 
-def encode_server_key(server_public: bytes) -> bytes:
-    """FrameServerKey: magic + 32-byte key (server side; for tests)."""
-    _check_key(server_public)
-    return encode_frame(FrameType.SERVER_KEY, MAGIC + server_public)
-
-
 def parse_server_key(frame: Frame) -> bytes:
     """The server's public key from its greeting. Trailing bytes after the key are ignored
     ("for future-proofing", as ``recvServerKey`` does)."""
@@ -247,22 +236,6 @@ def encode_client_info(private_key: bytes, server_public: bytes, info: ClientInf
     return encode_frame(FrameType.CLIENT_INFO, public_key_of(private_key) + sealed)
 
 
-def parse_client_info(server_private: bytes, frame: Frame) -> tuple[bytes, ClientInfo]:
-    """Server side (for tests): the client's public key and its opened ClientInfo."""
-    if frame.type != FrameType.CLIENT_INFO:
-        raise MalformedFrame(f"expected ClientInfo frame (0x02), got 0x{frame.type:02x}")
-    if len(frame.payload) < KEY_LEN + NONCE_LEN:
-        raise MalformedFrame("short ClientInfo frame")
-    client_public = frame.payload[:KEY_LEN]
-    return client_public, ClientInfo.from_json(open_box(server_private, client_public, frame.payload[KEY_LEN:]))
-
-
-def encode_server_info(server_private: bytes, client_public: bytes, info: ServerInfo | None = None) -> bytes:
-    """FrameServerInfo: ``nonce || box(info JSON)`` to the client (server side; for tests)."""
-    info = info or ServerInfo(version=PROTOCOL_VERSION)
-    return encode_frame(FrameType.SERVER_INFO, seal(server_private, client_public, info.to_json()))
-
-
 def parse_server_info(private_key: bytes, server_public: bytes, frame: Frame) -> ServerInfo:
     """Open and decode FrameServerInfo."""
     if frame.type != FrameType.SERVER_INFO:
@@ -277,22 +250,6 @@ def parse_server_info(private_key: bytes, server_public: bytes, frame: Frame) ->
 # -- steady-state frames ------------------------------------------------------------------------------
 
 
-def encode_send_packet(dst_public: bytes, packet: bytes) -> bytes:
-    """FrameSendPacket: 32-byte destination key + packet (at most ``MAX_PACKET_SIZE``)."""
-    _check_key(dst_public)
-    if len(packet) > MAX_PACKET_SIZE:
-        raise PacketTooLarge(f"packet too big: {len(packet)} bytes > {MAX_PACKET_SIZE}")
-    return encode_frame(FrameType.SEND_PACKET, dst_public + packet)
-
-
-def encode_recv_packet(src_public: bytes, packet: bytes) -> bytes:
-    """FrameRecvPacket (protocol v2): 32-byte source key + packet (server side; for tests)."""
-    _check_key(src_public)
-    if len(packet) > MAX_PACKET_SIZE:
-        raise PacketTooLarge(f"packet too big: {len(packet)} bytes > {MAX_PACKET_SIZE}")
-    return encode_frame(FrameType.RECV_PACKET, src_public + packet)
-
-
 def encode_note_preferred(preferred: bool) -> bytes:
     """FrameNotePreferred: one byte, 1 if this is the client's home region (server stats only)."""
     return encode_frame(FrameType.NOTE_PREFERRED, b"\x01" if preferred else b"\x00")
@@ -303,121 +260,7 @@ def encode_ping(data: bytes) -> bytes:
     return encode_frame(FrameType.PING, _check_ping(data))
 
 
-def encode_pong(data: bytes) -> bytes:
-    """FramePong echoing the 8 bytes of a Ping."""
-    return encode_frame(FrameType.PONG, _check_ping(data))
-
-
-def encode_keep_alive() -> bytes:
-    """FrameKeepAlive (server to client; no payload)."""
-    return encode_frame(FrameType.KEEP_ALIVE)
-
-
-def encode_health(problem: str) -> bytes:
-    """FrameHealth (server to client; for tests): "" clears the problem."""
-    return encode_frame(FrameType.HEALTH, problem.encode())
-
-
-def _check_key(key: bytes) -> None:
-    if len(key) != KEY_LEN:
-        raise ValueError(f"a public key has {KEY_LEN} bytes, not {len(key)}")
-
-
 def _check_ping(data: bytes) -> bytes:
     if len(data) != PING_LEN:
         raise ValueError(f"ping data has {PING_LEN} bytes, not {len(data)}")
     return data
-
-
-# -- server-to-client messages ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RecvPacket:
-    """A packet relayed to us; ``source`` is the sender's node public key."""
-
-    source: bytes
-    payload: bytes = field(repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class KeepAlive:
-    """Sent by the server at least every 60 s (plus jitter); needs no answer."""
-
-
-@dataclass(frozen=True, slots=True)
-class Ping:
-    """The peer asks for a Pong with the same 8 bytes."""
-
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Pong:
-    """The answer to a Ping we sent."""
-
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class PeerGone:
-    """A peer that sent to us is gone from this server (``reason`` is a :class:`PeerGoneReason`)."""
-
-    peer: bytes
-    reason: int = PeerGoneReason.DISCONNECTED
-
-
-@dataclass(frozen=True, slots=True)
-class Health:
-    """Connection health; an empty ``problem`` means healthy again."""
-
-    problem: str
-
-
-@dataclass(frozen=True, slots=True)
-class Restarting:
-    """The server is restarting: reconnect after ``reconnect_in`` seconds, trying for ``try_for`` seconds."""
-
-    reconnect_in: float
-    try_for: float
-
-
-@dataclass(frozen=True, slots=True)
-class UnknownFrame:
-    """A frame type this client does not interpret (clients must skip these)."""
-
-    type: int
-    payload: bytes = field(repr=False)
-
-
-Message = RecvPacket | KeepAlive | Ping | Pong | PeerGone | Health | Restarting | ServerInfo | UnknownFrame
-
-
-def parse_message(frame: Frame) -> Message:
-    """Interpret a steady-state server frame; raises :class:`MalformedFrame` for short ones.
-
-    ServerInfo is returned undecrypted as :class:`UnknownFrame`; use :func:`parse_server_info`.
-    """
-    t, p = frame.type, frame.payload
-    if t == FrameType.RECV_PACKET:
-        if len(p) < KEY_LEN:
-            raise MalformedFrame("short RecvPacket frame")
-        return RecvPacket(p[:KEY_LEN], p[KEY_LEN:])
-    if t == FrameType.KEEP_ALIVE:
-        return KeepAlive()
-    if t in (FrameType.PING, FrameType.PONG):
-        if len(p) < PING_LEN:
-            raise MalformedFrame(f"short {FrameType(t).name} frame")
-        return Ping(p[:PING_LEN]) if t == FrameType.PING else Pong(p[:PING_LEN])
-    if t == FrameType.PEER_GONE:
-        if len(p) < KEY_LEN:
-            raise MalformedFrame("short PeerGone frame")
-        return PeerGone(p[:KEY_LEN], p[KEY_LEN] if len(p) > KEY_LEN else PeerGoneReason.DISCONNECTED)
-    if t == FrameType.HEALTH:
-        return Health(p.decode(errors="replace"))
-    if t == FrameType.RESTARTING:
-        if len(p) < 8:
-            raise MalformedFrame("short Restarting frame")
-        reconnect_ms, try_ms = struct.unpack_from(">II", p)
-        return Restarting(reconnect_ms / 1000, try_ms / 1000)
-    return UnknownFrame(t, p)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel
+
 from tailnet_operator.api import BY_KIND
+from tailnet_operator.api.egress import TailnetEgress
+from tailnet_operator.api.gateway import TailnetGateway
+from tailnet_operator.api.ingress import TailnetIngress
+from tailnet_operator.api.site import TailnetSite
+from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.runtime.kinds import Resource
 
 
@@ -16,3 +23,12 @@ TAILNET_EGRESS = _resource("TailnetEgress")
 TAILNET_INGRESS = _resource("TailnetIngress")
 TAILNET_SITE = _resource("TailnetSite")
 TAILNET_GATEWAY = _resource("TailnetGateway")
+
+MODELS: dict[type[BaseModel], Resource] = {
+    Tailnet: TAILNET,
+    TailnetEgress: TAILNET_EGRESS,
+    TailnetIngress: TAILNET_INGRESS,
+    TailnetSite: TAILNET_SITE,
+    TailnetGateway: TAILNET_GATEWAY,
+}
+"""The project's kinds as the cache reads them (``cache.get(Tailnet, name)``)."""

@@ -32,19 +32,27 @@ from tailnet_operator.api.gateway import TailnetGateway
 from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.api.site import TailnetSite
 from tailnet_operator.api.tailnet import Tailnet
-from tailnet_operator.headscale import HeadscaleError, Node, PolicyRejected
-from tailnet_operator.policy import Derived, PolicyParseError, diff_needed, missing, parse_hujson, render
+from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, Node, PolicyRejected
+from tailnet_operator.policy import (
+    Derived,
+    PolicyParseError,
+    SiteRoutes,
+    Verdict,
+    diff_needed,
+    judge,
+    missing,
+    parse_hujson,
+    render,
+)
 from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.resources import owned_metadata
-from tailnet_operator.runtime.client import JSON
-from tailnet_operator.runtime.controller import Request, Result
-from tailnet_operator.runtime.kinds import CONFIG_MAP
+from tailnet_operator.runtime import CONFIG_MAP, Request, Resource, Result, Writer
+from tailnet_operator.types import JSON
 
-from . import conditions
+from .access import Deps, NoAccess, TailnetRun, name_of
 from .conditions import Cond
 from .kinds import TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
-from .sites import SiteRoutes, Verdict, judge
-from .tailnet import Problem, TailnetScoped
+from .status import StatusWriter
 
 log = structlog.get_logger("controllers.policy")
 
@@ -67,10 +75,6 @@ def rendered_config_map_name(tailnet: str) -> str:
     return f"{tailnet}-policy"
 
 
-class NoAccess(Exception):
-    """The Tailnet reconciler has not stored a working key yet."""
-
-
 @dataclass(frozen=True)
 class Inputs:
     derived: Derived
@@ -78,52 +82,71 @@ class Inputs:
     verdicts: dict[str, Verdict]
 
 
-class PolicyReconciler(TailnetScoped):
-    """Reconciles one Tailnet's policy and the status of its TailnetSites."""
+@dataclass(frozen=True)
+class Run(TailnetRun):
+    """One reconcile of one Tailnet's policy, and what its CRs need."""
+
+    inputs: Inputs
+
+
+class PolicyReconciler:
+    """Reconciles one Tailnet's policy and the status of its TailnetSites.
+
+    Works with ``deps`` (Headscale is reached with the working key the Tailnet reconciler keeps)
+    and writes through ``writer`` as :data:`FIELD_MANAGER`.
+    """
+
+    def __init__(self, deps: Deps, writer: Writer) -> None:
+        self.reader, self.access, self.events, self.clock = deps.reader, deps.access, deps.events, deps.clock
+        self.writer = writer
+        self.status = StatusWriter(writer, deps.clock, field_manager=FIELD_MANAGER)
+
+    @property
+    def namespace(self) -> str:
+        return self.access.namespace
 
     async def reconcile(self, request: Request) -> Result:
-        obj = self.cache.get(TAILNET, request.name)
+        obj = self.reader.get(TAILNET, request.name)
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             return Result()
         try:
-            tailnet = Tailnet.model_validate(obj)
+            tailnet = self.reader.get(Tailnet, request.name)
         except ValidationError:
             return Result()  # the Tailnet reconciler reports InvalidSpec; nothing to render from
-        inputs = self._inputs(tailnet)
+        assert tailnet is not None
+        run = Run(obj, tailnet, self._inputs(tailnet))
         try:
-            url, key, ca = self._access(tailnet)
+            connection = self.access.working(tailnet)
         except NoAccess as exc:
-            await self._tailnet_status(obj, {}, Cond("PolicyApplied", "Unknown", "WaitingForAccess", str(exc)))
-            await self._sites_status(inputs, nodes=None)
+            await self._tailnet_status(run, Cond("PolicyApplied", "Unknown", "WaitingForAccess", str(exc)))
+            await self._sites_status(run.inputs, nodes=None)
             return Result(requeue_after=RESYNC_SECONDS)
         try:
-            async with self._headscale(url, key, ca) as hs:
+            async with self.access.open(connection) as hs:
                 nodes = await hs.list_nodes()
                 live_text, _ = await hs.get_policy()
                 if tailnet.spec.policy is None:
-                    await self._report_missing(obj, live_text, inputs.derived)
-                else:
-                    applied = await self._render_and_apply(obj, tailnet, inputs.derived, live_text, hs)
-                    if applied:
-                        nodes = await self._replay_approvals(obj, hs, nodes, inputs)
+                    await self._report_missing(run, live_text)
+                elif await self._render_and_apply(run, live_text, hs):
+                    nodes = await self._replay_approvals(run, hs, nodes)
         except HeadscaleError as exc:
-            await self._tailnet_status(obj, {}, Cond("PolicyApplied", "Unknown", "HeadscaleUnavailable",
-                                                     f"cannot read or write the policy: {exc}"))
-            await self._sites_status(inputs, nodes=None)
+            await self._tailnet_status(run, Cond("PolicyApplied", "Unknown", "HeadscaleUnavailable",
+                                                 f"cannot read or write the policy: {exc}"))
+            await self._sites_status(run.inputs, nodes=None)
             return Result(requeue_after=RESYNC_SECONDS)
-        await self._sites_status(inputs, nodes=nodes)
+        await self._sites_status(run.inputs, nodes=nodes)
         return Result(requeue_after=RESYNC_SECONDS)
 
     # -- inputs ---------------------------------------------------------------------------------
 
-    def _mine(self, resource: Any, name: str) -> list[JSON]:
-        return [o for o in self.cache.list(resource, index=(TAILNET_INDEX, name))
+    def _mine(self, resource: Resource, name: str) -> list[JSON]:
+        return [o for o in self.reader.list(resource, index=(TAILNET_INDEX, name))
                 if not o["metadata"].get("deletionTimestamp")]
 
     def _inputs(self, tailnet: Tailnet) -> Inputs:
-        name = _name(tailnet)
+        name = name_of(tailnet)
         sites = _parsed(TailnetSite, self._mine(TAILNET_SITE, name))
-        verdicts = judge([SiteRoutes(_name(s), _created(getattr(s.metadata, 'creationTimestamp', '')),
+        verdicts = judge([SiteRoutes(name_of(s), _created(getattr(s.metadata, 'creationTimestamp', '')),
                                      tuple(str(r) for r in s.spec.routes)) for s in sites],
                          [str(r) for r in tailnet.spec.reserved_networks or []])
         egresses = _parsed(TailnetEgress, self._mine(TAILNET_EGRESS, name))
@@ -131,28 +154,18 @@ class PolicyReconciler(TailnetScoped):
         gateways = _parsed(TailnetGateway, self._mine(TAILNET_GATEWAY, name))
         derived = derive_from_objects(
             egresses=egresses, ingresses=ingresses, gateways=gateways,
-            sites=[s for s in sites if not verdicts[_name(s)].blocked])
+            sites=[s for s in sites if not verdicts[name_of(s)].blocked])
         return Inputs(derived, sites, verdicts)
-
-    def _access(self, tailnet: Tailnet) -> tuple[str, str, str | None]:
-        stored = self._stored_key(tailnet)
-        if stored is None:
-            raise NoAccess("the Tailnet has no working API key yet; see its Ready condition")
-        try:
-            ca = self._ca_bundle(tailnet)
-        except Problem as problem:
-            raise NoAccess(problem.message) from problem
-        return self._api_url(tailnet), stored.key, ca
 
     # -- policy -------------------------------------------------------------------------------
 
-    async def _report_missing(self, obj: JSON, live_text: str, derived: Derived) -> None:
+    async def _report_missing(self, run: Run, live_text: str) -> None:
         try:
             live = parse_hujson(live_text, source="the live policy") if live_text.strip() else {}
         except PolicyParseError as exc:
-            await self._tailnet_status(obj, {}, Cond("PolicyApplied", "Unknown", "LivePolicyUnreadable", str(exc)))
+            await self._tailnet_status(run, Cond("PolicyApplied", "Unknown", "LivePolicyUnreadable", str(exc)))
             return
-        gap = missing(live, derived)
+        gap = missing(live, run.inputs.derived)
         policy_status: dict[str, Any] = {}
         if gap.snippet:
             policy_status["missing"] = gap.snippet
@@ -163,87 +176,85 @@ class PolicyReconciler(TailnetScoped):
                      "own the policy because spec.policy is not set")
                 if gap.snippet else
                 Cond("PolicyApplied", "True", "NothingMissing", "the live policy has every entry the CRs need"))
-        await self._tailnet_status(obj, {"policy": policy_status}, cond)
+        await self._tailnet_status(run, cond, policy_status)
 
-    async def _render_and_apply(self, obj: JSON, tailnet: Tailnet, derived: Derived, live_text: str,
-                                hs: Any) -> bool:
+    async def _render_and_apply(self, run: Run, live_text: str, hs: HeadscaleClient) -> bool:
         """Render, publish and (in Apply mode) write; True when the live policy equals the render."""
-        spec = tailnet.spec.policy
+        spec = run.tailnet.spec.policy
         assert spec is not None
         ref = spec.base_config_map_ref
-        base_cm = self.cache.get(CONFIG_MAP, ref.name, ref.namespace)
+        base_cm = self.reader.get(CONFIG_MAP, ref.name, ref.namespace)
         if base_cm is None or ref.key not in (base_cm.get("data") or {}):
             what = "does not exist" if base_cm is None else f"has no key {ref.key}"
-            await self._tailnet_status(obj, {}, Cond(
+            await self._tailnet_status(run, Cond(
                 "PolicyApplied", "False", "BasePolicyMissing",
                 f"the base policy ConfigMap {ref.namespace}/{ref.name} {what}; nothing was rendered or written"))
             return False
         try:
             base = parse_hujson(base_cm["data"][ref.key], source=f"ConfigMap {ref.namespace}/{ref.name}")
         except PolicyParseError as exc:
-            await self._tailnet_status(obj, {}, Cond("PolicyApplied", "False", "BasePolicyInvalid", str(exc)))
+            await self._tailnet_status(run, Cond("PolicyApplied", "False", "BasePolicyInvalid", str(exc)))
             return False
-        rendered = render(base, derived)
-        await self._publish(obj, tailnet, rendered.text, rendered.hash)
+        rendered = render(base, run.inputs.derived)
+        await self._publish(run, rendered.text, rendered.hash)
         policy_status: dict[str, Any] = {"renderedHash": rendered.hash,
-                                         "renderedConfigMap": rendered_config_map_name(_name(tailnet))}
+                                         "renderedConfigMap": rendered_config_map_name(run.name)}
         if spec.mode != "Apply":
-            await self._tailnet_status(obj, {"policy": policy_status}, Cond(
+            await self._tailnet_status(run, Cond(
                 "PolicyApplied", "False", "RenderOnly",
                 f"mode Render: the render is in ConfigMap {self.namespace}/{policy_status['renderedConfigMap']}; "
-                "set spec.policy.mode to Apply to write it to Headscale"))
+                "set spec.policy.mode to Apply to write it to Headscale"), policy_status)
             return False
         if live_text.strip() and not diff_needed(live_text, rendered):
             policy_status["appliedHash"] = rendered.hash
-            await self._tailnet_status(obj, {"policy": policy_status}, Cond(
-                "PolicyApplied", "True", "Applied", f"the live policy equals the render {rendered.hash[:12]}"))
+            await self._tailnet_status(run, Cond(
+                "PolicyApplied", "True", "Applied", f"the live policy equals the render {rendered.hash[:12]}"),
+                policy_status)
             return True
         try:
             await hs.check_policy(rendered.text)
             await hs.set_policy(rendered.text)
         except PolicyRejected as exc:
-            previous = ((obj.get("status") or {}).get("policy") or {}).get("appliedHash")
+            previous = ((run.obj.get("status") or {}).get("policy") or {}).get("appliedHash")
             if previous:
                 policy_status["appliedHash"] = previous
-            await self._tailnet_status(obj, {"policy": policy_status}, Cond(
+            await self._tailnet_status(run, Cond(
                 "PolicyApplied", "False", "PolicyRejected",
-                f"Headscale refused the render {rendered.hash[:12]}; the live policy is unchanged: {exc.message}"))
-            await self.events.warning(obj, "PolicyRejected", f"Headscale refused the rendered policy: {exc.message}",
-                                      action="ApplyPolicy")
+                f"Headscale refused the render {rendered.hash[:12]}; the live policy is unchanged: {exc.message}"),
+                policy_status)
+            await self.events.warning(run.obj, "PolicyRejected",
+                                      f"Headscale refused the rendered policy: {exc.message}", action="ApplyPolicy")
             return False
         policy_status["appliedHash"] = rendered.hash
-        await self.events.normal(obj, "PolicyApplied", f"wrote the rendered policy {rendered.hash[:12]} to Headscale",
-                                 action="ApplyPolicy")
-        await self._tailnet_status(obj, {"policy": policy_status}, Cond(
-            "PolicyApplied", "True", "Applied", f"wrote the render {rendered.hash[:12]} to Headscale"))
+        await self.events.normal(run.obj, "PolicyApplied",
+                                 f"wrote the rendered policy {rendered.hash[:12]} to Headscale", action="ApplyPolicy")
+        await self._tailnet_status(run, Cond(
+            "PolicyApplied", "True", "Applied", f"wrote the render {rendered.hash[:12]} to Headscale"), policy_status)
         return True
 
-    async def _publish(self, obj: JSON, tailnet: Tailnet, text: str, digest: str) -> None:
-        name = rendered_config_map_name(_name(tailnet))
-        current = self.cache.get(CONFIG_MAP, name, self.namespace)
-        if current is not None and (current.get("data") or {}).get(POLICY_KEY) == text:
-            return
-        await self.client.apply(CONFIG_MAP, {
-            "metadata": owned_metadata(obj, name=name, namespace=self.namespace, tailnet=_name(tailnet),
-                                       annotations={"tailnet.dev/policy-hash": digest}),
+    async def _publish(self, run: Run, text: str, digest: str) -> None:
+        await self.writer.apply(CONFIG_MAP, {
+            "metadata": owned_metadata(run.obj, name=rendered_config_map_name(run.name), namespace=self.namespace,
+                                       tailnet=run.name, annotations={"tailnet.dev/policy-hash": digest}),
             "data": {POLICY_KEY: text},
         }, field_manager=FIELD_MANAGER)
 
     # -- approvals and sites ------------------------------------------------------------------
 
-    async def _replay_approvals(self, obj: JSON, hs: Any, nodes: list[Node], inputs: Inputs) -> list[Node]:
+    async def _replay_approvals(self, run: Run, hs: HeadscaleClient, nodes: list[Node]) -> list[Node]:
         """Approve site routes that tagged routers advertise but Headscale has not approved."""
+        inputs = run.inputs
         updated: list[Node] = []
         for node in nodes:
             wanted: set[str] = set()
             for site in inputs.sites:
-                if inputs.verdicts[_name(site)].blocked or str(site.spec.router_tag) not in node.tags:
+                if inputs.verdicts[name_of(site)].blocked or str(site.spec.router_tag) not in node.tags:
                     continue
                 routes = {str(r) for r in site.spec.routes}
                 wanted |= routes & set(node.available_routes) - set(node.approved_routes)
             if wanted:
                 node = await hs.add_approved_routes(node, sorted(wanted))
-                await self.events.normal(obj, "RoutesApproved",
+                await self.events.normal(run.obj, "RoutesApproved",
                                          f"approved {', '.join(sorted(wanted))} on router {node.name}",
                                          action="ApproveRoutes")
             updated.append(node)
@@ -251,7 +262,7 @@ class PolicyReconciler(TailnetScoped):
 
     async def _sites_status(self, inputs: Inputs, *, nodes: list[Node] | None) -> None:
         for site in inputs.sites:
-            verdict = inputs.verdicts[_name(site)]
+            verdict = inputs.verdicts[name_of(site)]
             routes = [str(r) for r in site.spec.routes]
             fields: dict[str, Any] = {}
             conds: list[Cond]
@@ -269,34 +280,16 @@ class PolicyReconciler(TailnetScoped):
                      "approved": sorted(set(n.approved_routes) & set(routes))} for n in routers]
                 conds = [Cond("Blocked", "False", "NoOverlap", "no overlap with reserved networks or older sites"),
                          *_route_conditions(str(site.spec.router_tag), routes, routers)]
-            await self._apply_site_status(site, fields, conds)
+            raw = self.reader.get(TAILNET_SITE, name_of(site))
+            if raw is not None:
+                await self.status.write(TAILNET_SITE, raw, conds, fields, keep=("Advertised", "Approved"))
 
-    async def _apply_site_status(self, site: TailnetSite, fields: dict[str, Any], conds: list[Cond]) -> None:
-        raw = self.cache.get(TAILNET_SITE, _name(site)) or {}
-        current = raw.get("status") or {}
-        generation = int(raw.get("metadata", {}).get("generation") or 1)
-        merged = conditions.merge(current.get("conditions"), conds, generation=generation, now=self._now())
-        desired = {**fields, "observedGeneration": generation,
-                   "conditions": conditions.only(merged, {c.type for c in conds} | {"Advertised", "Approved"})}
-        if all(current.get(k) == v for k, v in desired.items()) and set(current) <= set(desired) | {"conditions"}:
-            return
-        await self.client.apply_status(TAILNET_SITE, {"metadata": {"name": _name(site)}, "status": desired},
-                                       field_manager=FIELD_MANAGER)
-
-    async def _tailnet_status(self, obj: JSON, fields: dict[str, Any], cond: Cond) -> None:
-        """Apply ``status.policy`` (kept as it was when ``fields`` has none) and the PolicyApplied condition."""
-        current = obj.get("status") or {}
-        merged = conditions.merge(current.get("conditions"), [cond], generation=obj["metadata"]["generation"],
-                                  now=self._now())
-        policy = fields["policy"] if "policy" in fields else current.get("policy")
-        desired: dict[str, Any] = {"conditions": conditions.only(merged, {cond.type})}
-        if policy:
-            desired["policy"] = policy
-        if (conditions.get(current.get("conditions"), cond.type) == desired["conditions"][0]
-                and (current.get("policy") or None) == (policy or None)):
-            return
-        await self.client.apply_status(TAILNET, {"metadata": {"name": obj["metadata"]["name"]}, "status": desired},
-                                       field_manager=FIELD_MANAGER)
+    async def _tailnet_status(self, run: Run, cond: Cond, policy: JSON | None = None) -> None:
+        """Apply ``status.policy`` (kept as it was when ``policy`` is None) and the PolicyApplied condition."""
+        if policy is None:
+            policy = (run.obj.get("status") or {}).get("policy")
+        await self.status.write(TAILNET, run.obj, [cond], {"policy": policy} if policy else None,
+                                observed_generation=False)
 
 
 def _parsed(model: type[M], objects: list[JSON]) -> list[M]:
@@ -339,9 +332,3 @@ def _created(value: object) -> str:
     if isinstance(value, datetime):
         return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return str(value or "")
-
-
-
-def _name(model: Any) -> str:
-    """metadata.name of a parsed object (always set on objects read from the API)."""
-    return str(model.metadata.name)

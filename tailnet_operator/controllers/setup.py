@@ -4,20 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tailnet_operator.runtime.cache import SharedCache
-from tailnet_operator.runtime.client import JSON
-from tailnet_operator.runtime.controller import Request
-from tailnet_operator.runtime.events import EventRecorder
-from tailnet_operator.runtime.kinds import CONFIG_MAP, SECRET
-from tailnet_operator.runtime.manager import Manager
-from tailnet_operator.runtime.predicates import GenerationChanged
+from tailnet_operator.runtime import (
+    CONFIG_MAP,
+    SECRET,
+    Clock,
+    EventRecorder,
+    GenerationChanged,
+    Manager,
+    Reader,
+    Request,
+)
+from tailnet_operator.types import JSON
 
-from .kinds import TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
+from .access import ClientFactory, Deps, HeadscaleAccess, default_client_factory, working_key_secret_name
+from .kinds import MODELS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
+from .policy import FIELD_MANAGER as POLICY_FIELD_MANAGER
 from .policy import TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
-from .tailnet import ClientFactory, TailnetReconciler, default_client_factory, working_key_secret_name
+from .tailnet import FIELD_MANAGER as TAILNET_FIELD_MANAGER
+from .tailnet import TailnetReconciler
 
 
-def _tailnets_referencing(cache: SharedCache, matches: Callable[[JSON, JSON], bool]) -> Callable[[JSON], list[Request]]:
+def _tailnets_referencing(cache: Reader, matches: Callable[[JSON, JSON], bool]) -> Callable[[JSON], list[Request]]:
     """A mapper from a Secret or ConfigMap to the Tailnets whose spec points at it."""
 
     def mapper(obj: JSON) -> list[Request]:
@@ -52,23 +59,29 @@ def _by_tailnet_ref(obj: JSON) -> list[Request]:
 
 
 def setup(manager: Manager, *, namespace: str, events: EventRecorder,
-          headscale: ClientFactory = default_client_factory) -> tuple[TailnetReconciler, PolicyReconciler]:
-    """Add the Tailnet and Policy controllers to ``manager``; ``namespace`` is the operator's."""
+          headscale: ClientFactory = default_client_factory,
+          clock: Clock | None = None) -> tuple[TailnetReconciler, PolicyReconciler]:
+    """Add the Tailnet and Policy controllers to ``manager``; ``namespace`` is the operator's.
+
+    ``clock`` (default the manager's) is what the reconcilers read the time from.
+    """
     cache = manager.cache
+    cache.scheme = cache.scheme.with_models(MODELS)
     for resource in (TAILNET_SITE, TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY):
         cache.add_indexer(resource, TAILNET_INDEX, tailnet_ref_index)
     cache.informer(TAILNET)
 
-    tailnet = TailnetReconciler(client=manager.client, cache=cache, namespace=namespace, events=events,
-                                headscale=headscale)
+    deps = Deps(reader=cache, access=HeadscaleAccess(cache, namespace, headscale), events=events,
+                clock=clock or manager.clock)
+
+    tailnet = TailnetReconciler(deps, manager.writer(TAILNET_FIELD_MANAGER))
     (manager.controller("tailnet", tailnet)
      .for_(TAILNET, GenerationChanged())
      .watches(SECRET, _tailnets_referencing(cache, _refers(("bootstrapKeySecretRef",))))
      .watches(SECRET, _tailnets_referencing(cache, _refers(("caSecretRef",))))
      .watches(SECRET, _tailnets_referencing(cache, _working_key_of(namespace))))
 
-    policy = PolicyReconciler(client=manager.client, cache=cache, namespace=namespace, events=events,
-                              headscale=headscale)
+    policy = PolicyReconciler(deps, manager.writer(POLICY_FIELD_MANAGER))
     (manager.controller("policy", policy)
      .for_(TAILNET, GenerationChanged())
      .watches(TAILNET_SITE, _by_tailnet_ref, GenerationChanged())

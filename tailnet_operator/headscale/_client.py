@@ -35,6 +35,8 @@ from urllib.parse import quote, urlencode, urlsplit
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential
 
+from tailnet_operator.types import JSON
+
 from ._errors import (
     ConnectError,
     NotFound,
@@ -45,7 +47,6 @@ from ._errors import (
     error_from_response,
 )
 from ._models import (
-    JSON,
     ApiKey,
     Health,
     NewApiKey,

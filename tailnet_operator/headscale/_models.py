@@ -11,7 +11,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-JSON = dict[str, Any]
+from tailnet_operator.types import JSON
 
 API_KEY_PREFIX = "hskey-api-"
 AUTH_KEY_PREFIX = "hskey-auth-"

@@ -27,6 +27,7 @@ from tailnet_operator.policy.derive import (
 )
 from tailnet_operator.policy.hujson import PolicyParseError, canonical_text, parse_hujson, validate_structure
 from tailnet_operator.policy.render import Added, Missing, Rendered, Skipped, diff_needed, missing, render
+from tailnet_operator.policy.sites import SiteRoutes, Verdict, judge
 
 __all__ = [
     "DEFAULT_TAG_OWNERS",
@@ -42,11 +43,14 @@ __all__ = [
     "Rendered",
     "RouteApproval",
     "SiteInput",
+    "SiteRoutes",
     "Skipped",
     "TagOwner",
+    "Verdict",
     "canonical_text",
     "derive",
     "diff_needed",
+    "judge",
     "missing",
     "parse_hujson",
     "render",

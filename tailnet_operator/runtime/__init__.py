@@ -1,1 +1,121 @@
-"""The controller runtime: workqueues, rate limiters, clocks and metrics shared by all controllers."""
+"""The controller runtime: what a controller author imports (controller-runtime's ``ctrl``).
+
+A controller is a :class:`Reconciler` (one ``async reconcile(Request) -> Result``) that reads
+through a :class:`Reader` and writes through a :class:`Writer`, registered on a
+:class:`Manager` with ``for_`` / ``owns`` / ``watches``::
+
+    from tailnet_operator import runtime as rt
+
+    class WidgetReconciler:
+        def __init__(self, reader: rt.Reader, writer: rt.Writer, clock: rt.Clock) -> None: ...
+        async def reconcile(self, request: rt.Request) -> rt.Result: ...
+
+    manager = rt.Manager(config, scheme=rt.Scheme({Widget: WIDGET}))
+    reconciler = WidgetReconciler(manager.cache, manager.writer("widget-controller"), manager.clock)
+    manager.controller("widget", reconciler).for_(WIDGET).owns(rt.CONFIG_MAP)
+
+The seams, and what stands behind each in production and in tests:
+
+==========================  ==========================================  ======================================
+seam                        production                                  unit tests
+==========================  ==========================================  ======================================
+:class:`Reader`             ``manager.cache`` (:class:`SharedCache`)     :class:`FakeClient`
+:class:`Writer`             ``manager.writer(name)`` (:class:`Applier`   :class:`FakeClient`, or an
+                            over the REST :class:`Client`)              :class:`Applier` over it
+:class:`ListerWatcher`      :class:`Client`                             ``FakeClient.lister_watcher``
+:class:`Clock`              :class:`RealClock`                          :class:`FakeClock`
+Headscale                   ``headscale.HeadscaleClient``               ``headscale.MockTransport``
+==========================  ==========================================  ======================================
+
+Helpers: :func:`owner_reference` / :func:`set_controller_reference` for owned objects,
+:func:`needs_apply` (the comparison the :class:`Applier` makes), finalizers, predicates, and
+the API errors (:class:`NotFound`, :class:`Conflict`, ...). Everything else in the submodules
+is the engine behind these names.
+"""
+
+from tailnet_operator.types import JSON
+
+from .apply import Applier
+from .cache import SharedCache
+from .client import Client, ObjectList, WatchEvent
+from .clock import Clock, FakeClock, RealClock
+from .config import RestConfig
+from .controller import (
+    DEFAULT_WORKERS,
+    Controller,
+    ControllerOptions,
+    Mapper,
+    Reconciler,
+    Request,
+    Result,
+    TerminalError,
+    owner_mapper,
+    request_for,
+)
+from .errors import AlreadyExists, APIError, Conflict, Gone, Invalid, KubeError, NotFound, TransportError
+from .events import EventRecorder
+from .fake import FakeClient
+from .finalizers import FINALIZER, add_finalizer, has_finalizer, remove_finalizer
+from .interfaces import ListerWatcher, Reader, Writer
+from .kinds import CONFIG_MAP, NAMESPACE, SECRET, SERVICE, Resource
+from .manager import Manager, ManagerOptions
+from .objects import AlreadyOwned, owner_reference, set_controller_reference
+from .predicates import GenerationChanged, LabelsChanged, Matching, Predicate
+from .scheme import Scheme
+from .ssa import needs_apply
+
+__all__ = [
+    "CONFIG_MAP",
+    "DEFAULT_WORKERS",
+    "FINALIZER",
+    "JSON",
+    "NAMESPACE",
+    "SECRET",
+    "SERVICE",
+    "APIError",
+    "AlreadyExists",
+    "AlreadyOwned",
+    "Applier",
+    "Client",
+    "Clock",
+    "Conflict",
+    "Controller",
+    "ControllerOptions",
+    "EventRecorder",
+    "FakeClient",
+    "FakeClock",
+    "GenerationChanged",
+    "Gone",
+    "Invalid",
+    "KubeError",
+    "LabelsChanged",
+    "ListerWatcher",
+    "Manager",
+    "ManagerOptions",
+    "Mapper",
+    "Matching",
+    "NotFound",
+    "ObjectList",
+    "Predicate",
+    "Reader",
+    "RealClock",
+    "Reconciler",
+    "Request",
+    "Resource",
+    "RestConfig",
+    "Result",
+    "Scheme",
+    "SharedCache",
+    "TerminalError",
+    "TransportError",
+    "WatchEvent",
+    "Writer",
+    "add_finalizer",
+    "has_finalizer",
+    "needs_apply",
+    "owner_mapper",
+    "owner_reference",
+    "remove_finalizer",
+    "request_for",
+    "set_controller_reference",
+]

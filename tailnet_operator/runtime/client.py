@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
 
+from tailnet_operator.types import JSON
+
 from .config import RestConfig
 from .errors import Gone, KubeError, TransportError, from_status
 from .kinds import Resource
-
-JSON = dict[str, Any]
 
 DEFAULT_TIMEOUT = 30.0
 """Seconds a non-watch request may take from start to end."""
@@ -71,10 +71,15 @@ class ObjectList:
     extra: JSON = field(default_factory=dict)
 
 
+WriteObserver = Callable[[Resource, JSON], None]
+"""Told every object a write stored (create, replace, apply, patch), e.g. to update a cache."""
+
+
 class Client:
     """Async access to kube-apiserver. Use as ``async with Client(config) as client``.
 
-    ``field_manager`` names the operator in managedFields; every apply uses it.
+    ``field_manager`` names the operator in managedFields; every apply uses it. Implements
+    :class:`~.interfaces.Writer` and :class:`~.interfaces.ListerWatcher`.
     """
 
     def __init__(self, config: RestConfig, *, field_manager: str = "tailnet-operator",
@@ -87,6 +92,17 @@ class Client:
         self._host = urlsplit(config.host).netloc
         self._user_agent = user_agent
         self._session: aiohttp.ClientSession | None = None
+        self._observers: list[WriteObserver] = []
+
+    def add_write_observer(self, observer: WriteObserver) -> None:
+        """Call ``observer(resource, stored)`` after every successful write that returns the object."""
+        self._observers.append(observer)
+
+    def _stored(self, resource: Resource, result: JSON) -> JSON:
+        if result.get("metadata", {}).get("resourceVersion"):
+            for observer in self._observers:
+                observer(resource, result)
+        return result
 
     async def __aenter__(self) -> Client:
         self.open()
@@ -171,12 +187,12 @@ class Client:
     # -- writes -----------------------------------------------------------------------------
 
     async def create(self, resource: Resource, body: JSON, namespace: str | None = None) -> JSON:
-        return await self.request("POST", resource.path(namespace or _ns(body)), body=body)
+        return self._stored(resource, await self.request("POST", resource.path(namespace or _ns(body)), body=body))
 
     async def replace(self, resource: Resource, body: JSON, *, subresource: str | None = None) -> JSON:
         """PUT the whole object; ``metadata.resourceVersion`` in ``body`` makes it conditional."""
         namespace, name = _ns(body), body["metadata"]["name"]
-        return await self.request("PUT", resource.path(namespace, name, subresource), body=body)
+        return self._stored(resource, await self.request("PUT", resource.path(namespace, name, subresource), body=body))
 
     async def apply(self, resource: Resource, body: JSON, *, subresource: str | None = None,
                     force: bool = True, field_manager: str | None = None) -> JSON:
@@ -191,15 +207,16 @@ class Client:
         params = {"fieldManager": field_manager or self.field_manager}
         if force:
             params["force"] = "true"
-        return await self.request("PATCH", path, body=body, params=params, content_type=APPLY_CONTENT_TYPE)
+        return self._stored(resource, await self.request("PATCH", path, body=body, params=params,
+                                                         content_type=APPLY_CONTENT_TYPE))
 
     async def apply_status(self, resource: Resource, body: JSON, *, field_manager: str | None = None) -> JSON:
         return await self.apply(resource, body, subresource="status", field_manager=field_manager)
 
     async def merge_patch(self, resource: Resource, name: str, patch: JSON, namespace: str | None = None,
                           *, subresource: str | None = None) -> JSON:
-        return await self.request("PATCH", resource.path(namespace, name, subresource), body=patch,
-                                  content_type=MERGE_PATCH_CONTENT_TYPE)
+        return self._stored(resource, await self.request("PATCH", resource.path(namespace, name, subresource),
+                                                         body=patch, content_type=MERGE_PATCH_CONTENT_TYPE))
 
     async def delete(self, resource: Resource, name: str, namespace: str | None = None, *,
                      uid: str | None = None, resource_version: str | None = None,

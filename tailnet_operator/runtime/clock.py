@@ -1,9 +1,14 @@
 """Time as an injected dependency.
 
-Everything in the runtime that reads the time or waits (workqueue delays, the token bucket) goes
-through a `Clock`, so tests can run on `FakeClock` and assert exact virtual times without sleeping
-(the seam controller-runtime's priority queue keeps in its `now`/`tick` fields, trio's `MockClock`).
-All times are float seconds on a monotonic scale with an arbitrary origin; never wall-clock time.
+Everything in the operator that reads the time or waits goes through a `Clock`: the workqueue's
+delays, the token bucket, the informer's backoff, leader election, Events, and the reconcilers'
+timestamps (key expiry, condition transitions). Tests run on `FakeClock` and assert exact virtual
+times without sleeping (the seam controller-runtime's priority queue keeps in its `now`/`tick`
+fields, trio's `MockClock`).
+
+`now()` is float seconds on a monotonic scale with an arbitrary origin, for durations and
+deadlines; `utcnow()` is the wall clock (an aware UTC datetime) for what is written down: status
+timestamps, Lease times, key expirations. On `FakeClock` both move together with `advance()`.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import heapq
 import itertools
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Protocol, final
 
 __all__ = ["Clock", "FakeClock", "RealClock"]
@@ -28,6 +34,10 @@ class Clock(Protocol):
         """Return once `seconds` have passed on this clock; a non-positive value only yields."""
         ...
 
+    def utcnow(self) -> datetime:
+        """The wall-clock time, aware, in UTC."""
+        ...
+
 
 @final
 class RealClock:
@@ -42,6 +52,9 @@ class RealClock:
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(seconds, 0.0))
 
+    def utcnow(self) -> datetime:
+        return datetime.now(UTC)
+
 
 @dataclass(order=True)
 class _Sleeper:
@@ -54,12 +67,15 @@ class _Sleeper:
 class FakeClock:
     """A clock that only moves when a test calls `advance()`.
 
-    Starts at `start` seconds (default 0.0). `sleep()` parks the caller until `advance()` moves the
-    time to or past its deadline. Limits: it does not patch `asyncio.sleep` or `loop.time()`, so it
-    only controls code that was handed this clock.
+    Starts at `start` seconds (default 0.0) and at the wall-clock time `wall` (default
+    2026-01-01T00:00:00Z). `sleep()` parks the caller until `advance()` moves the time to or past
+    its deadline. Limits: it does not patch `asyncio.sleep` or `loop.time()`, so it only controls
+    code that was handed this clock.
     """
 
-    def __init__(self, start: float = 0.0) -> None:
+    def __init__(self, start: float = 0.0, *, wall: datetime = datetime(2026, 1, 1, tzinfo=UTC)) -> None:
+        self._start = start
+        self._wall = wall
         self._now = start
         self._sleepers: list[_Sleeper] = []
         self._seq = itertools.count()
@@ -67,6 +83,9 @@ class FakeClock:
 
     def now(self) -> float:
         return self._now
+
+    def utcnow(self) -> datetime:
+        return self._wall + timedelta(seconds=self._now - self._start)
 
     async def sleep(self, seconds: float) -> None:
         if seconds <= 0:

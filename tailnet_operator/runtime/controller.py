@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
 
+from tailnet_operator.types import JSON
+
 from .cache import SharedCache
-from .client import JSON
 from .clock import Clock, RealClock
 from .informer import DeletedFinalStateUnknown
 from .kinds import Resource
@@ -107,6 +108,7 @@ class Watch:
     mapper: Mapper
     predicates: Sequence[Predicate]
     namespace: str | None = None
+    labels: Mapping[str, str] | None = None
 
 
 class _Handler:
@@ -136,12 +138,17 @@ class _Handler:
             self._enqueue(request)
 
 
+DEFAULT_WORKERS = 4
+"""Concurrent reconciles by default. The queue never hands one key to two workers, so more
+workers only let slow reconciles (a Headscale call) of different objects overlap."""
+
+
 @dataclass
 class ControllerOptions:
     """Per-controller settings."""
 
-    workers: int = 1
-    """Concurrent reconciles (MaxConcurrentReconciles). Default 1."""
+    workers: int = DEFAULT_WORKERS
+    """Concurrent reconciles (MaxConcurrentReconciles). Default 4 (:data:`DEFAULT_WORKERS`)."""
     reconcile_timeout: float = 0.0
     """Seconds one reconcile may run before it is cancelled and counted as a timeout; 0: no limit."""
 
@@ -151,6 +158,11 @@ class Controller:
 
     Build it with :meth:`for_`, :meth:`owns` and :meth:`watches` before the manager starts;
     ``run()`` blocks until cancelled and drains in-flight reconciles on the way out.
+
+    ``namespace`` and ``labels`` scope a watch: its informer lists and watches only that
+    namespace and only objects carrying those labels (equality), so the cache holds no more of
+    an owned kind than the controller needs. Reads of that kind are then served from that
+    scope only.
     """
 
     def __init__(self, name: str, reconciler: Reconciler, cache: SharedCache, *,
@@ -167,23 +179,37 @@ class Controller:
         self._log = log.bind(controller=name)
         self._active = 0
         self._stopping = False
+        self._for: Resource | None = None
 
     # -- building ------------------------------------------------------------------------------
 
-    def for_(self, resource: Resource, *predicates: Predicate) -> Controller:
-        """Reconcile every object of ``resource`` (the primary kind)."""
-        return self.watches(resource, self_mapper, *predicates)
+    def for_(self, resource: Resource, *predicates: Predicate, namespace: str | None = None,
+             labels: Mapping[str, str] | None = None) -> Controller:
+        """Reconcile every object of ``resource`` (the primary kind; once per controller)."""
+        if self._for is not None:
+            raise ValueError(f"controller {self.name}: for_() was already called with {self._for}")
+        self._for = resource
+        return self.watches(resource, self_mapper, *predicates, namespace=namespace, labels=labels)
 
-    def owns(self, resource: Resource, owner: Resource, *predicates: Predicate,
-             only_controller: bool = True) -> Controller:
-        """Reconcile the owner (of kind ``owner``) when an object of ``resource`` changes."""
-        return self.watches(resource, owner_mapper(owner, only_controller=only_controller), *predicates)
+    def owns(self, resource: Resource, *predicates: Predicate, owner: Resource | None = None,
+             only_controller: bool = True, namespace: str | None = None,
+             labels: Mapping[str, str] | None = None) -> Controller:
+        """Reconcile the owner when an object of ``resource`` changes.
+
+        ``owner`` defaults to the kind given to :meth:`for_` (call that first). Only the
+        controller owner counts unless ``only_controller`` is False.
+        """
+        owner = owner or self._for
+        if owner is None:
+            raise ValueError(f"controller {self.name}: call for_() before owns(), or pass owner=")
+        return self.watches(resource, owner_mapper(owner, only_controller=only_controller), *predicates,
+                            namespace=namespace, labels=labels)
 
     def watches(self, resource: Resource, mapper: Mapper, *predicates: Predicate,
-                namespace: str | None = None) -> Controller:
+                namespace: str | None = None, labels: Mapping[str, str] | None = None) -> Controller:
         """Reconcile whatever ``mapper`` returns for each changed object of ``resource``."""
-        watch = Watch(resource, mapper, predicates, namespace)
-        self._cache.add_handler(resource, _Handler(watch, self.queue.add), namespace)
+        watch = Watch(resource, mapper, predicates, namespace, labels)
+        self._cache.add_handler(resource, _Handler(watch, self.queue.add), namespace, labels=labels)
         return self
 
     # -- running -------------------------------------------------------------------------------
@@ -291,6 +317,7 @@ def _expected(exc: Exception) -> bool:
 
 
 __all__ = [
+    "DEFAULT_WORKERS",
     "Controller",
     "ControllerOptions",
     "Mapper",

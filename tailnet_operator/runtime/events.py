@@ -26,13 +26,16 @@ from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum, StrEnum
-from typing import Any, Protocol, final
+from typing import Protocol, final
 
 import structlog
+
+from tailnet_operator.types import JSON
 
 from .clock import Clock, RealClock
 from .errors import KubeError, NotFound
 from .kinds import EVENT, Resource
+from .ratelimit import TokenBucket
 
 __all__ = [
     "EventKey",
@@ -46,7 +49,6 @@ __all__ = [
     "SpamFilter",
 ]
 
-JSON = dict[str, Any]
 
 REPORTING_CONTROLLER = "tailnet-operator"
 CLUSTER_SCOPED_NAMESPACE = "default"
@@ -150,14 +152,13 @@ class SpamFilter:
         self._burst = burst
         self._qps = qps
         self._max_keys = max_keys
-        self._buckets: OrderedDict[Hashable, tuple[float, float]] = OrderedDict()  # tokens, at
+        self._buckets: OrderedDict[Hashable, TokenBucket] = OrderedDict()
 
     def allow(self, key: Hashable, now: float) -> bool:
         """Take a token for `key` at monotonic time `now` (seconds); False when none is left."""
-        tokens, at = self._buckets.pop(key, (float(self._burst), now))
-        tokens = min(float(self._burst), tokens + max(now - at, 0.0) * self._qps)
-        allowed = tokens >= 1.0
-        self._buckets[key] = (tokens - 1.0 if allowed else tokens, now)
+        bucket = self._buckets.pop(key, None) or TokenBucket(self._qps, self._burst)
+        allowed = bucket.take(now)
+        self._buckets[key] = bucket
         if len(self._buckets) > self._max_keys:
             self._buckets.popitem(last=False)
         return allowed
@@ -305,7 +306,7 @@ class EventRecorder:
         body: JSON = {
             "apiVersion": EVENT.api_version, "kind": EVENT.kind,
             "metadata": {"name": name, "namespace": ref.event_namespace},
-            "eventTime": micro_time(datetime.now(UTC)),
+            "eventTime": micro_time(self._clock.utcnow()),
             "type": key.type, "reason": key.reason, "action": key.action, "note": key.note,
             "regarding": ref.to_json(),
             "reportingController": self._controller, "reportingInstance": self._instance,
@@ -322,7 +323,7 @@ class EventRecorder:
 
     async def _patch_series(self, key: EventKey, series: Series) -> Outcome | None:
         """Raise the Event's series count; None when the Event is gone (expired: start anew)."""
-        patch = {"series": {"count": series.count, "lastObservedTime": micro_time(datetime.now(UTC))}}
+        patch = {"series": {"count": series.count, "lastObservedTime": micro_time(self._clock.utcnow())}}
         try:
             async with asyncio.timeout(self._timeout):
                 await self._client.merge_patch(EVENT, series.name, patch, series.namespace)

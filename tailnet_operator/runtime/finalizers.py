@@ -17,9 +17,9 @@ Two rules keep this safe:
 
 from __future__ import annotations
 
-from typing import Any
+from tailnet_operator.types import JSON
 
-from .client import APPLY_CONTENT_TYPE, Client
+from .interfaces import Writer
 from .kinds import Resource
 
 __all__ = [
@@ -31,7 +31,6 @@ __all__ = [
     "remove_finalizer",
 ]
 
-JSON = dict[str, Any]
 
 FINALIZER = "tailnet.dev/finalizer"
 """The operator's finalizer: present while it may still have to clean up outside state."""
@@ -45,7 +44,7 @@ def has_finalizer(obj: JSON, finalizer: str = FINALIZER) -> bool:
     return finalizer in (obj.get("metadata", {}).get("finalizers") or [])
 
 
-async def add_finalizer(client: Client, resource: Resource, obj: JSON, finalizer: str = FINALIZER, *,
+async def add_finalizer(client: Writer, resource: Resource, obj: JSON, finalizer: str = FINALIZER, *,
                         field_manager: str = FINALIZER_FIELD_MANAGER) -> JSON:
     """Make `field_manager` own `finalizer` on `obj`; returns the object the apiserver stored.
 
@@ -55,7 +54,7 @@ async def add_finalizer(client: Client, resource: Resource, obj: JSON, finalizer
     return await _apply_finalizers(client, resource, obj, [finalizer], field_manager)
 
 
-async def remove_finalizer(client: Client, resource: Resource, obj: JSON, finalizer: str = FINALIZER, *,
+async def remove_finalizer(client: Writer, resource: Resource, obj: JSON, finalizer: str = FINALIZER, *,
                            field_manager: str = FINALIZER_FIELD_MANAGER) -> JSON:
     """Drop the entry `field_manager` owns; returns the stored object (maybe already deleting).
 
@@ -76,10 +75,6 @@ def finalizer_apply_body(resource: Resource, obj: JSON, finalizers: list[str]) -
     return {"apiVersion": resource.api_version, "kind": resource.kind, "metadata": metadata}
 
 
-async def _apply_finalizers(client: Client, resource: Resource, obj: JSON, finalizers: list[str],
+async def _apply_finalizers(client: Writer, resource: Resource, obj: JSON, finalizers: list[str],
                             field_manager: str) -> JSON:
-    body = finalizer_apply_body(resource, obj, finalizers)
-    meta = body["metadata"]
-    path = resource.path(meta.get("namespace"), meta["name"])
-    params = {"fieldManager": field_manager, "force": "true"}
-    return await client.request("PATCH", path, body=body, params=params, content_type=APPLY_CONTENT_TYPE)
+    return await client.apply(resource, finalizer_apply_body(resource, obj, finalizers), field_manager=field_manager)

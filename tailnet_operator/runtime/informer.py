@@ -7,21 +7,31 @@ compacted away) makes it list again. A relist compares the new list with the sto
 emits deletions for objects that vanished in between, as tombstones
 (:class:`DeletedFinalStateUnknown`) because their final state was never seen.
 
+A write's answer (the object the API server stored) can be handed to :meth:`Informer.observe`:
+it enters the store at once, handlers are told as for a watch event, and the watch event of
+the same resourceVersion is then a no-op. So a reconcile woken by some other event already
+sees its own last write, and does not write the same thing again. An event older than what
+the store holds (both resourceVersions numeric, as etcd's are) is dropped for the same reason.
+
 Objects in the store are shared with every reader: treat them as read-only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
 
-from .client import JSON, WATCH_INACTIVITY_TIMEOUT, Client
+from tailnet_agent.backoff import Backoff
+from tailnet_operator.types import JSON
+
+from .client import WATCH_INACTIVITY_TIMEOUT
+from .clock import Clock, RealClock
 from .errors import Gone, KubeError
+from .interfaces import ListerWatcher
 from .kinds import Resource
 
 log = structlog.get_logger("informer")
@@ -41,6 +51,25 @@ def store_key(obj: JSON) -> str:
     meta = obj.get("metadata", {})
     namespace = meta.get("namespace")
     return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
+
+
+def label_selector(labels: Mapping[str, str] | None) -> str | None:
+    """The equality selector ``a=b,c=d`` for ``labels`` (None or empty: every object)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) if labels else None
+
+
+def matches_labels(obj: JSON, labels: Mapping[str, str] | None) -> bool:
+    have = obj.get("metadata", {}).get("labels") or {}
+    return all(have.get(k) == v for k, v in (labels or {}).items())
+
+
+def newer(candidate: JSON, current: JSON) -> bool | None:
+    """Whether ``candidate`` is a later version than ``current``; None when that cannot be told."""
+    a = str(candidate.get("metadata", {}).get("resourceVersion", ""))
+    b = str(current.get("metadata", {}).get("resourceVersion", ""))
+    if a.isdigit() and b.isdigit():
+        return int(a) > int(b)
+    return None
 
 
 @dataclass(frozen=True)
@@ -136,22 +165,9 @@ class Store:
 # -- Informer ------------------------------------------------------------------------------------
 
 
-@dataclass
-class Backoff:
-    """Jittered exponential backoff: ``initial`` seconds doubling to ``cap``; ``reset()`` restarts."""
-
-    initial: float = 0.8
-    cap: float = 30.0
-    jitter: float = 1.0
-    _next: float = 0.0
-
-    def delay(self) -> float:
-        base = self._next or self.initial
-        self._next = min(base * 2, self.cap)
-        return base * (1 + self.jitter * random.random()) if self.jitter else base
-
-    def reset(self) -> None:
-        self._next = 0.0
+def informer_backoff(*, jitter: float = 1.0) -> Backoff:
+    """client-go's reflector backoff: 0.8 s doubling to a 30 s cap, times a factor in [1, 1 + jitter)."""
+    return Backoff(initial=0.8, maximum=30.0, jitter_low=1.0, jitter_high=1.0 + jitter)
 
 
 @dataclass
@@ -166,24 +182,28 @@ class InformerStats:
 
 
 class Informer:
-    """List+watch of one resource (optionally one namespace) into a :class:`Store`.
+    """List+watch of one resource (optionally one namespace, optionally only objects with
+    ``labels``) into a :class:`Store`.
 
     ``run()`` blocks until cancelled; ``wait_synced()`` returns once the first list is in.
-    Handlers added after the first list are replayed the current objects as adds.
+    Handlers added after the first list are replayed the current objects as adds. ``clock``
+    (default: the event loop's) times the retry backoff.
     """
 
-    def __init__(self, client: Client, resource: Resource, namespace: str | None = None, *,
-                 backoff: Backoff | None = None, sleep: Callable[[float], Any] = asyncio.sleep,
-                 inactivity_timeout: float = WATCH_INACTIVITY_TIMEOUT) -> None:
+    def __init__(self, client: ListerWatcher, resource: Resource, namespace: str | None = None, *,
+                 labels: Mapping[str, str] | None = None, backoff: Backoff | None = None,
+                 clock: Clock | None = None, inactivity_timeout: float = WATCH_INACTIVITY_TIMEOUT) -> None:
         self.client = client
         self.resource = resource
         self.namespace = namespace
+        self.labels = dict(labels or {})
+        self._selector = label_selector(labels)
         self.store = Store()
         self.stats = InformerStats()
         self._handlers: list[EventHandler] = []
         self._synced = asyncio.Event()
-        self._backoff = backoff or Backoff()
-        self._sleep = sleep
+        self._backoff = backoff or informer_backoff()
+        self._clock: Clock = clock or RealClock()
         self._inactivity_timeout = inactivity_timeout
         self._log = log.bind(resource=str(resource), namespace=namespace or "")
 
@@ -218,13 +238,13 @@ class Informer:
                 resource_version = None
             except KubeError as exc:
                 self.stats.watch_errors += 1
-                delay = self._backoff.delay()
+                delay = self._backoff.next()
                 self._log.warning("list/watch failed, retrying", error=str(exc), retry_in=round(delay, 2))
-                await self._sleep(delay)
+                await self._clock.sleep(delay)
 
     async def _list(self) -> str:
         self.stats.lists += 1
-        result = await self.client.list(self.resource, self.namespace)
+        result = await self.client.list(self.resource, self.namespace, label_selector=self._selector)
         self._replace(result.items)
         self.stats.last_resource_version = result.resource_version
         if not self._synced.is_set():
@@ -236,6 +256,7 @@ class Informer:
         """Apply watch events until the server ends the stream; return where to resume."""
         self.stats.watches += 1
         async for event in self.client.watch(self.resource, self.namespace, resource_version=resource_version,
+                                             label_selector=self._selector,
                                              inactivity_timeout=self._inactivity_timeout):
             if event.type == "BOOKMARK":
                 pass
@@ -246,6 +267,18 @@ class Informer:
             resource_version = event.resource_version or resource_version
             self.stats.last_resource_version = resource_version
         return resource_version
+
+    def observe(self, obj: JSON) -> None:
+        """Take a write's answer into the store now, if it is this informer's and newer."""
+        if not self.synced or not self._covers(obj):
+            return
+        current = self.store.get(store_key(obj))
+        if current is None or newer(obj, current):
+            self._upsert(obj)
+
+    def _covers(self, obj: JSON) -> bool:
+        namespace = obj.get("metadata", {}).get("namespace") or None
+        return (self.namespace is None or namespace == self.namespace) and matches_labels(obj, self.labels)
 
     # -- store updates and notifications --------------------------------------------------------
 
@@ -260,6 +293,9 @@ class Informer:
                 self._notify_delete(DeletedFinalStateUnknown(key, old))
 
     def _upsert(self, obj: JSON) -> None:
+        current = self.store.get(store_key(obj))
+        if current is not None and newer(obj, current) is False:
+            return  # an observed write is already newer (or this very version: no change)
         old = self.store.put(obj)
         if old is None:
             for handler in self._handlers:

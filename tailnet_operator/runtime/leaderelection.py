@@ -31,16 +31,17 @@ import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol, final
+from typing import Protocol, final
 
 import prometheus_client
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from .client import Client
+from tailnet_operator.types import JSON
+
 from .clock import Clock, RealClock
 from .errors import KubeError, NotFound
-from .kinds import LEASE
+from .kinds import LEASE, Resource
 
 __all__ = [
     "ElectionMetrics",
@@ -52,7 +53,6 @@ __all__ = [
     "default_identity",
 ]
 
-JSON = dict[str, Any]
 
 JITTER_FACTOR = 1.2
 """Campaign waits are `retry_period * (1 + random() * JITTER_FACTOR)` seconds, as client-go's."""
@@ -145,6 +145,16 @@ class LeaseRecord:
 _NO_RECORD = LeaseRecord("", 0, None, None, 0)
 
 
+class LeaseClient(Protocol):
+    """The part of the API client leader election needs (``Client`` is one; tests pass a fake)."""
+
+    async def get(self, resource: Resource, name: str, namespace: str | None = None) -> JSON: ...
+
+    async def create(self, resource: Resource, body: JSON, namespace: str | None = None) -> JSON: ...
+
+    async def replace(self, resource: Resource, body: JSON) -> JSON: ...
+
+
 def micro_time(moment: datetime) -> str:
     """A Kubernetes MicroTime: `2026-11-29T13:45:00.123456Z`."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -213,7 +223,7 @@ class LeaderElector:
     work the moment `wait_lost()` returns. Cancel `run()` to step down gracefully.
     """
 
-    def __init__(self, client: Client, *, name: str, namespace: str,
+    def __init__(self, client: LeaseClient, *, name: str, namespace: str,
                  config: LeaderElectionConfig | None = None, metrics: ElectionMetrics | None = None,
                  clock: Clock | None = None) -> None:
         self.name = name
@@ -326,7 +336,7 @@ class LeaderElector:
 
     async def _try_acquire_or_renew(self) -> bool:
         """One attempt to take or renew the Lease; True when the Lease now names us."""
-        now = micro_time(datetime.now(UTC))
+        now = micro_time(self._clock.utcnow())
         ours = LeaseRecord(self.identity, max(1, int(self.config.lease_duration)), now, now, 0)
         if self._holds_record() and self._lease_current() and self._lease is not None:
             fast = replace(ours, acquire_time=self._observed.acquire_time,
@@ -415,7 +425,7 @@ class LeaderElector:
                 self._observe(lease)
                 if not self._holds_record():
                     return
-                now = micro_time(datetime.now(UTC))
+                now = micro_time(self._clock.utcnow())
                 released = LeaseRecord("", 1, now, now, self._observed.lease_transitions)
                 body = copy.deepcopy(lease)
                 body["spec"] = {**body.get("spec", {}), **released.to_spec()}

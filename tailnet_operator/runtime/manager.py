@@ -26,12 +26,15 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from .apply import Applier
 from .cache import DEFAULT_SYNC_TIMEOUT, SharedCache
 from .client import Client
+from .clock import Clock, RealClock
 from .config import RestConfig
 from .controller import Controller, ControllerOptions, Reconciler
 from .leaderelection import LeaderElectionConfig, LeaderElectionMetrics, LeaderElector
 from .metrics import ControllerMetrics, RestClientMetrics
+from .scheme import Scheme
 
 log = structlog.get_logger("manager")
 
@@ -68,15 +71,24 @@ class ManagerOptions:
 
 
 class Manager:
-    """Build with ``Manager(config, options)``, add controllers, then ``await run()``."""
+    """Build with ``Manager(config, options)``, add controllers, then ``await run()``.
+
+    ``scheme`` says which models the cache reads kinds as (default: none, raw dicts only);
+    ``clock`` is the one clock of every controller, the cache and leader election (default:
+    the event loop's and the system's). Every object a write returns goes into the cache at
+    once (see :meth:`SharedCache.observe`).
+    """
 
     def __init__(self, config: RestConfig, options: ManagerOptions | None = None, *,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, scheme: Scheme | None = None,
+                 clock: Clock | None = None) -> None:
         self.options = options or ManagerOptions()
         self.registry = registry or CollectorRegistry()
+        self.clock: Clock = clock or RealClock()
         self.client = Client(config, field_manager=self.options.field_manager,
                              metrics=RestClientMetrics(registry=self.registry))
-        self.cache = SharedCache(self.client)
+        self.cache = SharedCache(self.client, scheme=scheme, clock=self.clock)
+        self.client.add_write_observer(self.cache.observe)
         self.controller_metrics = ControllerMetrics(registry=self.registry)
         self.controllers: list[Controller] = []
         self.elector: LeaderElector | None = None
@@ -85,7 +97,7 @@ class Manager:
                 self.client, name=self.options.leader_election_id,
                 namespace=self.options.leader_election_namespace,
                 config=self.options.leader_election_config,
-                metrics=LeaderElectionMetrics(registry=self.registry))
+                metrics=LeaderElectionMetrics(registry=self.registry), clock=self.clock)
         self._health_checks: dict[str, HealthCheck] = {"ping": lambda: None}
         self._ready_checks: dict[str, HealthCheck] = {"informer-sync": self._check_synced}
         if self.elector is not None:
@@ -97,9 +109,15 @@ class Manager:
     def controller(self, name: str, reconciler: Reconciler, *,
                    options: ControllerOptions | None = None) -> Controller:
         """A new controller named ``name`` (its metrics label), registered with this manager."""
-        ctrl = Controller(name, reconciler, self.cache, options=options, metrics=self.controller_metrics)
+        ctrl = Controller(name, reconciler, self.cache, options=options, metrics=self.controller_metrics,
+                          clock=self.clock)
         self.controllers.append(ctrl)
         return ctrl
+
+    def writer(self, field_manager: str | None = None) -> Applier:
+        """A :class:`Writer` for one controller: applies as ``field_manager`` (default the
+        manager's), skipping applies that would not change the cached object."""
+        return Applier(self.cache, self.client, field_manager=field_manager or self.options.field_manager)
 
     def add_health_check(self, name: str, check: HealthCheck) -> None:
         self._health_checks[name] = check

@@ -18,6 +18,7 @@ __all__ = [
     "ItemExponentialFailureRateLimiter",
     "MaxOfRateLimiter",
     "RateLimiter",
+    "TokenBucket",
     "default_controller_rate_limiter",
 ]
 
@@ -74,6 +75,41 @@ class ItemExponentialFailureRateLimiter(Generic[K]):
 
 
 @final
+class TokenBucket:
+    """A bucket of at most `burst` tokens refilled at `qps` tokens per second (`golang.org/x/time/rate`).
+
+    It starts full. Times are the caller's monotonic seconds. `reserve` always takes a token and may
+    drive the balance negative (the answer is how long to wait for it); `take` takes one only if
+    there is one. The one token bucket of the runtime: the retry limiter and the Event spam filter.
+    """
+
+    def __init__(self, qps: float, burst: int) -> None:
+        self.qps = qps
+        self.burst = burst
+        self.tokens = float(burst)
+        self._last: float | None = None  # time of the last refill; None: full since forever
+
+    def _refill(self, now: float) -> None:
+        elapsed = 0.0 if self._last is None else max(now - self._last, 0.0)
+        self.tokens = min(self.tokens + elapsed * self.qps, float(self.burst))
+        self._last = now
+
+    def reserve(self, now: float) -> float:
+        """Take a token; seconds until it is really there (0.0 when it was)."""
+        self._refill(now)
+        self.tokens -= 1.0
+        return -self.tokens / self.qps if self.tokens < 0 else 0.0
+
+    def take(self, now: float) -> bool:
+        """Take a token if one is there; False leaves the balance as it was."""
+        self._refill(now)
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
+@final
 class BucketRateLimiter(Generic[K]):
     """One token bucket shared by all keys, with the reservation semantics of `golang.org/x/time/rate`.
 
@@ -89,24 +125,13 @@ class BucketRateLimiter(Generic[K]):
             raise ValueError(f"qps must be positive, got {qps}")
         if burst < 1:
             raise ValueError(f"burst must be at least 1, got {burst}")
-        self._qps = qps
-        self._burst = burst
         self._clock: Clock = clock or RealClock()
-        self._tokens = float(burst)
-        self._last: float | None = None  # clock time of the last refill; None: full since forever
+        self._bucket = TokenBucket(qps, burst)
 
     def when(self, key: K) -> float:
-        if math.isinf(self._qps):
+        if math.isinf(self._bucket.qps):
             return 0.0
-        now = self._clock.now()
-        self._refill(now)
-        self._tokens -= 1.0
-        self._last = now
-        return -self._tokens / self._qps if self._tokens < 0 else 0.0
-
-    def _refill(self, now: float) -> None:
-        elapsed = 0.0 if self._last is None else max(now - self._last, 0.0)
-        self._tokens = min(self._tokens + elapsed * self._qps, float(self._burst))
+        return self._bucket.reserve(self._clock.now())
 
     def forget(self, key: K) -> None:
         pass

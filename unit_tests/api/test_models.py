@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from pydantic import ValidationError
 
+from hack.crd_examples import INVALID_EXAMPLES, InvalidExample
 from tailnet_operator.api import (
     Condition,
     TailnetEgressSpec,
@@ -16,7 +17,6 @@ from tailnet_operator.api import (
 )
 from tailnet_operator.api.common import parse_go_duration
 from tailnet_operator.api.crds import load_samples
-from tailnet_operator.api.examples import INVALID_EXAMPLES, InvalidExample
 from tailnet_operator.api.ingress import render_dns_template
 from tailnet_operator.api.registry import KINDS, Kind, kind_of
 

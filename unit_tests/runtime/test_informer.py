@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from tailnet_operator.runtime.client import JSON, ObjectList, WatchEvent
 from tailnet_operator.runtime.errors import Gone, TransportError
-from tailnet_operator.runtime.informer import Backoff, DeletedFinalStateUnknown, Informer, Store
+from tailnet_operator.runtime.informer import DeletedFinalStateUnknown, Informer, Store, informer_backoff
 from tailnet_operator.runtime.kinds import CONFIG_MAP
 
 
@@ -58,11 +59,21 @@ class Recorder:
                             obj.key if isinstance(obj, DeletedFinalStateUnknown) else obj["metadata"]["name"]))
 
 
-async def run_until_exhausted(client: ScriptedClient) -> tuple[Informer, Recorder]:
-    async def no_sleep(_: float) -> None:
+class NoWaitClock:
+    """A clock whose sleeps only yield: retries happen at once."""
+
+    def now(self) -> float:
+        return 0.0
+
+    async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(0)
 
-    informer = Informer(client, CONFIG_MAP, backoff=Backoff(jitter=0), sleep=no_sleep)  # type: ignore[arg-type]
+    def utcnow(self) -> datetime:
+        return datetime(2026, 1, 1, tzinfo=UTC)
+
+
+async def run_until_exhausted(client: ScriptedClient) -> tuple[Informer, Recorder]:
+    informer = Informer(client, CONFIG_MAP, backoff=informer_backoff(jitter=0), clock=NoWaitClock())
     recorder = Recorder()
     informer.add_handler(recorder)
     task = asyncio.create_task(informer.run())
@@ -114,7 +125,7 @@ async def test_gone_relists_and_emits_tombstones_for_objects_that_vanished() -> 
 
 
 def test_backoff_doubles_from_800ms_to_a_30s_cap() -> None:
-    backoff = Backoff(jitter=0)
-    assert [backoff.delay() for _ in range(8)] == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]
+    backoff = informer_backoff(jitter=0)
+    assert [backoff.next() for _ in range(8)] == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]
     backoff.reset()
-    assert backoff.delay() == 0.8
+    assert backoff.next() == 0.8

@@ -67,6 +67,10 @@ class FakeStream:
 class FakeConn:
     def __init__(self, server: FakeControl) -> None:
         self.server = server
+        self.closed = asyncio.Event()
+
+    async def run(self) -> None:
+        await self.closed.wait()
 
     async def request(self, method: str, path: str, json_body: Any = None) -> Response:
         assert (method, path) == ("POST", "/machine/register")
@@ -84,7 +88,7 @@ class FakeConn:
         yield FakeStream(script)
 
     async def aclose(self) -> None:
-        pass
+        self.closed.set()
 
 
 def make_client(server: FakeControl, sleeps: list[float], *, stop_after: int = 1,

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 
+from hack import derp_codec as codec
 from tailnet_agent.derp import frames as f
 
 
@@ -74,7 +75,7 @@ class FakeDerpServer:
             if self.status_line.split()[1] != "101":
                 writer.close()
                 return
-            writer.write(f.encode_server_key(self.public_key))
+            writer.write(codec.encode_server_key(self.public_key))
             await writer.drain()
             decoder = f.FrameDecoder()
             client_key = b""
@@ -84,12 +85,12 @@ class FakeDerpServer:
                     return
                 for frame in decoder.feed(data):
                     if not client_key:
-                        client_key, info = f.parse_client_info(self.private_key, frame)
+                        client_key, info = codec.parse_client_info(self.private_key, frame)
                         self.client_infos.append((client_key, info))
                         if not self.admit:
                             writer.close()
                             return
-                        writer.write(f.encode_server_info(self.private_key, client_key) + self.after_server_info)
+                        writer.write(codec.encode_server_info(self.private_key, client_key) + self.after_server_info)
                         await writer.drain()
                         continue
                     self.received.append(frame)

@@ -9,6 +9,7 @@ import struct
 import nacl.public
 import pytest
 
+from hack import derp_codec as codec
 from tailnet_agent.derp import frames as f
 from tailnet_agent.derp.errors import BadServerKey, CryptoError, FrameTooLarge, MalformedFrame, PacketTooLarge
 
@@ -23,11 +24,11 @@ def test_frame_header_is_type_then_big_endian_length() -> None:
     assert f.encode_frame(0x12, b"abcdefgh") == b"\x12\x00\x00\x00\x08abcdefgh"
     assert f.encode_note_preferred(True) == b"\x07\x00\x00\x00\x01\x01"
     assert f.encode_note_preferred(False) == b"\x07\x00\x00\x00\x01\x00"
-    assert f.encode_send_packet(KEY_A, b"hi") == b"\x04\x00\x00\x00\x22" + KEY_A + b"hi"
+    assert codec.encode_send_packet(KEY_A, b"hi") == b"\x04\x00\x00\x00\x22" + KEY_A + b"hi"
 
 
 def test_decoder_reassembles_frames_split_across_chunks() -> None:
-    stream = f.encode_send_packet(KEY_A, b"x" * 1500) + f.encode_keep_alive() + f.encode_ping(b"12345678")
+    stream = codec.encode_send_packet(KEY_A, b"x" * 1500) + codec.encode_keep_alive() + f.encode_ping(b"12345678")
     decoder = f.FrameDecoder()
     got: list[f.Frame] = []
     for i in range(len(stream)):  # one byte at a time: every split point, headers included
@@ -39,8 +40,8 @@ def test_decoder_reassembles_frames_split_across_chunks() -> None:
 
 
 def test_decoder_returns_several_frames_from_one_chunk_and_keeps_the_partial_tail() -> None:
-    stream = f.encode_keep_alive() + f.encode_ping(b"abcdefgh")
-    tail = f.encode_pong(b"ABCDEFGH")
+    stream = codec.encode_keep_alive() + f.encode_ping(b"abcdefgh")
+    tail = codec.encode_pong(b"ABCDEFGH")
     decoder = f.FrameDecoder()
     frames = decoder.feed(stream + tail[:7])
     assert [fr.type for fr in frames] == [f.FrameType.KEEP_ALIVE, f.FrameType.PING]
@@ -55,7 +56,7 @@ def test_oversized_frame_is_rejected_from_its_header_alone() -> None:
         decoder.feed(header)  # no payload bytes needed to reject it
     assert info.value.length == f.MAX_FRAME_LEN + 1 and info.value.limit == 1 << 20
     with pytest.raises(FrameTooLarge):  # the stream cannot be resynchronised
-        decoder.feed(f.encode_keep_alive())
+        decoder.feed(codec.encode_keep_alive())
 
 
 def test_frame_at_the_limit_is_accepted() -> None:
@@ -67,17 +68,17 @@ def test_frame_at_the_limit_is_accepted() -> None:
 
 def test_send_packet_enforces_the_64k_max_packet_size() -> None:
     assert f.MAX_PACKET_SIZE == 65536
-    frame = f.encode_send_packet(KEY_A, bytes(f.MAX_PACKET_SIZE))
+    frame = codec.encode_send_packet(KEY_A, bytes(f.MAX_PACKET_SIZE))
     assert len(frame) == 5 + 32 + 65536
     with pytest.raises(PacketTooLarge):
-        f.encode_send_packet(KEY_A, bytes(f.MAX_PACKET_SIZE + 1))
+        codec.encode_send_packet(KEY_A, bytes(f.MAX_PACKET_SIZE + 1))
     with pytest.raises(ValueError):
-        f.encode_send_packet(KEY_A[:31], b"")
+        codec.encode_send_packet(KEY_A[:31], b"")
 
 
 def test_server_key_greeting_is_checked() -> None:
     server_pub = os.urandom(32)
-    frame = f.FrameDecoder().feed(f.encode_server_key(server_pub))[0]
+    frame = f.FrameDecoder().feed(codec.encode_server_key(server_pub))[0]
     assert f.parse_server_key(frame) == server_pub
     # extra trailing bytes are allowed "for future-proofing"
     assert f.parse_server_key(f.Frame(f.FrameType.SERVER_KEY, f.MAGIC + server_pub + b"future")) == server_pub
@@ -104,23 +105,23 @@ def test_client_info_is_sealed_to_the_server_key() -> None:
     opened = nacl.public.Box(server, nacl.public.PublicKey(client_pub)).decrypt(frame.payload[32:])
     assert json.loads(opened) == {"version": 2, "CanAckPings": True}
     assert opened == json_doc
-    assert f.parse_client_info(bytes(server), frame) == (client_pub, f.ClientInfo())
+    assert codec.parse_client_info(bytes(server), frame) == (client_pub, f.ClientInfo())
 
 
 def test_a_box_does_not_open_with_the_wrong_key() -> None:
     server_priv, client_priv = os.urandom(32), os.urandom(32)
     frame = f.FrameDecoder().feed(f.encode_client_info(client_priv, f.public_key_of(server_priv)))[0]
     with pytest.raises(CryptoError):
-        f.parse_client_info(os.urandom(32), frame)
+        codec.parse_client_info(os.urandom(32), frame)
     tampered = f.Frame(frame.type, frame.payload[:-1] + bytes([frame.payload[-1] ^ 1]))
     with pytest.raises(CryptoError):
-        f.parse_client_info(server_priv, tampered)
+        codec.parse_client_info(server_priv, tampered)
 
 
 def test_server_info_round_trip() -> None:
     server_priv, client_priv = os.urandom(32), os.urandom(32)
     info = f.ServerInfo(version=2, token_bucket_bytes_per_second=1000, token_bucket_bytes_burst=2000)
-    raw = f.encode_server_info(server_priv, f.public_key_of(client_priv), info)
+    raw = codec.encode_server_info(server_priv, f.public_key_of(client_priv), info)
     frame = f.FrameDecoder().feed(raw)[0]
     assert f.parse_server_info(client_priv, f.public_key_of(server_priv), frame) == info
     with pytest.raises(MalformedFrame):
@@ -128,20 +129,20 @@ def test_server_info_round_trip() -> None:
 
 
 @pytest.mark.parametrize(("frame", "message"), [
-    (f.Frame(0x05, KEY_A + b"payload"), f.RecvPacket(KEY_A, b"payload")),
-    (f.Frame(0x06, b""), f.KeepAlive()),
-    (f.Frame(0x12, b"12345678"), f.Ping(b"12345678")),
-    (f.Frame(0x13, b"12345678extra"), f.Pong(b"12345678")),
-    (f.Frame(0x08, KEY_A), f.PeerGone(KEY_A, f.PeerGoneReason.DISCONNECTED)),
-    (f.Frame(0x08, KEY_A + b"\x01"), f.PeerGone(KEY_A, f.PeerGoneReason.NOT_HERE)),
-    (f.Frame(0x14, b"duplicate connection"), f.Health("duplicate connection")),
-    (f.Frame(0x14, b""), f.Health("")),
-    (f.Frame(0x15, struct.pack(">II", 1500, 10000)), f.Restarting(1.5, 10.0)),
-    (f.Frame(0x09, KEY_A), f.UnknownFrame(0x09, KEY_A)),
-    (f.Frame(0x7F, b"new"), f.UnknownFrame(0x7F, b"new")),
+    (f.Frame(0x05, KEY_A + b"payload"), codec.RecvPacket(KEY_A, b"payload")),
+    (f.Frame(0x06, b""), codec.KeepAlive()),
+    (f.Frame(0x12, b"12345678"), codec.Ping(b"12345678")),
+    (f.Frame(0x13, b"12345678extra"), codec.Pong(b"12345678")),
+    (f.Frame(0x08, KEY_A), codec.PeerGone(KEY_A, codec.PeerGoneReason.DISCONNECTED)),
+    (f.Frame(0x08, KEY_A + b"\x01"), codec.PeerGone(KEY_A, codec.PeerGoneReason.NOT_HERE)),
+    (f.Frame(0x14, b"duplicate connection"), codec.Health("duplicate connection")),
+    (f.Frame(0x14, b""), codec.Health("")),
+    (f.Frame(0x15, struct.pack(">II", 1500, 10000)), codec.Restarting(1.5, 10.0)),
+    (f.Frame(0x09, KEY_A), codec.UnknownFrame(0x09, KEY_A)),
+    (f.Frame(0x7F, b"new"), codec.UnknownFrame(0x7F, b"new")),
 ])
-def test_parse_message(frame: f.Frame, message: f.Message) -> None:
-    assert f.parse_message(frame) == message
+def test_parse_message(frame: f.Frame, message: codec.Message) -> None:
+    assert codec.parse_message(frame) == message
 
 
 @pytest.mark.parametrize("frame", [
@@ -149,10 +150,10 @@ def test_parse_message(frame: f.Frame, message: f.Message) -> None:
 ])
 def test_short_frames_are_malformed(frame: f.Frame) -> None:
     with pytest.raises(MalformedFrame):
-        f.parse_message(frame)
+        codec.parse_message(frame)
 
 
 def test_ping_data_must_be_8_bytes() -> None:
     with pytest.raises(ValueError):
         f.encode_ping(b"short")
-    assert f.encode_pong(b"abcdefgh") == b"\x13\x00\x00\x00\x08abcdefgh"
+    assert codec.encode_pong(b"abcdefgh") == b"\x13\x00\x00\x00\x08abcdefgh"

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from hack import derp_codec as codec
 from tailnet_agent.derp import frames as f
 from tailnet_agent.derp.errors import BadServerKey, FrameTooLarge, ProtocolError, UpgradeRefused
 from tailnet_agent.derp.handshake import ClientHandshake, HandshakeState, upgrade_request
@@ -28,7 +29,7 @@ def state(hs: ClientHandshake) -> HandshakeState:
 
 
 def _server_reply(server_priv: bytes, hs: ClientHandshake) -> bytes:
-    return f.encode_server_info(server_priv, hs.public_key, f.ServerInfo(version=2))
+    return codec.encode_server_info(server_priv, hs.public_key, f.ServerInfo(version=2))
 
 
 @pytest.mark.parametrize("chunk_size", [1, 7, 10_000])
@@ -39,7 +40,7 @@ def test_full_handshake_in_any_chunking(chunk_size: int) -> None:
     assert hs.data_to_send() == upgrade_request("127.0.0.1")
     assert hs.data_to_send() == b""
 
-    first = RESPONSE_101 + f.encode_server_key(f.public_key_of(server_priv))
+    first = RESPONSE_101 + codec.encode_server_key(f.public_key_of(server_priv))
     for i in range(0, len(first), chunk_size):
         hs.receive_data(first[i:i + chunk_size])
     assert state(hs) is HandshakeState.AWAITING_SERVER_INFO
@@ -48,9 +49,9 @@ def test_full_handshake_in_any_chunking(chunk_size: int) -> None:
 
     client_info = f.FrameDecoder().feed(hs.data_to_send())
     assert len(client_info) == 1
-    assert f.parse_client_info(server_priv, client_info[0]) == (f.public_key_of(client_priv), f.ClientInfo())
+    assert codec.parse_client_info(server_priv, client_info[0]) == (f.public_key_of(client_priv), f.ClientInfo())
 
-    trailing = f.encode_keep_alive() + f.encode_ping(b"12345678")[:3]
+    trailing = codec.encode_keep_alive() + f.encode_ping(b"12345678")[:3]
     second = _server_reply(server_priv, hs) + trailing
     for i in range(0, len(second), chunk_size):
         hs.receive_data(second[i:i + chunk_size])
@@ -65,8 +66,8 @@ def test_full_handshake_in_any_chunking(chunk_size: int) -> None:
 def test_everything_in_one_chunk_leaves_the_trailing_frames() -> None:
     server_priv, client_priv = os.urandom(32), os.urandom(32)
     hs = ClientHandshake(client_priv, host="h")
-    hs.receive_data(RESPONSE_101 + f.encode_server_key(f.public_key_of(server_priv)))
-    after = f.encode_recv_packet(os.urandom(32), b"data")
+    hs.receive_data(RESPONSE_101 + codec.encode_server_key(f.public_key_of(server_priv)))
+    after = codec.encode_recv_packet(os.urandom(32), b"data")
     hs.receive_data(_server_reply(server_priv, hs) + after)
     assert hs.state is HandshakeState.ESTABLISHED
     assert hs.trailing_data() == after
@@ -98,9 +99,9 @@ def test_oversized_server_key_frame_is_rejected() -> None:
 def test_frame_other_than_server_info_after_client_info() -> None:
     server_priv = os.urandom(32)
     hs = ClientHandshake(os.urandom(32), host="h")
-    hs.receive_data(RESPONSE_101 + f.encode_server_key(f.public_key_of(server_priv)))
+    hs.receive_data(RESPONSE_101 + codec.encode_server_key(f.public_key_of(server_priv)))
     with pytest.raises(ProtocolError):
-        hs.receive_data(f.encode_keep_alive())
+        hs.receive_data(codec.encode_keep_alive())
 
 
 def test_upgrade_to_something_else_is_a_protocol_error() -> None:

@@ -7,6 +7,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 
+from hack import derp_codec as codec
 from tailnet_agent.backoff import derp_backoff
 from tailnet_agent.derp import frames as f
 from tailnet_agent.derp.connection import DerpConnection, DerpNode, DerpNodeLike
@@ -43,7 +44,7 @@ async def test_reconnects_after_the_server_drops_and_resends_note_preferred() ->
 
         async def handler(conn: DerpConnection) -> None:
             while True:
-                src, payload = await conn.recv_packet()
+                src, payload = await codec.recv_packet(conn)
                 await received.put((sup.generation, src, payload))
 
         sup = DerpSupervisor([node], os.urandom(32), handler, plaintext=True,
@@ -52,13 +53,13 @@ async def test_reconnects_after_the_server_drops_and_resends_note_preferred() ->
             async with asyncio.timeout(5):
                 first = await sup.wait_connected()
             peer = os.urandom(32)
-            await server.send(f.encode_recv_packet(peer, b"one"))
+            await server.send(codec.encode_recv_packet(peer, b"one"))
             assert await asyncio.wait_for(received.get(), 5) == (1, peer, b"one")
 
             await server.drop_all()
             second = await asyncio.wait_for(sup.wait_connected(newer_than=1), 5)
             assert second is not first
-            await server.send(f.encode_recv_packet(peer, b"two"))
+            await server.send(codec.encode_recv_packet(peer, b"two"))
             assert await asyncio.wait_for(received.get(), 5) == (2, peer, b"two")
 
         note_preferred = [fr for fr in server.received if fr.type == f.FrameType.NOTE_PREFERRED]

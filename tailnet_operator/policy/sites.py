@@ -1,6 +1,7 @@
 """Which TailnetSites may route: overlaps with reserved networks or older sites block a site.
 
-Pure: sites and reserved networks in, a verdict per site out. The older site (earlier
+Pure, like the rest of ``policy/``: sites and reserved networks in, a verdict per site out
+(the sites' ``SiteInput`` for derivation is built from the sites this leaves unblocked). The older site (earlier
 ``creationTimestamp``, then name) keeps working; a site blocked by a reserved network does not
 block younger ones, since it routes nothing.
 """

@@ -1,11 +1,11 @@
-"""Pure parts of the node: netmap -> data plane (routes, peers, filter), home region, MagicDNS."""
+"""The node's pure projection of a netmap: data plane input (routes, peers, filter), home region, MagicDNS."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tailnet_agent.control import netmap as nm
-from tailnet_agent.node import (
+from tailnet_agent.projection import (
     choose_home_region,
     filter_rules,
     peer_routes,

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailnet_operator.api.crds import load_samples
+from tailnet_operator.types import JSON
 
-Obj = dict[str, Any]
+Obj = JSON
 
 
 @dataclass(frozen=True)

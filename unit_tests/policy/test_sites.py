@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from tailnet_operator.controllers.sites import SiteRoutes, judge
+from tailnet_operator.policy.sites import SiteRoutes, judge
 
 
 def site(name: str, created: str, *routes: str) -> SiteRoutes:

@@ -1,0 +1,199 @@
+"""Headscale access for a Tailnet: its API URL, its CA bundle and the working key, in one place.
+
+Every reconciler that talks to a Tailnet's Headscale composes one :class:`HeadscaleAccess`
+(the Tailnet reconciler, which keeps the working key, and every other one, which only uses
+it). The ``factory`` is the seam to the network: production opens a
+:class:`~tailnet_operator.headscale.HeadscaleClient` over aiohttp; tests hand it one over a
+``MockTransport``.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from tailnet_operator.api.tailnet import Tailnet
+from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, TransportError
+from tailnet_operator.runtime import SECRET, Clock, EventRecorder, Reader
+from tailnet_operator.types import JSON
+
+__all__ = [
+    "ClientFactory",
+    "Connection",
+    "Deps",
+    "HeadscaleAccess",
+    "NoAccess",
+    "Problem",
+    "StoredKey",
+    "TailnetRun",
+    "default_client_factory",
+    "name_of",
+    "problem_from",
+    "working_key_secret_name",
+]
+
+KEY_FIELD = "apiKey"
+ANNOTATION = "tailnet.dev/"
+
+ClientFactory = Callable[[str, str, str | None], HeadscaleClient]
+"""(url, api key, CA bundle PEM or None) -> a Headscale client."""
+
+
+def default_client_factory(url: str, api_key: str, ca_bundle: str | None) -> HeadscaleClient:
+    return HeadscaleClient(url, api_key, ca_bundle=ca_bundle)
+
+
+def working_key_secret_name(tailnet: str) -> str:
+    return f"{tailnet}-headscale-api-key"
+
+
+def name_of(model: Any) -> str:
+    """metadata.name of a parsed object (always set on objects read from the API)."""
+    return str(model.metadata.name)
+
+
+@dataclass
+class Problem(Exception):
+    """Why there is no working access, as a condition reason and a message for people."""
+
+    reason: str
+    message: str
+
+
+def problem_from(exc: HeadscaleError, what: str) -> Problem:
+    if isinstance(exc, TransportError):
+        if exc.tls:
+            return Problem("TLSError", f"TLS to Headscale failed while {what}: {exc}. Check caBundle/caSecretRef")
+        return Problem("Unreachable", f"Headscale did not answer while {what}: {exc}")
+    return Problem("HeadscaleError", f"Headscale refused {what}: {exc}")
+
+
+class NoAccess(Exception):
+    """The Tailnet reconciler has not stored a working key yet (or the CA cannot be read)."""
+
+
+@dataclass(frozen=True)
+class StoredKey:
+    """The working key as the operator's Secret records it."""
+
+    key: str
+    id: str
+    prefix: str
+    created_at: datetime
+    expires_at: datetime
+    previous_id: str = ""
+
+    @classmethod
+    def from_secret(cls, secret: JSON | None) -> StoredKey | None:
+        if not secret:
+            return None
+        raw = (secret.get("data") or {}).get(KEY_FIELD)
+        if not raw:
+            return None
+        annotations = secret.get("metadata", {}).get("annotations") or {}
+        try:
+            return cls(
+                key=base64.b64decode(raw).decode(),
+                id=annotations[f"{ANNOTATION}key-id"],
+                prefix=annotations.get(f"{ANNOTATION}key-prefix", ""),
+                created_at=datetime.fromisoformat(annotations[f"{ANNOTATION}key-created"]),
+                expires_at=datetime.fromisoformat(annotations[f"{ANNOTATION}key-expires"]),
+                previous_id=annotations.get(f"{ANNOTATION}previous-key-id", ""),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def annotations(self) -> dict[str, str]:
+        """What the Secret records besides the key itself (the inverse of :meth:`from_secret`)."""
+        annotations = {
+            f"{ANNOTATION}key-id": self.id,
+            f"{ANNOTATION}key-prefix": self.prefix,
+            f"{ANNOTATION}key-created": self.created_at.isoformat(),
+            f"{ANNOTATION}key-expires": self.expires_at.isoformat(),
+        }
+        if self.previous_id:
+            annotations[f"{ANNOTATION}previous-key-id"] = self.previous_id
+        return annotations
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where and how to reach one Tailnet's Headscale: URL, CA bundle (None: system roots), key."""
+
+    url: str
+    ca: str | None
+    key: str = ""
+
+
+class HeadscaleAccess:
+    """Opens Headscale clients for Tailnets, reading their Secrets from ``reader`` (the cache).
+
+    ``namespace`` is the operator's, where the working keys live.
+    """
+
+    def __init__(self, reader: Reader, namespace: str, factory: ClientFactory = default_client_factory) -> None:
+        self.reader = reader
+        self.namespace = namespace
+        self._factory = factory
+
+    def endpoint(self, tailnet: Tailnet) -> Connection:
+        """URL and CA of ``tailnet``'s Headscale, without a key; raises :class:`Problem` (CASecretMissing)."""
+        return Connection(str(tailnet.spec.api_url or tailnet.spec.login_url), self._ca_bundle(tailnet))
+
+    def stored_key(self, tailnet: Tailnet) -> StoredKey | None:
+        """The working key the Tailnet reconciler keeps in the operator's namespace, if any."""
+        name = working_key_secret_name(name_of(tailnet))
+        return StoredKey.from_secret(self.reader.get(SECRET, name, self.namespace))
+
+    def working(self, tailnet: Tailnet) -> Connection:
+        """The connection with the working key; raises :class:`NoAccess` when there is none yet."""
+        stored = self.stored_key(tailnet)
+        if stored is None:
+            raise NoAccess("the Tailnet has no working API key yet; see its Ready condition")
+        try:
+            endpoint = self.endpoint(tailnet)
+        except Problem as problem:
+            raise NoAccess(problem.message) from problem
+        return Connection(endpoint.url, endpoint.ca, stored.key)
+
+    def open(self, connection: Connection, key: str | None = None) -> HeadscaleClient:
+        """A client for ``connection`` (with ``key`` instead of its own when given); use ``async with``."""
+        return self._factory(connection.url, key or connection.key, connection.ca)
+
+    def _ca_bundle(self, tailnet: Tailnet) -> str | None:
+        if tailnet.spec.ca_bundle:
+            return tailnet.spec.ca_bundle
+        ref = tailnet.spec.ca_secret_ref
+        if ref is None:
+            return None
+        secret = self.reader.get(SECRET, ref.name, ref.namespace)
+        raw = (secret or {}).get("data", {}).get(ref.key)
+        if not raw:
+            raise Problem("CASecretMissing", f"the CA Secret {ref.namespace}/{ref.name} has no key {ref.key}")
+        return base64.b64decode(raw).decode()
+
+
+@dataclass(frozen=True)
+class Deps:
+    """What every reconciler of a Tailnet's resources works with, besides its own Writer."""
+
+    reader: Reader
+    """The cache."""
+    access: HeadscaleAccess
+    events: EventRecorder
+    clock: Clock
+
+
+@dataclass(frozen=True)
+class TailnetRun:
+    """One reconcile of one Tailnet: the object as cached (events, owners, status) and as parsed."""
+
+    obj: JSON
+    tailnet: Tailnet
+
+    @property
+    def name(self) -> str:
+        return name_of(self.tailnet)

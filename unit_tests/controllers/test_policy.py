@@ -1,0 +1,237 @@
+"""The Policy reconciler on the fake client and a fake Headscale: every PolicyApplied reason, site
+status, route approvals, and no write when nothing changed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tailnet_operator.controllers.kinds import TAILNET_SITE
+from tailnet_operator.controllers.policy import rendered_config_map_name
+from tailnet_operator.runtime import CONFIG_MAP, SECRET
+from tailnet_operator.types import JSON
+
+from .harness import NAMESPACE, World
+
+OPEN_BASE = """// everyone reaches everything
+{
+  "grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]},],
+}
+"""
+
+
+def site(world: World, name: str, routes: list[str], tag: str, *, tailnet: str = "tn") -> JSON:
+    return world.kube.add(TAILNET_SITE, {"metadata": {"name": name},
+                                         "spec": {"tailnetRef": {"name": tailnet}, "routes": routes,
+                                                  "routerTag": tag}})
+
+
+def router(node_id: str, tag: str, advertised: list[str], approved: list[str] | None = None) -> JSON:
+    return {"id": node_id, "name": f"router-{node_id}", "tags": [tag], "availableRoutes": advertised,
+            "approvedRoutes": approved or []}
+
+
+async def ready_world(*, base: str | None = OPEN_BASE, mode: str = "Apply", **spec: Any) -> World:
+    """A Tailnet the Tailnet reconciler has already given a working key."""
+    world = World()
+    world.bootstrap_secret()
+    if base is not None:
+        world.kube.add(CONFIG_MAP, {"metadata": {"name": "base", "namespace": NAMESPACE},
+                                    "data": {"policy.hujson": base}})
+    if mode:
+        spec["policy"] = {"baseConfigMapRef": {"namespace": NAMESPACE, "name": "base", "key": "policy.hujson"},
+                          "mode": mode}
+    world.add_tailnet(**spec)
+    await world.reconcile_tailnet()
+    return world
+
+
+async def test_without_a_working_key_it_waits_for_access() -> None:
+    world = World()
+    world.add_tailnet()
+    site(world, "branch", ["192.168.1.0/24"], "tag:branch")
+
+    await world.reconcile_policy()
+
+    assert world.condition("PolicyApplied")["reason"] == "WaitingForAccess"
+    assert world.condition("Ready", "branch", TAILNET_SITE)["reason"] == "HeadscaleUnavailable"
+    assert world.headscale.calls == []
+
+
+async def test_apply_mode_writes_the_render_once_and_then_nothing() -> None:
+    world = await ready_world()
+    site(world, "branch", ["192.168.1.0/24"], "tag:branch")
+
+    await world.reconcile_policy()
+
+    assert world.condition("PolicyApplied")["reason"] == "Applied"
+    live = json.loads(world.headscale.policy)
+    assert live["autoApprovers"]["routes"]["192.168.1.0/24"] == ["tag:branch"]
+    rendered = world.kube.get(CONFIG_MAP, rendered_config_map_name("tn"), NAMESPACE)
+    assert rendered is not None
+    status = world.tailnet_obj()["status"]["policy"]
+    assert status["appliedHash"] == status["renderedHash"] == rendered["metadata"]["annotations"][
+        "tailnet.dev/policy-hash"]
+    assert world.condition("Ready")["reason"] == "Connected", "the Tailnet reconciler's conditions are kept"
+    assert world.headscale.policy_writes == 1
+    transition = world.condition("PolicyApplied")["lastTransitionTime"]
+
+    world.clock.advance(30)
+    await world.reconcile_policy()  # the message now says the live policy equals the render
+    writes, condition = list(world.kube.writes), world.condition("PolicyApplied")
+    assert condition["lastTransitionTime"] == transition
+    world.clock.advance(30)
+    await world.reconcile_policy()
+
+    assert world.headscale.policy_writes == 1
+    assert world.kube.writes == writes
+    assert world.condition("PolicyApplied") == condition
+
+
+async def test_render_mode_publishes_but_does_not_write() -> None:
+    world = await ready_world(mode="Render")
+
+    await world.reconcile_policy()
+
+    assert world.condition("PolicyApplied")["reason"] == "RenderOnly"
+    assert world.kube.get(CONFIG_MAP, rendered_config_map_name("tn"), NAMESPACE) is not None
+    assert world.headscale.policy_writes == 0
+
+
+@pytest.mark.parametrize(("base", "reason"), [(None, "BasePolicyMissing"), ("{ not json", "BasePolicyInvalid")])
+async def test_a_missing_or_broken_base_renders_nothing(base: str | None, reason: str) -> None:
+    world = await ready_world(base=base)
+
+    await world.reconcile_policy()
+
+    assert (world.condition("PolicyApplied")["status"], world.condition("PolicyApplied")["reason"]) == ("False",
+                                                                                                        reason)
+    assert world.kube.get(CONFIG_MAP, rendered_config_map_name("tn"), NAMESPACE) is None
+    assert world.headscale.policy_writes == 0
+
+
+async def test_a_rejected_render_keeps_the_live_policy_and_says_why() -> None:
+    world = await ready_world()
+    world.headscale.policy = '{"grants": []}'
+    world.headscale.reject_policy = "test failed: tag:web cannot reach tag:db:5432"
+
+    await world.reconcile_policy()
+
+    cond = world.condition("PolicyApplied")
+    assert cond["reason"] == "PolicyRejected" and "tag:db:5432" in cond["message"]
+    assert world.headscale.policy == '{"grants": []}'
+    assert "appliedHash" not in world.tailnet_obj()["status"]["policy"]
+    assert world.events.reasons[-1] == "PolicyRejected"
+
+
+async def test_without_spec_policy_it_reports_what_is_missing_and_then_nothing_missing() -> None:
+    world = await ready_world(base=None, mode="")
+    world.headscale.policy = json.dumps({"grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]})
+    site(world, "branch", ["192.168.70.0/24"], "tag:site-report")
+
+    await world.reconcile_policy()
+
+    assert world.condition("PolicyApplied")["reason"] == "PolicyIncomplete"
+    status = world.tailnet_obj()["status"]["policy"]
+    assert "tag:site-report" in status["missingTags"] and "192.168.70.0/24" in status["missing"]
+    assert world.kube.get(CONFIG_MAP, rendered_config_map_name("tn"), NAMESPACE) is None
+
+    await world.kube.delete(TAILNET_SITE, "branch")
+    await world.reconcile_policy()
+
+    assert world.condition("PolicyApplied")["reason"] == "NothingMissing"
+    assert "policy" not in world.tailnet_obj()["status"], "status.policy.missing is removed, not left stale"
+
+
+async def test_an_unreadable_live_policy_is_reported() -> None:
+    world = await ready_world(base=None, mode="")
+    world.headscale.policy = "{ broken"
+
+    await world.reconcile_policy()
+
+    assert world.condition("PolicyApplied")["reason"] == "LivePolicyUnreadable"
+
+
+async def test_headscale_unavailable_is_reported_on_the_tailnet_and_its_sites() -> None:
+    world = await ready_world()
+    site(world, "branch", ["192.168.1.0/24"], "tag:branch")
+    world.headscale.down = "connect"
+
+    await world.reconcile_policy()
+
+    assert world.condition("PolicyApplied")["reason"] == "HeadscaleUnavailable"
+    assert world.condition("Ready", "branch", TAILNET_SITE)["reason"] == "HeadscaleUnavailable"
+    assert world.condition("Blocked", "branch", TAILNET_SITE)["status"] == "False"
+
+
+async def test_a_route_advertised_before_its_site_existed_is_approved_and_the_site_is_routed() -> None:
+    world = await ready_world()
+    world.headscale.nodes.append(router("7", "tag:branch", ["192.168.1.0/24"]))
+    site(world, "branch", ["192.168.1.0/24"], "tag:branch")
+
+    await world.reconcile_policy()
+
+    assert world.headscale.nodes[0]["approvedRoutes"] == ["192.168.1.0/24"]
+    assert world.condition("Ready", "branch", TAILNET_SITE)["reason"] == "Routed"
+    status = (world.kube.get(TAILNET_SITE, "branch") or {})["status"]
+    assert status["routers"] == [{"node": "router-7", "advertised": ["192.168.1.0/24"],
+                                  "approved": ["192.168.1.0/24"]}]
+    assert "RoutesApproved" in world.events.reasons
+
+    await world.reconcile_policy()
+    writes = list(world.kube.writes)
+    await world.reconcile_policy()
+    assert world.kube.writes == writes
+
+
+@pytest.mark.parametrize(("advertised", "reason"), [(None, "NoRouter"), ([], "NotAdvertised")])
+async def test_a_site_without_a_working_router_says_what_is_missing(advertised: list[str] | None,
+                                                                   reason: str) -> None:
+    world = await ready_world()
+    if advertised is not None:
+        world.headscale.nodes.append(router("7", "tag:branch", advertised))
+    site(world, "branch", ["192.168.1.0/24"], "tag:branch")
+
+    await world.reconcile_policy()
+
+    assert world.condition("Advertised", "branch", TAILNET_SITE)["reason"] == reason
+    assert world.condition("Ready", "branch", TAILNET_SITE)["reason"] == reason
+
+
+async def test_the_younger_overlapping_site_is_blocked_until_the_older_is_deleted() -> None:
+    world = await ready_world(reservedNetworks=["10.96.0.0/12"])
+    site(world, "old", ["192.168.50.0/24"], "tag:site-old")
+    world.clock.advance(5)
+    site(world, "young", ["192.168.50.128/25"], "tag:site-young")
+    site(world, "reserved", ["10.96.4.0/24"], "tag:site-reserved")
+
+    await world.reconcile_policy()
+
+    assert world.condition("Blocked", "young", TAILNET_SITE)["reason"] == "RoutesOverlap"
+    assert (world.kube.get(TAILNET_SITE, "young") or {})["status"]["blockedBy"] == "TailnetSite old"
+    assert "10.96.0.0/12" in world.condition("Blocked", "reserved", TAILNET_SITE)["message"]
+    assert world.condition("Blocked", "old", TAILNET_SITE)["status"] == "False"
+    assert "192.168.50.128/25" not in world.headscale.policy
+
+    await world.kube.delete(TAILNET_SITE, "old")
+    await world.reconcile_policy()
+
+    assert world.condition("Blocked", "young", TAILNET_SITE)["status"] == "False"
+    assert "blockedBy" not in (world.kube.get(TAILNET_SITE, "young") or {})["status"]
+
+
+async def test_the_two_reconcilers_own_their_own_conditions() -> None:
+    world = await ready_world()
+    await world.reconcile_policy()
+    await world.reconcile_policy()
+    world.kube.writes.clear()
+
+    world.kube.update(SECRET, {**(world.kube.get(SECRET, "bootstrap", NAMESPACE) or {})})
+    await world.reconcile_tailnet()
+    await world.reconcile_policy()
+
+    types = [c["type"] for c in world.tailnet_obj()["status"]["conditions"]]
+    assert sorted(types) == ["KeyValid", "PolicyApplied", "Reachable", "Ready"]
+    assert world.kube.writes == []
