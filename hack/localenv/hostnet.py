@@ -65,6 +65,11 @@ HOST_PATHS = (
 of their configured roots; whichever of them did not exist before the node is removed after."""
 
 
+LOCK = Path("/run/tailnet-local-node.lock")
+"""Held while a node runs: its addresses are fixed, so a second one waits for the first."""
+LOCK_WAIT = 1800.0
+"""Seconds a node waits for another run's node to finish before giving up."""
+
 RECORD = Path("/run/tailnet-local-node.json")
 """What the host looked like before the node, kept while it runs, so that a run killed before its
 teardown can still be undone (``python -m hack.localenv.node cleanup``)."""
@@ -147,6 +152,7 @@ class HostNetwork:
     paths_before: set[Path] = field(default_factory=set)
     nft_before: set[str] = field(default_factory=set)
     _up: bool = False
+    _lock: int | None = None
 
     @staticmethod
     def available() -> str | None:
@@ -164,7 +170,10 @@ class HostNetwork:
         reason = self.available()
         if reason is not None:
             raise HostNetworkError(reason)
+        self._lock = _acquire(LOCK, LOCK_WAIT)
         if link_exists(NODE_BRIDGE):
+            os.close(self._lock)
+            self._lock = None
             raise HostNetworkError(
                 f"{NODE_BRIDGE} exists: another local node is running, or a run was killed before its "
                 "teardown; stop it or run `python -m hack.localenv.node cleanup`")
@@ -206,6 +215,9 @@ class HostNetwork:
         problems += self.leftovers()
         self._up = False
         RECORD.unlink(missing_ok=True)
+        if self._lock is not None:
+            os.close(self._lock)  # releases the lock
+            self._lock = None
         return problems
 
     @classmethod
@@ -229,6 +241,23 @@ class HostNetwork:
         found += [f"sysctl {k}={now[k]} (was {v})" for k, v in self.sysctls_before.items() if now.get(k) != v]
         found += [f"host path {p}" for p in HOST_PATHS if p not in self.paths_before and p.exists()]
         return found
+
+
+def _acquire(path: Path, timeout: float) -> int:
+    """An exclusive lock on ``path`` (released when the descriptor closes, or the process dies)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise HostNetworkError(f"another local node held {path} for {timeout:.0f}s") from None
+            time.sleep(1)
 
 
 def _guard_ruleset() -> str:
