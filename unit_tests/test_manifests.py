@@ -366,8 +366,8 @@ def _registered_informers() -> set[tuple[str, str]]:
     manager = Manager(RestConfig(host="https://127.0.0.1:1"), ManagerOptions())
     setup(manager, namespace=NAMESPACE, events=EventRecorder(manager.client, reporting_instance="test"))
     keys = list(manager.cache._informers)
-    assert all(namespace is None for _, namespace in keys), "an informer scoped to a namespace: grant it there"
-    return {(resource.group, resource.plural) for resource, _ in keys}
+    assert all(namespace is None for _, namespace, _ in keys), "an informer scoped to a namespace: grant it there"
+    return {(resource.group, resource.plural) for resource, _, _ in keys}
 
 
 def test_every_informer_the_controllers_register_may_list_and_watch_cluster_wide() -> None:
