@@ -139,6 +139,8 @@ def decode_answer(msg: bytes, query_id: int) -> tuple[list[str], float]:
             raise DnsError("truncated DNS answer")
         rtype, _cls, rttl, rdlength = struct.unpack("!HHIH", msg[offset:offset + 10])
         offset += 10
+        if offset + rdlength > len(msg):
+            raise DnsError("truncated DNS answer")
         if rtype == TYPE_A and rdlength == 4:
             addresses.append(str(ipaddress.IPv4Address(msg[offset:offset + 4])))
             ttl = min(ttl, float(rttl))

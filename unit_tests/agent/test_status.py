@@ -40,7 +40,8 @@ def test_states() -> None:
     no_route = route_state(m, t("a", "198.18.9.1"), static("198.18.9.1"))
     assert (no_route.state, no_route.message) == ("NoRoute", "no peer in the netmap carries a route to 198.18.9.1")
     ready = route_state(m, t("a", "ledger.example.internal"), static("198.18.5.9"))
-    assert (ready.state, ready.message) == ("Ready", "ledger.example.internal (198.18.5.9) routed by router.tailnet.test")
+    assert (ready.state, ready.message) == (
+        "Ready", "ledger.example.internal (198.18.5.9) routed by router.tailnet.test")
     assert route_state(m, t("a", "100.64.0.2"), static("100.64.0.2")).message == "100.64.0.2 is router.tailnet.test"
 
 
