@@ -42,16 +42,26 @@ async def run_egress() -> int:
     from tailnet_agent.forward import EgressForwarder
     from tailnet_agent.health import AgentMetrics, HealthServer
     from tailnet_agent.node import Node, NodeOptions
+    from tailnet_agent.probe import Prober
+    from tailnet_agent.status import egress_status
+    from tailnet_agent.targets import TargetsWatcher
+    from tailnet_operator.clock import RealClock
 
     cfg = config.load(mode="egress")
+    clock = RealClock()
     control = ControlOptions(url=cfg.control_url, auth_key=cfg.auth_key, hostname=cfg.hostname,
                              ca_bundle=cfg.ca_bundle)
     node = Node(NodeOptions(control=control, accept_routes=cfg.accept_routes, dial_timeout=cfg.dial_timeout,
-                            udp_port=cfg.udp_port))
+                            udp_port=cfg.udp_port), clock=clock)
     metrics = AgentMetrics(node)
     forwarder = EgressForwarder(node, cfg.targets, bind_address=cfg.bind_address, dial_timeout=cfg.dial_timeout,
-                                metrics=metrics)
-    health = HealthServer(node, metrics, host=cfg.health_host, port=cfg.health_port)
+                                metrics=metrics, prober=Prober(node, clock, metrics=metrics))
+    watcher = None
+    if cfg.targets_file is not None:
+        watcher = TargetsWatcher(cfg.targets_file, forwarder.apply, clock=clock, initial_digest=cfg.targets_digest,
+                                 report=metrics.targets_reload_outcome)
+    health = HealthServer(node, metrics, host=cfg.health_host, port=cfg.health_port,
+                          status=lambda: egress_status(node, forwarder, watcher))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -67,6 +77,8 @@ async def run_egress() -> int:
             tg.create_task(node.run(), name="node")
             tg.create_task(health.run(), name="health")
             tg.create_task(forwarder.run(), name="egress")
+            if watcher is not None:
+                tg.create_task(watcher.run(), name="targets-file")
             tg.create_task(until_signal(), name="signals")
     except* _Stop:
         structlog.get_logger("agent").info("stopped by signal")

@@ -10,6 +10,7 @@ Every problem is a :class:`ConfigError` with a one-line message naming the varia
 ``TAILNET_CA_BUNDLE``      PEM file of CAs trusted for control and DERP TLS. Unset: system store.
 ``TAILNET_TARGETS``        Egress targets as JSON (below). Required for egress.
 ``TAILNET_TARGETS_FILE``   The same JSON read from a file; used when ``TAILNET_TARGETS`` is unset.
+                           The file is followed: a change applies without a restart.
 ``TAILNET_BIND_ADDRESS``   Address the egress listeners bind. Default ``0.0.0.0``.
 ``TAILNET_HEALTH_ADDRESS`` ``host:port`` of /healthz, /readyz and /metrics. Default ``0.0.0.0:9002``.
 ``TAILNET_ACCEPT_ROUTES``  Use peers' subnet routes (``true``/``false``). Default true for egress.
@@ -28,6 +29,7 @@ port is either an integer (listen on the same port) or ``{"port": 5432, "listen"
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -74,6 +76,10 @@ class AgentConfig:
     hostname: str
     ca_bundle: Path | None = None
     targets: tuple[Target, ...] = ()
+    targets_file: Path | None = None
+    """Where the targets came from when read from ``TAILNET_TARGETS_FILE`` (followed for changes)."""
+    targets_digest: str = ""
+    """SHA-256 of the targets file's bytes as read at startup."""
     bind_address: str = DEFAULT_BIND_ADDRESS
     health_host: str = "0.0.0.0"
     health_port: int = 9002
@@ -154,7 +160,7 @@ def parse_targets(text: str, *, name: str = "TAILNET_TARGETS") -> tuple[Target, 
 
 def _read_file(name: str, path: str) -> str:
     try:
-        return Path(path).read_text()
+        return Path(path).read_bytes().decode("utf-8", errors="replace")
     except OSError as exc:
         raise ConfigError(f"{name}: cannot read {path}: {exc.strerror or exc}") from None
 
@@ -177,11 +183,15 @@ def load(env: Mapping[str, str] | None = None, *, mode: str = "egress") -> Agent
         if not ca_bundle.is_file():
             raise ConfigError(f"TAILNET_CA_BUNDLE: {ca} is not a file")
     targets: tuple[Target, ...] = ()
+    targets_file: Path | None = None
+    targets_digest = ""
     if mode == "egress":
         if text := env.get("TAILNET_TARGETS", "").strip():
             targets = parse_targets(text)
         elif path := env.get("TAILNET_TARGETS_FILE", "").strip():
-            targets = parse_targets(_read_file("TAILNET_TARGETS_FILE", path), name="TAILNET_TARGETS_FILE")
+            text = _read_file("TAILNET_TARGETS_FILE", path)
+            targets = parse_targets(text, name="TAILNET_TARGETS_FILE")
+            targets_file, targets_digest = Path(path), hashlib.sha256(text.encode()).hexdigest()
         else:
             raise ConfigError("TAILNET_TARGETS is not set (egress needs at least one target)")
         if not targets:
@@ -205,7 +215,8 @@ def load(env: Mapping[str, str] | None = None, *, mode: str = "egress") -> Agent
         if not dial_timeout > 0:
             raise ConfigError(f"TAILNET_DIAL_TIMEOUT must be positive, got {timeout_text!r}")
     return AgentConfig(control_url=url, auth_key=auth_key, hostname=hostname, ca_bundle=ca_bundle,
-                       targets=targets, bind_address=bind, health_host=health_host, health_port=health_port,
+                       targets=targets, targets_file=targets_file, targets_digest=targets_digest,
+                       bind_address=bind, health_host=health_host, health_port=health_port,
                        accept_routes=accept_routes, dial_timeout=dial_timeout, udp_port=parse_udp_port(env))
 
 

@@ -1,8 +1,10 @@
-"""The agent's health and metrics endpoints: ``/healthz``, ``/readyz`` and ``/metrics`` (aiohttp).
+"""The agent's health, status and metrics endpoints: ``/healthz``, ``/readyz``, ``/status``, ``/metrics``.
 
 * ``/healthz`` is 200 while the process serves requests (liveness);
 * ``/readyz`` is 200 once the node has a netmap and its home DERP region is connected, else 503
   with the missing piece named;
+* ``/status`` is the JSON document of :mod:`tailnet_agent.status` (node, targets, routes, probes),
+  404 when the server was given no status provider;
 * ``/metrics`` is Prometheus text from the agent's own registry (never the global one, so tests and
   several agents in one process do not collide).
 
@@ -12,6 +14,10 @@ Metrics (``direction`` is ``sent`` towards the target or ``received`` from it)::
     tailnet_agent_active_connections{target}         connections being forwarded
     tailnet_agent_bytes_total{target,direction}      bytes copied
     tailnet_agent_dial_errors_total{target,reason}   reason: no_route, timeout, refused, unknown_name, ...
+    tailnet_agent_target_reachable{target}           1 if the last reachability probe connected, else 0
+    tailnet_agent_target_probe_seconds{target}       histogram of successful probes' connect time
+    tailnet_agent_targets_reload_errors_total        targets files that could not be applied
+    tailnet_agent_targets_file_valid                 0 while the file on disk is not the one in force
     tailnet_agent_control_connected                  1 while the control connection is up
     tailnet_agent_derp_connected                     1 while the home DERP region is connected
     tailnet_agent_direct_peers                       peers reached over a direct UDP path (not DERP)
@@ -22,12 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -93,8 +99,30 @@ class AgentMetrics:
                              ["target", "direction"], registry=self.registry)
         self.dial_errors = Counter("tailnet_agent_dial_errors", "Failed tailnet dials per target and reason.",
                                    ["target", "reason"], registry=self.registry)
+        self.target_reachable = Gauge("tailnet_agent_target_reachable",
+                                      "1 if the last reachability probe of the target connected, else 0.",
+                                      ["target"], registry=self.registry)
+        self.target_probe_seconds = Histogram(
+            "tailnet_agent_target_probe_seconds", "Connect time of successful reachability probes per target.",
+            ["target"], registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
+        self.targets_reload_errors = Counter("tailnet_agent_targets_reload_errors",
+                                             "Targets files that could not be applied (the old targets stay).",
+                                             registry=self.registry)
+        self.targets_file_valid = Gauge("tailnet_agent_targets_file_valid",
+                                        "0 while the targets file on disk is not the one in force.",
+                                        registry=self.registry)
+        self.targets_file_valid.set(1)
         if node is not None:
             self.registry.register(_NodeCollector(node))
+
+    def targets_reload_outcome(self, error: str | None) -> None:
+        """A targets file was applied (None) or refused (its error): the two targets-file metrics."""
+        if error is None:
+            self.targets_file_valid.set(1)
+        else:
+            self.targets_reload_errors.inc()
+            self.targets_file_valid.set(0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -104,8 +132,11 @@ class HealthServer:
     """Serves the endpoints on ``host:port`` (port 0 picks one; see :attr:`port`). ``run`` blocks
     until cancelled."""
 
-    def __init__(self, node: NodeStatus, metrics: AgentMetrics, *, host: str = "0.0.0.0", port: int = 9002) -> None:
+    def __init__(self, node: NodeStatus, metrics: AgentMetrics, *, host: str = "0.0.0.0", port: int = 9002,
+                 status: Callable[[], dict[str, Any]] | None = None) -> None:
         self.node = node
+        self.status = status
+        """Builds the ``/status`` document (:func:`tailnet_agent.status.status_document`)."""
         self.metrics = metrics
         self.host = host
         self.port = port
@@ -115,6 +146,7 @@ class HealthServer:
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/status", self._status)
         app.router.add_get("/metrics", self._metrics)
         return app
 
@@ -148,6 +180,11 @@ class HealthServer:
         else:
             why = f"home DERP region {node.home_region} not connected"
         return web.Response(status=503, text=f"not ready: {why}\n")
+
+    async def _status(self, request: web.Request) -> web.Response:
+        if self.status is None:
+            raise web.HTTPNotFound(text="no status in this mode\n")
+        return web.json_response(self.status())
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})

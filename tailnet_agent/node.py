@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import ipaddress
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -51,16 +50,17 @@ from tailnet_agent.control import ControlClient, ControlOptions, NetMap, NodeKey
 from tailnet_agent.derp import DerpConnection, DerpError, tls_context
 from tailnet_agent.direct import DirectPath
 from tailnet_agent.disco import Disco
+from tailnet_agent.dns import DnsError, Resolver, lookup_static
 from tailnet_agent.projection import (
     choose_home_region,
     disco_peers,
     filter_rules,
     peer_specs,
-    resolve_name,
     self_addresses,
 )
 from tailnet_agent.relays import Relays
 from tailnet_agent.streams import ClientConnected, DialError, StreamTable, TailnetServer
+from tailnet_operator.clock import Clock, RealClock
 
 log = structlog.get_logger("agent.node")
 
@@ -69,7 +69,8 @@ log = structlog.get_logger("agent.node")
 
 
 class UnknownNameError(DialError):
-    """A dial target that is neither an IP nor a MagicDNS name in the netmap."""
+    """A dial target that is neither an IP, a MagicDNS name, an extra record nor a name the tailnet's
+    split DNS answers."""
 
     reason = "unknown_name"
     code = errno.ENOENT
@@ -106,8 +107,9 @@ class NodeOptions:
 class Node:
     """A userspace tailnet node. ``run`` blocks until cancelled; dial and listen while it runs."""
 
-    def __init__(self, options: NodeOptions, keys: NodeKeys | None = None) -> None:
+    def __init__(self, options: NodeOptions, keys: NodeKeys | None = None, *, clock: Clock | None = None) -> None:
         self.options = options
+        self.clock: Clock = clock or RealClock()
         self.control = ControlClient(options.control, keys or NodeKeys.generate(), on_netmap=self._on_netmap)
         self._node_key = self.control.keys.node.raw
         kwargs = {} if options.tcp_buffer_size is None else {"tcp_buffer_size": options.tcp_buffer_size}
@@ -124,6 +126,8 @@ class Node:
         self.relays = Relays(self.dataplane, tls=tls_context(options.control.ca_bundle),
                              read_timeout=options.derp_read_timeout, backoff=options.derp_backoff,
                              wake=self.wake, notify=self._notify, report_home=self.control.set_preferred_derp)
+        self.resolver = Resolver(lambda: self.netmap, self._dial_resolver, self.clock)
+        """Names beyond MagicDNS: extra records and split DNS (:mod:`tailnet_agent.dns`)."""
         self._addresses: list[str] = []
         self._wakeup = asyncio.Event()
         self._changed = asyncio.Event()
@@ -203,17 +207,25 @@ class Node:
     # -- dial and listen --
 
     def resolve(self, host: str) -> str:
-        """IP literal, or a MagicDNS name from the netmap; raises :class:`UnknownNameError`."""
-        literal = host.strip().strip("[]")
-        with contextlib.suppress(ValueError):
-            return str(ipaddress.ip_address(literal))
-        if self.netmap is not None and (ip := resolve_name(self.netmap, host)) is not None:
+        """IP literal, MagicDNS name or extra record, without any query; raises :class:`UnknownNameError`."""
+        if (ip := lookup_static(self.netmap, host)) is not None:
             return ip
         raise UnknownNameError(f"cannot resolve {host!r}: not an IP and no tailnet node has that MagicDNS name")
 
+    async def lookup(self, host: str) -> str:
+        """:meth:`resolve`, then the tailnet's split DNS; raises :class:`UnknownNameError` saying why."""
+        try:
+            return await self.resolver.resolve(host)
+        except DnsError as exc:
+            raise UnknownNameError(str(exc)) from None
+
+    async def _dial_resolver(self, ip: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await self._require_streams().open_connection(ip, port, host=ip, timeout=self.options.dial_timeout)
+
     async def open_connection(self, host: str, port: int, *, timeout: float | None = None,
                               ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """Dial ``host:port`` over the tailnet (tailnet IP, IP in an accepted route, or MagicDNS name).
+        """Dial ``host:port`` over the tailnet (tailnet IP, IP in an accepted route, MagicDNS name, or a
+        name the tailnet's DNS configuration answers: :mod:`tailnet_agent.dns`).
 
         ``timeout`` defaults to ``options.dial_timeout`` seconds. Raises ``OSError`` subclasses with a
         clear message and a ``reason``: :class:`~tailnet_agent.streams.NoRouteError`,
@@ -221,14 +233,14 @@ class Node:
         :class:`UnknownNameError`, :class:`NotRunningError`.
         """
         streams = self._require_streams()
-        ip = self.resolve(host)
+        ip = await self.lookup(host)
         return await streams.open_connection(ip, port, host=host, timeout=timeout or self.options.dial_timeout)
 
     async def create_connection(self, protocol_factory: Callable[[], asyncio.Protocol], host: str, port: int, *,
                                 timeout: float | None = None) -> tuple[asyncio.Transport, asyncio.Protocol]:
         """:meth:`open_connection` with a protocol instead of streams (``loop.create_connection``)."""
         streams = self._require_streams()
-        ip = self.resolve(host)
+        ip = await self.lookup(host)
         return await streams.create_connection(protocol_factory, ip, port, host=host,
                                                timeout=timeout or self.options.dial_timeout)
 

@@ -73,11 +73,13 @@ class Environment:
         self._owned.append(plane)
         return plane.start()
 
-    def headscale(self, name: str | None = None, *, address: str = "127.0.0.1") -> Headscale:
-        """A started Headscale; ``address`` is where it listens (the node address for pods)."""
+    def headscale(self, name: str | None = None, *, address: str = "127.0.0.1",
+                  extra_records: list[dict[str, str]] | None = None) -> Headscale:
+        """A started Headscale; ``address`` is where it listens (the node address for pods);
+        ``extra_records`` go to its ``dns.extra_records``."""
         name = name or f"headscale-{next(self._names)}"
         server = Headscale(self._dir(name), log_dir=self.log_dir, run_id=self.run_id, name=name,
-                           address=address)
+                           address=address, extra_records=extra_records)
         self._owned.append(server)
         return server.start()
 

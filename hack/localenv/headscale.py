@@ -39,8 +39,11 @@ class Headscale:
     """One Headscale server. ``url`` is both the login URL and the API URL."""
 
     def __init__(self, workdir: Path, *, log_dir: Path, run_id: str, name: str = "headscale",
-                 ca: CertificateAuthority | None = None, address: str = "127.0.0.1") -> None:
+                 ca: CertificateAuthority | None = None, address: str = "127.0.0.1",
+                 extra_records: list[dict[str, str]] | None = None) -> None:
         self.workdir = workdir
+        self.extra_records = list(extra_records or ())
+        """``dns.extra_records`` (``{"name", "type", "value"}``): tailnet DNS names that are not nodes."""
         self.name = name
         self.address = address
         self.port = free_port()
@@ -164,7 +167,7 @@ class Headscale:
                                                       "write_ahead_log": True}},
             "policy": {"mode": "database"},
             "dns": {"magic_dns": True, "base_domain": "tailnet.test", "override_local_dns": False,
-                    "nameservers": {"global": []}},
+                    "nameservers": {"global": []}, "extra_records": self.extra_records},
             "node": {"ephemeral": {"inactivity_timeout": "70s"}},
             "log": {"level": "info", "format": "text"},
             "logtail": {"enabled": False},

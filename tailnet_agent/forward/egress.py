@@ -5,7 +5,12 @@ read from yet), the node waits (at most ``dial_timeout`` seconds) until it is re
 ``address:port`` over the tailnet, and then copies both ways with half-close
 (:class:`~tailnet_agent.forward.splice.Splice`, protocol to protocol). A failed dial resets the local
 connection (the client sees ECONNRESET, as with a plain proxy) and is counted by reason. Every
-connection runs as a task of the forwarder's TaskGroup.
+connection runs as a task of its target's TaskGroup, inside the forwarder's.
+
+Targets change while the agent runs (:meth:`EgressForwarder.apply`, fed by
+:class:`~tailnet_agent.targets.TargetsWatcher`): new targets get listeners, removed ones lose
+theirs and their connections, a changed one (address or ports) is replaced, and the listeners
+and connections of every other target stay as they are.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import structlog
 
 from tailnet_agent.config import PortMapping, Target
 from tailnet_agent.health import AgentMetrics
+from tailnet_agent.probe import Prober
 from tailnet_agent.streams import error_reason
+from tailnet_agent.targets import TargetsDiff, diff_targets
 
 from .splice import Splice
 
@@ -34,38 +41,129 @@ class Dialer(Protocol):
     async def wait_ready(self) -> None: ...
 
 
+class ListenError(OSError):
+    """A target's listener could not be bound (e.g. its port is taken)."""
+
+
+class _Running:
+    """One target's task (its listeners, connections and probe) and whether it bound."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.bound: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.task: asyncio.Task[None] | None = None
+
+
 class EgressForwarder:
-    """Runs the listeners of ``targets``; ``run`` blocks until cancelled."""
+    """Runs the listeners of ``targets``; ``run`` blocks until cancelled; :meth:`apply` changes the targets.
+
+    Each target runs as one task of the forwarder's TaskGroup, with a TaskGroup of its own holding
+    its connections (and its reachability probe when a ``prober`` is given). Removing a target
+    cancels that task: its listeners close and its connections end; other targets are not touched.
+    """
 
     def __init__(self, node: Dialer, targets: tuple[Target, ...], *, bind_address: str = "0.0.0.0",
-                 dial_timeout: float = 30.0, metrics: AgentMetrics | None = None) -> None:
+                 dial_timeout: float = 30.0, metrics: AgentMetrics | None = None,
+                 prober: Prober | None = None) -> None:
         self.node = node
         self.targets = targets
+        """The targets in force (in the order of the file)."""
         self.bind_address = bind_address
         self.dial_timeout = dial_timeout
         """Seconds for readiness plus the dial. Default 30."""
         self.metrics = metrics or AgentMetrics()
+        self.prober = prober
         self.listening = asyncio.Event()
-        """Set once every listener is bound."""
+        """Set once every listener of the first targets is bound."""
+        self.listen_errors: dict[str, str] = {}
+        """Targets whose listeners could not be bound, with why."""
+        self._running: dict[str, _Running] = {}
+        self._tg: asyncio.TaskGroup | None = None
+        self._lock = asyncio.Lock()
 
     async def run(self) -> None:
+        """Bind every target (a listener that cannot bind ends the run: a startup error), then serve."""
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            try:
+                for target in self.targets:
+                    await self._start(target, strict=True)
+                self.listening.set()
+                await asyncio.get_running_loop().create_future()  # until cancelled
+            finally:
+                self._tg = None
+                for running in self._running.values():
+                    if running.task is not None:
+                        running.task.cancel()
+                self._running.clear()
+
+    async def apply(self, targets: tuple[Target, ...]) -> TargetsDiff:
+        """Move to ``targets``: stop removed and changed ones first (freeing their ports), then start
+        changed and added ones. A listener that cannot bind is logged and kept in :attr:`listen_errors`."""
+        async with self._lock:
+            diff = diff_targets(self.targets, targets)
+            for target in (*diff.removed, *diff.changed):
+                await self._stop(target.name)
+            self.targets = targets
+            for target in (*diff.changed, *diff.added):
+                await self._start(target, strict=False)
+            if not diff.empty:
+                log.info("egress targets changed", added=[t.name for t in diff.added],
+                         changed=[t.name for t in diff.changed], removed=[t.name for t in diff.removed])
+            return diff
+
+    async def _start(self, target: Target, *, strict: bool) -> None:
+        if self._tg is None:
+            raise RuntimeError("the egress forwarder is not running")
+        running = _Running(target)
+        self._running[target.name] = running
+        self.listen_errors.pop(target.name, None)
+        running.task = self._tg.create_task(self._serve(running), name=f"egress-{target.name}")
+        try:
+            await asyncio.shield(running.bound)
+        except ListenError as exc:
+            if strict:
+                raise
+            self.listen_errors[target.name] = str(exc)
+            log.error("egress target not listening", target=target.name, error=str(exc))
+
+    async def _stop(self, name: str) -> None:
+        running = self._running.pop(name, None)
+        self.listen_errors.pop(name, None)
+        if running is None or running.task is None:
+            return
+        running.task.cancel()
+        await asyncio.wait([running.task])  # its ports are free after this; our own cancel still propagates
+        log.info("egress target stopped", target=name)
+
+    async def _serve(self, running: _Running) -> None:
+        """One target: bind its listeners, probe it, accept until cancelled."""
+        target = running.target
         loop = asyncio.get_running_loop()
         servers: list[asyncio.Server] = []
-        try:
-            async with asyncio.TaskGroup() as tg:
-                for target in self.targets:
-                    for mapping in target.ports:
-                        server = await loop.create_server(
-                            self._factory(tg, target, mapping), self.bind_address, mapping.listen,
-                            reuse_address=True)
-                        servers.append(server)
-                        log.info("egress listening", target=target.name, listen=f"{self.bind_address}:"
-                                 f"{mapping.listen}", to=f"{target.address}:{mapping.port}")
-                self.listening.set()
+        async with asyncio.TaskGroup() as tg:
+            try:
+                for mapping in target.ports:
+                    try:
+                        server = await loop.create_server(self._factory(tg, target, mapping), self.bind_address,
+                                                          mapping.listen, reuse_address=True)
+                    except OSError as exc:
+                        running.bound.set_exception(ListenError(
+                            exc.errno, f"{target.name}: cannot listen on {self.bind_address}:{mapping.listen}: "
+                            f"{exc.strerror or exc}"))
+                        return
+                    servers.append(server)
+                    log.info("egress listening", target=target.name, listen=f"{self.bind_address}:"
+                             f"{mapping.listen}", to=f"{target.address}:{mapping.port}")
+                running.bound.set_result(None)
+                if self.prober is not None:
+                    tg.create_task(self.prober.run(target), name=f"probe-{target.name}")
                 await loop.create_future()  # until cancelled; connections are tasks of tg
-        finally:
-            for server in servers:
-                server.close()
+            finally:
+                for server in servers:
+                    server.close()  # no new connections while tg cancels the open ones
+                if not running.bound.done():
+                    running.bound.cancel()
 
     def _factory(self, tg: asyncio.TaskGroup, target: Target, mapping: PortMapping,
                  ) -> Callable[[], asyncio.Protocol]:
@@ -75,7 +173,12 @@ class EgressForwarder:
         def accept() -> asyncio.Protocol:
             splice = Splice(count_a_to_b=sent.inc, count_b_to_a=received.inc)
             # The task first runs after connection_made has given splice.a its transport.
-            tg.create_task(self._forward(target, mapping, splice), name=f"egress-{target.name}-{mapping.port}")
+            coro = self._forward(target, mapping, splice)
+            try:
+                tg.create_task(coro, name=f"egress-{target.name}-{mapping.port}")
+            except RuntimeError:  # the target is being removed: refuse the connection
+                coro.close()
+                asyncio.get_running_loop().call_soon(splice.abort)
             return splice.a
 
         return accept

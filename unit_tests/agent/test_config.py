@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,13 @@ def test_targets_file(env: dict[str, str], tmp_path: Path) -> None:
     path = tmp_path / "targets.json"
     path.write_text('[{"name": "web", "address": "web.tailnet", "ports": [{"port": 443, "listen": 8443}]}]')
     env["TAILNET_TARGETS_FILE"] = str(path)
-    assert load(env).targets[0].ports == (PortMapping(port=443, listen=8443),)
+    cfg = load(env)
+    assert cfg.targets[0].ports == (PortMapping(port=443, listen=8443),)
+    # Followed for changes from the content it was read with (an inline list is not followed).
+    assert cfg.targets_file == path
+    assert cfg.targets_digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    env["TAILNET_TARGETS"] = '[{"name": "db", "address": "100.64.0.7", "ports": [5432]}]'
+    assert load(env).targets_file is None
 
 
 def test_parse_targets_shapes() -> None:
