@@ -41,6 +41,8 @@ RECOMMENDED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "a
                       "app.kubernetes.io/part-of")
 
 Obj = dict[str, Any]
+CLUSTER_SCOPED_KINDS = ("Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 Grant = tuple[str, str, str, str, tuple[str, ...]]
 """(scope, API group, resource, verb, resource names); scope is ``cluster`` or a namespace."""
 
@@ -153,6 +155,8 @@ def test_install_has_the_crds_and_the_operator_but_not_the_samples() -> None:
         ("RoleBinding", CLUSTER_SCOPED_NAMESPACE, "tailnet-operator-events"),
         ("Deployment", NAMESPACE, "tailnet-operator"),
         ("Service", NAMESPACE, "tailnet-operator-metrics"),
+        ("ValidatingAdmissionPolicy", "", "tailnet-egress-operator-namespace"),
+        ("ValidatingAdmissionPolicyBinding", "", "tailnet-egress-operator-namespace"),
     ])
 
 
@@ -178,7 +182,7 @@ def test_the_namespace_enforces_the_restricted_pod_security_standard() -> None:
 
 def test_namespaced_objects_live_in_the_operator_namespace_except_the_events_role() -> None:
     for obj in RENDERED:
-        if obj["kind"] in ("Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"):
+        if obj["kind"] in CLUSTER_SCOPED_KINDS:
             assert "namespace" not in obj["metadata"]
             continue
         expected = (CLUSTER_SCOPED_NAMESPACE if obj["metadata"]["name"] == "tailnet-operator-events"
@@ -366,8 +370,8 @@ def _registered_informers() -> set[tuple[str, str]]:
     manager = Manager(RestConfig(host="https://127.0.0.1:1"), ManagerOptions())
     setup(manager, namespace=NAMESPACE, events=EventRecorder(manager.client, reporting_instance="test"))
     keys = list(manager.cache._informers)
-    assert all(namespace is None for _, namespace in keys), "an informer scoped to a namespace: grant it there"
-    return {(resource.group, resource.plural) for resource, _ in keys}
+    assert all(namespace is None for _, namespace, _ in keys), "an informer scoped to a namespace: grant it there"
+    return {(resource.group, resource.plural) for resource, _, _ in keys}
 
 
 def test_every_informer_the_controllers_register_may_list_and_watch_cluster_wide() -> None:
@@ -393,3 +397,18 @@ def test_events_are_written_only_where_the_recorder_puts_them() -> None:
     events = [g for g in granted() if g[2] == "events"]
     assert {g[0] for g in events} == {CLUSTER_SCOPED_NAMESPACE}
     assert {g[1] for g in events} == {"events.k8s.io"}
+
+
+# -- admission ------------------------------------------------------------------------------------
+
+
+def test_the_egress_admission_policy_is_bound_and_names_the_operator_namespace() -> None:
+    policy = one("ValidatingAdmissionPolicy", "tailnet-egress-operator-namespace")
+    binding = one("ValidatingAdmissionPolicyBinding", "tailnet-egress-operator-namespace")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["tailnetegresses"] and set(rule["operations"]) == {"CREATE", "UPDATE"}
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["operatorNamespace"] == f"'{NAMESPACE}'"
