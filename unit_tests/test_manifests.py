@@ -152,6 +152,8 @@ def test_install_has_the_crds_and_the_operator_but_not_the_samples() -> None:
         ("Role", NAMESPACE, "tailnet-operator"),
         ("RoleBinding", NAMESPACE, "tailnet-operator"),
         ("Role", CLUSTER_SCOPED_NAMESPACE, "tailnet-operator-events"),
+        ("Role", "kube-system", "tailnet-operator-dns"),
+        ("RoleBinding", "kube-system", "tailnet-operator-dns"),
         ("RoleBinding", CLUSTER_SCOPED_NAMESPACE, "tailnet-operator-events"),
         ("Deployment", NAMESPACE, "tailnet-operator"),
         ("Service", NAMESPACE, "tailnet-operator-metrics"),
@@ -185,8 +187,8 @@ def test_namespaced_objects_live_in_the_operator_namespace_except_the_events_rol
         if obj["kind"] in CLUSTER_SCOPED_KINDS:
             assert "namespace" not in obj["metadata"]
             continue
-        expected = (CLUSTER_SCOPED_NAMESPACE if obj["metadata"]["name"] == "tailnet-operator-events"
-                    else NAMESPACE)
+        expected = {"tailnet-operator-events": CLUSTER_SCOPED_NAMESPACE,
+                    "tailnet-operator-dns": "kube-system"}.get(obj["metadata"]["name"], NAMESPACE)
         assert obj["metadata"].get("namespace") == expected, f"{obj['kind']} {obj['metadata']['name']}"
 
 

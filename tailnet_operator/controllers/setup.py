@@ -19,6 +19,8 @@ from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, SERVICE
 from tailnet_operator.types import JSON
 
 from .access import ClientFactory, Deps, HeadscaleAccess, default_client_factory, working_key_secret_name
+from .dns import FIELD_MANAGER as DNS_FIELD_MANAGER
+from .dns import DnsReconciler, tailnet_of
 from .egress import FIELD_MANAGER as EGRESS_FIELD_MANAGER
 from .egress import EgressReconciler, EgressSettings
 from .kinds import MODELS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
@@ -75,6 +77,7 @@ class Reconcilers(NamedTuple):
     tailnet: TailnetReconciler
     policy: PolicyReconciler
     egress: EgressReconciler
+    dns: DnsReconciler
 
 
 def _egresses_of_tailnet(cache: Reader, namespace: str) -> Callable[[JSON], list[Request]]:
@@ -91,7 +94,7 @@ def _egresses_of_tailnet(cache: Reader, namespace: str) -> Callable[[JSON], list
 def setup(manager: Manager, *, namespace: str, events: EventRecorder,
           headscale: ClientFactory = default_client_factory,
           clock: Clock | None = None, agent_image: str = "localhost/tailnet-operator:dev") -> Reconcilers:
-    """Add the Tailnet, Policy and Egress controllers to ``manager``; ``namespace`` is the operator's.
+    """Add the Tailnet, Policy, Egress and DNS controllers to ``manager``; ``namespace`` is the operator's.
 
     ``clock`` (default the manager's) is what the reconcilers read the time from; ``agent_image``
     is what the agent pods run.
@@ -130,4 +133,10 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .owns(SERVICE, labels=OWNED)
      .owns(NETWORK_POLICY, labels=OWNED)
      .watches(TAILNET, _egresses_of_tailnet(cache, namespace), GenerationChanged()))
-    return Reconcilers(tailnet, policy, egress)
+
+    dns = DnsReconciler(cache, manager.writer(DNS_FIELD_MANAGER), namespace=namespace)
+    (manager.controller("dns", dns)
+     .for_(TAILNET, GenerationChanged())
+     .watches(TAILNET_EGRESS, _by_tailnet_ref, GenerationChanged())
+     .watches(SERVICE, tailnet_of, labels=OWNED))
+    return Reconcilers(tailnet, policy, egress, dns)
