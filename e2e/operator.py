@@ -67,7 +67,7 @@ async def running_operator(kubeconfig: Path, namespace: str, *, clock: ShiftedCl
     manager = Manager(rest_config.load(kubeconfig), ManagerOptions(graceful_shutdown_timeout=5),
                       registry=CollectorRegistry())
     events = EventRecorder(manager.client, reporting_instance="test")
-    tailnet, policy = setup(manager, namespace=namespace, events=events, clock=clock)
+    tailnet, policy, *_ = setup(manager, namespace=namespace, events=events, clock=clock)
     tailnet.after_store = after_store
     task = asyncio.create_task(manager.run())
     try:

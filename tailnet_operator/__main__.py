@@ -15,10 +15,14 @@ from tailnet_operator.controllers.setup import setup
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.errors import KubeError
 from tailnet_operator.runtime.events import EventRecorder
+from tailnet_operator.runtime.kinds import Resource
 from tailnet_operator.runtime.leaderelection import default_identity
 from tailnet_operator.runtime.manager import LeadershipLost, Manager, ManagerOptions
 
 log = structlog.get_logger("tailnet-operator")
+
+FALLBACK_AGENT_IMAGE = "localhost/tailnet-operator:dev"
+POD = Resource("", "v1", "pods", "Pod")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -37,6 +41,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="elect a leader on a Lease before reconciling (default: on in a cluster)")
     parser.add_argument("--log-format", choices=["console", "json"], default="json" if in_cluster else "console")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--agent-image", default=os.environ.get("TAILNET_AGENT_IMAGE"),
+                        help="image of the egress/ingress agent pods; default: the operator's own image "
+                             "(read from its Pod, POD_NAME), else " + FALLBACK_AGENT_IMAGE)
     parser.add_argument("--version", action="version", version=f"tailnet-operator {__version__}")
     return parser.parse_args(argv)
 
@@ -51,11 +58,29 @@ def build_manager(args: argparse.Namespace) -> Manager:
     return Manager(rest_config.load(args.kubeconfig, context=args.context), options)
 
 
+async def agent_image(manager: Manager, args: argparse.Namespace) -> str:
+    """The flag; else the image the operator itself runs (one image carries both binaries)."""
+    if args.agent_image:
+        return str(args.agent_image)
+    pod_name = os.environ.get("POD_NAME", "")
+    if not pod_name:
+        return FALLBACK_AGENT_IMAGE
+    try:
+        pod = await manager.client.get(POD, pod_name, args.namespace)
+    except KubeError as exc:
+        log.warning("cannot read the operator's own Pod for its image", error=str(exc),
+                    fallback=FALLBACK_AGENT_IMAGE)
+        return FALLBACK_AGENT_IMAGE
+    containers = pod["spec"]["containers"]
+    return str(next((c for c in containers if c["name"] == "manager"), containers[0])["image"])
+
+
 async def run(args: argparse.Namespace) -> int:
     manager = build_manager(args)
     identity = manager.elector.identity if manager.elector is not None else default_identity()
     setup(manager, namespace=args.namespace,
-          events=EventRecorder(manager.client, reporting_instance=identity, clock=manager.clock))
+          events=EventRecorder(manager.client, reporting_instance=identity, clock=manager.clock),
+          agent_image=await agent_image(manager, args))
     log.info("starting", version=__version__, api_server=manager.client.config.host, namespace=args.namespace,
              metrics=args.metrics_bind_address, probes=args.health_probe_bind_address,
              leader_election=args.leader_elect)

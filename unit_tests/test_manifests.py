@@ -41,6 +41,8 @@ RECOMMENDED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "a
                       "app.kubernetes.io/part-of")
 
 Obj = dict[str, Any]
+CLUSTER_SCOPED_KINDS = ("Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 Grant = tuple[str, str, str, str, tuple[str, ...]]
 """(scope, API group, resource, verb, resource names); scope is ``cluster`` or a namespace."""
 
@@ -150,9 +152,13 @@ def test_install_has_the_crds_and_the_operator_but_not_the_samples() -> None:
         ("Role", NAMESPACE, "tailnet-operator"),
         ("RoleBinding", NAMESPACE, "tailnet-operator"),
         ("Role", CLUSTER_SCOPED_NAMESPACE, "tailnet-operator-events"),
+        ("Role", "kube-system", "tailnet-operator-dns"),
+        ("RoleBinding", "kube-system", "tailnet-operator-dns"),
         ("RoleBinding", CLUSTER_SCOPED_NAMESPACE, "tailnet-operator-events"),
         ("Deployment", NAMESPACE, "tailnet-operator"),
         ("Service", NAMESPACE, "tailnet-operator-metrics"),
+        ("ValidatingAdmissionPolicy", "", "tailnet-egress-operator-namespace"),
+        ("ValidatingAdmissionPolicyBinding", "", "tailnet-egress-operator-namespace"),
     ])
 
 
@@ -178,11 +184,11 @@ def test_the_namespace_enforces_the_restricted_pod_security_standard() -> None:
 
 def test_namespaced_objects_live_in_the_operator_namespace_except_the_events_role() -> None:
     for obj in RENDERED:
-        if obj["kind"] in ("Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"):
+        if obj["kind"] in CLUSTER_SCOPED_KINDS:
             assert "namespace" not in obj["metadata"]
             continue
-        expected = (CLUSTER_SCOPED_NAMESPACE if obj["metadata"]["name"] == "tailnet-operator-events"
-                    else NAMESPACE)
+        expected = {"tailnet-operator-events": CLUSTER_SCOPED_NAMESPACE,
+                    "tailnet-operator-dns": "kube-system"}.get(obj["metadata"]["name"], NAMESPACE)
         assert obj["metadata"].get("namespace") == expected, f"{obj['kind']} {obj['metadata']['name']}"
 
 
@@ -350,8 +356,10 @@ def test_bindings_name_only_the_operators_service_account_and_every_role_is_boun
 
 
 def test_kinds_of_the_controllers_not_written_yet_are_not_granted() -> None:
-    later = {"deployments", "statefulsets", "services", "networkpolicies", "pods", "serviceaccounts", "namespaces"}
+    later = {"statefulsets", "serviceaccounts", "namespaces"}
     assert not [g for g in granted() if g[2].split("/")[0] in later]
+    assert [g for g in granted() if g[2] == "pods"] == [(NAMESPACE, "", "pods", "get", ())], \
+        "the operator reads only its own Pod (for its image)"
 
 
 def test_secrets_are_written_only_in_the_operator_namespace_and_never_read_one_by_one() -> None:
@@ -391,5 +399,21 @@ def test_the_lease_role_names_the_managers_lease_in_the_operator_namespace() -> 
 
 def test_events_are_written_only_where_the_recorder_puts_them() -> None:
     events = [g for g in granted() if g[2] == "events"]
-    assert {g[0] for g in events} == {CLUSTER_SCOPED_NAMESPACE}
+    # cluster-scoped objects' Events go to `default`; a TailnetEgress's to its own (the operator's) namespace
+    assert {g[0] for g in events} == {CLUSTER_SCOPED_NAMESPACE, NAMESPACE}
     assert {g[1] for g in events} == {"events.k8s.io"}
+
+
+# -- admission ------------------------------------------------------------------------------------
+
+
+def test_the_egress_admission_policy_is_bound_and_names_the_operator_namespace() -> None:
+    policy = one("ValidatingAdmissionPolicy", "tailnet-egress-operator-namespace")
+    binding = one("ValidatingAdmissionPolicyBinding", "tailnet-egress-operator-namespace")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["tailnetegresses"] and set(rule["operations"]) == {"CREATE", "UPDATE"}
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["operatorNamespace"] == f"'{NAMESPACE}'"

@@ -147,8 +147,10 @@ class PreAuthKeyStatus(ApiModel):
     """The reusable ephemeral pre-auth key the agent registers with (never the key itself)."""
 
     id: str | None = Field(default=None, max_length=64, description="Headscale ID of the key.")
+    prefix: str | None = Field(default=None, max_length=64, description="Masked key, safe to show and log.")
     expires_at: Timestamp | None = Field(default=None, description="When the key expires.")
-    rotates_at: Timestamp | None = Field(default=None, description="When the operator will replace the key.")
+    next_rotation_at: Timestamp | None = Field(
+        default=None, description="When the operator will replace the key (half its lifetime).")
 
 
 RouteState = Literal["Ready", "NotAdvertised", "NotApproved", "NoGrant", "Unknown"]
@@ -169,6 +171,11 @@ class EgressTargetStatus(ApiModel):
     )
     router: str | None = Field(default=None, max_length=253, description="Node that routes to the address.")
     message: str | None = Field(default=None, max_length=1024, description="Details for people.")
+    reachable: bool | None = Field(
+        default=None, description="Whether the agent's last TCP probe of the target connected.")
+    latency_ms: float | None = Field(
+        default=None, ge=0, description="Connect time of the agent's last probe, in milliseconds.")
+    checked_at: Timestamp | None = Field(default=None, description="When the agent last probed the target.")
 
 
 class TailnetEgressStatus(ApiModel):

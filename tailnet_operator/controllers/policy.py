@@ -10,6 +10,9 @@ One reconcile per Tailnet:
   before storing it, so a rejected render never becomes active; its message goes to status.
 * Once the live policy equals the render, routes a site router advertised before its approver
   existed are approved (added to the router's approved routes, never removing any).
+* TailnetEgresses count only in the operator's namespace: one elsewhere could otherwise write
+  grants for its tag into the tailnet policy. Such an object is skipped, with one log line and
+  one Warning Event (on its Tailnet, in the Events namespace the operator already writes to).
 * Every TailnetSite of the Tailnet gets Blocked / Advertised / Approved / Ready from the
   overlap verdicts and Headscale's view of the routers that carry the site's tag.
 
@@ -100,6 +103,8 @@ class PolicyReconciler:
         self.reader, self.access, self.events, self.clock = deps.reader, deps.access, deps.events, deps.clock
         self.writer = writer
         self.status = StatusWriter(writer, deps.clock, field_manager=FIELD_MANAGER)
+        self._ignored: set[str] = set()
+        """uids of TailnetEgresses outside the operator's namespace already reported."""
 
     @property
     def namespace(self) -> str:
@@ -115,6 +120,7 @@ class PolicyReconciler:
             return Result()  # the Tailnet reconciler reports InvalidSpec; nothing to render from
         assert tailnet is not None
         run = Run(obj, tailnet, self._inputs(tailnet))
+        await self._report_foreign_egresses(obj, request.name)
         try:
             connection = self.access.working(tailnet)
         except NoAccess as exc:
@@ -149,13 +155,33 @@ class PolicyReconciler:
         verdicts = judge([SiteRoutes(name_of(s), _created(getattr(s.metadata, 'creationTimestamp', '')),
                                      tuple(str(r) for r in s.spec.routes)) for s in sites],
                          [str(r) for r in tailnet.spec.reserved_networks or []])
-        egresses = _parsed(TailnetEgress, self._mine(TAILNET_EGRESS, name))
+        egresses = _parsed(TailnetEgress, [e for e in self._mine(TAILNET_EGRESS, name)
+                                           if e["metadata"].get("namespace") == self.namespace])
         ingresses = _parsed(TailnetIngress, self._mine(TAILNET_INGRESS, name))
         gateways = _parsed(TailnetGateway, self._mine(TAILNET_GATEWAY, name))
         derived = derive_from_objects(
             egresses=egresses, ingresses=ingresses, gateways=gateways,
             sites=[s for s in sites if not verdicts[name_of(s)].blocked])
         return Inputs(derived, sites, verdicts)
+
+    async def _report_foreign_egresses(self, tailnet: JSON, name: str) -> None:
+        """Log and record, once per object, each TailnetEgress outside the operator's namespace.
+
+        The Event goes on the Tailnet: its namespace is one the operator already writes Events
+        to, so honouring a tenant's object is never a reason to write into the tenant's namespace.
+        """
+        for egress in self._mine(TAILNET_EGRESS, name):
+            meta = egress["metadata"]
+            if meta.get("namespace") == self.namespace or meta.get("uid") in self._ignored:
+                continue
+            self._ignored.add(str(meta.get("uid")))
+            where = f"{meta.get('namespace')}/{meta['name']}"
+            log.warning("ignoring a TailnetEgress outside the operator namespace", egress=where,
+                        operator_namespace=self.namespace)
+            await self.events.warning(
+                tailnet, "EgressIgnored",
+                f"TailnetEgress {where} is ignored: TailnetEgress is honoured only in the operator namespace "
+                f"{self.namespace}; its tag is not rendered into the policy", action="Ignore")
 
     # -- policy -------------------------------------------------------------------------------
 

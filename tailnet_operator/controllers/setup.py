@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from tailnet_operator.runtime import (
     CONFIG_MAP,
@@ -14,9 +15,14 @@ from tailnet_operator.runtime import (
     Reader,
     Request,
 )
+from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, SERVICE
 from tailnet_operator.types import JSON
 
 from .access import ClientFactory, Deps, HeadscaleAccess, default_client_factory, working_key_secret_name
+from .dns import FIELD_MANAGER as DNS_FIELD_MANAGER
+from .dns import DnsReconciler, tailnet_of
+from .egress import FIELD_MANAGER as EGRESS_FIELD_MANAGER
+from .egress import EgressReconciler, EgressSettings
 from .kinds import MODELS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .policy import FIELD_MANAGER as POLICY_FIELD_MANAGER
 from .policy import TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
@@ -58,12 +64,40 @@ def _by_tailnet_ref(obj: JSON) -> list[Request]:
     return [Request("", name) for name in tailnet_ref_index(obj)]
 
 
+OWNED = {"app.kubernetes.io/managed-by": "tailnet-operator"}
+"""The label on every object the operator owns: its Deployment, Service and NetworkPolicy
+informers watch only those, cluster-wide (the Role limits writes to the operator's namespace)."""
+
+OPERATOR_LABELS = {"app.kubernetes.io/name": "tailnet-operator",
+                   "app.kubernetes.io/component": "controller-manager"}
+"""The operator pod's labels (manifests/install/deployment.yaml): agents admit it to /status."""
+
+
+class Reconcilers(NamedTuple):
+    tailnet: TailnetReconciler
+    policy: PolicyReconciler
+    egress: EgressReconciler
+    dns: DnsReconciler
+
+
+def _egresses_of_tailnet(cache: Reader, namespace: str) -> Callable[[JSON], list[Request]]:
+    """A Tailnet's change (URL, CA, working key) reaches every egress that names it."""
+
+    def mapper(obj: JSON) -> list[Request]:
+        name = obj["metadata"]["name"]
+        return [Request(namespace, e["metadata"]["name"])
+                for e in cache.list(TAILNET_EGRESS, namespace, index=(TAILNET_INDEX, name))]
+
+    return mapper
+
+
 def setup(manager: Manager, *, namespace: str, events: EventRecorder,
           headscale: ClientFactory = default_client_factory,
-          clock: Clock | None = None) -> tuple[TailnetReconciler, PolicyReconciler]:
-    """Add the Tailnet and Policy controllers to ``manager``; ``namespace`` is the operator's.
+          clock: Clock | None = None, agent_image: str = "localhost/tailnet-operator:dev") -> Reconcilers:
+    """Add the Tailnet, Policy, Egress and DNS controllers to ``manager``; ``namespace`` is the operator's.
 
-    ``clock`` (default the manager's) is what the reconcilers read the time from.
+    ``clock`` (default the manager's) is what the reconcilers read the time from; ``agent_image``
+    is what the agent pods run.
     """
     cache = manager.cache
     cache.scheme = cache.scheme.with_models(MODELS)
@@ -90,4 +124,19 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .watches(TAILNET_GATEWAY, _by_tailnet_ref, GenerationChanged())
      .watches(CONFIG_MAP, _tailnets_referencing(cache, _refers(("policy", "baseConfigMapRef"))))
      .watches(SECRET, _tailnets_referencing(cache, _working_key_of(namespace))))
-    return tailnet, policy
+
+    egress = EgressReconciler(deps, manager.writer(EGRESS_FIELD_MANAGER),
+                              EgressSettings(agent_image=agent_image, operator_labels=OPERATOR_LABELS))
+    (manager.controller("egress", egress)
+     .for_(TAILNET_EGRESS, GenerationChanged())
+     .owns(DEPLOYMENT, labels=OWNED)
+     .owns(SERVICE, labels=OWNED)
+     .owns(NETWORK_POLICY, labels=OWNED)
+     .watches(TAILNET, _egresses_of_tailnet(cache, namespace), GenerationChanged()))
+
+    dns = DnsReconciler(cache, manager.writer(DNS_FIELD_MANAGER), namespace=namespace)
+    (manager.controller("dns", dns)
+     .for_(TAILNET, GenerationChanged())
+     .watches(TAILNET_EGRESS, _by_tailnet_ref, GenerationChanged())
+     .watches(SERVICE, tailnet_of, labels=OWNED))
+    return Reconcilers(tailnet, policy, egress, dns)

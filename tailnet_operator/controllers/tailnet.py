@@ -57,7 +57,7 @@ from .access import (
     problem_from,
     working_key_secret_name,
 )
-from .conditions import Cond, rfc3339
+from .conditions import Cond, Status, rfc3339
 from .kinds import TAILNET
 from .status import StatusWriter
 
@@ -138,12 +138,7 @@ class TailnetReconciler:
             run = Run(obj, tailnet, self.access.endpoint(tailnet))
             stored, version = await self._ensure_access(run)
         except Problem as problem:
-            network = problem.reason in ("Unreachable", "TLSError")
-            await self.status.write(TAILNET, obj, [
-                Cond("Ready", "False", problem.reason, problem.message),
-                Cond("KeyValid", "Unknown" if network else "False", problem.reason, problem.message),
-                Cond("Reachable", "False" if network else "True", problem.reason, problem.message),
-            ])
+            await self.status.write(TAILNET, obj, _failure_conditions(problem))
             return Result(requeue_after=RETRY_SECONDS)
         rotation = self._rotation_due(stored, tailnet)
         fields = {
@@ -321,6 +316,32 @@ class TailnetReconciler:
                                           "expire it by hand (headscale apikeys expire)", action="Expire")
         await remove_finalizer(self.writer, TAILNET, obj, FINALIZER)
         return Result()
+
+
+NETWORK_REASONS = frozenset({"Unreachable", "TLSError"})
+"""Problems of reaching Headscale: the key's validity is unknown, Headscale is not reachable."""
+
+LOCAL_REASONS = frozenset({"BootstrapSecretMissing", "BootstrapKeyMissing", "CASecretMissing"})
+"""Problems found before any request: Headscale was not contacted, so its reachability is unknown."""
+
+
+def _failure_conditions(problem: Problem) -> list[Cond]:
+    """Ready, KeyValid and Reachable for a reconcile that found no working access.
+
+    Reachable says only what a request showed: True when Headscale answered (even with a
+    refusal), False when it did not, Unknown when no request was made.
+    """
+    key_valid: Status
+    reachable: Status
+    if problem.reason in NETWORK_REASONS:
+        key_valid, reachable = "Unknown", "False"
+    elif problem.reason in LOCAL_REASONS:
+        key_valid, reachable = "False", "Unknown"
+    else:
+        key_valid, reachable = "False", "True"
+    return [Cond("Ready", "False", problem.reason, problem.message),
+            Cond("KeyValid", key_valid, problem.reason, problem.message),
+            Cond("Reachable", reachable, problem.reason, problem.message)]
 
 
 def _gone(exc: HeadscaleError) -> bool:

@@ -1,8 +1,8 @@
 """A Headscale API in memory, behind the real client's ``MockTransport`` seam (test tooling).
 
-It serves what the reconcilers call: ``/version``, API keys (list, create, expire), nodes (list,
-get, approve routes) and the policy (get, check, put), with bearer-key authentication. Limits:
-no users or pre-auth keys, no policy validation beyond ``reject_policy``, and no retries
+It serves what the reconcilers call: ``/version``, API keys (list, create, expire), pre-auth keys
+(create, list, expire), nodes (list, get, approve routes) and the policy (get, check, put), with
+bearer-key authentication. Limits: no users, no policy validation beyond ``reject_policy``, and no retries
 (clients are built with ``attempts=1``).
 """
 
@@ -53,6 +53,11 @@ class FakeHeadscale:
     calls: list[str] = field(default_factory=list)
     """``METHOD path`` of every request, in order."""
     policy_writes: int = 0
+    preauth_keys: dict[str, JSON] = field(default_factory=dict)
+    """id -> the pre-auth key as the API shows it (``key`` in full; ``expired`` when expired)."""
+
+    def preauth_live(self, key: str) -> bool:
+        return any(k["key"] == key and not k.get("expired") for k in self.preauth_keys.values())
 
     def add_key(self, *, expired: bool = False) -> str:
         """A key Headscale knows (as ``headscale apikeys create`` makes); returns its full value."""
@@ -102,6 +107,8 @@ class FakeHeadscale:
                 return _error(404, 5, "api key not found")
             target.expired = True
             return _ok({})
+        if path.startswith("/api/v1/preauthkey"):
+            return self._preauth(route, body)
         if route == ("GET", "/api/v1/node"):
             return _ok({"nodes": self.nodes})
         if request.method == "GET" and path.startswith("/api/v1/node/"):
@@ -123,6 +130,23 @@ class FakeHeadscale:
             self.policy_writes += 1
             return _ok({"policy": self.policy, "updatedAt": _time(self.clock.utcnow())})
         return _error(404, 5, f"no route {request.method} {path}")
+
+    def _preauth(self, route: tuple[str, str], body: JSON) -> Response:
+        if route == ("POST", "/api/v1/preauthkey"):
+            number = str(len(self.preauth_keys) + 1)
+            key = {"id": number, "key": f"hskey-auth-{secrets.token_hex(6)}-{secrets.token_hex(16)}",
+                   "reusable": body["reusable"], "ephemeral": body["ephemeral"], "aclTags": body["aclTags"],
+                   "expiration": body["expiration"], "createdAt": _time(self.clock.utcnow())}
+            self.preauth_keys[number] = key
+            return _ok({"preAuthKey": key})
+        if route == ("GET", "/api/v1/preauthkey"):
+            return _ok({"preAuthKeys": list(self.preauth_keys.values())})
+        if route == ("POST", "/api/v1/preauthkey/expire"):
+            if found := self.preauth_keys.get(str(body.get("id"))):
+                found["expired"] = True
+                found["expiration"] = _time(self.clock.utcnow())
+            return _ok({})
+        return _error(404, 5, f"no route {route}")
 
     def _node(self, node_id: str) -> JSON:
         return next(n for n in self.nodes if n["id"] == node_id)

@@ -64,8 +64,8 @@ class World:
         self.headscale = FakeHeadscale(self.clock)
         self.events = EventLog()
         recorder = EventRecorder(self.events, reporting_instance="test", clock=self.clock)
-        deps = Deps(reader=self.kube, access=HeadscaleAccess(self.kube, NAMESPACE, self.headscale.factory),
-                    events=recorder, clock=self.clock)
+        self.deps = deps = Deps(reader=self.kube, access=HeadscaleAccess(self.kube, NAMESPACE, self.headscale.factory),
+                                events=recorder, clock=self.clock)
         self.tailnet = TailnetReconciler(
             deps, Applier(self.kube, self.kube, field_manager=tailnet_controller.FIELD_MANAGER))
         self.policy = PolicyReconciler(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tailnet_operator.controllers.kinds import TAILNET_SITE
+from tailnet_operator.controllers.kinds import TAILNET_EGRESS, TAILNET_SITE
 from tailnet_operator.controllers.policy import rendered_config_map_name
 from tailnet_operator.runtime import CONFIG_MAP, SECRET
 from tailnet_operator.types import JSON
@@ -235,3 +235,25 @@ async def test_the_two_reconcilers_own_their_own_conditions() -> None:
     types = [c["type"] for c in world.tailnet_obj()["status"]["conditions"]]
     assert sorted(types) == ["KeyValid", "PolicyApplied", "Reachable", "Ready"]
     assert world.kube.writes == []
+
+
+def egress(world: World, name: str, namespace: str, tag: str, *, tailnet: str = "tn") -> JSON:
+    return world.kube.add(TAILNET_EGRESS, {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"tailnetRef": {"name": tailnet}, "tag": tag, "consumerNamespaces": ["apps"],
+                 "targets": [{"name": "db", "address": "192.168.1.10", "ports": [{"port": 5432}]}]}})
+
+
+async def test_an_egress_outside_the_operator_namespace_never_reaches_the_policy() -> None:
+    world = await ready_world()
+    egress(world, "mine", NAMESPACE, "tag:egress-mine")
+    egress(world, "theirs", "tenant", "tag:egress-theirs")
+
+    await world.reconcile_policy()
+    world.clock.advance(30)
+    await world.reconcile_policy()
+
+    live = world.headscale.policy
+    assert "tag:egress-mine" in live
+    assert "tag:egress-theirs" not in live
+    assert world.events.reasons.count("EgressIgnored") == 1, "reported once per object, not per reconcile"

@@ -145,12 +145,12 @@ async def test_a_rejected_working_key_is_replaced_from_the_bootstrap_key() -> No
 
 
 @pytest.mark.parametrize(("setup", "reason", "key_valid", "reachable"), [
-    ("no secret", "BootstrapSecretMissing", "False", "True"),
-    ("empty secret", "BootstrapKeyMissing", "False", "True"),
+    ("no secret", "BootstrapSecretMissing", "False", "Unknown"),
+    ("empty secret", "BootstrapKeyMissing", "False", "Unknown"),
     ("unknown key", "BootstrapKeyRejected", "False", "True"),
     ("connect", "Unreachable", "Unknown", "False"),
     ("tls", "TLSError", "Unknown", "False"),
-    ("ca secret missing", "CASecretMissing", "False", "True"),
+    ("ca secret missing", "CASecretMissing", "False", "Unknown"),
 ])
 async def test_each_failure_has_its_reason_and_is_retried(setup: str, reason: str, key_valid: str,
                                                            reachable: str) -> None:

@@ -1,0 +1,122 @@
+"""The DNS reconciler: one CoreDNS hosts file per Tailnet, from its egress aliases.
+
+Each alias of an egress target (a real host name consumers dial, for far ends that route by SNI
+or Host) points at the ClusterIP of the target's Service. The file is the ConfigMap
+``spec.dns.hostsConfigMap`` (key ``hosts``), which the cluster's CoreDNS serves with its
+``hosts`` plugin; the resolver stays the cluster's, so if the operator dies the last file keeps
+answering.
+
+The file is rendered deterministically (sorted, no timestamps), so an unchanged world writes
+nothing, and a ConfigMap update is atomic, so readers never see half a file. An alias whose
+Service cannot be read right now (not created yet, no ClusterIP yet, the cache not caught up)
+keeps the address the current file gives it: a failed read never empties the file.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import structlog
+from pydantic import ValidationError
+
+from tailnet_operator.api.egress import TailnetEgress
+from tailnet_operator.api.tailnet import Tailnet
+from tailnet_operator.resources import owned_metadata
+from tailnet_operator.runtime import CONFIG_MAP, SERVICE, Reader, Request, Result, Writer
+from tailnet_operator.types import JSON
+
+from .kinds import TAILNET, TAILNET_EGRESS
+from .policy import TAILNET_INDEX
+
+__all__ = ["FIELD_MANAGER", "HOSTS_KEY", "DnsReconciler", "parse_hosts", "render_hosts"]
+
+log = structlog.get_logger("controllers.dns")
+
+FIELD_MANAGER = "tailnet-operator-dns"
+HOSTS_KEY = "hosts"
+HEADER = "# Managed by tailnet-operator (DNS reconciler): egress aliases -> their target Service's ClusterIP.\n"
+
+
+def render_hosts(entries: dict[str, str]) -> str:
+    """The hosts file for ``{name: address}``: one line per name, sorted, stable for equal input."""
+    return HEADER + "".join(f"{address} {name}\n" for name, address in sorted(entries.items()))
+
+
+def parse_hosts(text: str) -> dict[str, str]:
+    """``{name: address}`` of a hosts file (comments and malformed lines skipped)."""
+    entries: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = line.split("#", 1)[0].split()
+        if len(fields) < 2:
+            continue
+        try:
+            ipaddress.ip_address(fields[0])
+        except ValueError:
+            continue
+        for name in fields[1:]:
+            entries[name.lower()] = fields[0]
+    return entries
+
+
+class DnsReconciler:
+    """Reconciles one Tailnet's hosts ConfigMap; ``namespace`` is the operator's (where egresses live)."""
+
+    def __init__(self, reader: Reader, writer: Writer, *, namespace: str) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.namespace = namespace
+
+    async def reconcile(self, request: Request) -> Result:
+        obj = self.reader.get(TAILNET, request.name)
+        if obj is None or obj["metadata"].get("deletionTimestamp"):
+            return Result()
+        try:
+            tailnet = self.reader.get(Tailnet, request.name)
+        except ValidationError:
+            return Result()
+        if tailnet is None or tailnet.spec.dns is None:
+            return Result()
+        ref = tailnet.spec.dns.hosts_config_map
+        current = self.reader.get(CONFIG_MAP, ref.name, ref.namespace)
+        previous = parse_hosts(((current or {}).get("data") or {}).get(HOSTS_KEY, ""))
+        entries = self._entries(request.name, previous)
+        await self.writer.apply(CONFIG_MAP, {
+            "metadata": owned_metadata(obj, name=ref.name, namespace=ref.namespace, tailnet=request.name),
+            "data": {HOSTS_KEY: render_hosts(entries)},
+        }, field_manager=FIELD_MANAGER)
+        return Result()
+
+    def _entries(self, tailnet: str, previous: dict[str, str]) -> dict[str, str]:
+        entries: dict[str, str] = {}
+        for egress in self._egresses(tailnet):
+            for target in egress.spec.targets:
+                address = self._cluster_ip(target.name)
+                for alias in target.aliases or []:
+                    name = str(alias).lower().rstrip(".")
+                    if address:
+                        entries[name] = address
+                    elif name in previous:
+                        entries[name] = previous[name]  # unreadable now: keep what answers today
+        return entries
+
+    def _egresses(self, tailnet: str) -> list[TailnetEgress]:
+        parsed = []
+        for obj in self.reader.list(TAILNET_EGRESS, self.namespace, index=(TAILNET_INDEX, tailnet)):
+            if obj["metadata"].get("deletionTimestamp"):
+                continue
+            try:
+                parsed.append(TailnetEgress.model_validate(obj))
+            except ValidationError:
+                log.warning("skipping an egress that does not parse", name=obj["metadata"].get("name"))
+        return parsed
+
+    def _cluster_ip(self, service: str) -> str:
+        svc = self.reader.get(SERVICE, service, self.namespace)
+        ip = ((svc or {}).get("spec") or {}).get("clusterIP") or ""
+        return "" if ip in ("", "None") else str(ip)
+
+
+def tailnet_of(obj: JSON) -> list[Request]:
+    """A Service the Egress reconciler owns carries its Tailnet's name as a label."""
+    name = (obj["metadata"].get("labels") or {}).get("tailnet.dev/tailnet")
+    return [Request("", name)] if name else []

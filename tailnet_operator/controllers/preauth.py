@@ -1,0 +1,169 @@
+"""The agent's pre-auth key: reusable, ephemeral, tag-only, in a Secret owned by its CR.
+
+Reusable so a restarted pod registers again on its own; ephemeral so a node whose pod is gone
+ages out of the tailnet; tag-only so the node is the tag and nobody's device. The key is
+rotated at half its lifetime and when the Tailnet's login URL or the tag changes, in an order
+that survives a crash at any step (the same order as the working API key's):
+
+1. create the new key;
+2. store it in the Secret, recording the old key's id as ``previous``;
+3. expire the old key, then forget ``previous``.
+
+A crash after 1 leaves an unused key that expires on its own; after 2, the next reconcile finds
+``previous`` and finishes step 3. The old key is never expired before the new Secret is in place,
+so a pod restarting in between always finds a valid key. The key itself never leaves the Secret:
+status carries only its id, masked prefix and times.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from tailnet_operator.headscale import HeadscaleClient, NotFound, mask_key
+from tailnet_operator.runtime import SECRET, Clock, Writer
+from tailnet_operator.types import JSON
+
+from .conditions import rfc3339
+
+__all__ = ["AUTH_KEY_FIELD", "LIFETIME", "AuthKey", "AuthKeyKeeper", "Wanted", "auth_key_secret_name"]
+
+AUTH_KEY_FIELD = "authKey"
+"""The Secret's data key, mounted into the agent as a file."""
+
+LIFETIME = timedelta(hours=24)
+"""Lifetime of a pre-auth key; it is replaced after half of it."""
+
+_ANNOTATION = "tailnet.dev/"
+
+
+def auth_key_secret_name(egress: str) -> str:
+    return f"{egress}-auth-key"
+
+
+@dataclass(frozen=True)
+class AuthKey:
+    """A pre-auth key as its Secret records it: the key, its identity, and what it was made for."""
+
+    key: str
+    id: str
+    created_at: datetime
+    expires_at: datetime
+    login_url: str
+    tag: str
+    previous_id: str = ""
+
+    @property
+    def prefix(self) -> str:
+        return mask_key(self.key)
+
+    @property
+    def rotation_due(self) -> datetime:
+        return self.created_at + (self.expires_at - self.created_at) / 2
+
+    @classmethod
+    def from_secret(cls, secret: JSON | None) -> AuthKey | None:
+        """The key the Secret holds, or None when there is none (or the annotations are damaged)."""
+        raw = ((secret or {}).get("data") or {}).get(AUTH_KEY_FIELD)
+        if not secret or not raw:
+            return None
+        notes = secret["metadata"].get("annotations") or {}
+        try:
+            return cls(key=base64.b64decode(raw).decode(), id=notes[f"{_ANNOTATION}key-id"],
+                       created_at=datetime.fromisoformat(notes[f"{_ANNOTATION}key-created"]),
+                       expires_at=datetime.fromisoformat(notes[f"{_ANNOTATION}key-expires"]),
+                       login_url=notes[f"{_ANNOTATION}login-url"], tag=notes[f"{_ANNOTATION}tag"],
+                       previous_id=notes.get(f"{_ANNOTATION}previous-key-id", ""))
+        except (KeyError, ValueError):
+            return None
+
+    def annotations(self) -> dict[str, str]:
+        notes = {f"{_ANNOTATION}key-id": self.id, f"{_ANNOTATION}key-prefix": self.prefix,
+                 f"{_ANNOTATION}key-created": self.created_at.isoformat(),
+                 f"{_ANNOTATION}key-expires": self.expires_at.isoformat(),
+                 f"{_ANNOTATION}login-url": self.login_url, f"{_ANNOTATION}tag": self.tag}
+        if self.previous_id:
+            notes[f"{_ANNOTATION}previous-key-id"] = self.previous_id
+        return notes
+
+    def status(self) -> JSON:
+        """``status.preAuthKey``: never the key itself."""
+        return {"id": self.id, "prefix": self.prefix, "expiresAt": rfc3339(self.expires_at),
+                "nextRotationAt": rfc3339(self.rotation_due)}
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What the current key must have been made for."""
+
+    login_url: str
+    tag: str
+
+
+class AuthKeyKeeper:
+    """Creates, stores, rotates and expires one CR's pre-auth key (Secret metadata from ``metadata``)."""
+
+    def __init__(self, writer: Writer, clock: Clock, *, field_manager: str) -> None:
+        self.writer = writer
+        self.clock = clock
+        self.field_manager = field_manager
+
+    def why_rotate(self, stored: AuthKey | None, wanted: Wanted) -> str:
+        """Why a new key is needed now ("" when the stored one is fine)."""
+        if stored is None:
+            return "no key yet"
+        if stored.login_url != wanted.login_url:
+            return f"the Tailnet's login URL changed to {wanted.login_url}"
+        if stored.tag != wanted.tag:
+            return f"the tag changed from {stored.tag} to {wanted.tag}"
+        if self.clock.utcnow() >= stored.rotation_due:
+            return "half its lifetime has passed"
+        return ""
+
+    async def ensure(self, hs: HeadscaleClient, metadata: JSON, stored: AuthKey | None,
+                     wanted: Wanted) -> tuple[AuthKey, str]:
+        """The key to use, rotated when due (and the reason, "" when nothing was rotated)."""
+        if stored is not None and stored.previous_id:
+            stored = await self._expire_previous(hs, metadata, stored)
+        reason = self.why_rotate(stored, wanted)
+        if not reason:
+            assert stored is not None
+            return stored, ""
+        new = await self._create(hs, wanted, previous=stored)
+        await self.store(metadata, new)
+        if new.previous_id:
+            new = await self._expire_previous(hs, metadata, new)
+        return new, reason
+
+    async def _create(self, hs: HeadscaleClient, wanted: Wanted, *, previous: AuthKey | None) -> AuthKey:
+        now = self.clock.utcnow()
+        created = await hs.create_preauth_key(expiration=now + LIFETIME, acl_tags=[wanted.tag],
+                                              reusable=True, ephemeral=True)
+        # a key made for another server cannot be expired with this server's API; it ages out there
+        previous_id = previous.id if previous and previous.login_url == wanted.login_url else ""
+        return AuthKey(key=created.key, id=created.id, created_at=created.created_at or now,
+                       expires_at=created.expiration or now + LIFETIME, login_url=wanted.login_url,
+                       tag=wanted.tag, previous_id=previous_id)
+
+    async def _expire_previous(self, hs: HeadscaleClient, metadata: JSON, stored: AuthKey) -> AuthKey:
+        with contextlib.suppress(NotFound):
+            await hs.expire_preauth_key(stored.previous_id)
+        done = replace(stored, previous_id="")
+        await self.store(metadata, done)
+        return done
+
+    async def store(self, metadata: JSON, key: AuthKey) -> None:
+        await self.writer.apply(SECRET, {
+            "metadata": {**metadata, "annotations": key.annotations()},
+            "type": "Opaque",
+            "data": {AUTH_KEY_FIELD: base64.b64encode(key.key.encode()).decode()},
+        }, field_manager=self.field_manager)
+
+    async def expire(self, hs: HeadscaleClient, stored: AuthKey) -> None:
+        """Expire the key (and a previous one not yet expired) of a CR being deleted."""
+        for key_id in filter(None, (stored.previous_id, stored.id)):
+            with contextlib.suppress(NotFound):
+                await hs.expire_preauth_key(key_id)
+

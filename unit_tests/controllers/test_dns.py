@@ -1,0 +1,87 @@
+"""The DNS reconciler on the fake client: aliases to their target Service's ClusterIP,
+deterministic output, no write when nothing changed, and never emptied by a failed read."""
+
+from __future__ import annotations
+
+from tailnet_operator.controllers.dns import DnsReconciler, parse_hosts, render_hosts
+from tailnet_operator.controllers.kinds import TAILNET_EGRESS
+from tailnet_operator.runtime import CONFIG_MAP, SERVICE, Applier, Request
+from tailnet_operator.types import JSON
+
+from .harness import NAMESPACE, World
+
+DNS = {"hostsConfigMap": {"namespace": "kube-system", "name": "tailnet-hosts"}, "zones": ["example.internal"]}
+
+
+def make_world() -> tuple[World, DnsReconciler]:
+    world = World()
+    world.add_tailnet(dns=DNS)
+    reconciler = DnsReconciler(world.kube, Applier(world.kube, world.kube, field_manager="tailnet-operator-dns"),
+                               namespace=NAMESPACE)
+    return world, reconciler
+
+
+def add_egress(world: World, namespace: str = NAMESPACE, name: str = "db") -> None:
+    world.kube.add(TAILNET_EGRESS, {"metadata": {"name": name, "namespace": namespace}, "spec": {
+        "tailnetRef": {"name": "tn"}, "tag": "tag:egress-db", "consumerNamespaces": ["apps"],
+        "targets": [{"name": "ledger", "address": "198.18.1.10", "ports": [{"port": 443}],
+                     "aliases": ["ledger.example.internal", "api.ledger.example.internal"]}]}})
+
+
+def add_service(world: World, name: str, ip: str) -> None:
+    world.kube.add(SERVICE, {"metadata": {"name": name, "namespace": NAMESPACE}, "spec": {"clusterIP": ip}})
+
+
+def hosts(world: World) -> str:
+    cm = world.kube.get(CONFIG_MAP, "tailnet-hosts", "kube-system")
+    assert cm is not None
+    text: str = cm["data"]["hosts"]
+    return text
+
+
+async def test_each_alias_points_at_its_target_services_cluster_ip() -> None:
+    world, dns = make_world()
+    add_egress(world)
+    add_service(world, "ledger", "198.19.128.40")
+
+    await dns.reconcile(Request("", "tn"))
+
+    assert parse_hosts(hosts(world)) == {"ledger.example.internal": "198.19.128.40",
+                                         "api.ledger.example.internal": "198.19.128.40"}
+    cm: JSON | None = world.kube.get(CONFIG_MAP, "tailnet-hosts", "kube-system")
+    assert cm is not None and cm["metadata"]["ownerReferences"][0]["kind"] == "Tailnet"
+
+
+async def test_the_file_is_deterministic_and_a_second_reconcile_writes_nothing() -> None:
+    world, dns = make_world()
+    add_egress(world)
+    add_service(world, "ledger", "198.19.128.40")
+    await dns.reconcile(Request("", "tn"))
+    writes = list(world.kube.writes)
+
+    await dns.reconcile(Request("", "tn"))
+
+    assert world.kube.writes == writes
+    assert render_hosts({"b": "1.1.1.1", "a": "2.2.2.2"}) == render_hosts({"a": "2.2.2.2", "b": "1.1.1.1"})
+
+
+async def test_an_unreadable_service_keeps_the_alias_it_had() -> None:
+    world, dns = make_world()
+    add_egress(world)
+    add_service(world, "ledger", "198.19.128.40")
+    await dns.reconcile(Request("", "tn"))
+    await world.kube.delete(SERVICE, "ledger", NAMESPACE)  # as a cache that has not caught up
+
+    await dns.reconcile(Request("", "tn"))
+
+    assert parse_hosts(hosts(world))["ledger.example.internal"] == "198.19.128.40"
+
+
+async def test_egresses_outside_the_operator_namespace_add_no_names() -> None:
+    world, dns = make_world()
+    add_egress(world, namespace="tenant")
+    add_service(world, "ledger", "198.19.128.40")
+
+    await dns.reconcile(Request("", "tn"))
+
+    assert parse_hosts(hosts(world)) == {}

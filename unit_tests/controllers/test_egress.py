@@ -1,0 +1,260 @@
+"""The Egress reconciler on the fake client and a fake Headscale: tag pre-check, pre-auth key
+lifecycle (rotation order and reasons), owned objects, target changes without a pod restart, and
+deletion."""
+
+from __future__ import annotations
+
+import base64
+import copy
+from datetime import timedelta
+from typing import Any
+
+from tailnet_operator.controllers.egress import EgressReconciler, EgressSettings
+from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS
+from tailnet_operator.controllers.preauth import auth_key_secret_name
+from tailnet_operator.headscale import Request as HsRequest
+from tailnet_operator.headscale import Response as HsResponse
+from tailnet_operator.runtime import CONFIG_MAP, FINALIZER, SECRET, SERVICE, Applier, Request, Result
+from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY
+from tailnet_operator.types import JSON
+
+from .harness import NAMESPACE, World
+
+IMAGE = "localhost/tailnet-operator:test"
+OWNING = '{"tagOwners": {"tag:egress-db": []}, "grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]}'
+
+
+class FakeAgent:
+    """The agent's /status as a test sets it (None: unreadable)."""
+
+    def __init__(self) -> None:
+        self.doc: JSON | None = None
+
+    async def read(self, egress: Any) -> JSON | None:
+        return self.doc
+
+
+class EgressWorld(World):
+    def __init__(self) -> None:
+        super().__init__()
+        self.agent = FakeAgent()
+        self.egress = EgressReconciler(
+            self.deps, Applier(self.kube, self.kube, field_manager="tailnet-operator-egress"),
+            EgressSettings(agent_image=IMAGE), agent_status=self.agent)
+
+    async def reconcile_egress(self, name: str = "db", namespace: str = NAMESPACE) -> Result:
+        return await self.egress.reconcile(Request(namespace, name))
+
+    def add_egress(self, name: str = "db", namespace: str = NAMESPACE, **spec: Any) -> JSON:
+        body = {"tailnetRef": {"name": "tn"}, "tag": "tag:egress-db", "consumerNamespaces": ["apps"],
+                "targets": [{"name": "ledger", "address": "198.18.1.10", "ports": [{"port": 5432}]}], **spec}
+        return self.kube.add(TAILNET_EGRESS, {"metadata": {"name": name, "namespace": namespace}, "spec": body})
+
+    def egress_obj(self, name: str = "db") -> JSON:
+        obj = self.kube.get(TAILNET_EGRESS, name, NAMESPACE)
+        assert obj is not None
+        return obj
+
+    def cond(self, type_: str, name: str = "db") -> JSON:
+        return next((c for c in self.egress_obj(name).get("status", {}).get("conditions") or []
+                     if c["type"] == type_), {})
+
+    def stored_key(self, name: str = "db") -> str:
+        secret = self.kube.get(SECRET, auth_key_secret_name(name), NAMESPACE)
+        assert secret is not None
+        return base64.b64decode(secret["data"]["authKey"]).decode()
+
+    def edit_spec(self, **spec: Any) -> None:
+        obj = copy.deepcopy(self.egress_obj())
+        obj["spec"].update(spec)
+        obj["metadata"]["generation"] = obj["metadata"].get("generation", 1) + 1
+        self.kube.update(TAILNET_EGRESS, obj)
+
+
+async def world_with_tailnet(policy: str = OWNING) -> EgressWorld:
+    world = EgressWorld()
+    world.bootstrap_secret()
+    world.add_tailnet()
+    await world.reconcile_tailnet()
+    world.headscale.policy = policy
+    return world
+
+
+async def test_a_tag_the_policy_does_not_own_creates_nothing_and_gives_a_snippet() -> None:
+    world = await world_with_tailnet('{"grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]}')
+    world.add_egress()
+
+    await world.reconcile_egress()
+
+    ready = world.cond("Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "TagNotOwned")
+    assert '"tag:egress-db"' in ready["message"] and "tagOwners" in ready["message"]
+    assert world.headscale.preauth_keys == {}
+    assert world.kube.get(DEPLOYMENT, "db-egress-agent", NAMESPACE) is None
+    assert world.kube.get(SECRET, auth_key_secret_name("db"), NAMESPACE) is None
+
+
+async def test_an_owned_tag_gets_a_reusable_ephemeral_tag_only_key_and_the_agent_objects() -> None:
+    world = await world_with_tailnet()
+    world.add_egress()
+
+    await world.reconcile_egress()
+
+    [key] = world.headscale.preauth_keys.values()
+    assert key["reusable"] and key["ephemeral"] and key["aclTags"] == ["tag:egress-db"]
+    assert world.stored_key() == key["key"]
+    obj = world.egress_obj()
+    secret = world.kube.get(SECRET, auth_key_secret_name("db"), NAMESPACE)
+    assert secret is not None and secret["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+    status = obj["status"]["preAuthKey"]
+    assert status["id"] == key["id"] and key["key"] not in str(obj["status"])
+    assert status["nextRotationAt"] == "2026-01-01T12:00:00Z"  # half of 24 h
+    assert FINALIZER in obj["metadata"]["finalizers"]
+    for resource, name in ((DEPLOYMENT, "db-egress-agent"), (SERVICE, "ledger"), (SERVICE, "db-egress-agent"),
+                           (NETWORK_POLICY, "db-egress-agent"), (CONFIG_MAP, "db-egress-config")):
+        assert world.kube.get(resource, name, NAMESPACE) is not None, (resource, name)
+    assert world.cond("TagOwned")["status"] == "True"
+    assert world.cond("Ready")["reason"] == "NotAdvertised", "no router advertises 198.18.1.10"
+    assert world.events.reasons[-1] == "PreAuthKeyRotated"
+
+
+def _record_order(world: EgressWorld) -> list[str]:
+    """What happened, in order: the Secret's key at each pre-auth-key expiry."""
+    order: list[str] = []
+    handle = world.headscale.handle
+
+    def spy(request: HsRequest) -> HsResponse:
+        if request.url.endswith("/api/v1/preauthkey/expire"):
+            order.append(f"expire while the Secret holds {world.stored_key()}")
+        return handle(request)
+
+    world.headscale.handle = spy  # type: ignore[method-assign]
+    return order
+
+
+async def test_rotation_at_half_life_stores_the_new_key_before_expiring_the_old() -> None:
+    world = await world_with_tailnet()
+    world.add_egress()
+    await world.reconcile_egress()
+    old = world.stored_key()
+    order = _record_order(world)
+
+    world.clock.advance(timedelta(hours=12).total_seconds())
+    await world.reconcile_egress()
+
+    new = world.stored_key()
+    assert new != old and world.headscale.preauth_live(new) and not world.headscale.preauth_live(old)
+    assert order == [f"expire while the Secret holds {new}"]
+    secret = world.kube.get(SECRET, auth_key_secret_name("db"), NAMESPACE)
+    assert secret is not None and "tailnet.dev/previous-key-id" not in secret["metadata"]["annotations"]
+
+
+async def test_a_changed_tag_or_login_url_rotates_the_key_with_the_reason() -> None:
+    world = await world_with_tailnet('{"tagOwners": {"tag:egress-db": [], "tag:egress-new": []}}')
+    world.add_egress()
+    await world.reconcile_egress()
+    first = world.stored_key()
+
+    world.edit_spec(tag="tag:egress-new")
+    await world.reconcile_egress()
+    second = world.stored_key()
+    assert second != first and not world.headscale.preauth_live(first)
+    new_key = next(k for k in world.headscale.preauth_keys.values() if k["key"] == second)
+    assert new_key["aclTags"] == ["tag:egress-new"]
+
+    tailnet = copy.deepcopy(world.tailnet_obj())
+    tailnet["spec"]["loginURL"] = "https://other.test:443"
+    world.kube.update(TAILNET, tailnet)
+    await world.reconcile_egress()
+    assert world.stored_key() != second
+    secret = world.kube.get(SECRET, auth_key_secret_name("db"), NAMESPACE)
+    assert secret is not None and secret["metadata"]["annotations"]["tailnet.dev/login-url"] == \
+        "https://other.test:443"
+    assert world.events.reasons.count("PreAuthKeyRotated") == 3
+
+
+async def test_a_crash_after_storing_is_finished_by_the_next_reconcile() -> None:
+    world = await world_with_tailnet()
+    world.add_egress()
+    await world.reconcile_egress()
+    old_id = next(iter(world.headscale.preauth_keys))
+    world.headscale.refuse["POST /api/v1/preauthkey/expire"] = (503, 14, "unavailable")
+    world.clock.advance(timedelta(hours=12).total_seconds())
+
+    await world.reconcile_egress()
+
+    secret = world.kube.get(SECRET, auth_key_secret_name("db"), NAMESPACE)
+    assert secret is not None and secret["metadata"]["annotations"]["tailnet.dev/previous-key-id"] == old_id
+    assert world.headscale.preauth_live(world.stored_key()), "the new key is in place before the old one goes"
+    del world.headscale.refuse["POST /api/v1/preauthkey/expire"]
+    await world.reconcile_egress()
+    assert world.headscale.preauth_keys[old_id].get("expired")
+
+
+async def test_changing_targets_changes_the_config_map_but_not_the_pod_template() -> None:
+    world = await world_with_tailnet()
+    world.add_egress()
+    await world.reconcile_egress()
+    deployment = world.kube.get(DEPLOYMENT, "db-egress-agent", NAMESPACE)
+    assert deployment is not None
+    template = copy.deepcopy(deployment["spec"]["template"])
+
+    world.edit_spec(targets=[{"name": "billing", "address": "198.18.1.11", "ports": [{"port": 5432}]}])
+    await world.reconcile_egress()
+
+    after = world.kube.get(DEPLOYMENT, "db-egress-agent", NAMESPACE)
+    assert after is not None and after["spec"]["template"] == template
+    assert world.kube.get(SERVICE, "ledger", NAMESPACE) is None, "the removed target's Service is gone"
+    billing = world.kube.get(SERVICE, "billing", NAMESPACE)
+    assert billing is not None and billing["spec"]["ports"][0]["port"] == 5432
+    config = world.kube.get(CONFIG_MAP, "db-egress-config", NAMESPACE)
+    assert config is not None and "billing" in config["data"]["targets.json"]
+
+
+async def test_a_steady_egress_writes_nothing() -> None:
+    world = await world_with_tailnet()
+    world.add_egress()
+    await world.reconcile_egress()
+    await world.reconcile_egress()
+    writes = list(world.kube.writes)
+
+    world.clock.advance(30)
+    await world.reconcile_egress()
+
+    assert world.kube.writes == writes
+
+
+async def test_an_egress_outside_the_operator_namespace_is_never_acted_on() -> None:
+    world = await world_with_tailnet()
+    world.add_egress(namespace="tenant")
+
+    await world.egress.reconcile(Request("tenant", "db"))
+
+    assert world.headscale.preauth_keys == {}
+    obj = world.kube.get(TAILNET_EGRESS, "db", "tenant")
+    assert obj is not None and not obj.get("status") and not obj["metadata"].get("finalizers")
+
+
+async def test_deleting_the_egress_expires_its_key_and_releases_the_finalizer() -> None:
+    world = await world_with_tailnet()
+    world.add_egress()
+    await world.reconcile_egress()
+    key = world.stored_key()
+
+    await world.kube.delete(TAILNET_EGRESS, "db", NAMESPACE)
+    await world.reconcile_egress()
+
+    assert not world.headscale.preauth_live(key)
+    assert world.kube.get(TAILNET_EGRESS, "db", NAMESPACE) is None
+    assert "PreAuthKeyExpired" in world.events.reasons
+
+
+async def test_without_a_working_key_the_egress_waits() -> None:
+    world = EgressWorld()
+    world.add_tailnet()
+    world.add_egress()
+
+    result = await world.reconcile_egress()
+
+    assert (world.cond("Ready")["status"], world.cond("Ready")["reason"]) == ("Unknown", "WaitingForAccess")
+    assert result.requeue_after == 10.0
