@@ -42,7 +42,7 @@ pytestmark = pytest.mark.integration
 class FileAgent:
     node: Node
     forwarder: EgressForwarder
-    watcher: TargetsWatcher
+    watcher: TargetsWatcher[Target]
     metrics: AgentMetrics
     health: HealthServer
 
