@@ -174,14 +174,39 @@ class _Held(asyncio.Protocol):
 
     transport: asyncio.Transport | None = None
 
+    def __init__(self) -> None:
+        self.made: asyncio.Future[asyncio.Transport] = asyncio.get_running_loop().create_future()
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         transport.pause_reading()
+        if not self.made.done():
+            self.made.set_result(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.made.done():
+            self.made.set_exception(ConnectionResetError("the connection ended before it was served"))
 
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+
+
+class _Pending(asyncio.Protocol):
+    """The TLS side until the HTTP protocol takes over: keeps what arrives (``loop.start_tls`` does
+    not call ``connection_made`` on it, so it cannot pause; a client may send with its Finished)."""
+
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+        self.eof = False
+
+    def data_received(self, data: bytes) -> None:
+        self.data.append(data)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        return True
 
 
 class _Http1(web.Server):
@@ -226,35 +251,42 @@ class HttpService:
         return held, self.serve(held), held.abort
 
     async def serve(self, held: _Held) -> None:
-        """One connection: handshake, then HTTP/2 or HTTP/1.1 until it ends."""
-        transport = held.transport
-        assert transport is not None
+        """One connection: handshake, then HTTP/2 or HTTP/1.1 until it ends; a failure ends it alone."""
+        try:
+            transport = await held.made
+        except ConnectionError:
+            return
+        try:
+            await self._serve(transport)
+        except Exception:
+            log.exception("https connection failed", expose=self.expose.name)
+        finally:
+            transport.abort()  # a no-op after a clean close
+
+    async def _serve(self, transport: asyncio.Transport) -> None:
         loop = asyncio.get_running_loop()
         client = str((transport.get_extra_info("peername") or ("?",))[0])
         self.certs.refresh()
-        app = _Held()
         try:
-            try:
-                tls = await loop.start_tls(transport, app, self.tls, server_side=True,
-                                           ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
-            except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
-                log.info("TLS handshake failed", expose=self.expose.name, client=client, error=str(exc) or repr(exc))
-                return
-            assert tls is not None
-            sslobj = tls.get_extra_info("ssl_object")
-            host: VirtualHost = sslobj.virtual_host
-            if sslobj.selected_alpn_protocol() == "h2":
-                reader = asyncio.StreamReader(limit=1 << 20)
-                protocol: asyncio.Protocol = asyncio.StreamReaderProtocol(reader)
-                _hand_over(tls, protocol)
-                await self._serve_h2(reader, asyncio.StreamWriter(tls, protocol, reader, loop), host, client)
-            else:
-                handler = self.http1()
-                end = self.http1.ends[handler] = loop.create_future()
-                _hand_over(tls, handler)
-                await end
-        finally:
-            transport.abort()  # a no-op after a clean close
+            pending = _Pending()
+            tls = await loop.start_tls(transport, pending, self.tls, server_side=True,
+                                       ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
+            log.info("TLS handshake failed", expose=self.expose.name, client=client, error=str(exc) or repr(exc))
+            return
+        assert tls is not None
+        sslobj = tls.get_extra_info("ssl_object")
+        host: VirtualHost = sslobj.virtual_host
+        if sslobj.selected_alpn_protocol() == "h2":
+            reader = asyncio.StreamReader(limit=1 << 20)
+            protocol: asyncio.Protocol = asyncio.StreamReaderProtocol(reader)
+            _hand_over(tls, pending, protocol)
+            await self._serve_h2(reader, asyncio.StreamWriter(tls, protocol, reader, loop), host, client)
+        else:
+            handler = self.http1()
+            end = self.http1.ends[handler] = loop.create_future()
+            _hand_over(tls, pending, handler)
+            await end
 
     # -- HTTP/1.1 --
 
@@ -367,10 +399,13 @@ class BadGateway(Exception):
     """The backend could not be asked (refused, unreachable, TLS verification failed)."""
 
 
-def _hand_over(tls: asyncio.Transport, protocol: asyncio.BaseProtocol) -> None:
+def _hand_over(tls: asyncio.Transport, pending: _Pending, protocol: asyncio.Protocol) -> None:
     tls.set_protocol(protocol)
     protocol.connection_made(tls)
-    tls.resume_reading()
+    if pending.data:
+        protocol.data_received(b"".join(pending.data))
+    if pending.eof:
+        protocol.eof_received()
 
 
 def _text(value: Any) -> str:

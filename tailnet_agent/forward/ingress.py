@@ -13,14 +13,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 from tailnet_agent.exposes import HTTP, Expose
 from tailnet_agent.health import AgentMetrics
-from tailnet_agent.node import Node
 from tailnet_agent.probe import Prober
 
 from .egress import Accept, Closable, Forwarder
 from .http import HttpService
+
+
+class Listener(Protocol):
+    """Where the exposes listen (:class:`tailnet_agent.node.Node` fits)."""
+
+    async def wait_ready(self) -> None: ...
+
+    async def listen(self, protocol_factory: Callable[[], asyncio.Protocol], port: int) -> Closable: ...
 
 
 class LocalDialer:
@@ -43,7 +51,7 @@ class LocalDialer:
 class Ingress:
     """The exposes of one agent; ``forwarder.run`` serves them, ``forwarder.apply`` changes them."""
 
-    def __init__(self, node: Node, exposes: tuple[Expose, ...], *, dial_timeout: float = 30.0,
+    def __init__(self, node: Listener, exposes: tuple[Expose, ...], *, dial_timeout: float = 30.0,
                  metrics: AgentMetrics | None = None, prober: Prober | None = None) -> None:
         self.node = node
         self.services: dict[str, HttpService] = {}

@@ -31,7 +31,7 @@ def test_defaults(env: dict[str, str]) -> None:
 
 def test_ingress_defaults_to_no_accept_routes_and_reads_its_exposes_file(env: dict[str, str], tmp_path: Path) -> None:
     del env["TAILNET_TARGETS"]
-    with pytest.raises(ConfigError, match="^TAILNET_EXPOSES_FILE is not set$"):
+    with pytest.raises(ConfigError, match=r"^TAILNET_EXPOSES_FILE is not set$"):
         load(env, mode="ingress")
     exposes = tmp_path / "exposes.json"
     exposes.write_text('[{"name": "db", "port": 5432, "backend": {"host": "db.shop.svc", "port": 5432}}]')
