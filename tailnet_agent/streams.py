@@ -109,7 +109,11 @@ def error_reason(exc: BaseException) -> str:
 # -- the transport --------------------------------------------------------------------------------
 
 class TailnetTransport(asyncio.Transport):
-    """One TCP connection of the data plane as an asyncio transport. Created by :class:`StreamTable`."""
+    """One TCP connection of the data plane as an asyncio transport. Created by :class:`StreamTable`.
+
+    ``loop.start_tls`` accepts it: it passes data to buffered protocols (asyncio's TLS) too."""
+
+    _start_tls_compatible = True
 
     def __init__(self, table: StreamTable, handle: int, protocol: asyncio.BaseProtocol, *,
                  extra: dict[str, Any]) -> None:
