@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 from cryptography import x509
@@ -26,7 +25,7 @@ from cryptography import x509
 from e2e.conftest import TailscaleFactory
 from e2e.polling import eventually
 from e2e.test_agent_egress import TAG, read_all, wait_peer_sees
-from e2e.test_agent_targets import write_like_kubelet
+from e2e.test_agent_targets import fetch_status, running, write_like_kubelet
 from hack.https_client import Answer, request, tunnel
 from hack.localenv import Headscale, TailscaleNode, free_port
 from hack.localenv._pki import CertificateAuthority
@@ -56,11 +55,7 @@ class IngressAgent:
         return self.node.addresses()[0]
 
     async def status(self) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as http, \
-                http.get(f"http://127.0.0.1:{self.health.port}/status") as resp:
-            assert resp.status == 200
-            document: dict[str, Any] = await resp.json()
-            return document
+        return await fetch_status(self.health)
 
 
 @contextlib.asynccontextmanager
@@ -81,25 +76,10 @@ async def ingress_agent(headscale: Headscale, hostname: str, key: str, directory
     health = HealthServer(node, metrics, host="127.0.0.1", port=0,
                           status=lambda: ingress_status(node, ingress, watcher))
 
-    async def main() -> None:
-        async with asyncio.TaskGroup() as tg:
-            for name, coro in (("node", node.run()), ("ingress", ingress.forwarder.run()),
-                               ("exposes", watcher.run()), ("health", health.run())):
-                tg.create_task(coro, name=name)
-
-    task = asyncio.create_task(main(), name=f"agent-{hostname}")
-    try:
-        await eventually(lambda: task.done() or (node.ready and ingress.forwarder.listening.is_set()
-                                                 and health.started.is_set()), timeout=30, what=f"{hostname} ready")
-        if task.done():
-            task.result()
+    tasks = {"node": node.run(), "ingress": ingress.forwarder.run(), "exposes": watcher.run(), "health": health.run()}
+    async with running(tasks, lambda: node.ready and ingress.forwarder.listening.is_set() and health.started.is_set(),
+                       f"agent-{hostname}"):
         yield IngressAgent(node, ingress, watcher, health)
-        if task.done():
-            task.result()
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def tcp(name: str, port: int, backend: int) -> dict[str, Any]:

@@ -8,11 +8,11 @@ The operator's Egress reconciler reads this document and refines ``NoRoute`` wit
                   "reachable", "latencyMs", "checkedAt"}],
      "targetsFile": {"error": str|null, "loadedAt": iso8601|null}}
 
-In ingress mode ``targets`` is ``exposes`` (:func:`ingress_status`)::
+In ingress mode (:func:`ingress_status`) exposes take the place of targets::
 
     {"node": {...},
      "exposes": [{"name", "port", "mode", "listening", "message", "backend", "reachable", "latencyMs",
-                  "checkedAt", "hosts": [{"name", "alias", "notAfter", "error"}]}],
+                  "checkedAt", "backendError", "hosts": [{"name", "alias", "notAfter", "error"}]}],
      "exposesFile": {"error": str|null, "loadedAt": iso8601|null}}
 
 ``state`` is worked out from the netmap alone (:func:`route_state`); ``reachable``, ``latencyMs`` and
