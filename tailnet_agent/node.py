@@ -244,6 +244,11 @@ class Node:
         Each connection's callback runs as a task of the node's TaskGroup; its errors are logged."""
         return self._require_streams().start_server(client_connected_cb, port)
 
+    async def listen(self, protocol_factory: Callable[[], asyncio.Protocol], port: int) -> TailnetServer:
+        """:meth:`start_server` with a protocol per connection (``loop.create_server``'s shape); its
+        connections are served by whoever made the protocol."""
+        return self._require_streams().start_server(None, port, protocol_factory=protocol_factory)
+
     def _require_streams(self) -> StreamTable:
         if self._streams is None:
             raise NotRunningError(errno.ENOTCONN, "the tailnet node is not running")
