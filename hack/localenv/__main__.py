@@ -212,5 +212,14 @@ running tailnet-operator; Ctrl-C stops everything.
         env.close()
 
 
+def cleanup_main() -> int:
+    """``python -m hack.localenv cleanup``: undo a local node that was killed before its teardown."""
+    from .node import cleanup
+
+    left = cleanup()
+    print("\n".join(left) if left else "the host is clean")
+    return 1 if left and left != ["no record of a local node on this host"] else 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cleanup_main() if sys.argv[1:] == ["cleanup"] else main())

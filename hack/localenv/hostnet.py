@@ -72,7 +72,7 @@ LOCK_WAIT = 1800.0
 
 RECORD = Path("/run/tailnet-local-node.json")
 """What the host looked like before the node, kept while it runs, so that a run killed before its
-teardown can still be undone (``python -m hack.localenv.node cleanup``)."""
+teardown can still be undone (``python -m hack.localenv cleanup``)."""
 
 
 class HostNetworkError(RuntimeError):
@@ -166,7 +166,7 @@ class HostNetwork:
             return "the kernel has no bridge netfilter (net.bridge.bridge-nf-call-iptables)"
         return None
 
-    def setup(self) -> HostNetwork:
+    def setup(self, *, run_id: str = "", workdir: Path | None = None) -> HostNetwork:
         reason = self.available()
         if reason is not None:
             raise HostNetworkError(reason)
@@ -176,13 +176,14 @@ class HostNetwork:
             self._lock = None
             raise HostNetworkError(
                 f"{NODE_BRIDGE} exists: another local node is running, or a run was killed before its "
-                "teardown; stop it or run `python -m hack.localenv.node cleanup`")
+                "teardown; stop it or run `python -m hack.localenv cleanup`")
         self.sysctls_before = read_sysctls(SYSCTLS)
         self.paths_before = {p for p in HOST_PATHS if p.exists()}
         self.nft_before = nft_tables()
         self._up = True
         RECORD.write_text(json.dumps({"sysctls": self.sysctls_before, "paths": sorted(map(str, self.paths_before)),
-                                      "nft": sorted(self.nft_before)}))
+                                      "nft": sorted(self.nft_before), "run": run_id,
+                                      "workdir": str(workdir or "")}))
         _run("ip", "link", "add", NODE_BRIDGE, "type", "bridge")
         _run("ip", "addr", "add", f"{NODE_IP}/32", "dev", NODE_BRIDGE)
         _run("ip", "link", "set", NODE_BRIDGE, "up")
@@ -221,14 +222,16 @@ class HostNetwork:
         return problems
 
     @classmethod
-    def from_record(cls) -> HostNetwork | None:
-        """The record a node that was never torn down left behind, if any."""
+    def from_record(cls) -> tuple[HostNetwork, str, Path | None] | None:
+        """The record a node that was never torn down left behind, if any: the host as it was,
+        the run id its processes carry and its directory."""
         try:
             saved = json.loads(RECORD.read_text())
         except (OSError, ValueError):
             return None
-        return cls(sysctls_before=saved["sysctls"], paths_before={Path(p) for p in saved["paths"]},
+        host = cls(sysctls_before=saved["sysctls"], paths_before={Path(p) for p in saved["paths"]},
                    nft_before=set(saved["nft"]), _up=True)
+        return host, saved.get("run", ""), Path(saved["workdir"]) if saved.get("workdir") else None
 
     def leftovers(self) -> list[str]:
         """What of the node is still on the host (empty after a clean ``restore()``)."""

@@ -235,7 +235,7 @@ class Cluster:
 
         started = time.monotonic()
         try:
-            self.host.setup()
+            self.host.setup(run_id=self.run_id, workdir=self.workdir)
             self.plane = ControlPlane(self.workdir / "controlplane", log_dir=self.log_dir, run_id=self.run_id,
                                       address=hostnet.NODE_IP, cluster=True, group=hostnet.NODE_GID).start()
             self.timings["control plane"] = time.monotonic() - started
@@ -494,32 +494,28 @@ def deployment_available(kubeconfig: Path, namespace: str, name: str) -> bool:
 
 
 def cleanup() -> list[str]:
-    """Undo what a local node that was killed before its teardown left on the host."""
-    from ._process import RUN_MARKER
+    """Undo what a local node that was killed before its teardown left on the host: its
+    processes (they carry the run's marker), containers, mounts, cgroups and host changes."""
+    from ._process import marked_processes
 
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            cmdline = (entry / "cmdline").read_bytes()
-            if entry.name.isdigit() and b"containerd-shim" in cmdline and \
-                    RUN_MARKER.encode() in (entry / "environ").read_bytes():
-                os.kill(int(entry.name), 9)
-    host = hostnet.HostNetwork.from_record()
-    for cgroup in hostnet.cgroup_dirs("kubepods"):
-        hostnet.remove_cgroup_tree(cgroup)
-    if host is None:
+    record = hostnet.HostNetwork.from_record()
+    if record is None:
         return ["no record of a local node on this host"]
-    return host.restore()
+    host, run_id, workdir = record
+    lock = hostnet._acquire(hostnet.LOCK, 10)  # a live node holds it: never clean under one
+    try:
+        if run_id:
+            for pid, _ in marked_processes(run_id):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)
+        for cgroup in hostnet.cgroup_dirs("kubepods"):
+            hostnet.remove_cgroup_tree(cgroup)
+        if workdir is not None:
+            hostnet.unmount_all(workdir)
+        return host.restore()
+    finally:
+        os.close(lock)
 
 
 __all__ = ["CLUSTER_DNS", "HOSTS_CONFIG_MAP", "NODE_NAME", "SERVICE_CIDR", "Cluster", "Node", "kubectl"]
 
-
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] != ["cleanup"]:
-        print("usage: python -m hack.localenv.node cleanup", file=sys.stderr)
-        sys.exit(2)
-    left = cleanup()
-    print("\n".join(left) if left else "the host is clean")
-    sys.exit(1 if left and left != ["no record of a local node on this host"] else 0)
