@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from hack import binaries, render_install
+from tailnet_operator.api.crds import CRD_DIR
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +53,7 @@ def test_the_defaults_render_an_ha_operator_with_kept_crds() -> None:
     assert _one(objects, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
     crds = [o for o in objects if o["kind"] == "CustomResourceDefinition"]
     assert {c["metadata"]["name"] for c in crds} == {
-        p.name.removesuffix(".yaml") for p in render_install.CRD_DIR.glob("*.tailnet.dev.yaml")}
+        p.name.removesuffix(".yaml") for p in CRD_DIR.glob("*.tailnet.dev.yaml")}
     for crd in crds:
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
         assert crd["metadata"]["labels"]["app.kubernetes.io/component"] == "crd"
