@@ -62,6 +62,11 @@ def _lease_holder(cluster: ClusterUnderTest) -> str | None:
     return holder
 
 
+def _new_holder(cluster: ClusterUnderTest, old: str) -> str | None:
+    holder = _lease_holder(cluster)
+    return holder if holder and holder != old else None
+
+
 def _pods(cluster: ClusterUnderTest) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = get_json(cluster, "-n", NAMESPACE, "pods", "-l",
                                            f"app.kubernetes.io/instance={RELEASE}")["items"]
@@ -178,8 +183,8 @@ def test_killing_the_leader_the_standby_takes_over_and_reconciles(
         config = LeaderElectionConfig()
         bound = config.lease_duration + config.renew_deadline + 5
         try:
-            new_holder: str = wait_until(lambda: (h := _lease_holder(cluster)) and h != holder and h,
-                                         timeout=bound, what="the standby to take the Lease")
+            new_holder = str(wait_until(lambda: _new_holder(cluster, holder), timeout=bound,
+                                        what="the standby to take the Lease"))
             took_over = time.monotonic() - killed
             wait_until(lambda: _reconciled(cluster, name, generation), timeout=bound, what="the change reconciled")
         except TimeoutError as exc:
