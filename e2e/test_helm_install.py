@@ -67,6 +67,18 @@ def _new_holder(cluster: ClusterUnderTest, old: str) -> str | None:
     return holder if holder and holder != old else None
 
 
+def _crash(cluster: ClusterUnderTest, pod: str) -> None:
+    """SIGKILL the manager's process: on the local node through containerd; elsewhere (kind)
+    the pod is deleted without a grace period, which still delivers a SIGTERM first."""
+    node = getattr(cluster, "node", None)
+    if node is None:
+        kubectl(cluster, "-n", NAMESPACE, "delete", "pod", pod, "--grace-period=0", "--force", "--wait=false")
+        return
+    status = get_json(cluster, "-n", NAMESPACE, "pod", pod)["status"]
+    [container] = [c for c in status["containerStatuses"] if c["name"] == "manager"]
+    node.ctr("tasks", "kill", "--signal", "SIGKILL", container["containerID"].removeprefix("containerd://"))
+
+
 def _pods(cluster: ClusterUnderTest) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = get_json(cluster, "-n", NAMESPACE, "pods", "-l",
                                            f"app.kubernetes.io/instance={RELEASE}")["items"]
@@ -173,10 +185,11 @@ def test_killing_the_leader_the_standby_takes_over_and_reconciles(
         holder = wait_until(lambda: _lease_holder(cluster), timeout=30, what="the Lease holder")
         [leader] = [p["metadata"]["name"] for p in _pods(cluster) if holder.startswith(f"{p['metadata']['name']}_")]
         [standby] = [p for p in _ready_pods(cluster) if p != leader]
+        lease_before = get_json(cluster, "-n", NAMESPACE, "lease", LEASE)["spec"]
 
-        # A crash, not a graceful stop: no grace period, so the Lease is not released first.
+        # A crash, not a graceful stop: SIGKILL, so the Lease is not released and must expire.
         killed = time.monotonic()
-        kubectl(cluster, "-n", NAMESPACE, "delete", "pod", leader, "--grace-period=0", "--force", "--wait=false")
+        _crash(cluster, leader)
         kubectl(cluster, "patch", "tailnets.tailnet.dev", name, "--type=merge",
                 "-p", json.dumps({"spec": {"apiKeyLifetime": "3h"}}))
         generation = _tailnet(cluster, name)["metadata"]["generation"]
@@ -191,6 +204,8 @@ def test_killing_the_leader_the_standby_takes_over_and_reconciles(
             raise AssertionError(f"{exc}\n{_diagnostics(cluster)}") from exc
         reconciled = time.monotonic() - killed
         assert new_holder.startswith(f"{standby}_"), (new_holder, standby)
+        lease_after = get_json(cluster, "-n", NAMESPACE, "lease", LEASE)["spec"]
+        assert lease_after.get("leaseTransitions", 0) > lease_before.get("leaseTransitions", 0)
         print(f"failover: Lease taken {took_over:.1f}s and the change reconciled {reconciled:.1f}s after the kill "
               f"(bound {bound:.0f}s)")
         assert reconciled < bound
