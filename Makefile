@@ -49,6 +49,7 @@ lint: $(VENV)/.native
 
 manifests: $(VENV)/.installed
 	$(PY) -m hack.codegen
+	$(PY) -m hack.render_install
 
 unit: $(VENV)/.native
 	$(VENV)/bin/pytest unit_tests -q $(PYTEST_ARGS)

@@ -9,7 +9,7 @@ Every binary comes from Go modules through the Go toolchain:
   modules at ``./staging``; a throwaway module replaces each of them with the published
   ``k8s.io/<name> v0.<minor>.<patch>`` and builds the commands from there.
 * The local node's containerd (with its runc shim and ``ctr``), the CNI plugins, CoreDNS,
-  kind and cyclonus come the same way, with the build tags their own Makefiles use.
+  kind, cyclonus and Helm come the same way, with the build tags their own Makefiles use.
 * runc needs cgo for its ``nsenter`` part and libseccomp (the ``seccomp`` tag) for the
   ``RuntimeDefault`` profile that Pod Security's ``restricted`` level demands: it is built
   inside a copy of its own module, with cgo, against Debian's libseccomp-dev. Its
@@ -64,6 +64,8 @@ class Component:
     """Build inside a copy of the module itself (it needs its own go.mod, with cgo)."""
     drop_replaces: tuple[str, ...] = ()
     """``replace`` directives of that go.mod whose targets the published module lacks."""
+    x_version: str = ""
+    """A Go variable that ``-ldflags -X`` sets to ``v<version>`` (what ``<binary> version`` prints)."""
 
     @property
     def directory(self) -> Path:
@@ -104,7 +106,9 @@ COREDNS = Component("coredns", versions.COREDNS, ("coredns",), "github.com/cored
 KIND = Component("kind", versions.KIND, ("kind",), "sigs.k8s.io/kind", ("sigs.k8s.io/kind",))
 CYCLONUS = Component("cyclonus", versions.CYCLONUS, ("cyclonus",), "github.com/mattfenwick/cyclonus",
                      ("github.com/mattfenwick/cyclonus/cmd/cyclonus",))
-COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE, CONTAINERD, RUNC, CNI_PLUGINS, COREDNS, KIND, CYCLONUS)
+HELM = Component("helm", versions.HELM, ("helm",), "helm.sh/helm/v3", ("helm.sh/helm/v3/cmd/helm",),
+                 x_version="helm.sh/helm/v3/internal/version.version")
+COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE, CONTAINERD, RUNC, CNI_PLUGINS, COREDNS, KIND, CYCLONUS, HELM)
 
 _MIN_GO = (1, 26)
 
@@ -234,6 +238,8 @@ def build(component: Component) -> float:
         _build_kubernetes(component)
     elif component.in_module:
         _build_in_module(component)
+    elif component.x_version:
+        _build_from_module(component, f"-s -w -X {component.x_version}=v{component.version}")
     else:
         _build_from_module(component)
     elapsed = time.monotonic() - started

@@ -22,6 +22,8 @@ COREDNS = "1.12.4"
 # set of NetworkPolicies allows, with its own implementation of the semantics.
 KIND = "0.33.0"
 CYCLONUS = "0.5.6"
+# Helm renders manifests/install from the chart (python -m hack.render_install) and installs it in tests.
+HELM = "3.22.0"
 
 # The Debian release the image's base rootfs is made from (debootstrap).
 DEBIAN_SUITE = "bookworm"

@@ -1,5 +1,8 @@
 """The install tree (`kubectl apply -k manifests/`): structural facts that must not regress.
 
+manifests/install/ is generated from the Helm chart (``python -m hack.render_install``;
+e2e/test_chart.py checks it is current), so these facts hold for the chart's defaults too.
+
 The files are rendered here in Python, following the subset of kustomize the tree uses
 (``resources``, ``patches`` with a target, ``images``); a kustomization with any other field
 fails the render, so the tree cannot grow a feature these tests silently ignore.
@@ -157,6 +160,9 @@ def test_install_has_the_crds_and_the_operator_but_not_the_samples() -> None:
         ("RoleBinding", CLUSTER_SCOPED_NAMESPACE, "tailnet-operator-events"),
         ("Deployment", NAMESPACE, "tailnet-operator"),
         ("Service", NAMESPACE, "tailnet-operator-metrics"),
+        ("PodDisruptionBudget", NAMESPACE, "tailnet-operator"),
+        ("ClusterRole", "", "tailnet-operator-view"),
+        ("ClusterRole", "", "tailnet-operator-edit"),
         ("ValidatingAdmissionPolicy", "", "tailnet-egress-operator-namespace"),
         ("ValidatingAdmissionPolicyBinding", "", "tailnet-egress-operator-namespace"),
     ])
@@ -197,16 +203,16 @@ def test_namespaced_objects_live_in_the_operator_namespace_except_the_events_rol
 
 def test_the_deployment_runs_the_operator_image_as_its_service_account() -> None:
     dep = deployment()
-    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["replicas"] == 2, "HA by default: a leader and a warm standby"
     spec = pod_spec()
     assert spec["serviceAccountName"] == SERVICE_ACCOUNT
     assert spec["automountServiceAccountToken"] is True
     container = manager_container()
     assert container["image"] == IMAGE
     assert container["imagePullPolicy"] == "IfNotPresent"
-    source = yaml.safe_load((MANIFESTS / "install" / "deployment.yaml").read_text())
-    assert source["spec"]["template"]["spec"]["containers"][0]["image"] == "tailnet-operator", \
-        "the file names the bare image; manifests/kustomization.yaml maps it"
+    [source] = [d for d in yaml.safe_load_all((MANIFESTS / "install" / "deployment.yaml").read_text()) if d]
+    assert source["spec"]["template"]["spec"]["containers"][0]["image"] == IMAGE, \
+        "the chart's default image; manifests/kustomization.yaml's images: entry is where to change it"
     selector = dep["spec"]["selector"]["matchLabels"]
     assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
 
@@ -282,8 +288,14 @@ def test_the_grace_period_covers_draining_and_releasing_the_lease() -> None:
 # -- RBAC -----------------------------------------------------------------------------------------
 
 
+def _aggregated(obj: Obj) -> bool:
+    labels = obj["metadata"].get("labels") or {}
+    return any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in labels)
+
+
 def _rbac(kind: str) -> list[Obj]:
-    return [o for o in RENDERED if o["kind"] == kind]
+    """The operator's own RBAC: the roles aggregated into view/edit/admin are for people."""
+    return [o for o in RENDERED if o["kind"] == kind and not _aggregated(o)]
 
 
 def granted() -> list[Grant]:
@@ -402,6 +414,47 @@ def test_events_are_written_only_where_the_recorder_puts_them() -> None:
     # cluster-scoped objects' Events go to `default`; a TailnetEgress's to its own (the operator's) namespace
     assert {g[0] for g in events} == {CLUSTER_SCOPED_NAMESPACE, NAMESPACE}
     assert {g[1] for g in events} == {"events.k8s.io"}
+
+
+def test_view_and_edit_aggregate_the_custom_resources_and_are_bound_to_nobody() -> None:
+    view, edit = one("ClusterRole", "tailnet-operator-view"), one("ClusterRole", "tailnet-operator-edit")
+    plurals = {o["spec"]["names"]["plural"] for o in RENDERED if o["kind"] == "CustomResourceDefinition"}
+    for role, verbs, aggregates in ((view, {"get", "list", "watch"}, {"view", "edit", "admin"}),
+                                    (edit, {"create", "update", "patch", "delete"}, {"edit", "admin"})):
+        labels = role["metadata"]["labels"]
+        assert {k.rpartition("-")[2] for k, v in labels.items()
+                if k.startswith("rbac.authorization.k8s.io/aggregate-to-") and v == "true"} == aggregates
+        [rule] = role["rules"]
+        assert rule["apiGroups"] == ["tailnet.dev"] and set(rule["resources"]) == plurals
+        assert set(rule["verbs"]) == verbs
+    refs = {o["roleRef"]["name"] for o in RENDERED if o["kind"] in ("RoleBinding", "ClusterRoleBinding")}
+    assert not refs & {"tailnet-operator-view", "tailnet-operator-edit"}
+
+
+# -- high availability ----------------------------------------------------------------------------
+
+
+def test_the_disruption_budget_keeps_one_replica_through_a_drain() -> None:
+    pdb = one("PodDisruptionBudget", "tailnet-operator")
+    assert pdb["spec"]["minAvailable"] == 1 < deployment()["spec"]["replicas"]
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment()["spec"]["selector"]["matchLabels"]
+
+
+def test_replicas_spread_over_nodes_but_still_schedule_on_one() -> None:
+    [spread] = pod_spec()["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway", "a single-node cluster runs both replicas"
+    assert spread["labelSelector"]["matchLabels"] == deployment()["spec"]["selector"]["matchLabels"]
+
+
+def test_the_chart_labels_are_on_every_object() -> None:
+    versions_seen = set()
+    for obj in RENDERED:
+        labels = obj["metadata"].get("labels") or {}
+        assert labels.get("app.kubernetes.io/managed-by"), obj["metadata"]["name"]
+        versions_seen.add(labels.get("app.kubernetes.io/version"))
+    assert versions_seen == {deployment()["metadata"]["labels"]["app.kubernetes.io/version"]}, \
+        "manifests/kustomization.yaml labels the CRDs with the chart's appVersion"
 
 
 # -- admission ------------------------------------------------------------------------------------

@@ -33,8 +33,11 @@ def install_overlay(directory: Path, image_ref: str) -> Path:
 
 
 def install_operator(kubeconfig: Path, overlay: Path) -> None:
-    """Server-side apply (the CRDs are too large for the client-side annotation)."""
-    kubectl(kubeconfig, "apply", "--server-side", "--field-manager=tailnet-install", "-k", str(overlay))
+    """Server-side apply (the CRDs are too large for the client-side annotation), taking over
+    the fields another manager set: CRDs kept by an uninstalled Helm release (helm.sh/resource-
+    policy: keep) still carry its labels, owned by the manager ``helm``."""
+    kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "--field-manager=tailnet-install",
+            "-k", str(overlay))
 
 
 def operator_available(kubeconfig: Path) -> bool:

@@ -276,6 +276,18 @@ class LeaderElector:
             raise LeaderElectionUnhealthy(
                 f"lease {self.namespace}/{self.name} not renewed for {since:.1f}s")
 
+    def check_ready(self) -> None:
+        """A /readyz check: raises when the Lease names us but we have not renewed it for longer
+        than `renew_deadline`, when the leader gives up by its own rule and a standby may soon
+        take over. A standby passes: it is a warm spare (caches synced) ready to lead, which the
+        PodDisruptionBudget and the Deployment's availability count on (docs/decisions.md)."""
+        if not self._holds_record():
+            return
+        since = self._clock.now() - self._observed_time
+        if since > self.config.renew_deadline:
+            raise LeaderElectionUnhealthy(
+                f"leading on lease {self.namespace}/{self.name} but not renewed for {since:.1f}s")
+
     # -- the loop -------------------------------------------------------------------------------
 
     async def run(self) -> None:

@@ -3,7 +3,8 @@
 ``run()`` starts, in this order, under one TaskGroup:
 
 1. the probe server (``/healthz``, ``/readyz``) and the metrics server (``/metrics``);
-2. the shared cache, and waits for it to sync (``/readyz`` passes from then on);
+2. the shared cache, and waits for it to sync (``/readyz`` passes from then on, on a standby
+   as on the leader; a leader fails it while its Lease is not renewed in time);
 3. leader election, when enabled, and waits to lead;
 4. every controller.
 
@@ -102,6 +103,7 @@ class Manager:
         self._ready_checks: dict[str, HealthCheck] = {"informer-sync": self._check_synced}
         if self.elector is not None:
             self._health_checks["leaderElection"] = self.elector.check_health
+            self._ready_checks["leaderElection"] = self.elector.check_ready
         self._synced = False
         self._stop = asyncio.Event()
         self.bound_addresses: dict[str, tuple[str, int]] = {}
