@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -59,7 +60,10 @@ class Node:
         self.plane = plane
         self.log_dir = log_dir
         self.run_id = run_id
-        self.socket = workdir / "containerd" / "containerd.sock"
+        # A unix socket path may be at most 107 bytes (containerd refuses > 104), and the run
+        # directory of a deep checkout is longer than that: the sockets live in a short directory.
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="tnode-"))
+        self.socket = self.socket_dir / "containerd.sock"
         self.processes: list[ManagedProcess] = []
         self.containerd: ManagedProcess | None = None
         self.pause_ref = ""
@@ -87,6 +91,7 @@ class Node:
         if self.containerd is not None:
             self.containerd.stop()
         self._kill_shims()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
         hostnet.unmount_all(self.workdir)
         for cgroup in hostnet.cgroup_dirs("kubepods"):
             hostnet.remove_cgroup_tree(cgroup)
@@ -123,7 +128,7 @@ class Node:
         cni_conf.mkdir(parents=True, exist_ok=True)
         (cni_conf / "10-tailnet-local.conflist").write_text(json.dumps(cni_config(self.workdir / "cni" / "ipam")))
         config = base / "config.toml"
-        config.write_text(containerd_config(base, cni_conf, self.pause_ref, cni_bin=binaries.binary("bridge").parent,
+        config.write_text(containerd_config(base, cni_conf, self.pause_ref, sockets=self.socket_dir, cni_bin=binaries.binary("bridge").parent,
                                             runc=binaries.binary("runc")))
         path = f"{binaries.binary('containerd').parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         self.containerd = self._spawn("containerd", [binaries.binary("containerd"), "--config", config],
@@ -296,19 +301,21 @@ def cni_config(ipam_dir: Path) -> dict[str, Any]:
     }
 
 
-def containerd_config(base: Path, cni_conf: Path, pause_ref: str, *, cni_bin: Path, runc: Path) -> str:
+def containerd_config(base: Path, cni_conf: Path, pause_ref: str, *, cni_bin: Path, runc: Path,
+                      sockets: Path | None = None) -> str:
     """containerd 2.x configuration (version 3): its own root, state, socket and CNI; runc with
     cgroupfs; the local pause image pinned; OOM score only ever raised (the VM withholds
     CAP_SYS_RESOURCE, so lowering it fails)."""
+    sockets = sockets or base
     return f"""version = 3
 root = "{base / 'root'}"
 state = "{base / 'state'}"
 
 [grpc]
-  address = "{base / 'containerd.sock'}"
+  address = "{sockets / 'containerd.sock'}"
 
 [ttrpc]
-  address = "{base / 'containerd.sock.ttrpc'}"
+  address = "{sockets / 'containerd.sock.ttrpc'}"
 
 [plugins."io.containerd.internal.v1.opt"]
   path = "{base / 'opt'}"
