@@ -128,7 +128,8 @@ class Node:
         cni_conf.mkdir(parents=True, exist_ok=True)
         (cni_conf / "10-tailnet-local.conflist").write_text(json.dumps(cni_config(self.workdir / "cni" / "ipam")))
         config = base / "config.toml"
-        config.write_text(containerd_config(base, cni_conf, self.pause_ref, sockets=self.socket_dir, cni_bin=binaries.binary("bridge").parent,
+        config.write_text(containerd_config(base, cni_conf, self.pause_ref, sockets=self.socket_dir,
+                                            cni_bin=binaries.binary("bridge").parent,
                                             runc=binaries.binary("runc")))
         path = f"{binaries.binary('containerd').parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         self.containerd = self._spawn("containerd", [binaries.binary("containerd"), "--config", config],
