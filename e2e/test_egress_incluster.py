@@ -9,6 +9,7 @@ tailscaled subnet router (host, uid nobody) -> veth -> site host's HTTP server.
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -228,3 +229,33 @@ def test_a_target_added_and_removed_never_restarts_the_agent(
     assert after["metadata"]["uid"] == before["metadata"]["uid"], "the agent pod was replaced"
     restarts = [c["restartCount"] for c in after["status"]["containerStatuses"]]
     assert restarts == [c["restartCount"] for c in before["status"]["containerStatuses"]], restarts
+
+
+def test_deleting_the_egress_expires_its_key_and_removes_its_objects(
+        cluster: ClusterUnderTest, world: EgressWorld, cluster_headscale: Headscale) -> None:
+    apply(cluster, [world.egress_object([world.target("site-web", 8080, f"web.{ZONE}")])])
+    obj = wait_until(lambda: _egress_ready(cluster, world, {"site-web"}), timeout=120, what="the egress Ready")
+    key_id = str(obj["status"]["preAuthKey"]["id"])
+    owned = [("deployment", world.agent), ("service", world.agent), ("service", "site-web"),
+             ("configmap", f"{world.egress}-egress-config"), ("secret", f"{world.egress}-auth-key"),
+             ("networkpolicy", world.agent)]
+    for kind, name in owned:
+        assert kubectl(cluster, "-n", world.namespace, "get", kind, name, "-o", "name").strip(), (kind, name)
+
+    kubectl(cluster, "-n", world.namespace, "delete", EGRESSES, world.egress, "--wait=true", "--timeout=90s")
+
+    keys = cluster_headscale.api("GET", "/api/v1/preauthkey").get("preAuthKeys") or []
+    key = next(k for k in keys if str(k["id"]) == key_id)
+    expiration = dt.datetime.fromisoformat(key["expiration"].replace("Z", "+00:00"))
+    assert expiration <= dt.datetime.now(dt.UTC), key
+
+    def gone() -> bool:
+        return all(kubectl(cluster, "-n", world.namespace, "get", kind, name, "--ignore-not-found",
+                           "-o", "name") == "" for kind, name in owned)
+
+    wait_until(gone, timeout=60, what="every object the egress owned to be garbage collected")
+
+    def alias_gone() -> bool:
+        return f"web.{ZONE}" not in get_json(cluster, "-n", HOSTS[0], "configmap", HOSTS[1])["data"]["hosts"]
+
+    wait_until(alias_gone, timeout=30, what="the alias to leave the hosts file")
