@@ -10,6 +10,7 @@ tailscaled subnet router (host, uid nobody) -> veth -> site host's HTTP server.
 from __future__ import annotations
 
 import datetime as dt
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -229,6 +230,62 @@ def test_a_target_added_and_removed_never_restarts_the_agent(
     assert after["metadata"]["uid"] == before["metadata"]["uid"], "the agent pod was replaced"
     restarts = [c["restartCount"] for c in after["status"]["containerStatuses"]]
     assert restarts == [c["restartCount"] for c in before["status"]["containerStatuses"]], restarts
+
+
+ECHO_SERVER = """
+import socket, sys, threading
+server = socket.create_server((sys.argv[1], int(sys.argv[2])))
+print("listening", flush=True)
+def echo(conn):
+    with conn:
+        while data := conn.recv(65536):
+            conn.sendall(data)
+        conn.shutdown(socket.SHUT_WR)
+while True:
+    conn, _ = server.accept()
+    threading.Thread(target=echo, args=(conn,), daemon=True).start()
+"""
+
+ECHO_CLIENT = """
+import hashlib, os, socket, threading
+data = os.urandom({size})
+conn = socket.create_connection(({host!r}, {port}), timeout=60)
+def send():
+    conn.sendall(data)
+    conn.shutdown(socket.SHUT_WR)
+sender = threading.Thread(target=send)
+sender.start()
+digest, received = hashlib.sha256(), 0
+while chunk := conn.recv(1 << 16):
+    digest.update(chunk)
+    received += len(chunk)
+sender.join()
+print(received, digest.hexdigest() == hashlib.sha256(data).hexdigest())
+"""
+
+
+def test_sixteen_mebibytes_each_way_arrive_intact_and_half_close_is_honoured(
+        cluster: ClusterUnderTest, world: EgressWorld) -> None:
+    server = world.host.run("echo-9000", [sys.executable, "-u", "-c", ECHO_SERVER, world.host.address, "9000"])
+
+    def listening() -> bool:
+        server.check_running()
+        return "listening" in server.log_tail()
+
+    wait_until(listening, timeout=10, what="the echo server on the site host")
+    first = world.target("site-web", 8080, f"web.{ZONE}")
+    apply(cluster, [world.egress_object([first, world.target("site-echo", 9000)])])
+    wait_until(lambda: _egress_ready(cluster, world, {"site-web", "site-echo"}), timeout=120,
+               what="the echo target Ready")
+    size = 16 << 20
+    code = ECHO_CLIENT.format(size=size, host=f"site-echo.{world.namespace}.svc", port=9000)
+    try:
+        out = wait_until(lambda: exec_python(cluster, world.consumer, "client", code, timeout=120), timeout=240,
+                         what="16 MiB echoed through the egress")
+    except TimeoutError as exc:
+        raise _diagnose(cluster, world, exc) from exc
+    # Everything sent came back, and the far end's EOF (after ours) reached the client.
+    assert out.split() == [str(size), "True"], out
 
 
 def test_deleting_the_egress_expires_its_key_and_removes_its_objects(
