@@ -36,7 +36,8 @@ from e2e.conftest import TailscaleFactory
 from e2e.operator import tailnet_object, unique
 from hack.localenv import Headscale, SiteHost, TailscaleNode, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e]
+# The first test also waits for the node, the image and the operator (the session fixtures).
+pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 EGRESSES = "tailnetegresses.tailnet.dev"
 TAILNETS = "tailnets.tailnet.dev"
