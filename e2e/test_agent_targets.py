@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,19 +42,46 @@ pytestmark = pytest.mark.integration
 class FileAgent:
     node: Node
     forwarder: EgressForwarder
-    watcher: TargetsWatcher
+    watcher: TargetsWatcher[Target]
     metrics: AgentMetrics
     health: HealthServer
 
     async def status(self) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as http, \
-                http.get(f"http://127.0.0.1:{self.health.port}/status") as resp:
-            assert resp.status == 200
-            document: dict[str, Any] = await resp.json()
-            return document
+        return await fetch_status(self.health)
 
     async def target_status(self, name: str) -> dict[str, Any]:
         return next(t for t in (await self.status())["targets"] if t["name"] == name)
+
+
+async def fetch_status(health: HealthServer) -> dict[str, Any]:
+    """``GET /status`` of a running health server."""
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{health.port}/status") as resp:
+        assert resp.status == 200
+        document: dict[str, Any] = await resp.json()
+        return document
+
+
+@contextlib.asynccontextmanager
+async def running(tasks: dict[str, Coroutine[Any, Any, None]], ready: Callable[[], bool], what: str,
+                  ) -> AsyncIterator[None]:
+    """Run ``tasks`` in one TaskGroup until the body ends, after ``ready``; a crash fails the test."""
+    async def main() -> None:
+        async with asyncio.TaskGroup() as tg:
+            for name, coro in tasks.items():
+                tg.create_task(coro, name=name)
+
+    task = asyncio.create_task(main(), name=what)
+    try:
+        await eventually(lambda: task.done() or ready(), timeout=30, what=f"{what} ready")
+        if task.done():
+            task.result()
+        yield
+        if task.done():
+            task.result()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def write_like_kubelet(directory: Path, targets: list[Target] | str) -> Path:
@@ -90,25 +117,10 @@ async def file_agent(headscale: Headscale, hostname: str, key: str, directory: P
     health = HealthServer(node, metrics, host="127.0.0.1", port=0,
                           status=lambda: egress_status(node, forwarder, watcher))
 
-    async def main() -> None:
-        async with asyncio.TaskGroup() as tg:
-            for name, coro in (("node", node.run()), ("egress", forwarder.run()), ("targets", watcher.run()),
-                               ("health", health.run())):
-                tg.create_task(coro, name=name)
-
-    task = asyncio.create_task(main(), name=f"agent-{hostname}")
-    try:
-        await eventually(lambda: task.done() or (node.ready and forwarder.listening.is_set()
-                                                 and health.started.is_set()), timeout=30, what=f"{hostname} ready")
-        if task.done():
-            task.result()
+    tasks = {"node": node.run(), "egress": forwarder.run(), "targets": watcher.run(), "health": health.run()}
+    async with running(tasks, lambda: node.ready and forwarder.listening.is_set() and health.started.is_set(),
+                       f"agent-{hostname}"):
         yield FileAgent(node, forwarder, watcher, metrics, health)
-        if task.done():
-            task.result()
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def banner_server(banner: bytes) -> tuple[asyncio.Server, int]:

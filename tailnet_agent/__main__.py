@@ -1,9 +1,10 @@
 """Entry point of the agent. AGENT_MODE selects the direction and has no default.
 
-``egress`` runs the node, the egress listeners and the health server until SIGTERM or SIGINT
-(exit 0). Startup problems are one line on stderr and a non-zero exit: 2 for configuration
-(including AGENT_MODE), 3 for a mode not implemented yet (ingress), 1 when the node fails (e.g.
-control refuses the pre-auth key).
+``egress`` runs the node, the local egress listeners and the health server until SIGTERM or SIGINT
+(exit 0); ``ingress`` the node, the exposes' tailnet listeners (followed from
+``TAILNET_EXPOSES_FILE``) and the health server. Startup problems are one line on stderr and a
+non-zero exit: 2 for configuration (including AGENT_MODE), 1 when the node fails (e.g. control
+refuses the pre-auth key).
 """
 
 from __future__ import annotations
@@ -36,32 +37,52 @@ def _configure_logging() -> None:
         cache_logger_on_first_use=True)
 
 
-async def run_egress() -> int:
+async def run_agent(mode: str) -> int:
+    from collections.abc import Callable, Coroutine
+    from typing import Any
+
     from tailnet_agent import config
     from tailnet_agent.control import ControlOptions, RegistrationError
-    from tailnet_agent.forward import EgressForwarder
     from tailnet_agent.health import AgentMetrics, HealthServer
     from tailnet_agent.node import Node, NodeOptions
     from tailnet_agent.probe import Prober
-    from tailnet_agent.status import egress_status
     from tailnet_agent.targets import TargetsWatcher
     from tailnet_operator.clock import RealClock
 
-    cfg = config.load(mode="egress")
+    cfg = config.load(mode=mode)
     clock = RealClock()
     control = ControlOptions(url=cfg.control_url, auth_key=cfg.auth_key, hostname=cfg.hostname,
                              ca_bundle=cfg.ca_bundle)
     node = Node(NodeOptions(control=control, accept_routes=cfg.accept_routes, dial_timeout=cfg.dial_timeout,
                             udp_port=cfg.udp_port), clock=clock)
     metrics = AgentMetrics(node)
-    forwarder = EgressForwarder(node, cfg.targets, bind_address=cfg.bind_address, dial_timeout=cfg.dial_timeout,
-                                metrics=metrics, prober=Prober(node, clock, metrics=metrics))
-    watcher = None
-    if cfg.targets_file is not None:
-        watcher = TargetsWatcher(cfg.targets_file, forwarder.apply, clock=clock, initial_digest=cfg.targets_digest,
-                                 report=metrics.targets_reload_outcome)
-    health = HealthServer(node, metrics, host=cfg.health_host, port=cfg.health_port,
-                          status=lambda: egress_status(node, forwarder, watcher))
+    watcher: TargetsWatcher[Any] | None = None
+    status: Callable[[], dict[str, Any]]
+    work: Coroutine[Any, Any, None]
+    if mode == "egress":
+        from tailnet_agent.forward import EgressForwarder
+        from tailnet_agent.status import egress_status
+
+        forwarder = EgressForwarder(node, cfg.targets, bind_address=cfg.bind_address,
+                                    dial_timeout=cfg.dial_timeout, metrics=metrics,
+                                    prober=Prober(node, clock, metrics=metrics))
+        if cfg.targets_file is not None:
+            watcher = TargetsWatcher(cfg.targets_file, forwarder.apply, clock=clock,
+                                     initial_digest=cfg.targets_digest, report=metrics.targets_reload_outcome)
+        work, status = forwarder.run(), lambda: egress_status(node, forwarder, watcher)
+    else:
+        from tailnet_agent.exposes import parse_exposes
+        from tailnet_agent.forward.ingress import Ingress, LocalDialer
+        from tailnet_agent.status import ingress_status
+
+        ingress = Ingress(node, cfg.exposes, dial_timeout=cfg.dial_timeout, metrics=metrics,
+                          prober=Prober(LocalDialer(), clock, metrics=metrics))
+        assert cfg.exposes_file is not None
+        watcher = TargetsWatcher(cfg.exposes_file, ingress.forwarder.apply, clock=clock,
+                                 initial_digest=cfg.targets_digest, report=metrics.targets_reload_outcome,
+                                 parse=parse_exposes, what="exposes")
+        work, status = ingress.forwarder.run(), lambda: ingress_status(node, ingress, watcher)
+    health = HealthServer(node, metrics, host=cfg.health_host, port=cfg.health_port, status=status)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -76,9 +97,9 @@ async def run_egress() -> int:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(node.run(), name="node")
             tg.create_task(health.run(), name="health")
-            tg.create_task(forwarder.run(), name="egress")
+            tg.create_task(work, name=mode)
             if watcher is not None:
-                tg.create_task(watcher.run(), name="targets-file")
+                tg.create_task(watcher.run(), name=f"{watcher.what}-file")
             tg.create_task(until_signal(), name="signals")
     except* _Stop:
         structlog.get_logger("agent").info("stopped by signal")
@@ -96,16 +117,13 @@ def main() -> int:
         shown = repr(mode) if mode else "unset"
         print(f"tailnet-agent: AGENT_MODE is {shown}; set it to one of: {', '.join(MODES)}", file=sys.stderr)
         return 2
-    if mode == "ingress":
-        print("tailnet-agent: AGENT_MODE=ingress is not implemented yet", file=sys.stderr)
-        return 3
     from tailnet_agent.config import ConfigError
     from tailnet_agent.memory import fix_mmap_threshold
 
     _configure_logging()
     fix_mmap_threshold()
     try:
-        return asyncio.run(run_egress())
+        return asyncio.run(run_agent(mode))
     except ConfigError as exc:
         print(f"tailnet-agent: {exc}", file=sys.stderr)
         return 2

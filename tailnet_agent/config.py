@@ -11,6 +11,8 @@ Every problem is a :class:`ConfigError` with a one-line message naming the varia
 ``TAILNET_TARGETS``        Egress targets as JSON (below). Required for egress.
 ``TAILNET_TARGETS_FILE``   The same JSON read from a file; used when ``TAILNET_TARGETS`` is unset.
                            The file is followed: a change applies without a restart.
+``TAILNET_EXPOSES_FILE``   Ingress exposes as JSON (:mod:`tailnet_agent.exposes`). Required for
+                           ingress; followed like the targets file.
 ``TAILNET_BIND_ADDRESS``   Address the egress listeners bind. Default ``0.0.0.0``.
 ``TAILNET_HEALTH_ADDRESS`` ``host:port`` of /healthz, /readyz and /metrics. Default ``0.0.0.0:9002``.
 ``TAILNET_ACCEPT_ROUTES``  Use peers' subnet routes (``true``/``false``). Default true for egress.
@@ -36,8 +38,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
+
+if TYPE_CHECKING:
+    from tailnet_agent.exposes import Expose
 
 DEFAULT_HEALTH_ADDRESS = "0.0.0.0:9002"
 DEFAULT_BIND_ADDRESS = "0.0.0.0"
@@ -68,6 +73,20 @@ class Target:
     ports: tuple[PortMapping, ...]
 
 
+class Forwarded(Protocol):
+    """What a forwarder listens for and dials: a :class:`Target`, or an ingress expose
+    (:class:`tailnet_agent.exposes.Expose`); each ``PortMapping`` is a listen port and the port dialled."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def ports(self) -> tuple[PortMapping, ...]: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class AgentConfig:
     control_url: str
@@ -79,7 +98,9 @@ class AgentConfig:
     targets_file: Path | None = None
     """Where the targets came from when read from ``TAILNET_TARGETS_FILE`` (followed for changes)."""
     targets_digest: str = ""
-    """SHA-256 of the targets file's bytes as read at startup."""
+    """SHA-256 of the targets (or exposes) file's bytes as read at startup."""
+    exposes: tuple[Expose, ...] = ()
+    exposes_file: Path | None = None
     bind_address: str = DEFAULT_BIND_ADDRESS
     health_host: str = "0.0.0.0"
     health_port: int = 9002
@@ -196,6 +217,15 @@ def load(env: Mapping[str, str] | None = None, *, mode: str = "egress") -> Agent
             raise ConfigError("TAILNET_TARGETS is not set (egress needs at least one target)")
         if not targets:
             raise ConfigError("TAILNET_TARGETS is empty (egress needs at least one target)")
+    exposes: tuple[Expose, ...] = ()
+    exposes_file: Path | None = None
+    if mode == "ingress":
+        from tailnet_agent.exposes import parse_exposes
+
+        path = _required(env, "TAILNET_EXPOSES_FILE")
+        text = _read_file("TAILNET_EXPOSES_FILE", path)
+        exposes = parse_exposes(text)
+        exposes_file, targets_digest = Path(path), hashlib.sha256(text.encode()).hexdigest()
     bind = env.get("TAILNET_BIND_ADDRESS", "").strip() or DEFAULT_BIND_ADDRESS
     try:
         ipaddress.ip_address(bind)
@@ -216,6 +246,7 @@ def load(env: Mapping[str, str] | None = None, *, mode: str = "egress") -> Agent
             raise ConfigError(f"TAILNET_DIAL_TIMEOUT must be positive, got {timeout_text!r}")
     return AgentConfig(control_url=url, auth_key=auth_key, hostname=hostname, ca_bundle=ca_bundle,
                        targets=targets, targets_file=targets_file, targets_digest=targets_digest,
+                       exposes=exposes, exposes_file=exposes_file,
                        bind_address=bind, health_host=health_host, health_port=health_port,
                        accept_routes=accept_routes, dial_timeout=dial_timeout, udp_port=parse_udp_port(env))
 

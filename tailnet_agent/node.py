@@ -36,7 +36,6 @@ DERP relays (:mod:`tailnet_agent.relays`), the direct path: UDP socket, STUN and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ import structlog
 from tailnet_agent import _native as nat
 from tailnet_agent.backoff import Backoff
 from tailnet_agent.control import ControlClient, ControlOptions, NetMap, NodeKeys
-from tailnet_agent.derp import DerpConnection, DerpError, tls_context
+from tailnet_agent.derp import DerpConnection, tls_context
 from tailnet_agent.direct import DirectPath
 from tailnet_agent.disco import Disco
 from tailnet_agent.dns import DnsError, Resolver, lookup_static
@@ -58,6 +57,7 @@ from tailnet_agent.projection import (
     peer_specs,
     self_addresses,
 )
+from tailnet_agent.pump import Pump
 from tailnet_agent.relays import Relays
 from tailnet_agent.streams import ClientConnected, DialError, StreamTable, TailnetServer
 from tailnet_operator.clock import Clock, RealClock
@@ -117,21 +117,17 @@ class Node:
         self.netmap: NetMap | None = None
         self.home_region = 0
         """Home DERP region id; 0 until the first netmap with a DERP map."""
-        self.counters: dict[str, int] = {}
-        """The data plane's cumulative counters as of the last poll."""
-        self.derp_writes_dropped = 0
-        """Batches of DERP frames dropped because their region had no connection."""
         self.direct = DirectPath(self.dataplane, self.control, port=options.udp_port, netmap=lambda: self.netmap,
                                  home=lambda: self.home_region, wake=self.wake)
         self.relays = Relays(self.dataplane, tls=tls_context(options.control.ca_bundle),
                              read_timeout=options.derp_read_timeout, backoff=options.derp_backoff,
                              wake=self.wake, notify=self._notify, report_home=self.control.set_preferred_derp)
+        self.pump = Pump(self.dataplane, self.relays, self.direct, lambda: self._streams)
+        """Moves the data plane's output to the relays, the direct path and the streams."""
         self.resolver = Resolver(lambda: self.netmap, self._dial_resolver, self.clock)
         """Names beyond MagicDNS: extra records and split DNS (:mod:`tailnet_agent.dns`)."""
         self._addresses: list[str] = []
-        self._wakeup = asyncio.Event()
         self._changed = asyncio.Event()
-        self._timer: asyncio.TimerHandle | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._streams: StreamTable | None = None
 
@@ -146,7 +142,7 @@ class Node:
                 self._streams = StreamTable(self.dataplane, wake=self.wake, spawn=self._spawn, loop=loop)
                 self.direct.open(loop)
                 tg.create_task(self.control.run(), name="control")
-                tg.create_task(self._pump(), name="pump")
+                tg.create_task(self.pump.run(), name="pump")
                 tg.create_task(self.relays.run(tg), name="derp-manager")
                 if self.direct.enabled:
                     tg.create_task(self.direct.run(), name="disco")
@@ -154,8 +150,6 @@ class Node:
         finally:
             self._tg = None
             self.direct.close(loop)
-            if self._timer is not None:
-                self._timer.cancel()
             if self._streams is not None:
                 self._streams.abort_all(NotRunningError("the tailnet node stopped"))
                 self._streams = None
@@ -250,6 +244,11 @@ class Node:
         Each connection's callback runs as a task of the node's TaskGroup; its errors are logged."""
         return self._require_streams().start_server(client_connected_cb, port)
 
+    async def listen(self, protocol_factory: Callable[[], asyncio.Protocol], port: int) -> TailnetServer:
+        """:meth:`start_server` with a protocol per connection (``loop.create_server``'s shape); its
+        connections are served by whoever made the protocol."""
+        return self._require_streams().start_server(None, port, protocol_factory=protocol_factory)
+
     def _require_streams(self) -> StreamTable:
         if self._streams is None:
             raise NotRunningError(errno.ENOTCONN, "the tailnet node is not running")
@@ -303,66 +302,17 @@ class Node:
 
     def wake(self) -> None:
         """Ask the pump for a poll (coalesced)."""
-        self._wakeup.set()
+        self.pump.wake()
 
-    async def _pump(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            for conn in self._poll_once(loop):
-                # A failed relay is noticed on its read side; its supervisor reconnects.
-                with contextlib.suppress(DerpError):
-                    await conn.drain()
+    @property
+    def counters(self) -> dict[str, int]:
+        """The data plane's cumulative counters as of the last poll."""
+        return self.pump.counters
 
-    def _poll_once(self, loop: asyncio.AbstractEventLoop) -> list[DerpConnection]:
-        result = self.dataplane.poll(loop.time())
-        self.counters = result.counters
-        written: list[DerpConnection] = []
-        for region, buf in result.derp_writes:
-            conn = self.derp_connections.get(region)
-            if conn is None:
-                self.derp_writes_dropped += 1
-                continue
-            try:
-                conn.write(buf)
-            except DerpError:
-                self.derp_writes_dropped += 1
-                continue
-            if conn not in written:
-                written.append(conn)
-        if written:
-            self.direct.note_derp_traffic()
-        streams = self._streams
-        for event in result.events:
-            match event:
-                case nat.DerpHealth(region, message) if message:
-                    log.warning("DERP server reports a problem", region=region, problem=message)
-                case nat.DerpRestarting(region, reconnect_in_ms, _try_for):
-                    log.info("DERP server restarting", region=region, reconnect_in_ms=reconnect_in_ms)
-                case nat.DiscoUdp(ip, port, payload):
-                    self.direct.apply(self.direct.disco.handle_udp((ip, port), payload, loop.time()))
-                case nat.DiscoDerp(region, key, payload):
-                    self.direct.apply(self.direct.disco.handle_derp(region, key, payload, loop.time()))
-                case nat.StunUdp(_ip, _port, payload):
-                    self.direct.on_stun(payload)
-                case nat.DerpPeerGone() | nat.DerpPeerPresent() | nat.DerpFrame() | nat.DerpHealth():
-                    pass
-                case _ if streams is not None:
-                    streams.dispatch(event)
-        if result.udp_pending:
-            self.direct.flush()
-        self._schedule(loop, result.next_deadline)
-        return written
-
-    def _schedule(self, loop: asyncio.AbstractEventLoop, deadline: float | None) -> None:
-        if self._timer is not None:
-            if deadline is not None and self._timer.when() == deadline:
-                return
-            self._timer.cancel()
-            self._timer = None
-        if deadline is not None:
-            self._timer = loop.call_at(deadline, self.wake)
+    @property
+    def derp_writes_dropped(self) -> int:
+        """Batches of DERP frames dropped because their region had no connection."""
+        return self.pump.derp_writes_dropped
 
     def _notify(self) -> None:
         previous, self._changed = self._changed, asyncio.Event()

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import structlog
 
-from tailnet_agent.config import Target
+from tailnet_agent.config import Forwarded
 from tailnet_agent.health import AgentMetrics
 from tailnet_agent.status import ProbeResult
 from tailnet_agent.streams import error_reason
@@ -40,7 +40,7 @@ class ProbeDialer(Protocol):
                               ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
 
 
-async def probe_once(node: ProbeDialer, target: Target, clock: Clock, *, timeout: float = DEFAULT_TIMEOUT,
+async def probe_once(node: ProbeDialer, target: Forwarded, clock: Clock, *, timeout: float = DEFAULT_TIMEOUT,
                      ) -> ProbeResult:
     """Dial the target's first port once; never raises for a failed dial."""
     port = target.ports[0].port
@@ -76,7 +76,7 @@ class Prober:
         """``interval`` +-20%."""
         return self.interval * (1 - JITTER + 2 * JITTER * self.rng())
 
-    async def run(self, target: Target) -> None:
+    async def run(self, target: Forwarded) -> None:
         """Probe ``target`` now and then every :meth:`next_delay` seconds until cancelled."""
         try:
             while True:
@@ -88,7 +88,7 @@ class Prober:
         finally:
             self.forget(target)
 
-    def record(self, target: Target, result: ProbeResult) -> None:
+    def record(self, target: Forwarded, result: ProbeResult) -> None:
         previous = self.results.get(target.name)
         self.results[target.name] = result
         self.metrics.target_reachable.labels(target.name).set(1 if result.reachable else 0)
@@ -98,7 +98,7 @@ class Prober:
             log.info("target reachability", target=target.name, reachable=result.reachable,
                      latency_ms=result.latency_ms, error=result.error)
 
-    def forget(self, target: Target) -> None:
+    def forget(self, target: Forwarded) -> None:
         """A removed (or replaced) target: drop its result and its metric series."""
         self.results.pop(target.name, None)
         for metric in (self.metrics.target_reachable, self.metrics.target_probe_seconds):

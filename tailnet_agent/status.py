@@ -8,6 +8,13 @@ The operator's Egress reconciler reads this document and refines ``NoRoute`` wit
                   "reachable", "latencyMs", "checkedAt"}],
      "targetsFile": {"error": str|null, "loadedAt": iso8601|null}}
 
+In ingress mode (:func:`ingress_status`) exposes take the place of targets::
+
+    {"node": {...},
+     "exposes": [{"name", "port", "mode", "listening", "message", "backend", "reachable", "latencyMs",
+                  "checkedAt", "backendError", "hosts": [{"name", "alias", "notAfter", "error"}]}],
+     "exposesFile": {"error": str|null, "loadedAt": iso8601|null}}
+
 ``state`` is worked out from the netmap alone (:func:`route_state`); ``reachable``, ``latencyMs`` and
 ``checkedAt`` come from the last probe (:mod:`tailnet_agent.probe`).
 """
@@ -28,6 +35,7 @@ from tailnet_agent.projection import peer_routes
 
 if TYPE_CHECKING:
     from tailnet_agent.forward import EgressForwarder
+    from tailnet_agent.forward.ingress import Ingress
     from tailnet_agent.node import Node
     from tailnet_agent.targets import TargetsWatcher
 
@@ -138,7 +146,7 @@ def status_document(*, netmap: NetMap | None, hostname: str, addresses: list[str
     }
 
 
-def egress_status(node: Node, forwarder: EgressForwarder, watcher: TargetsWatcher | None) -> dict[str, Any]:
+def egress_status(node: Node, forwarder: EgressForwarder, watcher: TargetsWatcher[Target] | None) -> dict[str, Any]:
     """The running agent's document: reads only what is in memory (no I/O, no DNS query)."""
     targets = forwarder.targets
     document = status_document(
@@ -155,3 +163,31 @@ def egress_status(node: Node, forwarder: EgressForwarder, watcher: TargetsWatche
 
 def _iso(when: datetime) -> str:
     return when.isoformat().replace("+00:00", "Z")
+
+
+def file_entry(watcher: TargetsWatcher[Any] | None) -> dict[str, Any]:
+    """``targetsFile`` / ``exposesFile``: the followed file's last error and when the list was read."""
+    loaded = watcher.state.loaded_at if watcher else None
+    return {"error": watcher.state.error if watcher else None, "loadedAt": _iso(loaded) if loaded else None}
+
+
+def ingress_status(node: Node, ingress: Ingress, watcher: TargetsWatcher[Any] | None) -> dict[str, Any]:
+    """The ingress document: per expose whether it listens, the backend's last probe, each host's
+    certificate (its files are checked for a change first)."""
+    forwarder = ingress.forwarder
+    probes = forwarder.prober.results if forwarder.prober else {}
+    exposes = []
+    for expose in forwarder.targets:
+        probe = probes.get(expose.name)
+        service = ingress.services.get(expose.name)
+        exposes.append({
+            "name": expose.name, "port": expose.port, "mode": expose.mode,
+            "listening": forwarder.is_listening(expose.name), "message": forwarder.listen_errors.get(expose.name),
+            "backend": f"{expose.backend.host}:{expose.backend.port}",
+            "reachable": probe.reachable if probe else None, "latencyMs": probe.latency_ms if probe else None,
+            "checkedAt": _iso(probe.checked_at) if probe else None,
+            "backendError": probe.error if probe and not probe.reachable else None,
+            "hosts": service.certs.status() if service else [],
+        })
+    return {"node": node_entry(node.netmap, node.options.control.hostname, node.addresses()),
+            "exposes": exposes, "exposesFile": file_entry(watcher)}

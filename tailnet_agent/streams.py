@@ -109,7 +109,11 @@ def error_reason(exc: BaseException) -> str:
 # -- the transport --------------------------------------------------------------------------------
 
 class TailnetTransport(asyncio.Transport):
-    """One TCP connection of the data plane as an asyncio transport. Created by :class:`StreamTable`."""
+    """One TCP connection of the data plane as an asyncio transport. Created by :class:`StreamTable`.
+
+    ``loop.start_tls`` accepts it: it passes data to buffered protocols (asyncio's TLS) too."""
+
+    _start_tls_compatible = True
 
     def __init__(self, table: StreamTable, handle: int, protocol: asyncio.BaseProtocol, *,
                  extra: dict[str, Any]) -> None:
@@ -230,7 +234,8 @@ class TailnetTransport(asyncio.Transport):
         if self._lost:
             return
         try:
-            keep_open = self._protocol.eof_received() if isinstance(self._protocol, asyncio.Protocol) else False
+            keep_open = self._protocol.eof_received() \
+                if isinstance(self._protocol, asyncio.Protocol | asyncio.BufferedProtocol) else False
         except Exception as exc:  # as asyncio's transports: a failing protocol fails its connection only
             self._fatal(exc)
             return
@@ -248,13 +253,16 @@ class TailnetTransport(asyncio.Transport):
     def _read_all(self) -> None:
         self._readable_pending = False
         protocol = self._protocol
-        assert isinstance(protocol, asyncio.Protocol)
+        assert isinstance(protocol, asyncio.Protocol | asyncio.BufferedProtocol)
         while not self._reading_paused and not self._released:
             data = self._dp.tcp_recv(self.handle, RECV_CHUNK)
             if not data:
                 break
             try:
-                protocol.data_received(data)
+                if isinstance(protocol, asyncio.BufferedProtocol):
+                    _into_buffers(protocol, data)  # e.g. asyncio's TLS (loop.start_tls)
+                else:
+                    protocol.data_received(data)
             except Exception as exc:
                 self._fatal(exc)
                 return
@@ -345,17 +353,29 @@ class TailnetTransport(asyncio.Transport):
         self._protocol.connection_lost(exc)
 
 
+def _into_buffers(protocol: asyncio.BufferedProtocol, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        buffer = memoryview(protocol.get_buffer(len(view))).cast("B")
+        n = min(len(buffer), len(view))
+        buffer[:n] = view[:n]
+        protocol.buffer_updated(n)
+        view = view[n:]
+
+
 # -- handles, dials and listeners -----------------------------------------------------------------
 
 class TailnetServer:
     """A listener on every node address (``start_server``). ``close()`` stops accepting."""
 
-    def __init__(self, table: StreamTable, listener: int, port: int, callback: ClientConnected,
-                 limit: int) -> None:
+    def __init__(self, table: StreamTable, listener: int, port: int, callback: ClientConnected | None,
+                 limit: int, protocol_factory: Callable[[], asyncio.Protocol] | None = None) -> None:
         self._table = table
         self.listener = listener
         self.port = port
         self.callback = callback
+        self.protocol_factory = protocol_factory
+        """Without a callback: each connection gets a protocol of its own, as ``loop.create_server``."""
         self.limit = limit
         self.accepted = 0
         """Connections accepted so far."""
@@ -421,10 +441,12 @@ class StreamTable:
         assert isinstance(protocol, asyncio.StreamReaderProtocol)
         return reader, asyncio.StreamWriter(transport, protocol, reader, self.loop)
 
-    def start_server(self, callback: ClientConnected, port: int, *, limit: int = DEFAULT_LIMIT) -> TailnetServer:
-        """Listen on ``port`` of every node address; raises OSError(EADDRINUSE) if taken."""
+    def start_server(self, callback: ClientConnected | None, port: int, *, limit: int = DEFAULT_LIMIT,
+                     protocol_factory: Callable[[], asyncio.Protocol] | None = None) -> TailnetServer:
+        """Listen on ``port`` of every node address; raises OSError(EADDRINUSE) if taken. Each
+        connection gets streams for ``callback`` or, without one, a protocol from ``protocol_factory``."""
         listener = self.dataplane.tcp_listen(port)
-        server = TailnetServer(self, listener, port, callback, limit)
+        server = TailnetServer(self, listener, port, callback, limit, protocol_factory)
         self.listeners[listener] = server
         return server
 
@@ -489,6 +511,10 @@ class StreamTable:
             self.dataplane.tcp_abort(handle)
             return
         server.accepted += 1
+        if server.callback is None:
+            assert server.protocol_factory is not None
+            self._attach(handle, server.protocol_factory())
+            return
         reader, writer = self._streams(handle, server.limit)
         self._spawn(_serve_one(server.callback, reader, writer, remote_ip, remote_port),
                     f"tailnet-conn-{remote_ip}:{remote_port}")

@@ -1,4 +1,5 @@
-"""The egress targets file, followed while the agent runs, so a target change never restarts the pod.
+"""A mounted list file (egress targets, ingress exposes), followed while the agent runs, so a change
+never restarts the pod.
 
 Kubernetes updates a mounted ConfigMap or Secret by writing a new timestamped directory and swapping
 the ``..data`` symlink; the file's path stays the same and its content changes at once. Following
@@ -15,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 import structlog
 
@@ -26,23 +28,33 @@ log = structlog.get_logger("agent.targets")
 DEFAULT_INTERVAL = 2.0
 
 
-@dataclass(frozen=True)
-class TargetsDiff:
-    """What a new target list changes, by target name."""
+class Named(Protocol):
+    """An entry of a followed list: entries are told apart by name."""
 
-    added: tuple[Target, ...] = ()
-    removed: tuple[Target, ...] = ()
-    changed: tuple[Target, ...] = ()
-    """The new versions of targets whose address or ports changed (the old ones are replaced)."""
-    unchanged: tuple[Target, ...] = ()
+    @property
+    def name(self) -> str: ...
+
+
+N = TypeVar("N", bound=Named)
+
+
+@dataclass(frozen=True)
+class TargetsDiff(Generic[N]):
+    """What a new list changes, by entry name."""
+
+    added: tuple[N, ...] = ()
+    removed: tuple[N, ...] = ()
+    changed: tuple[N, ...] = ()
+    """The new versions of entries that differ in anything but the name (the old ones are replaced)."""
+    unchanged: tuple[N, ...] = ()
 
     @property
     def empty(self) -> bool:
         return not (self.added or self.removed or self.changed)
 
 
-def diff_targets(old: tuple[Target, ...], new: tuple[Target, ...]) -> TargetsDiff:
-    """Compare by name; a target with the same name and a different address or ports is changed."""
+def diff_targets(old: tuple[N, ...], new: tuple[N, ...]) -> TargetsDiff[N]:
+    """Compare by name; an entry with the same name and any other field different is changed."""
     before = {t.name: t for t in old}
     after = {t.name: t for t in new}
     return TargetsDiff(
@@ -73,17 +85,22 @@ class ReloadState:
     digest: str = field(default="", repr=False)
 
 
-class TargetsWatcher:
-    """Polls ``path`` every ``interval`` seconds and hands each new, valid target list to ``apply``.
+class TargetsWatcher(Generic[N]):
+    """Polls ``path`` every ``interval`` seconds and hands each new list that ``parse`` accepts to
+    ``apply`` (default ``parse``: the egress targets file).
 
     ``run`` blocks until cancelled. ``apply`` runs in the watcher's task, so reloads are serial.
     """
 
-    def __init__(self, path: Path, apply: Callable[[tuple[Target, ...]], Awaitable[object]], *, clock: Clock,
+    def __init__(self, path: Path, apply: Callable[[tuple[N, ...]], Awaitable[object]], *, clock: Clock,
                  interval: float = DEFAULT_INTERVAL, initial_digest: str = "",
-                 report: Callable[[str | None], None] | None = None) -> None:
+                 report: Callable[[str | None], None] | None = None,
+                 parse: Callable[[str], tuple[N, ...]] | None = None, what: str = "targets") -> None:
         self.path = path
         self.apply = apply
+        self.parse: Callable[[str], tuple[N, ...]] = parse or parse_targets_file  # type: ignore[assignment]
+        self.what = what
+        """What the list holds, for the log lines."""
         self.clock = clock
         self.interval = interval
         self.report = report
@@ -109,14 +126,14 @@ class TargetsWatcher:
         if digest == self.state.digest:
             return False
         try:
-            targets = parse_targets_file(data.decode("utf-8", errors="replace"))
+            targets = self.parse(data.decode("utf-8", errors="replace"))
         except ConfigError as exc:
             self._failed(str(exc), digest)
             return False
         await self.apply(targets)
         self.state = ReloadState(error=None, loaded_at=self.clock.utcnow(), reloads=self.state.reloads + 1,
                                  errors=self.state.errors, digest=digest)
-        log.info("targets reloaded", path=str(self.path), targets=[t.name for t in targets])
+        log.info(f"{self.what} reloaded", path=str(self.path), names=[t.name for t in targets])
         if self.report is not None:
             self.report(None)
         return True
@@ -129,7 +146,8 @@ class TargetsWatcher:
         self.state.errors += 1
         if digest:
             self.state.digest = digest
-        log.error("targets file not applied; the previous targets stay in force", path=str(self.path), error=message)
+        log.error(f"{self.what} file not applied; the previous {self.what} stay in force", path=str(self.path),
+                  error=message)
         if self.report is not None:
             self.report(message)
 

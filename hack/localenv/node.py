@@ -223,6 +223,7 @@ class Cluster:
         self.plane: ControlPlane | None = None
         self.node: Node | None = None
         self.timings: dict[str, float] = {}
+        self._stopped: list[str] | None = None
 
     @property
     def kubeconfig(self) -> Path:
@@ -252,15 +253,25 @@ class Cluster:
         return self
 
     def stop(self) -> None:
-        """Tear everything down; ``leftovers()`` says what, if anything, survived."""
+        """Tear everything down; ``leftovers()`` says what, if anything, survived.
+
+        What survived is read before the host is handed to the next local node (the lock is
+        released last), so another run's node is never mistaken for ours."""
+        if self._stopped is not None:
+            return
         if self.node is not None:
             self.node.stop()
         if self.plane is not None:
             self.plane.stop()
-        self.host.restore()
         shutil.rmtree(self.workdir / "node", ignore_errors=True)
+        local = [f"mount {m}" for m in hostnet.mounts_under(self.workdir)]
+        local += [f"cgroup {c}" for c in hostnet.cgroup_dirs("kubepods")]
+        self._stopped = local + self.host.restore()
 
     def leftovers(self) -> list[str]:
+        """What the node left on the host (after ``stop()``), or what it holds now (before)."""
+        if self._stopped is not None:
+            return list(self._stopped)
         found = self.host.leftovers()
         found += [f"mount {m}" for m in hostnet.mounts_under(self.workdir)]
         found += [f"cgroup {c}" for c in hostnet.cgroup_dirs("kubepods")]

@@ -1,4 +1,7 @@
-"""Egress: a local TCP listener per target port, each connection dialled over the tailnet and spliced.
+"""A listener per port of each entry, each connection dialled and spliced: egress (local listeners,
+tailnet dials) and, with another ``listen`` and dialer, ingress (:mod:`tailnet_agent.forward.ingress`).
+
+Egress: a local TCP listener per target port, each connection dialled over the tailnet and spliced.
 
 The operator points one Service per target at these listeners. A connection is accepted (and not
 read from yet), the node waits (at most ``dial_timeout`` seconds) until it is ready, dials
@@ -16,12 +19,14 @@ and connections of every other target stay as they are.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Protocol
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
 
-from tailnet_agent.config import PortMapping, Target
+from tailnet_agent.config import Forwarded, PortMapping, Target
 from tailnet_agent.health import AgentMetrics
 from tailnet_agent.probe import Prober
 from tailnet_agent.streams import error_reason
@@ -41,30 +46,50 @@ class Dialer(Protocol):
     async def wait_ready(self) -> None: ...
 
 
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+Listen = Callable[[Callable[[], asyncio.Protocol], int], Awaitable[Closable]]
+"""Opens a listener on a port that makes each connection's protocol with the factory."""
+Connection = tuple[asyncio.Protocol, Coroutine[Any, Any, None], Callable[[], None]]
+"""An accepted connection: its protocol, the coroutine that serves it (a task of the entry's
+TaskGroup, first run after ``connection_made``), and how to abort it if it cannot be served."""
+Accept = Callable[[PortMapping], Connection]
+Session = Callable[[Any], AbstractAsyncContextManager[Accept | None]]
+"""Entered while an entry listens; gives how its connections are served (None: spliced to a dial)."""
+
+F = TypeVar("F", bound=Forwarded)
+
+
 class ListenError(OSError):
     """A target's listener could not be bound (e.g. its port is taken)."""
 
 
-class _Running:
+class _Running(Generic[F]):
     """One target's task (its listeners, connections and probe) and whether it bound."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: F) -> None:
         self.target = target
         self.bound: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[None] | None = None
 
 
-class EgressForwarder:
+class Forwarder(Generic[F]):
     """Runs the listeners of ``targets``; ``run`` blocks until cancelled; :meth:`apply` changes the targets.
 
     Each target runs as one task of the forwarder's TaskGroup, with a TaskGroup of its own holding
     its connections (and its reachability probe when a ``prober`` is given). Removing a target
     cancels that task: its listeners close and its connections end; other targets are not touched.
+
+    ``listen`` opens a listener (default: a local TCP listener on ``bind_address``); ``node`` dials
+    the far end; ``session`` (optional) may serve a target's connections itself (ingress http).
     """
 
-    def __init__(self, node: Dialer, targets: tuple[Target, ...], *, bind_address: str = "0.0.0.0",
+    def __init__(self, node: Dialer, targets: tuple[F, ...], *, bind_address: str = "0.0.0.0",
                  dial_timeout: float = 30.0, metrics: AgentMetrics | None = None,
-                 prober: Prober | None = None) -> None:
+                 prober: Prober | None = None, listen: Listen | None = None, session: Session | None = None,
+                 kind: str = "egress") -> None:
         self.node = node
         self.targets = targets
         """The targets in force (in the order of the file)."""
@@ -73,11 +98,15 @@ class EgressForwarder:
         """Seconds for readiness plus the dial. Default 30."""
         self.metrics = metrics or AgentMetrics()
         self.prober = prober
+        self.listen: Listen = listen or self._listen_locally
+        self.session = session
+        self.kind = kind
+        """``egress`` or ``ingress``: the log lines' and task names' prefix."""
         self.listening = asyncio.Event()
         """Set once every listener of the first targets is bound."""
         self.listen_errors: dict[str, str] = {}
         """Targets whose listeners could not be bound, with why."""
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, _Running[F]] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._lock = asyncio.Lock()
 
@@ -97,7 +126,13 @@ class EgressForwarder:
                         running.task.cancel()
                 self._running.clear()
 
-    async def apply(self, targets: tuple[Target, ...]) -> TargetsDiff:
+    def is_listening(self, name: str) -> bool:
+        """Every listener of the target ``name`` is bound."""
+        running = self._running.get(name)
+        return running is not None and running.bound.done() and not running.bound.cancelled() \
+            and running.bound.exception() is None
+
+    async def apply(self, targets: tuple[F, ...]) -> TargetsDiff[F]:
         """Move to ``targets``: stop removed and changed ones first (freeing their ports), then start
         changed and added ones. A listener that cannot bind is logged and kept in :attr:`listen_errors`."""
         async with self._lock:
@@ -108,24 +143,24 @@ class EgressForwarder:
             for target in (*diff.changed, *diff.added):
                 await self._start(target, strict=False)
             if not diff.empty:
-                log.info("egress targets changed", added=[t.name for t in diff.added],
+                log.info(f"{self.kind} entries changed", added=[t.name for t in diff.added],
                          changed=[t.name for t in diff.changed], removed=[t.name for t in diff.removed])
             return diff
 
-    async def _start(self, target: Target, *, strict: bool) -> None:
+    async def _start(self, target: F, *, strict: bool) -> None:
         if self._tg is None:
-            raise RuntimeError("the egress forwarder is not running")
+            raise RuntimeError(f"the {self.kind} forwarder is not running")
         running = _Running(target)
         self._running[target.name] = running
         self.listen_errors.pop(target.name, None)
-        running.task = self._tg.create_task(self._serve(running), name=f"egress-{target.name}")
+        running.task = self._tg.create_task(self._serve(running), name=f"{self.kind}-{target.name}")
         try:
             await asyncio.shield(running.bound)
         except ListenError as exc:
             if strict:
                 raise
             self.listen_errors[target.name] = str(exc)
-            log.error("egress target not listening", target=target.name, error=str(exc))
+            log.error(f"{self.kind} entry not listening", target=target.name, error=str(exc))
 
     async def _stop(self, name: str) -> None:
         running = self._running.pop(name, None)
@@ -134,27 +169,37 @@ class EgressForwarder:
             return
         running.task.cancel()
         await asyncio.wait([running.task])  # its ports are free after this; our own cancel still propagates
-        log.info("egress target stopped", target=name)
+        log.info(f"{self.kind} entry stopped", target=name)
 
-    async def _serve(self, running: _Running) -> None:
+    async def _listen_locally(self, factory: Callable[[], asyncio.Protocol], port: int) -> Closable:
+        try:
+            return await asyncio.get_running_loop().create_server(factory, self.bind_address, port,
+                                                                  reuse_address=True)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {self.bind_address}:{port}: {exc.strerror or exc}") from None
+
+    async def _serve(self, running: _Running[F]) -> None:
         """One target: bind its listeners, probe it, accept until cancelled."""
         target = running.target
+        async with contextlib.AsyncExitStack() as stack:
+            accept = await stack.enter_async_context(self.session(target)) if self.session else None
+            await self._serve_in_session(running, accept)
+
+    async def _serve_in_session(self, running: _Running[F], accept: Accept | None) -> None:
+        target = running.target
         loop = asyncio.get_running_loop()
-        servers: list[asyncio.Server] = []
+        servers: list[Closable] = []
         async with asyncio.TaskGroup() as tg:
             try:
                 for mapping in target.ports:
                     try:
-                        server = await loop.create_server(self._factory(tg, target, mapping), self.bind_address,
-                                                          mapping.listen, reuse_address=True)
+                        server = await self.listen(self._factory(tg, target, mapping, accept), mapping.listen)
                     except OSError as exc:
-                        running.bound.set_exception(ListenError(
-                            exc.errno, f"{target.name}: cannot listen on {self.bind_address}:{mapping.listen}: "
-                            f"{exc.strerror or exc}"))
+                        running.bound.set_exception(ListenError(exc.errno, f"{target.name}: {exc.strerror or exc}"))
                         return
                     servers.append(server)
-                    log.info("egress listening", target=target.name, listen=f"{self.bind_address}:"
-                             f"{mapping.listen}", to=f"{target.address}:{mapping.port}")
+                    log.info(f"{self.kind} listening", target=target.name, listen=mapping.listen,
+                             to=f"{target.address}:{mapping.port}")
                 running.bound.set_result(None)
                 if self.prober is not None:
                     tg.create_task(self.prober.run(target), name=f"probe-{target.name}")
@@ -165,25 +210,28 @@ class EgressForwarder:
                 if not running.bound.done():
                     running.bound.cancel()
 
-    def _factory(self, tg: asyncio.TaskGroup, target: Target, mapping: PortMapping,
+    def _factory(self, tg: asyncio.TaskGroup, target: F, mapping: PortMapping, serve: Accept | None,
                  ) -> Callable[[], asyncio.Protocol]:
         sent = self.metrics.bytes.labels(target.name, "sent")
         received = self.metrics.bytes.labels(target.name, "received")
 
-        def accept() -> asyncio.Protocol:
+        def splice_to_dial(mapping: PortMapping) -> Connection:
             splice = Splice(count_a_to_b=sent.inc, count_b_to_a=received.inc)
-            # The task first runs after connection_made has given splice.a its transport.
-            coro = self._forward(target, mapping, splice)
+            return splice.a, self._forward(target, mapping, splice), splice.abort
+
+        def accept() -> asyncio.Protocol:
+            # The task first runs after connection_made has given the protocol its transport.
+            protocol, coro, abort = (serve or splice_to_dial)(mapping)
             try:
-                tg.create_task(coro, name=f"egress-{target.name}-{mapping.port}")
+                tg.create_task(coro, name=f"{self.kind}-{target.name}-{mapping.port}")
             except RuntimeError:  # the target is being removed: refuse the connection
                 coro.close()
-                asyncio.get_running_loop().call_soon(splice.abort)
-            return splice.a
+                asyncio.get_running_loop().call_soon(abort)
+            return protocol
 
         return accept
 
-    async def _forward(self, target: Target, mapping: PortMapping, splice: Splice) -> None:
+    async def _forward(self, target: F, mapping: PortMapping, splice: Splice) -> None:
         m = self.metrics
         m.connections.labels(target.name).inc()
         active = m.active.labels(target.name)
@@ -199,7 +247,7 @@ class EgressForwarder:
                 reason = error_reason(exc)
                 message = str(exc) or f"tailnet node not ready within {self.dial_timeout:g}s"
                 m.dial_errors.labels(target.name, reason).inc()
-                log.warning("egress dial failed", target=target.name, to=f"{target.address}:{mapping.port}",
+                log.warning(f"{self.kind} dial failed", target=target.name, to=f"{target.address}:{mapping.port}",
                             client=client, reason=reason, error=message)
                 splice.abort()
                 return
@@ -207,10 +255,10 @@ class EgressForwarder:
             try:
                 await splice.done
             except OSError as exc:
-                log.info("egress connection ended with an error", target=target.name, client=client,
+                log.info(f"{self.kind} connection ended with an error", target=target.name, client=client,
                          error=str(exc) or repr(exc))
         except Exception:
-            log.exception("egress connection failed", target=target.name, client=client)
+            log.exception(f"{self.kind} connection failed", target=target.name, client=client)
             splice.abort()
         except BaseException:
             splice.abort()
@@ -219,3 +267,6 @@ class EgressForwarder:
             active.dec()
             if splice.done.done() and not splice.done.cancelled():
                 splice.done.exception()  # retrieved: an early failure is not "never retrieved"
+
+
+EgressForwarder = Forwarder[Target]

@@ -30,6 +30,7 @@ __all__ = [
     "StoredKey",
     "TailnetRun",
     "default_client_factory",
+    "live_tailnet",
     "name_of",
     "problem_from",
     "working_key_secret_name",
@@ -197,3 +198,20 @@ class TailnetRun:
     @property
     def name(self) -> str:
         return name_of(self.tailnet)
+
+
+def live_tailnet(reader: Reader, name: str) -> TailnetRun | None:
+    """The Tailnet to reconcile: None when it is gone, being deleted, or invalid (the Tailnet
+    reconciler reports InvalidSpec; nothing else has anything to work from)."""
+    from pydantic import ValidationError
+
+    from tailnet_operator.controllers.kinds import TAILNET
+
+    obj = reader.get(TAILNET, name)
+    if obj is None or obj["metadata"].get("deletionTimestamp"):
+        return None
+    try:
+        tailnet = reader.get(Tailnet, name)
+    except ValidationError:
+        return None
+    return None if tailnet is None else TailnetRun(obj, tailnet)

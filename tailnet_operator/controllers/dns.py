@@ -20,12 +20,12 @@ import structlog
 from pydantic import ValidationError
 
 from tailnet_operator.api.egress import TailnetEgress
-from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.resources import owned_metadata
 from tailnet_operator.runtime import CONFIG_MAP, SERVICE, Reader, Request, Result, Writer
 from tailnet_operator.types import JSON
 
-from .kinds import TAILNET, TAILNET_EGRESS
+from .access import live_tailnet
+from .kinds import TAILNET_EGRESS
 from .policy import TAILNET_INDEX
 
 __all__ = ["FIELD_MANAGER", "HOSTS_KEY", "DnsReconciler", "parse_hosts", "render_hosts"]
@@ -67,16 +67,12 @@ class DnsReconciler:
         self.namespace = namespace
 
     async def reconcile(self, request: Request) -> Result:
-        obj = self.reader.get(TAILNET, request.name)
-        if obj is None or obj["metadata"].get("deletionTimestamp"):
+        live = live_tailnet(self.reader, request.name)
+        dns = live.tailnet.spec.dns if live is not None else None
+        if live is None or dns is None:
             return Result()
-        try:
-            tailnet = self.reader.get(Tailnet, request.name)
-        except ValidationError:
-            return Result()
-        if tailnet is None or tailnet.spec.dns is None:
-            return Result()
-        ref = tailnet.spec.dns.hosts_config_map
+        obj = live.obj
+        ref = dns.hosts_config_map
         current = self.reader.get(CONFIG_MAP, ref.name, ref.namespace)
         previous = parse_hosts(((current or {}).get("data") or {}).get(HOSTS_KEY, ""))
         entries = self._entries(request.name, previous)

@@ -52,7 +52,7 @@ from tailnet_operator.resources import owned_metadata
 from tailnet_operator.runtime import CONFIG_MAP, Request, Resource, Result, Writer
 from tailnet_operator.types import JSON
 
-from .access import Deps, NoAccess, TailnetRun, name_of
+from .access import Deps, NoAccess, TailnetRun, live_tailnet, name_of
 from .conditions import Cond
 from .kinds import TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .status import StatusWriter
@@ -111,14 +111,10 @@ class PolicyReconciler:
         return self.access.namespace
 
     async def reconcile(self, request: Request) -> Result:
-        obj = self.reader.get(TAILNET, request.name)
-        if obj is None or obj["metadata"].get("deletionTimestamp"):
+        live = live_tailnet(self.reader, request.name)
+        if live is None:
             return Result()
-        try:
-            tailnet = self.reader.get(Tailnet, request.name)
-        except ValidationError:
-            return Result()  # the Tailnet reconciler reports InvalidSpec; nothing to render from
-        assert tailnet is not None
+        obj, tailnet = live.obj, live.tailnet
         run = Run(obj, tailnet, self._inputs(tailnet))
         await self._report_foreign_egresses(obj, request.name)
         try:

@@ -174,12 +174,14 @@ class Manager:
         try:
             await asyncio.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
         finally:
+            # Neither outlives this call, whether a stop, the awaitable or our own cancellation won.
             stop.cancel()
-        if task.done():
-            task.result()
-            return True
-        task.cancel()
-        return False
+            if not task.done():
+                task.cancel()
+        if task.cancelled():
+            return False
+        task.result()
+        return True
 
     async def _wait_lost(self) -> bool:
         """Wait for a stop (False) or the loss of the Lease (True)."""

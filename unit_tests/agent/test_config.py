@@ -29,9 +29,16 @@ def test_defaults(env: dict[str, str]) -> None:
     assert cfg.udp_port == 41641
 
 
-def test_ingress_defaults_to_no_accept_routes_and_needs_no_targets(env: dict[str, str]) -> None:
+def test_ingress_defaults_to_no_accept_routes_and_reads_its_exposes_file(env: dict[str, str], tmp_path: Path) -> None:
     del env["TAILNET_TARGETS"]
-    assert load(env, mode="ingress").accept_routes is False
+    with pytest.raises(ConfigError, match=r"^TAILNET_EXPOSES_FILE is not set$"):
+        load(env, mode="ingress")
+    exposes = tmp_path / "exposes.json"
+    exposes.write_text('[{"name": "db", "port": 5432, "backend": {"host": "db.shop.svc", "port": 5432}}]')
+    env["TAILNET_EXPOSES_FILE"] = str(exposes)
+    cfg = load(env, mode="ingress")
+    assert cfg.accept_routes is False and cfg.exposes_file == exposes
+    assert [(e.name, e.port, e.address, e.mode) for e in cfg.exposes] == [("db", 5432, "db.shop.svc", "tcp")]
 
 
 def test_overrides(env: dict[str, str], tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ def run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(("env", "message"), [
     ({}, "tailnet-agent: AGENT_MODE is unset; set it to one of: egress, ingress"),
     ({"AGENT_MODE": "sideways"}, "tailnet-agent: AGENT_MODE is 'sideways'; set it to one of: egress, ingress"),
-    ({"AGENT_MODE": "ingress"}, "tailnet-agent: AGENT_MODE=ingress is not implemented yet"),
+    ({"AGENT_MODE": "ingress"}, "tailnet-agent: TAILNET_CONTROL_URL is not set"),
     ({"AGENT_MODE": "egress"}, "tailnet-agent: TAILNET_CONTROL_URL is not set"),
 ])
 def test_exits_non_zero_with_one_line(env: dict[str, str], message: str) -> None:

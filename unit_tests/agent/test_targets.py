@@ -52,7 +52,7 @@ class Recorder:
         self.applied.append(targets)
 
 
-async def step(clock: FakeClock, watcher: TargetsWatcher) -> None:
+async def step(clock: FakeClock, watcher: TargetsWatcher[Target]) -> None:
     """One poll: wait until the watcher sleeps, move the clock past its interval, let it run."""
     await clock.wait_for_sleepers()
     clock.advance(watcher.interval)

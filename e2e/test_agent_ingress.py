@@ -1,0 +1,246 @@
+"""The agent's ingress mode against a real Headscale v0.29.2 and a tailscaled v1.98 "laptop".
+
+The laptop reaches the agent's tailnet address through its HTTP proxy (CONNECT); the backends
+are servers on 127.0.0.1 (in a cluster: the exposes' Services). The agent is assembled as
+``tailnet_agent.__main__`` does for ingress (node, exposes followed from their file, health server
+with ``/status``), with short intervals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from cryptography import x509
+
+from e2e.conftest import TailscaleFactory
+from e2e.polling import eventually
+from e2e.test_agent_egress import TAG, read_all, wait_peer_sees
+from e2e.test_agent_targets import fetch_status, running, write_like_kubelet
+from hack.https_client import Answer, request, tunnel
+from hack.localenv import Headscale, TailscaleNode, free_port
+from hack.localenv._pki import CertificateAuthority
+from tailnet_agent.backoff import Backoff, derp_backoff
+from tailnet_agent.control import ControlOptions
+from tailnet_agent.exposes import Expose, parse_exposes
+from tailnet_agent.forward.ingress import Ingress, LocalDialer
+from tailnet_agent.health import AgentMetrics, HealthServer
+from tailnet_agent.node import Node, NodeOptions
+from tailnet_agent.probe import Prober
+from tailnet_agent.status import ingress_status
+from tailnet_agent.targets import TargetsWatcher
+from tailnet_operator.clock import RealClock
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class IngressAgent:
+    node: Node
+    ingress: Ingress
+    watcher: TargetsWatcher[Expose]
+    health: HealthServer
+
+    @property
+    def ip(self) -> str:
+        return self.node.addresses()[0]
+
+    async def status(self) -> dict[str, Any]:
+        return await fetch_status(self.health)
+
+
+@contextlib.asynccontextmanager
+async def ingress_agent(headscale: Headscale, hostname: str, key: str, directory: Path, exposes: list[dict[str, Any]],
+                        ) -> AsyncIterator[IngressAgent]:
+    clock = RealClock()
+    path = write_like_kubelet(directory, json.dumps(exposes))
+    control = ControlOptions(url=headscale.url, auth_key=key, hostname=hostname, ca_bundle=headscale.ca_bundle,
+                             backoff=Backoff(initial=0.2, maximum=2.0))
+    node = Node(NodeOptions(control=control, derp_backoff=derp_backoff(initial=0.1, maximum=1.0), dial_timeout=15.0,
+                            udp_port=None, accept_routes=False), clock=clock)
+    metrics = AgentMetrics(node)
+    ingress = Ingress(node, parse_exposes(path.read_text()), dial_timeout=15.0, metrics=metrics,
+                      prober=Prober(LocalDialer(), clock, metrics=metrics, interval=1.0, timeout=5.0))
+    watcher = TargetsWatcher(path, ingress.forwarder.apply, clock=clock, interval=0.2, parse=parse_exposes,
+                             initial_digest=hashlib.sha256(path.read_bytes()).hexdigest(), what="exposes",
+                             report=metrics.targets_reload_outcome)
+    health = HealthServer(node, metrics, host="127.0.0.1", port=0,
+                          status=lambda: ingress_status(node, ingress, watcher))
+
+    tasks = {"node": node.run(), "ingress": ingress.forwarder.run(), "exposes": watcher.run(), "health": health.run()}
+    async with running(tasks, lambda: node.ready and ingress.forwarder.listening.is_set() and health.started.is_set(),
+                       f"agent-{hostname}"):
+        yield IngressAgent(node, ingress, watcher, health)
+
+
+def tcp(name: str, port: int, backend: int) -> dict[str, Any]:
+    return {"name": name, "port": port, "backend": {"host": "127.0.0.1", "port": backend}}
+
+
+async def test_tcp_expose_16_mib_each_way_kept_across_a_reload(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path) -> None:
+    size = 16 << 20
+    download, upload = os.urandom(size), os.urandom(size)
+
+    async def bulk(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Sends 16 MiB while it reads 16 MiB, then the SHA-256 of what it read. (tailscaled's proxy
+        ends a tunnel at the first EOF, so half-close is tested on loopback, unit_tests/agent.)"""
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):  # probes connect and leave
+            await reader.readexactly(4)  # "go\r\n": the client is ready
+            receiving = asyncio.create_task(reader.readexactly(size))
+            for i in range(0, size, 1 << 20):
+                writer.write(download[i:i + (1 << 20)])
+                await writer.drain()
+            writer.write(hashlib.sha256(await receiving).digest())
+            await writer.drain()
+        writer.close()
+
+    async def hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: 6\r\n\r\nhello\n")
+            await writer.drain()
+        writer.close()
+
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    laptop = tailscale_nodes("ts-laptop-tcp", headscale, authkey=key)
+    bulk_server = await asyncio.start_server(bulk, "127.0.0.1", 0)
+    web_server = await asyncio.start_server(hello, "127.0.0.1", 0)
+    bulk_port, web_port = (s.sockets[0].getsockname()[1] for s in (bulk_server, web_server))
+    listen = {"bulk": free_port(), "web": free_port()}
+    try:
+        async with ingress_agent(headscale, "ingress-tcp", key, tmp_path,
+                                 [tcp("bulk", listen["bulk"], bulk_port)]) as agent:
+            await wait_peer_sees(laptop, "ingress-tcp")
+            reader, writer = await tunnel(laptop.http_proxy_port, agent.ip, listen["bulk"])
+            writer.write(b"go\r\n")
+
+            # A reload that adds an expose while the bulk connection is open.
+            write_like_kubelet(tmp_path, json.dumps([tcp("bulk", listen["bulk"], bulk_port),
+                                                     tcp("web", listen["web"], web_port)]))
+            await eventually(lambda: agent.ingress.forwarder.is_listening("web"), timeout=10, what="web exposed")
+            r2, w2 = await tunnel(laptop.http_proxy_port, agent.ip, listen["web"])
+            w2.write(b"GET / HTTP/1.0\r\nHost: web\r\n\r\n")
+            assert (await asyncio.wait_for(read_all(r2), 30)).endswith(b"\r\n\r\nhello\n")
+            w2.close()
+
+            async def send() -> None:
+                for i in range(0, size, 1 << 20):
+                    writer.write(upload[i:i + (1 << 20)])
+                    await writer.drain()
+
+            sending = asyncio.create_task(send())
+            received = await asyncio.wait_for(reader.readexactly(size + 32), 240)
+            await sending
+            writer.close()
+            assert hashlib.sha256(received[:size]).digest() == hashlib.sha256(download).digest()
+            assert received[size:] == hashlib.sha256(upload).digest(), "the upload arrived intact"
+
+            document = await eventually(_probed(agent, "web"), timeout=20, what="a probe of web's backend")
+            entry = next(e for e in document["exposes"] if e["name"] == "web")
+            assert entry == {**entry, "port": listen["web"], "mode": "tcp", "listening": True, "message": None,
+                             "backend": f"127.0.0.1:{web_port}", "reachable": True, "backendError": None,
+                             "hosts": []}
+            assert document["node"]["addresses"] == agent.node.addresses()
+            assert document["exposesFile"]["error"] is None
+    finally:
+        bulk_server.close()
+        web_server.close()
+
+
+def _probed(agent: IngressAgent, name: str) -> Any:
+    async def check() -> dict[str, Any] | None:
+        document = await agent.status()
+        entry = next((e for e in document["exposes"] if e["name"] == name), None)
+        return document if entry and entry["checkedAt"] else None
+    return check
+
+
+async def whoami(request: web.Request) -> web.Response:
+    return web.json_response({"host": request.headers.get("Host"), "xff": request.headers.get("X-Forwarded-For"),
+                              "proto": request.headers.get("X-Forwarded-Proto")})
+
+
+def dns_names(answer: Answer) -> list[str]:
+    cert = x509.load_der_x509_certificate(answer.certificate)
+    return cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName)
+
+
+def replace_atomically(path: Path, data: bytes) -> None:
+    """A new file renamed over the old one, as a projected Secret changes at once."""
+    (path.parent / f".{path.name}.new").write_bytes(data)
+    (path.parent / f".{path.name}.new").rename(path)
+
+
+async def ask(laptop: TailscaleNode, agent: IngressAgent, port: int, ca: Path, sni: str, **kw: Any) -> Answer:
+    return await asyncio.wait_for(request(await tunnel(laptop.http_proxy_port, agent.ip, port), ca=ca, sni=sni,
+                                          **kw), 30)
+
+
+async def test_http_expose_sni_certificates_h1_h2_421_and_rotation(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path) -> None:
+    ca = CertificateAuthority(tmp_path / "pki", "ingress")
+    shop = ca.issue("shop", common_name="shop.example.test", hosts=("shop.example.test", "shop"))
+    blog = ca.issue("blog", common_name="blog.example.test", hosts=("blog.example.test",))
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", whoami)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    backend_port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", backend_port).start()
+    port = free_port()
+    expose = {"name": "web", "port": port, "mode": "http", "backend": {"host": "127.0.0.1", "port": backend_port},
+              "hosts": [{"name": "shop.example.test", "alias": "shop",
+                         "tls": {"certFile": str(shop.cert), "keyFile": str(shop.key)}},
+                        {"name": "blog.example.test", "tls": {"certFile": str(blog.cert), "keyFile": str(blog.key)}}]}
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    laptop = tailscale_nodes("ts-laptop-https", headscale, authkey=key)
+    try:
+        async with ingress_agent(headscale, "ingress-https", key, tmp_path, [expose]) as agent:
+            await wait_peer_sees(laptop, "ingress-https")
+            laptop_ip = laptop.ipv4()
+            for sni, names in (("shop.example.test", ["shop.example.test", "shop"]), ("shop", ["shop.example.test",
+                                                                                             "shop"]),
+                               ("blog.example.test", ["blog.example.test"])):
+                for alpn in ("http/1.1", "h2"):
+                    answer = await ask(laptop, agent, port, ca.cert_path, sni, alpn=alpn)
+                    assert (answer.status, answer.alpn) == (200, alpn), answer
+                    assert dns_names(answer) == names
+                    assert json.loads(answer.body) == {"host": sni, "xff": laptop_ip, "proto": "https"}
+                    other = "blog.example.test" if sni != "blog.example.test" else "shop.example.test"
+                    wrong = await ask(laptop, agent, port, ca.cert_path, sni, alpn=alpn, host=other)
+                    assert wrong.status == 421, wrong
+
+            document = await agent.status()
+            entry = document["exposes"][0]
+            assert (entry["listening"], entry["mode"]) == (True, "http")
+            hosts = {h["name"]: h for h in entry["hosts"]}
+            assert hosts["shop.example.test"]["alias"] == "shop" and hosts["shop.example.test"]["error"] is None
+            before = await ask(laptop, agent, port, ca.cert_path, "shop.example.test")
+            assert hosts["shop.example.test"]["notAfter"] == _not_after(before)
+
+            renewed = ca.issue("shop-renewed", common_name="shop.example.test",
+                               hosts=("shop.example.test", "shop", "renewed.example.test"))
+            replace_atomically(shop.key, renewed.key.read_bytes())
+            replace_atomically(shop.cert, renewed.cert.read_bytes())
+            after = await ask(laptop, agent, port, ca.cert_path, "shop.example.test", alpn="h2")
+            assert after.status == 200 and dns_names(after) == ["shop.example.test", "shop", "renewed.example.test"]
+            status = await agent.status()
+            assert status["exposes"][0]["hosts"][0]["notAfter"] == _not_after(after)
+    finally:
+        await runner.cleanup()
+
+
+def _not_after(answer: Answer) -> str:
+    when = x509.load_der_x509_certificate(answer.certificate).not_valid_after_utc
+    return when.isoformat().replace("+00:00", "Z")

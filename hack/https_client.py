@@ -1,0 +1,114 @@
+"""A test client for https ingress: TLS with a chosen SNI and ALPN over any stream (a direct
+connection or a tunnel through a tailscaled peer's HTTP proxy), then one HTTP/1.1 or HTTP/2 request.
+
+Tests only; the responses are read with Connection: close (HTTP/1.1) or to END_STREAM (HTTP/2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h2.connection
+import h2.events
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    alpn: str | None = None
+    certificate: bytes = b""
+    """The server's leaf certificate (DER)."""
+
+
+def client_context(ca: Path, alpn: str) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(ca))
+    context.set_alpn_protocols([alpn])
+    return context
+
+
+async def tunnel(proxy_port: int, ip: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A TCP stream to ``ip:port`` through an HTTP proxy on 127.0.0.1 (CONNECT)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+    writer.write(f"CONNECT {ip}:{port} HTTP/1.1\r\nHost: {ip}:{port}\r\n\r\n".encode())
+    head = await reader.readuntil(b"\r\n\r\n")
+    if b" 200" not in head.split(b"\r\n", 1)[0]:
+        writer.close()
+        raise ConnectionError(f"CONNECT refused: {head!r}")
+    return reader, writer
+
+
+async def request(stream: tuple[asyncio.StreamReader, asyncio.StreamWriter], *, ca: Path, sni: str,
+                  alpn: str = "http/1.1", host: str | None = None, method: str = "GET", path: str = "/",
+                  body: bytes = b"") -> Answer:
+    """TLS to ``sni`` over ``stream`` (verified against ``ca``), then one request for ``host``."""
+    reader, writer = stream
+    await writer.start_tls(client_context(ca, alpn), server_hostname=sni)
+    sslobj = writer.get_extra_info("ssl_object")
+    certificate = sslobj.getpeercert(binary_form=True) or b""
+    try:
+        if sslobj.selected_alpn_protocol() == "h2":
+            answer = await _h2(reader, writer, host or sni, method, path, body)
+        else:
+            answer = await _http1(reader, writer, host or sni, method, path, body)
+    finally:
+        writer.close()
+    answer.alpn, answer.certificate = sslobj.selected_alpn_protocol(), certificate
+    return answer
+
+
+async def _http1(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, method: str, path: str,
+                 body: bytes) -> Answer:
+    writer.write(f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n"
+                 "Connection: close\r\n\r\n".encode() + body)
+    head = (await reader.readuntil(b"\r\n\r\n")).decode()
+    lines = head.split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+    data = await reader.read()
+    if headers.get("transfer-encoding") == "chunked":
+        out, rest = b"", data
+        while True:
+            size_text, _, rest = rest.partition(b"\r\n")
+            size = int(size_text, 16)
+            if not size:
+                break
+            out, rest = out + rest[:size], rest[size + 2:]
+        data = out
+    return Answer(int(lines[0].split()[1]), headers, data)
+
+
+async def _h2(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, method: str, path: str,
+              body: bytes) -> Answer:
+    conn = h2.connection.H2Connection()
+    conn.initiate_connection()
+    stream_id = conn.get_next_available_stream_id()
+    conn.send_headers(stream_id, [(":method", method), (":path", path), (":scheme", "https"),
+                                  (":authority", host)], end_stream=not body)
+    pending = memoryview(body)
+    answer = Answer(0)
+    chunks: list[bytes] = []
+    done = False
+    while not done:
+        while pending and (room := min(conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size)):
+            conn.send_data(stream_id, pending[:room].tobytes(), end_stream=len(pending) <= room)
+            pending = pending[room:]
+        writer.write(conn.data_to_send())
+        data = await reader.read(1 << 16)
+        if not data:
+            raise ConnectionError("the server closed the HTTP/2 connection")
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                headers = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                           for k, v in event.headers or ()}
+                answer.status, answer.headers = int(headers.pop(":status")), headers
+            elif isinstance(event, h2.events.DataReceived):
+                chunks.append(event.data or b"")
+                conn.acknowledge_received_data(event.flow_controlled_length or 0, stream_id)
+            elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
+                done = True
+    answer.body = b"".join(chunks)
+    return answer

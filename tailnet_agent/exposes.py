@@ -1,0 +1,168 @@
+"""The ingress exposes file (``TAILNET_EXPOSES_FILE``): pure parsing, no I/O.
+
+A JSON list; every problem is a :class:`~tailnet_agent.config.ConfigError` naming the entry::
+
+    [{"name": "db", "port": 5432, "backend": {"host": "db.shop.svc", "port": 5432}},
+     {"name": "web", "port": 443, "mode": "http",
+      "backend": {"host": "web.shop.svc", "port": 8443, "scheme": "https",
+                  "caFile": "/etc/tailnet/ca/web/ca.crt", "serverName": "web.shop.svc"},
+      "hosts": [{"name": "shop.example.com", "alias": "shop",
+                 "tls": {"certFile": "/etc/tailnet/tls/shop/tls.crt",
+                         "keyFile": "/etc/tailnet/tls/shop/tls.key"}}]}]
+
+* ``port``: the tailnet port the agent listens on; unique across exposes.
+* ``mode``: ``tcp`` (default; ``l4`` is the same) copies bytes both ways with half-close;
+  ``http`` terminates TLS with the certificate of the host the client names in SNI and proxies
+  HTTP/1.1 and HTTP/2 requests (:mod:`tailnet_agent.forward.http`).
+* ``backend``: ``host`` (an in-cluster Service name or an IP) and ``port``. For http, ``scheme``
+  ``http`` (default) or ``https``: HTTPS to the app is always verified, against ``caFile`` (PEM)
+  when given, else the system roots, for ``serverName`` (default ``host``).
+* ``hosts`` (http only, at least one): a virtual host's ``name``, an optional short ``alias``
+  (both are accepted as SNI and Host), and ``tls.certFile``/``tls.keyFile`` (mounted PEM files,
+  reloaded when they change). A name or alias belongs to one host of an expose.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tailnet_agent.config import ConfigError, PortMapping
+
+NAME = "TAILNET_EXPOSES_FILE"
+TCP = "tcp"
+HTTP = "http"
+_MODES = {"tcp": TCP, "l4": TCP, "http": HTTP}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Backend:
+    host: str
+    port: int
+    scheme: str = "http"
+    """``http`` or ``https`` (http exposes only)."""
+    ca_file: str | None = None
+    """PEM CAs that verify an https backend; None: the system roots."""
+    server_name: str | None = None
+    """The name an https backend's certificate must carry; None: ``host``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class VirtualHost:
+    name: str
+    alias: str | None = None
+    cert_file: str
+    key_file: str
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """What SNI and Host may say for this host."""
+        return (self.name,) if self.alias is None else (self.name, self.alias)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Expose:
+    name: str
+    port: int
+    """Tailnet port the agent listens on."""
+    backend: Backend
+    mode: str = TCP
+    hosts: tuple[VirtualHost, ...] = ()
+
+    @property
+    def address(self) -> str:
+        return self.backend.host
+
+    @property
+    def ports(self) -> tuple[PortMapping, ...]:
+        """One mapping: listen on the tailnet port, dial the backend's."""
+        return (PortMapping(port=self.backend.port, listen=self.port),)
+
+
+def _port(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise ConfigError(f"{NAME}: {where} must be a port number 1-65535, got {value!r}")
+    return value
+
+
+def _text(item: dict[str, Any], key: str, where: str, *, required: bool = True) -> str | None:
+    value = item.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{NAME}: {where}.{key} must be a non-empty string")
+    return value.strip()
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{NAME}: {where} must be an object")
+    return value
+
+
+def _backend(raw: Any, where: str, mode: str) -> Backend:
+    item = _object(raw, where)
+    host = _text(item, "host", where)
+    assert host is not None
+    scheme = item.get("scheme", "http")
+    if scheme not in ("http", "https") or (mode == TCP and "scheme" in item):
+        raise ConfigError(f"{NAME}: {where}.scheme must be http or https (http exposes only), got {scheme!r}")
+    ca_file = _text(item, "caFile", where, required=False)
+    server_name = _text(item, "serverName", where, required=False)
+    if scheme == "http" and (ca_file or server_name):
+        raise ConfigError(f"{NAME}: {where}: caFile and serverName go with scheme https")
+    return Backend(host=host, port=_port(item.get("port"), f"{where}.port"), scheme=scheme, ca_file=ca_file,
+                   server_name=server_name)
+
+
+def _host(raw: Any, where: str) -> VirtualHost:
+    item = _object(raw, where)
+    name = _text(item, "name", where)
+    alias = _text(item, "alias", where, required=False)
+    tls = _object(item.get("tls"), f"{where}.tls")
+    cert, key = _text(tls, "certFile", f"{where}.tls"), _text(tls, "keyFile", f"{where}.tls")
+    assert name is not None and cert is not None and key is not None
+    return VirtualHost(name=name.lower().rstrip("."), alias=alias.lower().rstrip(".") if alias else None,
+                       cert_file=cert, key_file=key)
+
+
+def parse_exposes(text: str) -> tuple[Expose, ...]:
+    """Parse the exposes JSON (shape in the module docstring); an empty list is refused."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{NAME} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(doc, list) or not doc:
+        raise ConfigError(f"{NAME} must be a non-empty JSON list of exposes")
+    exposes: list[Expose] = []
+    ports: dict[int, str] = {}
+    for i, raw in enumerate(doc):
+        item = _object(raw, f"[{i}]")
+        label = _text(item, "name", f"[{i}]")
+        assert label is not None
+        where = f"[{i}] ({label})"
+        if any(e.name == label for e in exposes):
+            raise ConfigError(f"{NAME}: {where}: the name is used twice")
+        mode = _MODES.get(item.get("mode", TCP))
+        if mode is None:
+            raise ConfigError(f"{NAME}: {where}.mode must be tcp or http, got {item.get('mode')!r}")
+        port = _port(item.get("port"), f"{where}.port")
+        if port in ports:
+            raise ConfigError(f"{NAME}: port {port} is used by both {ports[port]} and {label}")
+        ports[port] = label
+        backend = _backend(item.get("backend"), f"{where}.backend", mode)
+        raw_hosts = item.get("hosts", [])
+        if mode == TCP and raw_hosts:
+            raise ConfigError(f"{NAME}: {where}: hosts go with mode http")
+        if mode == HTTP and (not isinstance(raw_hosts, list) or not raw_hosts):
+            raise ConfigError(f"{NAME}: {where}.hosts must be a non-empty list for mode http")
+        hosts = tuple(_host(h, f"{where}.hosts[{j}]") for j, h in enumerate(raw_hosts))
+        seen: set[str] = set()
+        for host in hosts:
+            for name in host.names:
+                if name in seen:
+                    raise ConfigError(f"{NAME}: {where}: {name} names two hosts")
+                seen.add(name)
+        exposes.append(Expose(name=label, port=port, backend=backend, mode=mode, hosts=hosts))
+    return tuple(exposes)

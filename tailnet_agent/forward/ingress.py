@@ -1,0 +1,77 @@
+"""Ingress: the exposes listen on the node's tailnet address and dial their in-cluster backend.
+
+The same :class:`~tailnet_agent.forward.egress.Forwarder` as egress (one task per expose, reloads
+by name keep the connections of unchanged exposes), with the listeners on the tailnet
+(:meth:`Node.listen <tailnet_agent.node.Node.listen>`; the packet filter decides who connects)
+and the dials local (:class:`LocalDialer`). A tcp expose splices each connection to its backend
+with half-close; an http expose's connections are served by an
+:class:`~tailnet_agent.forward.http.HttpService` that lives as long as the expose listens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
+
+from tailnet_agent.exposes import HTTP, Expose
+from tailnet_agent.health import AgentMetrics
+from tailnet_agent.probe import Prober
+
+from .egress import Accept, Closable, Forwarder
+from .http import HttpService
+
+
+class Listener(Protocol):
+    """Where the exposes listen (:class:`tailnet_agent.node.Node` fits)."""
+
+    async def wait_ready(self) -> None: ...
+
+    async def listen(self, protocol_factory: Callable[[], asyncio.Protocol], port: int) -> Closable: ...
+
+
+class LocalDialer:
+    """Dials from the pod's network (the backend Service); the forwarder's and the probe's dialer."""
+
+    async def wait_ready(self) -> None:
+        pass
+
+    async def create_connection(self, protocol_factory: Callable[[], asyncio.Protocol], host: str, port: int, *,
+                                timeout: float | None = None) -> tuple[asyncio.Transport, asyncio.Protocol]:
+        async with asyncio.timeout(timeout):
+            return await asyncio.get_running_loop().create_connection(protocol_factory, host, port)
+
+    async def open_connection(self, host: str, port: int, *, timeout: float | None = None,
+                              ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        async with asyncio.timeout(timeout):
+            return await asyncio.open_connection(host, port)
+
+
+class Ingress:
+    """The exposes of one agent; ``forwarder.run`` serves them, ``forwarder.apply`` changes them."""
+
+    def __init__(self, node: Listener, exposes: tuple[Expose, ...], *, dial_timeout: float = 30.0,
+                 metrics: AgentMetrics | None = None, prober: Prober | None = None) -> None:
+        self.node = node
+        self.services: dict[str, HttpService] = {}
+        """The running http exposes by name (their certificates are on ``/status``)."""
+        self.forwarder = Forwarder(LocalDialer(), exposes, dial_timeout=dial_timeout, metrics=metrics,
+                                   prober=prober, listen=self._listen, session=self._session, kind="ingress")
+
+    async def _listen(self, factory: Callable[[], asyncio.Protocol], port: int) -> Closable:
+        await self.node.wait_ready()
+        return await self.node.listen(factory, port)
+
+    @contextlib.asynccontextmanager
+    async def _session(self, expose: Expose) -> AsyncIterator[Accept | None]:
+        if expose.mode != HTTP:
+            yield None
+            return
+        async with HttpService(expose) as service:
+            self.services[expose.name] = service
+            try:
+                yield service.accept
+            finally:
+                if self.services.get(expose.name) is service:
+                    del self.services[expose.name]

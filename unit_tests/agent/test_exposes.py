@@ -1,0 +1,74 @@
+"""The ingress exposes file: shapes accepted, and one-line errors naming the entry."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tailnet_agent.config import ConfigError, PortMapping
+from tailnet_agent.exposes import Backend, Expose, VirtualHost, parse_exposes
+from tailnet_agent.targets import diff_targets
+
+TLS = {"certFile": "/tls/shop/tls.crt", "keyFile": "/tls/shop/tls.key"}
+
+
+def test_tcp_and_http_exposes() -> None:
+    exposes = parse_exposes(json.dumps([
+        {"name": "db", "port": 5432, "backend": {"host": "db.shop.svc", "port": 5432}},
+        {"name": "web", "port": 443, "mode": "http",
+         "backend": {"host": "web.shop.svc", "port": 8443, "scheme": "https", "caFile": "/ca/ca.crt",
+                     "serverName": "web.internal"},
+         "hosts": [{"name": "Shop.Example.com.", "alias": "shop", "tls": TLS}]}]))
+    db, web = exposes
+    assert db == Expose(name="db", port=5432, backend=Backend(host="db.shop.svc", port=5432))
+    assert db.ports == (PortMapping(port=5432, listen=5432),) and db.address == "db.shop.svc"
+    assert web.mode == "http" and web.ports == (PortMapping(port=8443, listen=443),)
+    assert web.backend == Backend(host="web.shop.svc", port=8443, scheme="https", ca_file="/ca/ca.crt",
+                                  server_name="web.internal")
+    assert web.hosts == (VirtualHost(name="shop.example.com", alias="shop", cert_file=TLS["certFile"],
+                                     key_file=TLS["keyFile"]),)
+    assert web.hosts[0].names == ("shop.example.com", "shop")
+    assert parse_exposes('[{"name": "x", "mode": "l4", "port": 1, "backend": {"host": "h", "port": 2}}]')[0].mode \
+        == "tcp"
+
+
+def test_a_changed_host_changes_the_expose() -> None:
+    def web(cert: str) -> tuple[Expose, ...]:
+        return parse_exposes(json.dumps([{"name": "web", "port": 443, "mode": "http",
+                                          "backend": {"host": "web", "port": 80},
+                                          "hosts": [{"name": "a.example", "tls": {**TLS, "certFile": cert}}]}]))
+
+    assert diff_targets(web("/a"), web("/a")).empty
+    assert [e.name for e in diff_targets(web("/a"), web("/b")).changed] == ["web"]
+
+
+def _one(**fields: Any) -> str:
+    expose = {"name": "web", "port": 443, "backend": {"host": "web", "port": 80}, **fields}
+    return json.dumps([expose])
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("{", "TAILNET_EXPOSES_FILE is not valid JSON: Expecting property name enclosed in double quotes at line 1 "
+          "column 2"),
+    ("[]", "TAILNET_EXPOSES_FILE must be a non-empty JSON list of exposes"),
+    (_one(port=0), "TAILNET_EXPOSES_FILE: [0] (web).port must be a port number 1-65535, got 0"),
+    (_one(mode="udp"), "TAILNET_EXPOSES_FILE: [0] (web).mode must be tcp or http, got 'udp'"),
+    (_one(mode="http"), "TAILNET_EXPOSES_FILE: [0] (web).hosts must be a non-empty list for mode http"),
+    (_one(hosts=[{"name": "a", "tls": TLS}]), "TAILNET_EXPOSES_FILE: [0] (web): hosts go with mode http"),
+    (_one(mode="http", hosts=[{"name": "a"}]), "TAILNET_EXPOSES_FILE: [0] (web).hosts[0].tls must be an object"),
+    (_one(mode="http", hosts=[{"name": "a", "tls": TLS}, {"name": "b", "alias": "a", "tls": TLS}]),
+     "TAILNET_EXPOSES_FILE: [0] (web): a names two hosts"),
+    (_one(backend={"host": "web", "port": 80, "scheme": "https"}),
+     "TAILNET_EXPOSES_FILE: [0] (web).backend.scheme must be http or https (http exposes only), got 'https'"),
+    (_one(mode="http", hosts=[{"name": "a", "tls": TLS}], backend={"host": "w", "port": 80, "caFile": "/ca"}),
+     "TAILNET_EXPOSES_FILE: [0] (web).backend: caFile and serverName go with scheme https"),
+    (json.dumps([{"name": "a", "port": 1, "backend": {"host": "h", "port": 2}},
+                 {"name": "b", "port": 1, "backend": {"host": "h", "port": 3}}]),
+     "TAILNET_EXPOSES_FILE: port 1 is used by both a and b"),
+])
+def test_errors_name_the_entry(text: str, error: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_exposes(text)
+    assert str(info.value) == error
