@@ -169,3 +169,20 @@ def http_get_code(url: str, timeout: float = 3) -> str:
 import urllib.request
 print(urllib.request.urlopen({url!r}, timeout={timeout}).read().decode())
 """
+
+
+def operator_logs(cluster: ClusterUnderTest, namespace: str, tail: int = 60) -> str:
+    return kubectl(cluster, "-n", namespace, "logs", "deployment/tailnet-operator", f"--tail={tail}", check=False)
+
+
+def install_operator_in_cluster(cluster: ClusterUnderTest, image_ref: str, workdir: Path) -> str:
+    """``kubectl apply -k`` of an overlay that names ``image_ref``; waits for the operator to be
+    Available and returns its namespace."""
+    from hack.localenv.install import OPERATOR_NAMESPACE, install_operator, install_overlay
+
+    install_operator(cluster.kubeconfig, install_overlay(workdir, image_ref))
+    try:
+        wait_available(cluster, OPERATOR_NAMESPACE, "tailnet-operator", timeout=180)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\noperator logs:\n{operator_logs(cluster, OPERATOR_NAMESPACE, 50)}") from exc
+    return OPERATOR_NAMESPACE

@@ -7,10 +7,13 @@
 * ``headscale`` (per test, fresh database) and ``module_headscale`` (per module).
 * ``tailscale_nodes`` (per test): a factory of tailscaled nodes, stopped after the test.
 * ``site_host`` (per test): a factory of hosts in network namespaces.
+* ``module_tailscale_nodes``, ``module_site_host`` (per module): the same factories for a
+  module's shared setup.
 * ``cluster`` (session): a cluster that runs pods: the local node (root only), or the cluster
   in ``$TAILNET_E2E_KUBECONFIG`` (kind, under ``make e2e``); ``project_image`` (session): the
   project's image, built (cached by content) and loaded into it; ``cluster_headscale``
-  (session): a Headscale that pods reach.
+  (session): a Headscale that pods reach; ``installed_operator`` (session): the operator
+  installed in it with ``kubectl apply -k``, Available.
 
 After the session, any process of this run that is still alive fails the run and is killed, and
 so does anything the local node left on the host (containers, mounts, links, routes, nftables
@@ -129,10 +132,8 @@ def module_headscale(environment: Environment) -> Iterator[Headscale]:
 TailscaleFactory = Callable[..., TailscaleNode]
 
 
-@pytest.fixture
-def tailscale_nodes(environment: Environment) -> Iterator[TailscaleFactory]:
-    """``tailscale_nodes(hostname, headscale, authkey=..., advertise_routes=[...], accept_routes=...,
-    site_router=...)``; a site router is the only node that can reach ``site_host`` LANs directly."""
+@contextlib.contextmanager
+def _tailscale_factory(environment: Environment) -> Iterator[TailscaleFactory]:
     started: list[TailscaleNode] = []
 
     def start(hostname: str, headscale: Headscale, *, authkey: str | None = None,
@@ -152,8 +153,22 @@ def tailscale_nodes(environment: Environment) -> Iterator[TailscaleFactory]:
 
 
 @pytest.fixture
-def site_host(environment: Environment) -> Iterator[Callable[[], SiteHost]]:
-    """A factory of hosts in network namespaces; needs root and iproute2."""
+def tailscale_nodes(environment: Environment) -> Iterator[TailscaleFactory]:
+    """``tailscale_nodes(hostname, headscale, authkey=..., advertise_routes=[...], accept_routes=...,
+    site_router=...)``; a site router is the only node that can reach ``site_host`` LANs directly."""
+    with _tailscale_factory(environment) as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def module_tailscale_nodes(environment: Environment) -> Iterator[TailscaleFactory]:
+    """``tailscale_nodes`` for a module's shared setup: the nodes live until the module ends."""
+    with _tailscale_factory(environment) as start:
+        yield start
+
+
+@contextlib.contextmanager
+def _site_factory(environment: Environment) -> Iterator[Callable[[], SiteHost]]:
     reason = netns_available()
     if reason is not None:
         pytest.skip(f"network namespaces unavailable: {reason}")
@@ -169,6 +184,20 @@ def site_host(environment: Environment) -> Iterator[Callable[[], SiteHost]]:
     finally:
         for host in made:
             host.destroy()
+
+
+@pytest.fixture
+def site_host(environment: Environment) -> Iterator[Callable[[], SiteHost]]:
+    """A factory of hosts in network namespaces; needs root and iproute2."""
+    with _site_factory(environment) as create:
+        yield create
+
+
+@pytest.fixture(scope="module")
+def module_site_host(environment: Environment) -> Iterator[Callable[[], SiteHost]]:
+    """``site_host`` for a module's shared setup: the hosts live until the module ends."""
+    with _site_factory(environment) as create:
+        yield create
 
 
 @pytest.fixture(scope="session")
@@ -205,6 +234,16 @@ def cluster_headscale(environment: Environment, cluster: ClusterUnderTest) -> It
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def installed_operator(cluster: ClusterUnderTest, project_image: Image,
+                       tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The operator installed in the cluster with ``kubectl apply -k`` (the project's image) and
+    Available; its namespace. Installed once per session, left in place for the cluster's teardown."""
+    from e2e.cluster import install_operator_in_cluster
+
+    return install_operator_in_cluster(cluster, project_image.ref, tmp_path_factory.mktemp("install"))
 
 
 # -- reporting and the leak check ---------------------------------------------------------------

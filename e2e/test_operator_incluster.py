@@ -4,35 +4,17 @@ a Tailnet against a real Headscale that the pod reaches over the pod network."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 
-from e2e.cluster import ClusterUnderTest, apply, condition, get_json, kubectl, python_pod, wait_available
+from e2e.cluster import ClusterUnderTest, apply, condition, get_json, kubectl, python_pod
 from e2e.operator import tailnet_object, unique
 from hack.localenv import Headscale, wait_until
-from hack.localenv.install import OPERATOR_NAMESPACE, install_operator, install_overlay
 from hack.localenv.node import kubectl as run_kubectl
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e]
-
-NAMESPACE = OPERATOR_NAMESPACE
-
-
-@pytest.fixture(scope="module")
-def installed_operator(cluster: ClusterUnderTest, project_image: Any, tmp_path_factory: pytest.TempPathFactory
-                       ) -> Iterator[str]:
-    overlay = install_overlay(tmp_path_factory.mktemp("install"), project_image.ref)
-    install_operator(cluster.kubeconfig, overlay)
-    try:
-        wait_available(cluster, NAMESPACE, "tailnet-operator", timeout=180)
-    except AssertionError as exc:
-        logs = kubectl(cluster, "-n", NAMESPACE, "logs", "deployment/tailnet-operator", "--tail=50", check=False)
-        raise AssertionError(f"{exc}\noperator logs:\n{logs}") from exc
-    yield NAMESPACE
-
 
 def test_the_operator_pod_is_admitted_under_restricted_and_holds_the_lease(
         cluster: ClusterUnderTest, installed_operator: str) -> None:

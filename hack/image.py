@@ -648,11 +648,16 @@ _NO_BUILD_TOOLS = ("for t in gcc cc cargo rustc pip pip3 /opt/venv/bin/pip; do c
                    " test ! -e /root/.cache/pip && echo clean")
 """Only the runtime stage ships: no compiler, no installer, no pip cache."""
 
+_AGENT_IMPORTS = ("import tailnet_agent.control, tailnet_agent.node, tailnet_agent.health, tailnet_agent.forward,"
+                  " tailnet_agent.forward.ingress, tailnet_agent.forward.http, tailnet_agent.status; print('imported')")
+"""What both agent modes import lazily: `/tailnet-agent` without AGENT_MODE exits before any of it."""
+
 SMOKE_CHECKS: dict[str, tuple[Check, ...]] = {
     PROJECT_REPOSITORY: (
         Check(("/tailnet-operator", "--version"), 0, "tailnet-operator "),
         Check(("/tailnet-agent",), 2, "AGENT_MODE"),
         Check(("/opt/venv/bin/python", "-c", "import tailnet_agent._native as n; print(n.__name__)"), 0, "_native"),
+        Check(("/opt/venv/bin/python", "-c", _AGENT_IMPORTS), 0, "imported"),
         Check(("/usr/bin/id", "-u"), 0, NONROOT.split(":", 1)[0]),
         Check(("/bin/sh", "-c", _NO_BUILD_TOOLS), 0, "clean"),
     ),

@@ -13,6 +13,7 @@ import structlog
 from tailnet_operator import __version__, logs
 from tailnet_operator.controllers.setup import setup
 from tailnet_operator.runtime import config as rest_config
+from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.errors import KubeError
 from tailnet_operator.runtime.events import EventRecorder
 from tailnet_operator.runtime.kinds import Resource
@@ -66,7 +67,9 @@ async def agent_image(manager: Manager, args: argparse.Namespace) -> str:
     if not pod_name:
         return FALLBACK_AGENT_IMAGE
     try:
-        pod = await manager.client.get(POD, pod_name, args.namespace)
+        # The manager's client opens only when the manager runs; this read comes before.
+        async with Client(manager.client.config) as client:
+            pod = await client.get(POD, pod_name, args.namespace)
     except KubeError as exc:
         log.warning("cannot read the operator's own Pod for its image", error=str(exc),
                     fallback=FALLBACK_AGENT_IMAGE)

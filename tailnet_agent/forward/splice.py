@@ -33,6 +33,8 @@ class _End(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.eof = False
         self.lost = False
+        self.early: list[bytes] = []
+        """Bytes that arrived before the join, written to the other end by it."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -41,11 +43,26 @@ class _End(asyncio.Protocol):
             transport.pause_reading()
 
     def data_received(self, data: bytes) -> None:
+        if not self._splice.joined:
+            # Some CPython releases (3.11.2, Debian bookworm's and so the image's) register a socket
+            # transport's reader after connection_made even when it paused reading there, so the
+            # first bytes can come before the join: keep them, and pause now (the reader is
+            # registered by this time). Dropping them was the in-cluster egress hang.
+            self.early.append(data)
+            if self.transport is not None:
+                self.transport.pause_reading()
+            return
         out = self.other.transport
         if out is None or self.other.lost:
             return
         out.write(data)
         self._count(len(data))
+
+    def flush_early(self) -> None:
+        """Write what arrived before the join to the other end."""
+        early, self.early = self.early, []
+        for data in early:
+            self.data_received(data)
 
     def eof_received(self) -> bool:
         self.eof = True
@@ -84,6 +101,7 @@ class Splice:
                 self.end_lost(end, None)
                 return
         for end in (self.a, self.b):
+            end.flush_early()
             if end.eof:
                 self.forward_eof(end)
             elif end.transport is not None:

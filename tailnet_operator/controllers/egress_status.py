@@ -134,14 +134,26 @@ def classify(egress: TailnetEgress, target: EgressTarget, *, agent: JSON | None,
             return TargetState(target.name, service, "NoGrant",
                                f"the policy does not grant {egress.spec.tag} access to {resolved} on "
                                f"{', '.join(str(p.port) for p in target.ports)}", None, entry)
-    return _from_agent(target.name, service, entry, agent is not None)
+    return _from_agent(target.name, service, entry, agent is not None, nodes)
 
 
-def _from_agent(name: str, service: str, entry: JSON | None, read: bool) -> TargetState:
+def _router_name(entry: JSON, nodes: Sequence[Node]) -> str | None:
+    """The router as Headscale names it (as ``NotApproved`` and TailnetSite status do): the agent
+    reports its MagicDNS name and ID; the ID picks the node, else the name's first label."""
+    router_id, shown = entry.get("routerId"), entry.get("router")
+    if router_id is not None:
+        for node in nodes:
+            if str(node.id) == str(router_id):
+                return node.given_name or node.name
+    return str(shown).split(".", 1)[0] if shown else None
+
+
+def _from_agent(name: str, service: str, entry: JSON | None, read: bool,
+                nodes: Sequence[Node] = ()) -> TargetState:
     if entry is None:
         why = "the agent does not list the target yet" if read else "the agent's /status could not be read"
         return TargetState(name, service, "Unknown", why)
-    state, router = str(entry.get("state") or "Unknown"), entry.get("router") or None
+    state, router = str(entry.get("state") or "Unknown"), _router_name(entry, nodes)
     message = str(entry.get("message") or "")
     if state == "Ready":
         if entry.get("reachable") is False:

@@ -71,3 +71,14 @@ def test_a_tailnet_address_needs_no_router() -> None:
     e = egress("100.64.0.7")
     state = classify(e, e.spec.targets[0], agent=agent(address="100.64.0.7"), nodes=[], live_policy=OPEN)
     assert state.route == "Ready"
+
+
+def test_the_router_is_named_as_headscale_names_it_not_by_its_magicdns_name() -> None:
+    e = egress()
+    doc = agent(router="branch-router.tailnet.test", routerId="7")
+    nodes = [router(["198.18.1.0/24"], ["198.18.1.0/24"])]
+    state = classify(e, e.spec.targets[0], agent=doc, nodes=nodes, live_policy=OPEN)
+    assert (state.route, state.router) == ("Ready", "branch-router")
+    unknown_id = {"targets": [{**doc["targets"][0], "routerId": "99"}]}
+    state = classify(e, e.spec.targets[0], agent=unknown_id, nodes=nodes, live_policy=OPEN)
+    assert state.router == "branch-router"

@@ -1,0 +1,60 @@
+"""Splice: bytes that arrive before the join are kept and forwarded, in order, by it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tailnet_agent.forward.splice import Splice
+
+
+class FakeTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+        self.eof_written = False
+        self.reading = True
+        self.closed = False
+
+    def write(self, data: Any) -> None:
+        self.written.append(bytes(data))
+
+    def write_eof(self) -> None:
+        self.eof_written = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+
+async def test_bytes_read_before_the_join_reach_the_other_end_and_reading_pauses() -> None:
+    # As CPython 3.11.2 does: the reader runs although connection_made paused it.
+    splice = Splice()
+    client, upstream = FakeTransport(), FakeTransport()
+    splice.a.connection_made(client)
+    splice.a.data_received(b"GET / HTTP/1.0\r\n")
+    splice.a.data_received(b"\r\n")
+    splice.a.eof_received()
+    assert not client.reading
+    splice.b.connection_made(upstream)
+    assert upstream.written == []
+
+    splice.join()
+    assert upstream.written == [b"GET / HTTP/1.0\r\n", b"\r\n"]
+    assert upstream.eof_written
+    splice.b.data_received(b"HTTP/1.0 200 OK\r\n")
+    assert client.written == [b"HTTP/1.0 200 OK\r\n"]
