@@ -175,12 +175,13 @@ class Manager:
         stop = asyncio.ensure_future(self._stop.wait())
         try:
             await asyncio.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
+            completed = task.done()
         finally:
             # Neither outlives this call, whether a stop, the awaitable or our own cancellation won.
             stop.cancel()
             if not task.done():
                 task.cancel()
-        if task.cancelled():
+        if not completed:
             return False
         task.result()
         return True
