@@ -100,7 +100,9 @@ def test_leak_check_finds_a_running_process_and_not_a_stopped_one(tmp_path: Path
     proc = ManagedProcess("sleeper", ["sleep", "300"], log_dir=env.log_dir, run_id=env.run_id)
     proc.start()
     try:
-        assert [pid for pid, _ in marked_processes(env.run_id)] == [proc.pid]
+        # The marker is in the environment from exec on: poll, the fork may not have exec'd yet.
+        assert wait_until(lambda: [pid for pid, _ in marked_processes(env.run_id)] == [proc.pid], timeout=10,
+                          what="the sleeper to carry the run marker")
     finally:
         proc.stop()
     assert list(marked_processes(env.run_id)) == []
