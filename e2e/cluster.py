@@ -186,3 +186,17 @@ def install_operator_in_cluster(cluster: ClusterUnderTest, image_ref: str, workd
     except AssertionError as exc:
         raise AssertionError(f"{exc}\noperator logs:\n{operator_logs(cluster, OPERATOR_NAMESPACE, 50)}") from exc
     return OPERATOR_NAMESPACE
+
+
+def apply_tailnet(cluster: ClusterUnderTest, headscale: Any, namespace: str, prefix: str) -> tuple[str, str]:
+    """A Tailnet on ``headscale`` with its bootstrap Secret in ``namespace``; returns (name, Secret name)."""
+    from e2e.operator import tailnet_object, unique
+
+    name = unique(prefix)
+    secret = f"{name}-bootstrap"
+    apply(cluster, [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": namespace},
+         "stringData": {"apiKey": headscale.api_key}},
+        tailnet_object(name, headscale, namespace, secret=secret),
+    ])
+    return name, secret

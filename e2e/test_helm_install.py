@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import ClusterUnderTest, apply, condition, get_json, kubectl, wait_available
-from e2e.operator import tailnet_object, unique
+from e2e.cluster import ClusterUnderTest, apply, apply_tailnet, condition, get_json, kubectl, wait_available
 from hack import binaries, render_install, versions
 from hack.localenv import Headscale, wait_until
 from hack.localenv.install import OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE
@@ -169,13 +168,7 @@ def test_killing_the_leader_the_standby_takes_over_and_reconciles(
         cluster: ClusterUnderTest, release: str, cluster_headscale: Headscale) -> None:
     wait_available(cluster, NAMESPACE, DEPLOYMENT, timeout=180)
     wait_until(lambda: len(_ready_pods(cluster)) == 2, timeout=120, what="both replicas Ready")
-    name = unique("helm-failover")
-    secret = f"{name}-bootstrap"
-    apply(cluster, [
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": NAMESPACE},
-         "stringData": {"apiKey": cluster_headscale.api_key}},
-        tailnet_object(name, cluster_headscale, NAMESPACE, secret=secret),
-    ])
+    name, secret = apply_tailnet(cluster, cluster_headscale, NAMESPACE, "helm-failover")
     try:
         try:
             wait_until(lambda: _reconciled(cluster, name, _tailnet(cluster, name)["metadata"]["generation"]),
@@ -220,13 +213,7 @@ def test_killing_the_leader_the_standby_takes_over_and_reconciles(
 def test_helm_uninstall_keeps_the_crds_and_does_not_hang_on_a_finalizer(
         cluster: ClusterUnderTest, release: str, cluster_headscale: Headscale) -> None:
     wait_available(cluster, NAMESPACE, DEPLOYMENT, timeout=180)
-    name = unique("helm-uninstall")
-    secret = f"{name}-bootstrap"
-    apply(cluster, [
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": NAMESPACE},
-         "stringData": {"apiKey": cluster_headscale.api_key}},
-        tailnet_object(name, cluster_headscale, NAMESPACE, secret=secret),
-    ])
+    name, _ = apply_tailnet(cluster, cluster_headscale, NAMESPACE, "helm-uninstall")
     try:
         wait_until(lambda: _tailnet(cluster, name)["metadata"].get("finalizers"), timeout=120,
                    what="the operator to put its finalizer on the Tailnet")

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.cluster import ClusterUnderTest, apply, condition, get_json, kubectl, python_pod
-from e2e.operator import tailnet_object, unique
+from e2e.cluster import ClusterUnderTest, apply_tailnet, condition, get_json, kubectl, python_pod
 from hack.localenv import Headscale, wait_until
 from hack.localenv.node import kubectl as run_kubectl
 
@@ -44,13 +43,7 @@ def test_the_operator_pod_is_admitted_under_restricted_and_holds_the_lease(
 
 def test_the_operator_in_the_cluster_reconciles_a_tailnet_to_ready(
         cluster: ClusterUnderTest, installed_operator: str, cluster_headscale: Headscale) -> None:
-    name = unique("incluster")
-    secret = f"{name}-bootstrap"
-    apply(cluster, [
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": installed_operator},
-         "stringData": {"apiKey": cluster_headscale.api_key}},
-        tailnet_object(name, cluster_headscale, installed_operator, secret=secret),
-    ])
+    name, secret = apply_tailnet(cluster, cluster_headscale, installed_operator, "incluster")
     try:
         def ready() -> dict[str, Any] | None:
             tailnet = get_json(cluster, "tailnets.tailnet.dev", name)
