@@ -264,18 +264,18 @@ class Cluster:
         if self.plane is not None:
             self.plane.stop()
         shutil.rmtree(self.workdir / "node", ignore_errors=True)
-        local = [f"mount {m}" for m in hostnet.mounts_under(self.workdir)]
-        local += [f"cgroup {c}" for c in hostnet.cgroup_dirs("kubepods")]
-        self._stopped = local + self.host.restore()
+        self._stopped = self._local_leftovers() + self.host.restore()
 
     def leftovers(self) -> list[str]:
         """What the node left on the host (after ``stop()``), or what it holds now (before)."""
         if self._stopped is not None:
             return list(self._stopped)
-        found = self.host.leftovers()
-        found += [f"mount {m}" for m in hostnet.mounts_under(self.workdir)]
-        found += [f"cgroup {c}" for c in hostnet.cgroup_dirs("kubepods")]
-        return found
+        return self.host.leftovers() + self._local_leftovers()
+
+    def _local_leftovers(self) -> list[str]:
+        """Mounts under the node's directory and kubelet's cgroups."""
+        return [*(f"mount {m}" for m in hostnet.mounts_under(self.workdir)),
+                *(f"cgroup {c}" for c in hostnet.cgroup_dirs("kubepods"))]
 
     # -- workloads --------------------------------------------------------------------------
 
