@@ -16,7 +16,7 @@ help:
 	@echo "make manifests  regenerate manifests/crd from tailnet_operator/api"
 	@echo "make binaries   build and cache etcd, kube-apiserver, Headscale and tailscaled"
 	@echo "make e2e        the end-to-end suite against a kind cluster (needs Docker)"
-	@echo "make bench      egress throughput and setup time: agent vs tailscaled (docs/benchmarks.md)"
+	@echo "make bench      egress throughput and setup time: agent vs tailscaled, on loopback and in the cluster (docs/benchmarks.md)"
 
 prereqs:
 	@hack/prereqs.sh
@@ -75,6 +75,7 @@ e2e: $(VENV)/.native
 
 bench: $(VENV)/.native binaries
 	$(PY) -m benchmarks.egress --json _artifacts/bench-egress.json
+	$(PY) -m benchmarks.egress_incluster --json _artifacts/bench-egress-incluster.json
 
 clean:
 	rm -rf $(VENV) _artifacts .pytest_cache .mypy_cache .ruff_cache

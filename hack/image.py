@@ -45,6 +45,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PROJECT_REPOSITORY = "localhost/tailnet-operator"
 PAUSE_REPOSITORY = "localhost/tailnet-pause"
 COREDNS_REPOSITORY = "localhost/coredns"
+TAILSCALE_REPOSITORY = "localhost/tailscale"
 BASE_REPOSITORY = "localhost/tailnet-base"
 
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
@@ -435,6 +436,19 @@ def _coredns() -> tuple[Image, bool]:
 def coredns_image() -> Image:
     """Cluster DNS: the pinned, statically linked CoreDNS (built from its Go module) in a scratch image."""
     return _coredns()[0]
+
+
+def _tailscale() -> tuple[Image, bool]:
+    ref = f"{TAILSCALE_REPOSITORY}:{versions.TAILSCALE}"
+    image = Image(ref, archive_path(ref))
+    files = {"/tailscaled": binary("tailscaled"), "/tailscale": binary("tailscale")}
+    return image, _ensure(image, lambda: _scratch_image(ref, files, ["/tailscaled"], NONROOT))
+
+
+def tailscale_image() -> Image:
+    """tailscaled and its CLI (static, from their Go module) in a scratch image: the egress pod a
+    user builds by hand, which the in-cluster benchmark measures the agent against."""
+    return _tailscale()[0]
 
 
 def base_image() -> str:
