@@ -28,7 +28,7 @@ from .access import live_tailnet
 from .kinds import TAILNET_EGRESS
 from .policy import TAILNET_INDEX
 
-__all__ = ["FIELD_MANAGER", "HOSTS_KEY", "DnsReconciler", "parse_hosts", "render_hosts"]
+__all__ = ["FIELD_MANAGER", "HOSTS_KEY", "DnsReconciler", "in_zone", "parse_hosts", "render_hosts"]
 
 log = structlog.get_logger("controllers.dns")
 
@@ -40,6 +40,12 @@ HEADER = "# Managed by tailnet-operator (DNS reconciler): egress aliases -> thei
 def render_hosts(entries: dict[str, str]) -> str:
     """The hosts file for ``{name: address}``: one line per name, sorted, stable for equal input."""
     return HEADER + "".join(f"{address} {name}\n" for name, address in sorted(entries.items()))
+
+
+def in_zone(name: str, zone: str) -> bool:
+    """Whether ``name`` is ``zone`` or under it (case and a trailing dot ignored)."""
+    name, zone = name.lower().rstrip("."), zone.lower().rstrip(".")
+    return name == zone or name.endswith("." + zone)
 
 
 def parse_hosts(text: str) -> dict[str, str]:
@@ -75,7 +81,8 @@ class DnsReconciler:
         ref = dns.hosts_config_map
         current = self.reader.get(CONFIG_MAP, ref.name, ref.namespace)
         previous = parse_hosts(((current or {}).get("data") or {}).get(HOSTS_KEY, ""))
-        entries = self._entries(request.name, previous)
+        entries = {name: address for name, address in self._entries(request.name, previous).items()
+                   if any(in_zone(name, str(zone)) for zone in dns.zones)}
         await self.writer.apply(CONFIG_MAP, {
             "metadata": owned_metadata(obj, name=ref.name, namespace=ref.namespace, tailnet=request.name),
             "data": {HOSTS_KEY: render_hosts(entries)},
@@ -86,7 +93,7 @@ class DnsReconciler:
         entries: dict[str, str] = {}
         for egress in self._egresses(tailnet):
             for target in egress.spec.targets:
-                address = self._cluster_ip(target.name)
+                address = self._cluster_ip(target.name, str(egress.metadata.name))
                 for alias in target.aliases or []:
                     name = str(alias).lower().rstrip(".")
                     if address:
@@ -106,8 +113,12 @@ class DnsReconciler:
                 log.warning("skipping an egress that does not parse", name=obj["metadata"].get("name"))
         return parsed
 
-    def _cluster_ip(self, service: str) -> str:
+    def _cluster_ip(self, service: str, egress: str) -> str:
+        """The ClusterIP of the target's Service, if it is this egress's (a name another egress
+        holds is a conflict that egress reports; its alias must not lead to the other's target)."""
         svc = self.reader.get(SERVICE, service, self.namespace)
+        if ((svc or {}).get("metadata", {}).get("labels") or {}).get("tailnet.dev/egress") != egress:
+            return ""
         ip = ((svc or {}).get("spec") or {}).get("clusterIP") or ""
         return "" if ip in ("", "None") else str(ip)
 

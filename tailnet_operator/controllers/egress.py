@@ -47,6 +47,7 @@ from tailnet_operator.types import JSON
 
 from .access import Deps, NoAccess, Problem
 from .conditions import Cond, Status
+from .dns import in_zone
 from .egress_status import AgentStatusReader, HttpAgentStatus, TargetState, classify
 from .kinds import TAILNET_EGRESS
 from .preauth import AuthKey, AuthKeyKeeper, Wanted, auth_key_secret_name
@@ -61,7 +62,7 @@ RESYNC_SECONDS = 30.0
 """Routes and the agent's view change on their own; status is refreshed this often."""
 RETRY_SECONDS = 10.0
 FINALIZE_GIVE_UP = timedelta(minutes=5)
-CONDITION_TYPES = ("TagOwned", "PreAuthKeyValid", "TargetsReady")
+CONDITION_TYPES = ("TagOwned", "PreAuthKeyValid", "TargetsReady", "AliasesServed")
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,10 @@ class Run:
     @property
     def name(self) -> str:
         return str(self.egress.metadata.name)
+
+    @property
+    def name_of_tailnet(self) -> str:
+        return str(self.tailnet.metadata.name)
 
 
 class EgressReconciler:
@@ -140,8 +145,8 @@ class EgressReconciler:
         except (HeadscaleError, PolicyParseError) as exc:
             await self._not_ready(run.obj, "Unknown", "HeadscaleUnavailable", f"Headscale: {exc}")
             return Result(requeue_after=RETRY_SECONDS)
-        await self._apply(run, key)
-        await self._report(run, key, live, nodes)
+        taken = await self._apply(run, key)
+        await self._report(run, key, live, nodes, taken)
         return Result(requeue_after=min(RESYNC_SECONDS, max(1.0, self._until(key.rotation_due))))
 
     def _until(self, moment: datetime) -> float:
@@ -185,17 +190,37 @@ class EgressReconciler:
                                auth_secret=auth_key_secret_name(run.name), ca_bundle=ca,
                                operator_labels=self.settings.operator_labels)
 
-    async def _apply(self, run: Run, key: AuthKey) -> None:
+    async def _apply(self, run: Run, key: AuthKey) -> dict[str, str]:
+        """Apply every object; returns the targets whose Service name is taken (name: holder)."""
         agent = self._agent(run, key)
         current = self.reader.get(CONFIG_MAP, build.config_map_name(run.egress), self.namespace)
         ports = build.listen_ports(run.egress, build.previous_listen_ports(current))
         await self._put(CONFIG_MAP, build.config_map(run.obj, run.egress, ports, agent.ca_bundle))
         await self._put(DEPLOYMENT, build.deployment(run.obj, run.egress, agent))
         await self._put(SERVICE, build.agent_service(run.obj, run.egress))
+        taken: dict[str, str] = {}
         for name in build.target_names(run.egress):
+            if holder := self._service_holder(run, name):
+                taken[name] = holder
+                continue
             await self._put(SERVICE, build.target_service(run.obj, run.egress, name, ports))
         await self._put(NETWORK_POLICY, build.network_policy(run.obj, run.egress, ports, agent))
         await self._remove_stale_services(run)
+        return taken
+
+    def _service_holder(self, run: Run, name: str) -> str:
+        """Who holds the Service a target needs when it is not this CR ("" when free or ours).
+
+        Target names share the operator namespace: the first egress to create ``<name>`` keeps
+        it, and a later one is told, rather than the two taking the Service from each other."""
+        svc = self.reader.get(SERVICE, name, self.namespace)
+        if svc is None:
+            return ""
+        refs = svc["metadata"].get("ownerReferences") or []
+        if any(ref.get("uid") == run.obj["metadata"]["uid"] for ref in refs):
+            return ""
+        owner = next((ref for ref in refs if ref.get("controller")), None)
+        return f"{owner['kind']} {owner['name']}" if owner else "a Service this operator does not manage"
 
     async def _put(self, resource: Resource, body: JSON) -> None:
         await self.writer.apply(resource, body, field_manager=FIELD_MANAGER)
@@ -213,9 +238,10 @@ class EgressReconciler:
 
     # -- status ---------------------------------------------------------------------------------
 
-    async def _report(self, run: Run, key: AuthKey, live: str, nodes: list[Node]) -> None:
+    async def _report(self, run: Run, key: AuthKey, live: str, nodes: list[Node], taken: dict[str, str]) -> None:
         agent = await self.agent_status.read(run.egress)
-        states = [classify(run.egress, t, agent=agent, nodes=nodes, live_policy=live)
+        states = [_conflict(run.egress, t.name, taken[t.name]) if t.name in taken
+                  else classify(run.egress, t, agent=agent, nodes=nodes, live_policy=live)
                   for t in run.egress.spec.targets]
         fields: JSON = {"preAuthKey": key.status(), "targets": [s.status() for s in states]}
         if node := _node_status(agent):
@@ -225,6 +251,8 @@ class EgressReconciler:
                  Cond("PreAuthKeyValid", "True", "KeyValid", f"pre-auth key {key.prefix} valid until "
                       f"{key.expires_at.isoformat()}"),
                  *_target_conditions(states)]
+        if aliases := _aliases_condition(run):
+            conds.append(aliases)
         await self.status.write(TAILNET_EGRESS, run.obj, conds, fields)
 
     async def _not_ready(self, obj: JSON, status: Status, reason: str, message: str) -> None:
@@ -270,6 +298,35 @@ def _node_status(agent: JSON | None) -> JSON | None:
         return None
     return {"id": str(node["id"]), "name": str(node.get("name") or ""),
             "addresses": [str(a) for a in node.get("addresses") or []]}
+
+
+def _aliases_condition(run: Run) -> Cond | None:
+    """AliasesServed: every alias lies in one of the Tailnet's DNS zones (None without aliases).
+
+    The hosts file only answers inside ``spec.dns.zones`` (that is what the cluster's DNS forwards
+    to it), so the DNS reconciler leaves other aliases out and this says which and why."""
+    aliases = [str(a).lower().rstrip(".") for t in run.egress.spec.targets for a in t.aliases or []]
+    if not aliases:
+        return None
+    dns = run.tailnet.spec.dns
+    if dns is None:
+        return Cond("AliasesServed", "False", "NoHostsFile",
+                    f"the Tailnet {run.name_of_tailnet} has no spec.dns, so no alias resolves: "
+                    f"{', '.join(aliases)}; add spec.dns (hostsConfigMap and zones) to the Tailnet")
+    outside = [a for a in aliases if not any(in_zone(a, str(z)) for z in dns.zones)]
+    if outside:
+        zones = ", ".join(str(z) for z in dns.zones)
+        return Cond("AliasesServed", "False", "OutsideZones",
+                    f"not under the Tailnet's DNS zones ({zones}), so not in the hosts file: {', '.join(outside)}; "
+                    "rename the alias or add its zone to the Tailnet's spec.dns.zones")
+    return Cond("AliasesServed", "True", "InZones", f"{len(aliases)} alias(es) in the hosts file's zones")
+
+
+def _conflict(egress: TailnetEgress, name: str, holder: str) -> TargetState:
+    service = f"{name}.{egress.metadata.namespace}.svc"
+    return TargetState(name, service, "Conflict",
+                       f"the Service {service} already belongs to {holder}; rename this target (target names "
+                       "are Service names, shared by every egress in the operator's namespace)")
 
 
 def _target_conditions(states: list[TargetState]) -> list[Cond]:

@@ -28,8 +28,9 @@ def add_egress(world: World, namespace: str = NAMESPACE, name: str = "db") -> No
                      "aliases": ["ledger.example.internal", "api.ledger.example.internal"]}]}})
 
 
-def add_service(world: World, name: str, ip: str) -> None:
-    world.kube.add(SERVICE, {"metadata": {"name": name, "namespace": NAMESPACE}, "spec": {"clusterIP": ip}})
+def add_service(world: World, name: str, ip: str, egress: str = "db") -> None:
+    world.kube.add(SERVICE, {"metadata": {"name": name, "namespace": NAMESPACE,
+                                          "labels": {"tailnet.dev/egress": egress}}, "spec": {"clusterIP": ip}})
 
 
 def hosts(world: World) -> str:
@@ -81,6 +82,29 @@ async def test_egresses_outside_the_operator_namespace_add_no_names() -> None:
     world, dns = make_world()
     add_egress(world, namespace="tenant")
     add_service(world, "ledger", "198.19.128.40")
+
+    await dns.reconcile(Request("", "tn"))
+
+    assert parse_hosts(hosts(world)) == {}
+
+
+async def test_an_alias_outside_the_zones_is_left_out() -> None:
+    world, dns = make_world()
+    world.kube.add(TAILNET_EGRESS, {"metadata": {"name": "db", "namespace": NAMESPACE}, "spec": {
+        "tailnetRef": {"name": "tn"}, "tag": "tag:egress-db", "consumerNamespaces": ["apps"],
+        "targets": [{"name": "ledger", "address": "198.18.1.10", "ports": [{"port": 443}],
+                     "aliases": ["ledger.example.internal", "ledger.elsewhere.test", "notexample.internal"]}]}})
+    add_service(world, "ledger", "198.19.128.40")
+
+    await dns.reconcile(Request("", "tn"))
+
+    assert parse_hosts(hosts(world)) == {"ledger.example.internal": "198.19.128.40"}
+
+
+async def test_a_service_name_another_egress_holds_gives_its_alias_no_address() -> None:
+    world, dns = make_world()
+    add_egress(world)
+    add_service(world, "ledger", "198.19.128.40", egress="older")
 
     await dns.reconcile(Request("", "tn"))
 
