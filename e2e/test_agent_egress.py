@@ -14,7 +14,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -571,19 +570,6 @@ async def _echo_through(port: int, size: int, *, half_close: bool, idle: float =
     return received if digest.digest() == hashlib.sha256(data[:received]).digest() else -1
 
 
-ECHO = """
-import socket, sys, threading
-server = socket.create_server((sys.argv[1], int(sys.argv[2])))
-print("listening", flush=True)
-def echo(conn):
-    with conn:
-        while data := conn.recv(65536):
-            conn.sendall(data)
-        conn.shutdown(socket.SHUT_WR)
-while True:
-    conn, _ = server.accept()
-    threading.Thread(target=echo, args=(conn,), daemon=True).start()
-"""
 
 
 @pytest.mark.parametrize("half_close", [
@@ -599,8 +585,7 @@ async def test_echo_through_a_subnet_router_after_the_client_half_closes(
     """16 MiB echoed by a host on a site LAN behind a tailscaled subnet router, over the direct
     path, in rounds: everything comes back, with and without the client half-closing first."""
     host = site_host()
-    server = host.run("echo-9000", [sys.executable, "-u", "-c", ECHO, host.address, "9000"])
-    await eventually(lambda: "listening" in server.log_tail(), timeout=10, what="the echo server")
+    host.serve_echo(9000)
     key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
     tailscale_nodes("echo-router", headscale, authkey=key, advertise_routes=[host.subnet], site_router=True)
     router = await eventually(lambda: headscale.node_by_name("echo-router"), timeout=20, what="router listed")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -87,13 +86,7 @@ class EgressWorld:
     def echo_target(self) -> dict[str, Any]:
         """A target for the echo server on the site host (started on first use)."""
         if not self.echo_running:
-            server = self.host.run("echo-9000", [sys.executable, "-u", "-c", ECHO_SERVER, self.host.address, "9000"])
-
-            def listening() -> bool:
-                server.check_running()
-                return "listening" in server.log_tail()
-
-            wait_until(listening, timeout=10, what="the echo server on the site host")
+            self.host.serve_echo(9000)
             self.echo_running = True
         return {"name": "site-echo", "address": self.host.address, "ports": [{"port": 9000, "name": "echo"}]}
 
@@ -103,6 +96,14 @@ def _diagnose(cluster: ClusterUnderTest, world: EgressWorld, exc: Exception) -> 
     agent = kubectl(cluster, "-n", world.namespace, "logs", f"deployment/{world.agent}", "--tail=40", check=False)
     return AssertionError(f"{exc}\negress status: {status}\nagent logs:\n{agent}\n"
                           f"operator logs:\n{operator_logs(cluster, world.namespace)}")
+
+
+def _get_through(cluster: ClusterUnderTest, world: EgressWorld, url: str, what: str, timeout: float = 90) -> str:
+    """The body of ``url`` fetched from the consumer's client pod, once it answers."""
+    try:
+        return wait_until(lambda: _get(cluster, world.consumer, url), timeout=timeout, what=what)
+    except TimeoutError as exc:
+        raise _diagnose(cluster, world, exc) from exc
 
 
 def _get(cluster: ClusterUnderTest, ns: str, url: str) -> str:
@@ -189,11 +190,7 @@ def test_a_consumer_pod_reaches_a_site_host_through_the_target_service_and_its_a
 
     url = f"http://site-web.{world.namespace}.svc:8080/through-the-egress"
     expected = f"hello from {world.host.address}:8080 path /through-the-egress\n"
-    try:
-        body = wait_until(lambda: _get(cluster, world.consumer, url), timeout=90,
-                          what="the client pod to reach the site host through the target's Service")
-    except TimeoutError as exc:
-        raise _diagnose(cluster, world, exc) from exc
+    body = _get_through(cluster, world, url, "the client pod to reach the site host through the target's Service")
     assert body == expected
 
     by_alias = f"http://{alias}:8080/through-the-egress"
@@ -228,11 +225,7 @@ def test_a_target_added_and_removed_never_restarts_the_agent(
 
     apply(cluster, [world.egress_object([first, world.target("site-api", 8081, f"api.{ZONE}")])])
     url = f"http://site-api.{world.namespace}.svc:8081/added"
-    try:
-        body = wait_until(lambda: _get(cluster, world.consumer, url), timeout=90,
-                          what="the added target's Service to reach the site host")
-    except TimeoutError as exc:
-        raise _diagnose(cluster, world, exc) from exc
+    body = _get_through(cluster, world, url, "the added target's Service to reach the site host", timeout=90)
     assert body == f"hello from {world.host.address}:8081 path /added\n"
     wait_until(lambda: _egress_ready(cluster, world, {"site-web", "site-api"}), timeout=90,
                what="both targets Ready")
@@ -254,19 +247,6 @@ def test_a_target_added_and_removed_never_restarts_the_agent(
     assert restarts == [c["restartCount"] for c in before["status"]["containerStatuses"]], restarts
 
 
-ECHO_SERVER = """
-import socket, sys, threading
-server = socket.create_server((sys.argv[1], int(sys.argv[2])))
-print("listening", flush=True)
-def echo(conn):
-    with conn:
-        while data := conn.recv(65536):
-            conn.sendall(data)
-        conn.shutdown(socket.SHUT_WR)
-while True:
-    conn, _ = server.accept()
-    threading.Thread(target=echo, args=(conn,), daemon=True).start()
-"""
 
 ECHO_CLIENT = """
 import hashlib, os, socket, threading
@@ -390,8 +370,8 @@ def test_each_route_problem_is_named_and_heals_to_ready(
                          "spec": {"tailnetRef": {"name": world.tailnet}, "routes": [lan.subnet],
                                   "routerTag": world.router_tag}}])
         _wait_route(cluster, world, "lan-web", "Ready", timeout=150)
-        body = wait_until(lambda: _get(cluster, world.consumer, f"http://lan-web.{world.namespace}.svc:8080/healed"),
-                          timeout=60, what="the healed target to carry traffic")
+        body = _get_through(cluster, world, f"http://lan-web.{world.namespace}.svc:8080/healed",
+                            "the healed target to carry traffic", timeout=60)
         assert body == f"hello from {lan.address}:8080 path /healed\n"
 
         _set_policy(cluster, world, base="{}\n")
@@ -406,8 +386,8 @@ def test_each_route_problem_is_named_and_heals_to_ready(
 
         _set_policy(cluster, world, mode="Apply")
         _wait_route(cluster, world, "lan-api", "Ready", timeout=150)
-        body = wait_until(lambda: _get(cluster, world.consumer, f"http://lan-api.{world.namespace}.svc:8081/granted"),
-                          timeout=60, what="the granted target to carry traffic")
+        body = _get_through(cluster, world, f"http://lan-api.{world.namespace}.svc:8081/granted",
+                            "the granted target to carry traffic", timeout=60)
         assert body == f"hello from {lan.address}:8081 path /granted\n"
     finally:
         _set_policy(cluster, world, base=OPEN_BASE, mode="Apply")
@@ -469,11 +449,7 @@ def test_key_rotation_keeps_connections_and_a_deleted_agent_pod_comes_back(
 
     wait_until(replaced, timeout=120, what="a new agent pod Ready")
     url = f"http://site-web.{world.namespace}.svc:8080/after-restart"
-    try:
-        body = wait_until(lambda: _get(cluster, world.consumer, url), timeout=90,
-                          what="traffic through the re-registered agent")
-    except TimeoutError as exc:
-        raise _diagnose(cluster, world, exc) from exc
+    body = _get_through(cluster, world, url, "traffic through the re-registered agent", timeout=90)
     assert body == f"hello from {world.host.address}:8080 path /after-restart\n"
 
 
