@@ -374,7 +374,10 @@ def test_each_route_problem_is_named_and_heals_to_ready(
                             "the healed target to carry traffic", timeout=60)
         assert body == f"hello from {lan.address}:8080 path /healed\n"
 
-        _set_policy(cluster, world, base="{}\n")
+        # A base with a grant of its own (one that admits nothing here): with no grants at all,
+        # Headscale allows everything.
+        closed = json.dumps({"grants": [{"src": [world.tag], "dst": ["198.18.255.1"], "ip": ["tcp:1"]}]})
+        _set_policy(cluster, world, base=closed + "\n")
         wait_until(lambda: '"*"' not in cluster_headscale.api("GET", "/api/v1/policy").get("policy", '"*"'),
                    timeout=60, what="the closed base applied")
         _set_policy(cluster, world, mode="Render")
