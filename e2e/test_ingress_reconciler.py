@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from cryptography import x509
-from cryptography.x509.oid import ExtensionOID
 
 from hack.localenv import CertManager, ControlPlane, Environment, Headscale
 from hack.localenv._pki import CertificateAuthority
@@ -32,8 +31,14 @@ from tailnet_operator.runtime.kinds import CERTIFICATE, CONFIG_MAP, DEPLOYMENT, 
 from tailnet_operator.runtime.kinds import Resource as KubeResource
 
 from .conftest import TailscaleFactory
-from .operator import create_bootstrap_secret, has_condition, remove_tailnets, running_operator, tailnet_object, \
-    unique
+from .operator import (
+    create_bootstrap_secret,
+    has_condition,
+    remove_tailnets,
+    running_operator,
+    tailnet_object,
+    unique,
+)
 from .polling import eventually
 
 pytestmark = pytest.mark.integration
@@ -279,7 +284,7 @@ async def test_cert_manager_issues_the_hosts_certificate_from_a_ca_cluster_issue
                                                f"(log: {cert_manager_plane.manager.process.log_path})")
                 leaf = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
                 assert leaf.issuer == x509.load_pem_x509_certificate(ca.pem).subject
-                sans = leaf.extensions.get_extension_for_oid(ExtensionOID.SUBJECT_ALTERNATIVE_NAME).value
+                sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
                 assert sorted(sans.get_values_for_type(x509.DNSName)) == [f"admin.{ZONE}", f"portal.{ZONE}"]
                 await eventually(has_condition(admin, TAILNET_INGRESS, "shop", "CertificatesReady", "True", "Present",
                                                namespace=tenant), timeout=60, what="CertificatesReady")

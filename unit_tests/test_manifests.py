@@ -374,11 +374,12 @@ def test_kinds_of_the_controllers_not_written_yet_are_not_granted() -> None:
         "the operator reads only its own Pod (for its image)"
 
 
-def test_secrets_are_written_only_in_the_operator_namespace_and_never_read_one_by_one() -> None:
+def test_secrets_are_only_applied_never_read_one_by_one_updated_or_deleted() -> None:
+    """Cluster-wide create/patch: a TailnetIngress's pre-auth key lives beside its agent, in the
+    tenant namespace; everything else the operator writes stays in its own namespace."""
     secrets = [g for g in granted() if g[1] == "" and g[2] == "secrets"]
-    assert {g[3] for g in secrets if g[0] == "cluster"} == {"list", "watch"}
-    assert {(g[0], g[3]) for g in secrets if g[3] not in ("list", "watch")} == {(NAMESPACE, "create"),
-                                                                              (NAMESPACE, "patch")}
+    assert {g[3] for g in secrets if g[0] == "cluster"} == {"list", "watch", "create", "patch"}
+    assert {(g[0], g[3]) for g in secrets if g[0] != "cluster"} == {(NAMESPACE, "create"), (NAMESPACE, "patch")}
 
 
 def _registered_informers() -> set[tuple[str, str]]:
@@ -411,8 +412,9 @@ def test_the_lease_role_names_the_managers_lease_in_the_operator_namespace() -> 
 
 def test_events_are_written_only_where_the_recorder_puts_them() -> None:
     events = [g for g in granted() if g[2] == "events"]
-    # cluster-scoped objects' Events go to `default`; a TailnetEgress's to its own (the operator's) namespace
-    assert {g[0] for g in events} == {CLUSTER_SCOPED_NAMESPACE, NAMESPACE}
+    # cluster-scoped objects' Events go to `default`; a TailnetEgress's to its own (the operator's)
+    # namespace; a TailnetIngress's to its own namespace, which may be any
+    assert {g[0] for g in events} == {CLUSTER_SCOPED_NAMESPACE, NAMESPACE, "cluster"}
     assert {g[1] for g in events} == {"events.k8s.io"}
 
 

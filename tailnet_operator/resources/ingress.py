@@ -25,6 +25,7 @@ from .agent import CONFIG_DIR, AgentSpec
 __all__ = [
     "CERTS_DIR",
     "EXPOSES_FILE",
+    "AgentSpec",
     "agent_labels",
     "agent_name",
     "agent_service",

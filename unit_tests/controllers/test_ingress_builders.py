@@ -110,8 +110,9 @@ def test_a_cert_manager_host_gets_a_certificate_for_its_name_and_aliases_from_it
 
 def test_long_names_are_cut_to_a_valid_length_and_stay_distinct() -> None:
     long = "a" * 60 + "." + "b" * 60 + "." + "c" * 60 + "." + "d" * 60
-    one = ingress([{**WEB, "hosts": [{"name": long, "tls": {"certManager": {"issuerRef": {"name": "ca"}}}}]}])
-    two = ingress([{**WEB, "hosts": [{"name": long[:-1] + "e", "tls": {"certManager": {"issuerRef": {"name": "ca"}}}}]}])
+    tls = {"certManager": {"issuerRef": {"name": "ca"}}}
+    one = ingress([{**WEB, "hosts": [{"name": long, "tls": tls}]}])
+    two = ingress([{**WEB, "hosts": [{"name": long[:-1] + "e", "tls": tls}]}])
     names = [build.host_secret_name(i, i.spec.exposes[0].hosts[0]) for i in (one, two)]  # type: ignore[index]
     assert all(len(n) <= 253 and n.endswith("-tls") for n in names) and names[0] != names[1]
 
