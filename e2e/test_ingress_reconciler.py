@@ -153,7 +153,8 @@ async def test_an_ingress_gets_its_agent_objects_dns_names_and_on_deletion_loses
                                        namespace=tenant), what="the TLS Secret found")
         key_secret = await admin.get(SECRET, "shop-ingress-auth-key", tenant)
         key = base64.b64decode(key_secret["data"]["authKey"]).decode()
-        [hs_key] = [k for k in scene.headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"] if k["key"] == key]
+        key_id = key_secret["metadata"]["annotations"]["tailnet.dev/key-id"]
+        [hs_key] = [k for k in scene.headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"] if k["id"] == key_id]
         assert hs_key["aclTags"] == [TAG] and hs_key["reusable"] and hs_key["ephemeral"]
 
         node = tailscale_nodes("shop-gw", scene.headscale, authkey=key)  # as the agent pod would join
