@@ -161,7 +161,13 @@ def world(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale:
             backend = python_pod("web", tenant, project_image.ref, HTTP_SERVER, labels={"app": "web"}, port=8080)
             apply(cluster, [backend, {
                 "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": tenant},
-                "spec": {"selector": {"app": "web"}, "ports": [{"port": 8080, "targetPort": 8080}]}}])
+                "spec": {"selector": {"app": "web"}, "ports": [{"port": 8080, "targetPort": 8080}]}}, {
+                # the namespace lets the operator write its ingresses' objects (docs/reference/rbac.md)
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "tailnet-operator", "namespace": tenant},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "tailnet-operator-tenant"},
+                "subjects": [{"kind": "ServiceAccount", "name": "tailnet-operator", "namespace": ns}]}])
             wait_pod_running(cluster, tenant, "web")
             yield IngressWorld(ns, tenant, tailnet, ingress, tag, hostname, ca, laptop, stranger)
             kubectl(cluster, "-n", tenant, "delete", INGRESSES, ingress, "--wait=true", "--timeout=90s", check=False)

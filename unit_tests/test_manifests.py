@@ -163,6 +163,7 @@ def test_install_has_the_crds_and_the_operator_but_not_the_samples() -> None:
         ("PodDisruptionBudget", NAMESPACE, "tailnet-operator"),
         ("ClusterRole", "", "tailnet-operator-view"),
         ("ClusterRole", "", "tailnet-operator-edit"),
+        ("ClusterRole", "", "tailnet-operator-tenant"),
         ("ValidatingAdmissionPolicy", "", "tailnet-egress-operator-namespace"),
         ("ValidatingAdmissionPolicyBinding", "", "tailnet-egress-operator-namespace"),
     ])
@@ -293,9 +294,14 @@ def _aggregated(obj: Obj) -> bool:
     return any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in labels)
 
 
+def _per_namespace(obj: Obj) -> bool:
+    return (obj["metadata"].get("labels") or {}).get("tailnet.dev/bind") == "per-namespace"
+
+
 def _rbac(kind: str) -> list[Obj]:
-    """The operator's own RBAC: the roles aggregated into view/edit/admin are for people."""
-    return [o for o in RENDERED if o["kind"] == kind and not _aggregated(o)]
+    """The operator's own RBAC: the roles aggregated into view/edit/admin are for people, the
+    per-namespace one is bound by namespace admins, not by the install."""
+    return [o for o in RENDERED if o["kind"] == kind and not _aggregated(o) and not _per_namespace(o)]
 
 
 def granted() -> list[Grant]:
@@ -374,12 +380,11 @@ def test_kinds_of_the_controllers_not_written_yet_are_not_granted() -> None:
         "the operator reads only its own Pod (for its image)"
 
 
-def test_secrets_are_only_applied_never_read_one_by_one_updated_or_deleted() -> None:
-    """Cluster-wide create/patch: a TailnetIngress's pre-auth key lives beside its agent, in the
-    tenant namespace; everything else the operator writes stays in its own namespace."""
+def test_secrets_are_written_only_in_the_operator_namespace_and_never_read_one_by_one() -> None:
     secrets = [g for g in granted() if g[1] == "" and g[2] == "secrets"]
-    assert {g[3] for g in secrets if g[0] == "cluster"} == {"list", "watch", "create", "patch"}
-    assert {(g[0], g[3]) for g in secrets if g[0] != "cluster"} == {(NAMESPACE, "create"), (NAMESPACE, "patch")}
+    assert {g[3] for g in secrets if g[0] == "cluster"} == {"list", "watch"}
+    assert {(g[0], g[3]) for g in secrets if g[3] not in ("list", "watch")} == {(NAMESPACE, "create"),
+                                                                              (NAMESPACE, "patch")}
 
 
 def _registered_informers() -> set[tuple[str, str]]:
@@ -412,9 +417,8 @@ def test_the_lease_role_names_the_managers_lease_in_the_operator_namespace() -> 
 
 def test_events_are_written_only_where_the_recorder_puts_them() -> None:
     events = [g for g in granted() if g[2] == "events"]
-    # cluster-scoped objects' Events go to `default`; a TailnetEgress's to its own (the operator's)
-    # namespace; a TailnetIngress's to its own namespace, which may be any
-    assert {g[0] for g in events} == {CLUSTER_SCOPED_NAMESPACE, NAMESPACE, "cluster"}
+    # cluster-scoped objects' Events go to `default`; a TailnetEgress's to its own (the operator's) namespace
+    assert {g[0] for g in events} == {CLUSTER_SCOPED_NAMESPACE, NAMESPACE}
     assert {g[1] for g in events} == {"events.k8s.io"}
 
 
@@ -472,3 +476,18 @@ def test_the_egress_admission_policy_is_bound_and_names_the_operator_namespace()
     assert rule["resources"] == ["tailnetegresses"] and set(rule["operations"]) == {"CREATE", "UPDATE"}
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert variables["operatorNamespace"] == f"'{NAMESPACE}'"
+
+
+def test_the_tenant_role_is_bound_by_nobody_and_grants_only_applying_an_ingresss_objects() -> None:
+    [tenant] = [o for o in RENDERED if o["kind"] == "ClusterRole" and _per_namespace(o)]
+    assert tenant["metadata"]["name"] == "tailnet-operator-tenant"
+    bindings = [o for o in RENDERED if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert not [b for b in bindings if b["roleRef"]["name"] == tenant["metadata"]["name"]]
+    grants = {(group, resource, verb) for rule in tenant["rules"] for group in rule["apiGroups"]
+              for resource in rule["resources"] for verb in rule["verbs"]}
+    kinds = {("", "secrets"), ("", "configmaps"), ("", "services"), ("apps", "deployments"),
+             ("networking.k8s.io", "networkpolicies"), ("cert-manager.io", "certificates"),
+             ("events.k8s.io", "events")}
+    assert grants == {(g, r, v) for g, r in kinds for v in ("create", "patch")}
+    doc = RBAC_DOC.read_text()
+    assert "tailnet-operator-tenant" in doc and all(f"`{r}`" in doc for _, r in kinds)

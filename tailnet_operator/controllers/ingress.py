@@ -6,8 +6,10 @@ Per CR, in this order, so nothing reaches the tailnet unless the policy owns the
 1. tag pre-check against the live policy: a tag the policy does not own is Ready=False
    ``TagNotOwned`` with a paste-ready snippet, and nothing is created on the tailnet;
 2. the pre-auth key (:mod:`.preauth`, shared with egress through :mod:`.agents`);
-3. in the CR's namespace, all server-side applied and owned by the CR: the exposes ConfigMap (the
-   agent's exposes file, reloaded without a restart), the agent Deployment (``AGENT_MODE=ingress``,
+3. in the CR's namespace (which must have granted the operator the ClusterRole
+   ``tailnet-operator-tenant``, else Ready=False ``NamespaceNotGranted`` and no key is made), all
+   server-side applied and owned by the CR: the exposes ConfigMap (the agent's exposes file,
+   reloaded without a restart), the agent Deployment (``AGENT_MODE=ingress``,
    each host's TLS Secret and each https backend's CA projected), the agent's status Service, a
    NetworkPolicy that admits no pod but the operator, and for every ``tls.certManager`` host a
    cert-manager ``Certificate`` for the host's name and alias names;
@@ -44,7 +46,7 @@ from tailnet_operator.runtime import (
     add_finalizer,
     has_finalizer,
 )
-from tailnet_operator.runtime.errors import APIError, NotFound
+from tailnet_operator.runtime.errors import APIError, Forbidden, NotFound
 from tailnet_operator.runtime.kinds import CERTIFICATE, DEPLOYMENT, NETWORK_POLICY
 from tailnet_operator.types import JSON
 
@@ -73,6 +75,9 @@ class IngressSettings:
     agent_image: str
     operator_namespace: str
     operator_labels: dict[str, str] = field(default_factory=dict)
+    tenant_role: str = "tailnet-operator-tenant"
+    """The ClusterRole a namespace binds to let the operator write an ingress's objects there."""
+    service_account: str = "tailnet-operator"
 
 
 @dataclass(frozen=True)
@@ -174,31 +179,46 @@ class IngressReconciler(AgentReconciler):
                 if snippet := self.tag_gap(live, derive_from_objects(ingresses=[run.ingress]), tag):
                     await self.tag_not_owned(run.obj, tag, snippet)
                     return Result(requeue_after=RESYNC_SECONDS)
+                # The exposes first: a namespace that has not let the operator in is found out
+                # before a key is made that could not be stored.
+                await self._put(CONFIG_MAP, build.config_map(run.obj, run.ingress, run.zones, self._ca(run)))
                 metadata = build.owned_metadata(run.obj, run.ingress, build.auth_secret_name(run.name))
                 key = await self.ensure_key(hs, run.obj, metadata, run.tailnet, tag)
                 nodes = await hs.list_nodes()
+                await self._apply(run, key)
         except (HeadscaleError, PolicyParseError) as exc:
             await self.not_ready(run.obj, "Unknown", "HeadscaleUnavailable", f"Headscale: {exc}")
             return Result(requeue_after=RETRY_SECONDS)
-        await self._apply(run, key)
+        except Forbidden as exc:
+            await self.not_ready(run.obj, "False", "NamespaceNotGranted", self._not_granted(run, exc))
+            return Result(requeue_after=RESYNC_SECONDS)
         issues = await self._certificates(run)
         await self._report(run, key, nodes, issues)
         return Result(requeue_after=min(RESYNC_SECONDS, max(1.0, self.until(key.rotation_due))))
 
     # -- objects --------------------------------------------------------------------------------
 
-    def _agent(self, run: Run, key: AuthKey) -> build.AgentSpec:
+    def _ca(self, run: Run) -> str | None:
         try:
-            ca = self.access.endpoint(run.tailnet).ca
+            return self.access.endpoint(run.tailnet).ca
         except Problem:
-            ca = None
+            return None
+
+    def _agent(self, run: Run, key: AuthKey) -> build.AgentSpec:
         return build.AgentSpec(image=self.settings.agent_image, control_url=key.login_url,
-                               auth_secret=build.auth_secret_name(run.name), ca_bundle=ca,
+                               auth_secret=build.auth_secret_name(run.name), ca_bundle=self._ca(run),
                                operator_labels=self.settings.operator_labels)
+
+    def _not_granted(self, run: Run, exc: Forbidden) -> str:
+        settings = self.settings
+        return (f"the operator may not write in namespace {run.namespace}; nothing was created on the tailnet. "
+                f"Let it in by binding the ClusterRole {settings.tenant_role} there: kubectl -n {run.namespace} "
+                f"create rolebinding tailnet-operator --clusterrole={settings.tenant_role} "
+                f"--serviceaccount={settings.operator_namespace}:{settings.service_account} "
+                f"(kube-apiserver said: {exc})")
 
     async def _apply(self, run: Run, key: AuthKey) -> None:
         agent = self._agent(run, key)
-        await self._put(CONFIG_MAP, build.config_map(run.obj, run.ingress, run.zones, agent.ca_bundle))
         await self._put(DEPLOYMENT, build.deployment(run.obj, run.ingress, agent))
         await self._put(SERVICE, build.agent_service(run.obj, run.ingress))
         await self._put(NETWORK_POLICY, build.network_policy(run.obj, run.ingress, agent,

@@ -384,3 +384,22 @@ async def test_a_key_that_cannot_be_expired_is_retried_then_left_with_a_warning(
     await world.reconcile_ingress()
     assert world.kube.get(TAILNET_INGRESS, "shop", TENANT) is None
     assert world.events.reasons[-1] == "PreAuthKeyNotExpired"
+
+
+async def test_a_namespace_that_has_not_let_the_operator_in_gets_the_command_and_no_key() -> None:
+    world = await world_with_tailnet()
+    world.writer.refuse[CONFIG_MAP] = Forbidden(403, "Forbidden", 'configmaps is forbidden: cannot patch in "tenant"')
+    world.add_ingress()
+
+    result = await world.reconcile_ingress()
+
+    ready = world.cond("Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "NamespaceNotGranted")
+    assert ("kubectl -n tenant create rolebinding tailnet-operator --clusterrole=tailnet-operator-tenant "
+            "--serviceaccount=tailnet-system:tailnet-operator") in ready["message"]
+    assert world.headscale.preauth_keys == {}, "no key that could not be stored"
+    assert result.requeue_after == 30.0
+
+    del world.writer.refuse[CONFIG_MAP]
+    await world.reconcile_ingress()
+    assert world.kube.get(DEPLOYMENT, "shop-ingress-agent", TENANT) is not None
