@@ -146,7 +146,9 @@ async def test_an_ingress_gets_its_agent_objects_dns_names_and_on_deletion_loses
         assert (db.backend.host, db.port) == (f"postgres.{tenant}.svc", 5432)
         assert set(web.hosts[0].names) == {f"shop.{ZONE}", "store", f"store.{ZONE}"}
         assert web.hosts[0].cert_file.endswith("/tls/shop-tls/tls.crt")
-        assert await _get(admin, NETWORK_POLICY, "shop-ingress-agent", tenant) is not None
+        policy = await eventually(lambda: _get(admin, NETWORK_POLICY, "shop-ingress-agent", tenant), timeout=30,
+                                  what="the agent's NetworkPolicy")
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
         obj = await admin.get(TAILNET_INGRESS, "shop", tenant)
         assert "tailnet.dev/finalizer" in obj["metadata"]["finalizers"]
         await eventually(has_condition(admin, TAILNET_INGRESS, "shop", "CertificatesReady", "True", "Present",
