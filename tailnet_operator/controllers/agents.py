@@ -10,14 +10,26 @@ which status) stay in the reconcilers.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 import structlog
+from pydantic import ValidationError
 
 from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.headscale import HeadscaleClient, HeadscaleError
 from tailnet_operator.policy import missing
 from tailnet_operator.policy.derive import Derived
-from tailnet_operator.runtime import FINALIZER, SECRET, Resource, Result, Writer, has_finalizer, remove_finalizer
+from tailnet_operator.runtime import (
+    FINALIZER,
+    SECRET,
+    Request,
+    Resource,
+    Result,
+    Writer,
+    add_finalizer,
+    has_finalizer,
+    remove_finalizer,
+)
 from tailnet_operator.types import JSON
 
 from .access import Deps, NoAccess, Problem
@@ -30,6 +42,8 @@ __all__ = ["FINALIZE_GIVE_UP", "RETRY_SECONDS", "AgentReconciler", "node_status"
 log = structlog.get_logger("controllers.agents")
 
 RETRY_SECONDS = 10.0
+RESYNC_SECONDS = 30.0
+"""The agent's view changes on its own; status is refreshed this often."""
 FINALIZE_GIVE_UP = timedelta(minutes=5)
 
 
@@ -37,6 +51,8 @@ class AgentReconciler:
     """The shared half of a reconciler of ``kind``, writing as ``field_manager``."""
 
     kind: Resource
+    model: Any
+    """The pydantic model of ``kind`` (its ``spec.tailnet_ref`` names the Tailnet)."""
     condition_types: tuple[str, ...]
     """The conditions besides Ready that a not-ready status keeps as they are."""
 
@@ -49,6 +65,45 @@ class AgentReconciler:
 
     def key_secret_name(self, name: str) -> str:
         """The Secret that holds the pre-auth key of the CR ``name`` (in the CR's namespace)."""
+        raise NotImplementedError
+
+    # -- the reconcile, up to the kind's own part -----------------------------------------------
+
+    async def reconcile(self, request: Request) -> Result:
+        """Load, finalize, validate, find the Tailnet and hold the finalizer; then :meth:`reconcile_one`."""
+        if not self.accepts(request):
+            return Result()
+        obj = self.reader.get(self.kind, request.name, request.namespace)
+        if obj is None:
+            return Result()
+        if obj["metadata"].get("deletionTimestamp"):
+            return await self.finalize(obj)
+        try:
+            parsed = self.model.model_validate(obj)
+        except ValidationError as exc:
+            await self.not_ready(obj, "False", "InvalidSpec", str(exc).splitlines()[0])
+            return Result()
+        if problem := self.spec_problem(parsed):
+            await self.not_ready(obj, "False", *problem)
+            return Result()
+        tailnet = self.reader.get(Tailnet, parsed.spec.tailnet_ref.name)
+        if tailnet is None:
+            await self.not_ready(obj, "False", "TailnetNotFound",
+                                 f"the Tailnet {parsed.spec.tailnet_ref.name} does not exist")
+            return Result(requeue_after=RESYNC_SECONDS)
+        if not has_finalizer(obj, FINALIZER):
+            await add_finalizer(self.writer, self.kind, obj, FINALIZER)
+        return await self.reconcile_one(obj, parsed, tailnet)
+
+    def accepts(self, request: Request) -> bool:
+        """Whether the kind is acted on in the request's namespace (all by default)."""
+        return True
+
+    def spec_problem(self, parsed: Any) -> tuple[str, str] | None:
+        """(reason, message) of a spec the schema allows but this operator cannot serve."""
+        return None
+
+    async def reconcile_one(self, obj: JSON, parsed: Any, tailnet: Tailnet) -> Result:
         raise NotImplementedError
 
     def until(self, moment: datetime) -> float:

@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import structlog
-from pydantic import ValidationError
 
 from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.api.tailnet import Tailnet
@@ -30,20 +29,17 @@ from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.resources import egress as build
 from tailnet_operator.runtime import (
     CONFIG_MAP,
-    FINALIZER,
     SERVICE,
     Request,
     Resource,
     Result,
     Writer,
-    add_finalizer,
-    has_finalizer,
 )
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY
 from tailnet_operator.types import JSON
 
 from .access import Deps, NoAccess, Problem
-from .agents import RETRY_SECONDS, AgentReconciler, node_status
+from .agents import RESYNC_SECONDS, RETRY_SECONDS, AgentReconciler, node_status
 from .conditions import Cond, Status
 from .egress_status import AgentStatusReader, HttpAgentStatus, TargetState, classify
 from .kinds import TAILNET_EGRESS
@@ -54,8 +50,6 @@ __all__ = ["FIELD_MANAGER", "EgressReconciler", "EgressSettings"]
 log = structlog.get_logger("controllers.egress")
 
 FIELD_MANAGER = "tailnet-operator-egress"
-RESYNC_SECONDS = 30.0
-"""Routes and the agent's view change on their own; status is refreshed this often."""
 CONDITION_TYPES = ("TagOwned", "PreAuthKeyValid", "TargetsReady")
 
 
@@ -84,6 +78,7 @@ class EgressReconciler(AgentReconciler):
     """Reconciles one TailnetEgress; writes as :data:`FIELD_MANAGER` through ``writer``."""
 
     kind = TAILNET_EGRESS
+    model = TailnetEgress
     condition_types = CONDITION_TYPES
 
     def __init__(self, deps: Deps, writer: Writer, settings: EgressSettings, *,
@@ -99,27 +94,11 @@ class EgressReconciler(AgentReconciler):
     def namespace(self) -> str:
         return self.access.namespace
 
-    async def reconcile(self, request: Request) -> Result:
-        if request.namespace != self.namespace:
-            return Result()  # never acted on; the Policy reconciler logs and records it once
-        obj = self.reader.get(TAILNET_EGRESS, request.name, request.namespace)
-        if obj is None:
-            return Result()
-        if obj["metadata"].get("deletionTimestamp"):
-            return await self.finalize(obj)
-        try:
-            egress = TailnetEgress.model_validate(obj)
-        except ValidationError as exc:
-            await self.not_ready(obj, "False", "InvalidSpec", str(exc).splitlines()[0])
-            return Result()
-        tailnet = self.reader.get(Tailnet, egress.spec.tailnet_ref.name)
-        if tailnet is None:
-            await self.not_ready(obj, "False", "TailnetNotFound",
-                                 f"the Tailnet {egress.spec.tailnet_ref.name} does not exist")
-            return Result(requeue_after=RESYNC_SECONDS)
-        if not has_finalizer(obj, FINALIZER):
-            await add_finalizer(self.writer, TAILNET_EGRESS, obj, FINALIZER)
-        return await self._reconcile(Run(obj, egress, tailnet))
+    def accepts(self, request: Request) -> bool:
+        return request.namespace == self.namespace  # elsewhere: the Policy reconciler records it once
+
+    async def reconcile_one(self, obj: JSON, parsed: TailnetEgress, tailnet: Tailnet) -> Result:
+        return await self._reconcile(Run(obj, parsed, tailnet))
 
     async def _reconcile(self, run: Run) -> Result:
         try:

@@ -37,21 +37,17 @@ from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.resources import ingress as build
 from tailnet_operator.runtime import (
     CONFIG_MAP,
-    FINALIZER,
     SERVICE,
-    Request,
     Resource,
     Result,
     Writer,
-    add_finalizer,
-    has_finalizer,
 )
 from tailnet_operator.runtime.errors import APIError, Forbidden, NotFound
 from tailnet_operator.runtime.kinds import CERTIFICATE, DEPLOYMENT, NETWORK_POLICY
 from tailnet_operator.types import JSON
 
 from .access import Deps, NoAccess, Problem
-from .agents import RETRY_SECONDS, AgentReconciler
+from .agents import RESYNC_SECONDS, RETRY_SECONDS, AgentReconciler
 from .egress_status import AgentStatusReader, HttpAgentStatus
 from .ingress_status import CertificateIssue, Report, report
 from .kinds import TAILNET_INGRESS
@@ -62,8 +58,6 @@ __all__ = ["CONDITION_TYPES", "FIELD_MANAGER", "IngressReconciler", "IngressSett
 log = structlog.get_logger("controllers.ingress")
 
 FIELD_MANAGER = "tailnet-operator-ingress"
-RESYNC_SECONDS = 30.0
-"""The agent's view (listeners, backends, certificates) changes on its own; refreshed this often."""
 CONDITION_TYPES = ("TagOwned", "PreAuthKeyValid", "CertificatesReady", "ExposesReady")
 
 
@@ -132,6 +126,7 @@ class IngressReconciler(AgentReconciler):
     """Reconciles one TailnetIngress; writes as :data:`FIELD_MANAGER` through ``writer``."""
 
     kind = TAILNET_INGRESS
+    model = TailnetIngress
     condition_types = CONDITION_TYPES
 
     def __init__(self, deps: Deps, writer: Writer, settings: IngressSettings, *,
@@ -143,28 +138,12 @@ class IngressReconciler(AgentReconciler):
     def key_secret_name(self, name: str) -> str:
         return build.auth_secret_name(name)
 
-    async def reconcile(self, request: Request) -> Result:
-        obj = self.reader.get(TAILNET_INGRESS, request.name, request.namespace)
-        if obj is None:
-            return Result()
-        if obj["metadata"].get("deletionTimestamp"):
-            return await self.finalize(obj)
-        try:
-            ingress = TailnetIngress.model_validate(obj)
-        except ValidationError as exc:
-            await self.not_ready(obj, "False", "InvalidSpec", str(exc).splitlines()[0])
-            return Result()
-        if problem := shared_port(ingress):
-            await self.not_ready(obj, "False", "PortShared", problem)
-            return Result()
-        tailnet = self.reader.get(Tailnet, ingress.spec.tailnet_ref.name)
-        if tailnet is None:
-            await self.not_ready(obj, "False", "TailnetNotFound",
-                                 f"the Tailnet {ingress.spec.tailnet_ref.name} does not exist")
-            return Result(requeue_after=RESYNC_SECONDS)
-        if not has_finalizer(obj, FINALIZER):
-            await add_finalizer(self.writer, TAILNET_INGRESS, obj, FINALIZER)
-        return await self._reconcile(Run(obj, ingress, tailnet))
+    def spec_problem(self, parsed: TailnetIngress) -> tuple[str, str] | None:
+        problem = shared_port(parsed)
+        return ("PortShared", problem) if problem else None
+
+    async def reconcile_one(self, obj: JSON, parsed: TailnetIngress, tailnet: Tailnet) -> Result:
+        return await self._reconcile(Run(obj, parsed, tailnet))
 
     async def _reconcile(self, run: Run) -> Result:
         try:

@@ -14,6 +14,8 @@ from typing import Any
 
 from tailnet_operator.api.egress import AgentResources
 
+from . import MANAGED_BY, controller_reference
+
 __all__ = [
     "AGENT_UID",
     "AUTH_DIR",
@@ -25,6 +27,8 @@ __all__ = [
     "common_env",
     "deployment",
     "health_network_policy_rule",
+    "labels",
+    "owned_metadata",
     "status_service",
 ]
 
@@ -49,6 +53,20 @@ class AgentSpec:
     ca_bundle: str | None = None
     operator_labels: dict[str, str] = field(default_factory=dict)
     """Labels of the operator's pods, admitted to the agent's health port (it reads /status)."""
+
+
+def labels(component: str, name: str) -> dict[str, str]:
+    """The labels of the agent pod of the ``component`` (egress, ingress) CR ``name``: what its
+    Services and NetworkPolicy select."""
+    return {"app.kubernetes.io/name": "tailnet-agent", "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/component": component, f"tailnet.dev/{component}": name}
+
+
+def owned_metadata(owner: Obj, *, name: str, labels: dict[str, str], tailnet: str) -> Obj:
+    """metadata of an object an agent's CR owns, beside the CR: its labels and the CR as controller."""
+    return {"name": name, "namespace": owner["metadata"]["namespace"],
+            "labels": {**MANAGED_BY, **labels, "tailnet.dev/tailnet": tailnet},
+            "ownerReferences": [controller_reference(owner)]}
 
 
 def base_env(agent: AgentSpec, *, mode: str, hostname: str) -> list[Obj]:

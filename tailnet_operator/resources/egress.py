@@ -13,7 +13,6 @@ from typing import Any
 
 from tailnet_operator.api.egress import TailnetEgress
 
-from . import MANAGED_BY, controller_reference
 from . import agent as pod
 from .agent import CA_FILE, CONFIG_DIR, HEALTH_PORT, AgentSpec
 
@@ -55,16 +54,13 @@ def _namespace(egress: TailnetEgress) -> str:
 
 
 def agent_labels(egress: TailnetEgress) -> dict[str, str]:
-    """The agent pod's labels: what its Services and NetworkPolicy select."""
-    return {"app.kubernetes.io/name": "tailnet-agent", "app.kubernetes.io/instance": _name(egress),
-            "app.kubernetes.io/component": "egress", "tailnet.dev/egress": _name(egress)}
+    """The agent pod's labels: what its Service(s) and NetworkPolicy select."""
+    return pod.labels("egress", _name(egress))
 
 
 def owned_metadata(owner: Obj, egress: TailnetEgress, name: str) -> Obj:
     """metadata of an object the egress owns: its labels and the CR as controller."""
-    return {"name": name, "namespace": _namespace(egress),
-            "labels": {**MANAGED_BY, **agent_labels(egress), "tailnet.dev/tailnet": egress.spec.tailnet_ref.name},
-            "ownerReferences": [controller_reference(owner)]}
+    return pod.owned_metadata(owner, name=name, labels=agent_labels(egress), tailnet=egress.spec.tailnet_ref.name)
 
 
 def agent_name(egress: TailnetEgress) -> str:

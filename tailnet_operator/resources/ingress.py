@@ -18,7 +18,6 @@ from typing import Any
 
 from tailnet_operator.api.ingress import Expose, TailnetIngress, VirtualHost, render_dns_template
 
-from . import MANAGED_BY, controller_reference
 from . import agent as pod
 from .agent import CONFIG_DIR, AgentSpec
 
@@ -61,16 +60,13 @@ def _namespace(ingress: TailnetIngress) -> str:
 
 
 def agent_labels(ingress: TailnetIngress) -> dict[str, str]:
-    """The agent pod's labels: what its Service and NetworkPolicy select."""
-    return {"app.kubernetes.io/name": "tailnet-agent", "app.kubernetes.io/instance": _name(ingress),
-            "app.kubernetes.io/component": "ingress", "tailnet.dev/ingress": _name(ingress)}
+    """The agent pod's labels: what its Service(s) and NetworkPolicy select."""
+    return pod.labels("ingress", _name(ingress))
 
 
 def owned_metadata(owner: Obj, ingress: TailnetIngress, name: str) -> Obj:
     """metadata of an object the ingress owns: its labels and the CR as controller."""
-    return {"name": name, "namespace": _namespace(ingress),
-            "labels": {**MANAGED_BY, **agent_labels(ingress), "tailnet.dev/tailnet": ingress.spec.tailnet_ref.name},
-            "ownerReferences": [controller_reference(owner)]}
+    return pod.owned_metadata(owner, name=name, labels=agent_labels(ingress), tailnet=ingress.spec.tailnet_ref.name)
 
 
 def agent_name(ingress: TailnetIngress) -> str:
