@@ -120,11 +120,13 @@ def _ingresses_using_secret(cache: Reader) -> Callable[[JSON], list[Request]]:
 
 def setup(manager: Manager, *, namespace: str, events: EventRecorder,
           headscale: ClientFactory = default_client_factory,
-          clock: Clock | None = None, agent_image: str = "localhost/tailnet-operator:dev") -> Reconcilers:
+          clock: Clock | None = None, agent_image: str = "localhost/tailnet-operator:dev",
+          tenant_role: str = "tailnet-operator-tenant", service_account: str = "tailnet-operator") -> Reconcilers:
     """Add the Tailnet, Policy, Egress, Ingress and DNS controllers to ``manager``; ``namespace`` is the operator's.
 
     ``clock`` (default the manager's) is what the reconcilers read the time from; ``agent_image``
-    is what the agent pods run.
+    is what the agent pods run; ``tenant_role`` and ``service_account`` are what a namespace binds
+    to let the operator write its TailnetIngresses' objects (named when it has not).
     """
     cache = manager.cache
     cache.scheme = cache.scheme.with_models(MODELS)
@@ -163,7 +165,8 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
 
     ingress = IngressReconciler(deps, manager.writer(INGRESS_FIELD_MANAGER),
                                 IngressSettings(agent_image=agent_image, operator_namespace=namespace,
-                                                operator_labels=OPERATOR_LABELS))
+                                                operator_labels=OPERATOR_LABELS, tenant_role=tenant_role,
+                                                service_account=service_account))
     (manager.controller("ingress", ingress)
      .for_(TAILNET_INGRESS, GenerationChanged())
      .owns(DEPLOYMENT, labels=OWNED)
