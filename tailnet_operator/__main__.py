@@ -83,7 +83,9 @@ async def run(args: argparse.Namespace) -> int:
     identity = manager.elector.identity if manager.elector is not None else default_identity()
     setup(manager, namespace=args.namespace,
           events=EventRecorder(manager.client, reporting_instance=identity, clock=manager.clock),
-          agent_image=await agent_image(manager, args))
+          agent_image=await agent_image(manager, args),
+          tenant_role=os.environ.get("TAILNET_TENANT_CLUSTER_ROLE") or "tailnet-operator-tenant",
+          service_account=os.environ.get("TAILNET_SERVICE_ACCOUNT") or "tailnet-operator")
     log.info("starting", version=__version__, api_server=manager.client.config.host, namespace=args.namespace,
              metrics=args.metrics_bind_address, probes=args.health_probe_bind_address,
              leader_election=args.leader_elect)

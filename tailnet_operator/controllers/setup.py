@@ -23,6 +23,9 @@ from .dns import FIELD_MANAGER as DNS_FIELD_MANAGER
 from .dns import DnsReconciler, tailnet_of
 from .egress import FIELD_MANAGER as EGRESS_FIELD_MANAGER
 from .egress import EgressReconciler, EgressSettings
+from .ingress import FIELD_MANAGER as INGRESS_FIELD_MANAGER
+from .ingress import IngressReconciler, IngressSettings
+from .ingress import secret_users as ingress_secret_users
 from .kinds import MODELS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .policy import FIELD_MANAGER as POLICY_FIELD_MANAGER
 from .policy import TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
@@ -78,6 +81,7 @@ class Reconcilers(NamedTuple):
     policy: PolicyReconciler
     egress: EgressReconciler
     dns: DnsReconciler
+    ingress: IngressReconciler
 
 
 def _egresses_of_tailnet(cache: Reader, namespace: str) -> Callable[[JSON], list[Request]]:
@@ -91,13 +95,38 @@ def _egresses_of_tailnet(cache: Reader, namespace: str) -> Callable[[JSON], list
     return mapper
 
 
+def _ingresses_of_tailnet(cache: Reader) -> Callable[[JSON], list[Request]]:
+    """A Tailnet's change (URL, CA, zones, working key) reaches every ingress that names it."""
+
+    def mapper(obj: JSON) -> list[Request]:
+        name = obj["metadata"]["name"]
+        return [Request(i["metadata"]["namespace"], i["metadata"]["name"])
+                for i in cache.list(TAILNET_INGRESS, index=(TAILNET_INDEX, name))]
+
+    return mapper
+
+
+def _ingresses_using_secret(cache: Reader) -> Callable[[JSON], list[Request]]:
+    """A TLS or CA Secret appearing, changing or going reaches the ingresses in its namespace that use it."""
+
+    def mapper(obj: JSON) -> list[Request]:
+        meta = obj["metadata"]
+        namespace = meta.get("namespace") or ""
+        return [Request(namespace, i["metadata"]["name"]) for i in cache.list(TAILNET_INGRESS, namespace)
+                if meta["name"] in ingress_secret_users(i)]
+
+    return mapper
+
+
 def setup(manager: Manager, *, namespace: str, events: EventRecorder,
           headscale: ClientFactory = default_client_factory,
-          clock: Clock | None = None, agent_image: str = "localhost/tailnet-operator:dev") -> Reconcilers:
-    """Add the Tailnet, Policy, Egress and DNS controllers to ``manager``; ``namespace`` is the operator's.
+          clock: Clock | None = None, agent_image: str = "localhost/tailnet-operator:dev",
+          tenant_role: str = "tailnet-operator-tenant", service_account: str = "tailnet-operator") -> Reconcilers:
+    """Add the Tailnet, Policy, Egress, Ingress and DNS controllers to ``manager``; ``namespace`` is the operator's.
 
     ``clock`` (default the manager's) is what the reconcilers read the time from; ``agent_image``
-    is what the agent pods run.
+    is what the agent pods run; ``tenant_role`` and ``service_account`` are what a namespace binds
+    to let the operator write its TailnetIngresses' objects (named when it has not).
     """
     cache = manager.cache
     cache.scheme = cache.scheme.with_models(MODELS)
@@ -134,9 +163,22 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .owns(NETWORK_POLICY, labels=OWNED)
      .watches(TAILNET, _egresses_of_tailnet(cache, namespace), GenerationChanged()))
 
+    ingress = IngressReconciler(deps, manager.writer(INGRESS_FIELD_MANAGER),
+                                IngressSettings(agent_image=agent_image, operator_namespace=namespace,
+                                                operator_labels=OPERATOR_LABELS, tenant_role=tenant_role,
+                                                service_account=service_account))
+    (manager.controller("ingress", ingress)
+     .for_(TAILNET_INGRESS, GenerationChanged())
+     .owns(DEPLOYMENT, labels=OWNED)
+     .owns(SERVICE, labels=OWNED)
+     .owns(NETWORK_POLICY, labels=OWNED)
+     .watches(SECRET, _ingresses_using_secret(cache))
+     .watches(TAILNET, _ingresses_of_tailnet(cache), GenerationChanged()))
+
     dns = DnsReconciler(cache, manager.writer(DNS_FIELD_MANAGER), namespace=namespace)
     (manager.controller("dns", dns)
      .for_(TAILNET, GenerationChanged())
      .watches(TAILNET_EGRESS, _by_tailnet_ref, GenerationChanged())
+     .watches(TAILNET_INGRESS, _by_tailnet_ref)  # status too: the node's address
      .watches(SERVICE, tailnet_of, labels=OWNED))
-    return Reconcilers(tailnet, policy, egress, dns)
+    return Reconcilers(tailnet, policy, egress, dns, ingress)
