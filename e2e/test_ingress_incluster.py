@@ -57,8 +57,9 @@ ISSUER = "tailnet-e2e-ca"
 
 
 def _base_policy(ingress_tag: str, granted: str, other: str) -> str:
-    """Only laptops with ``granted`` may reach the ingress; ``other`` exists but is granted nothing."""
-    return (f'{{"tagOwners": {{"{granted}": [], "{other}": []}},\n'
+    """Only laptops with ``granted`` may reach the ingress; ``other`` exists but is granted nothing.
+    The ingress tag is owned here too: Headscale refuses a grant to a tag no one owns."""
+    return (f'{{"tagOwners": {{"{ingress_tag}": [], "{granted}": [], "{other}": []}},\n'
             f' "grants": [{{"src": ["{granted}"], "dst": ["{ingress_tag}"], "ip": ["*"]}}]}}\n')
 
 
