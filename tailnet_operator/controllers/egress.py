@@ -18,7 +18,7 @@ Deleting a CR expires its key (finalizer); garbage collection removes the rest.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import structlog
 from pydantic import ValidationError
@@ -26,8 +26,7 @@ from pydantic import ValidationError
 from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, Node
-from tailnet_operator.policy import PolicyParseError, missing
-from tailnet_operator.policy.adapters import derive_from_objects
+from tailnet_operator.policy import PolicyParseError
 from tailnet_operator.resources import egress as build
 from tailnet_operator.runtime import (
     CONFIG_MAP,
@@ -51,6 +50,7 @@ from .dns import in_zone
 from .egress_status import AgentStatusReader, HttpAgentStatus, TargetState, classify
 from .kinds import TAILNET_EGRESS
 from .preauth import AuthKey, AuthKeyKeeper, Wanted, auth_key_secret_name
+from .shared import still_trying, tag_gap, tag_not_owned_message
 from .status import StatusWriter
 
 __all__ = ["FIELD_MANAGER", "EgressReconciler", "EgressSettings"]
@@ -61,7 +61,6 @@ FIELD_MANAGER = "tailnet-operator-egress"
 RESYNC_SECONDS = 30.0
 """Routes and the agent's view change on their own; status is refreshed this often."""
 RETRY_SECONDS = 10.0
-FINALIZE_GIVE_UP = timedelta(minutes=5)
 CONDITION_TYPES = ("TagOwned", "PreAuthKeyValid", "TargetsReady", "AliasesServed")
 
 
@@ -156,13 +155,10 @@ class EgressReconciler:
 
     def _tag_gap(self, run: Run, live: str) -> str:
         """The snippet that would make the live policy own the tag ("" when it does)."""
-        gap = missing(live or None, derive_from_objects(egresses=[run.egress]))
-        return gap.snippet if run.egress.spec.tag in gap.tags else ""
+        return tag_gap(live, run.egress.spec.tag, egresses=[run.egress])
 
     async def _tag_not_owned(self, run: Run, snippet: str) -> None:
-        message = (f"the live policy does not own {run.egress.spec.tag}; nothing was created on the tailnet. "
-                   f"Add this to the policy (or set spec.policy on the Tailnet to let the operator do it):\n"
-                   f"{snippet}")
+        message = tag_not_owned_message(run.egress.spec.tag, snippet)
         await self.status.write(TAILNET_EGRESS, run.obj, [
             Cond("Ready", "False", "TagNotOwned", message), Cond("TagOwned", "False", "TagNotOwned", message)],
             keep=CONDITION_TYPES)
@@ -269,7 +265,7 @@ class EgressReconciler:
             try:
                 await self._expire(obj, stored)
             except (HeadscaleError, NoAccess, Problem) as exc:
-                if self._still_trying(obj):
+                if still_trying(obj, self.clock):
                     log.info("cannot expire the pre-auth key yet", egress=name, error=str(exc))
                     return Result(requeue_after=RETRY_SECONDS)
                 await self.events.warning(obj, "PreAuthKeyNotExpired",
@@ -286,10 +282,6 @@ class EgressReconciler:
             await self.keys.expire(hs, stored)
         await self.events.normal(obj, "PreAuthKeyExpired", f"expired pre-auth key {stored.prefix}",
                                  action="Expire")
-
-    def _still_trying(self, obj: JSON) -> bool:
-        deleted = datetime.fromisoformat(obj["metadata"]["deletionTimestamp"].replace("Z", "+00:00"))
-        return self.clock.utcnow() - deleted < FINALIZE_GIVE_UP
 
 
 def _node_status(agent: JSON | None) -> JSON | None:

@@ -15,7 +15,7 @@ from tailnet_operator.runtime import (
     Reader,
     Request,
 )
-from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, SERVICE
+from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, POD, SERVICE, STATEFUL_SET
 from tailnet_operator.types import JSON
 
 from .access import ClientFactory, Deps, HeadscaleAccess, default_client_factory, working_key_secret_name
@@ -23,6 +23,8 @@ from .dns import FIELD_MANAGER as DNS_FIELD_MANAGER
 from .dns import DnsReconciler, tailnet_of
 from .egress import FIELD_MANAGER as EGRESS_FIELD_MANAGER
 from .egress import EgressReconciler, EgressSettings
+from .gateway import FIELD_MANAGER as GATEWAY_FIELD_MANAGER
+from .gateway import GatewayReconciler, GatewaySettings
 from .kinds import MODELS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .policy import FIELD_MANAGER as POLICY_FIELD_MANAGER
 from .policy import TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
@@ -78,6 +80,7 @@ class Reconcilers(NamedTuple):
     policy: PolicyReconciler
     egress: EgressReconciler
     dns: DnsReconciler
+    gateway: GatewayReconciler
 
 
 def _egresses_of_tailnet(cache: Reader, namespace: str) -> Callable[[JSON], list[Request]]:
@@ -91,13 +94,41 @@ def _egresses_of_tailnet(cache: Reader, namespace: str) -> Callable[[JSON], list
     return mapper
 
 
+GATEWAY = {**OWNED, "app.kubernetes.io/name": "tailnet-gateway"}
+"""The labels of everything a TailnetGateway makes (resources/gateway.py, ``gateway_labels``)."""
+
+
+def _gateway_of(obj: JSON) -> list[Request]:
+    """An object a gateway made names it in the label ``tailnet.dev/gateway``."""
+    name = (obj["metadata"].get("labels") or {}).get("tailnet.dev/gateway")
+    return [Request("", name)] if name else []
+
+
+def _gateways_of_tailnets(cache: Reader, tailnets: Callable[[JSON], list[str]]) -> Callable[[JSON], list[Request]]:
+    """A mapper to every TailnetGateway of the Tailnets ``tailnets`` names for an object."""
+
+    def mapper(obj: JSON) -> list[Request]:
+        return [Request("", g["metadata"]["name"]) for name in tailnets(obj)
+                for g in cache.list(TAILNET_GATEWAY, index=(TAILNET_INDEX, name))]
+
+    return mapper
+
+
+def _hosts_file_of(cache: Reader) -> Callable[[JSON], list[str]]:
+    """The Tailnets whose ``spec.dns.hostsConfigMap`` is this ConfigMap."""
+    matches = _refers(("dns", "hostsConfigMap"))
+    return lambda obj: [t["metadata"]["name"] for t in cache.list(TAILNET) if matches(t, obj)]
+
+
 def setup(manager: Manager, *, namespace: str, events: EventRecorder,
           headscale: ClientFactory = default_client_factory,
-          clock: Clock | None = None, agent_image: str = "localhost/tailnet-operator:dev") -> Reconcilers:
-    """Add the Tailnet, Policy, Egress and DNS controllers to ``manager``; ``namespace`` is the operator's.
+          clock: Clock | None = None, agent_image: str = "localhost/tailnet-operator:dev",
+          gateway: GatewaySettings | None = None) -> Reconcilers:
+    """Add the Tailnet, Policy, Egress, DNS and Gateway controllers to ``manager``; ``namespace``
+    is the operator's.
 
     ``clock`` (default the manager's) is what the reconcilers read the time from; ``agent_image``
-    is what the agent pods run.
+    is what the agent pods run; ``gateway`` where the gateways' routers run.
     """
     cache = manager.cache
     cache.scheme = cache.scheme.with_models(MODELS)
@@ -139,4 +170,18 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .for_(TAILNET, GenerationChanged())
      .watches(TAILNET_EGRESS, _by_tailnet_ref, GenerationChanged())
      .watches(SERVICE, tailnet_of, labels=OWNED))
-    return Reconcilers(tailnet, policy, egress, dns)
+
+    settings = gateway or GatewaySettings()
+    gateways = GatewayReconciler(deps, manager.writer(GATEWAY_FIELD_MANAGER), settings)
+    (manager.controller("gateway", gateways)
+     .for_(TAILNET_GATEWAY, GenerationChanged())
+     .watches(STATEFUL_SET, _gateway_of, namespace=settings.namespace, labels=GATEWAY)
+     .watches(POD, _gateway_of, namespace=settings.namespace, labels=GATEWAY)
+     .watches(DEPLOYMENT, _gateway_of, labels=OWNED)
+     .watches(SERVICE, _gateway_of, labels=OWNED)
+     .watches(SECRET, _gateway_of)
+     .watches(CONFIG_MAP, _gateway_of)
+     .watches(CONFIG_MAP, _gateways_of_tailnets(cache, _hosts_file_of(cache)))
+     .watches(TAILNET, _gateways_of_tailnets(cache, lambda t: [t["metadata"]["name"]]), GenerationChanged())
+     .watches(TAILNET_EGRESS, _gateways_of_tailnets(cache, tailnet_ref_index), GenerationChanged()))
+    return Reconcilers(tailnet, policy, egress, dns, gateways)

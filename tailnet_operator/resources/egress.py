@@ -14,7 +14,7 @@ from typing import Any
 
 from tailnet_operator.api.egress import TailnetEgress
 
-from . import MANAGED_BY, controller_reference
+from . import MANAGED_BY, controller_reference, http_probe, restricted_pod_security_context, restricted_security_context
 
 __all__ = [
     "CONFIG_DIR",
@@ -167,21 +167,15 @@ def _resources(egress: TailnetEgress) -> Obj:
     return out
 
 
-def _probe(path: str, period: int) -> Obj:
-    return {"httpGet": {"path": path, "port": HEALTH_PORT}, "periodSeconds": period, "timeoutSeconds": 3,
-            "failureThreshold": 3}
-
-
 def _container(egress: TailnetEgress, agent: AgentSpec) -> Obj:
     return {
         "name": "agent", "image": agent.image, "imagePullPolicy": "IfNotPresent", "command": ["/tailnet-agent"],
         "env": _env(egress, agent),
         "ports": [{"name": "metrics", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
-        "livenessProbe": _probe("/healthz", 20), "readinessProbe": _probe("/readyz", 5),
+        "livenessProbe": http_probe("/healthz", HEALTH_PORT, 20),
+        "readinessProbe": http_probe("/readyz", HEALTH_PORT, 5),
         "resources": _resources(egress),
-        "securityContext": {"runAsNonRoot": True, "runAsUser": AGENT_UID, "runAsGroup": AGENT_UID,
-                            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": restricted_security_context(AGENT_UID),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
                          {"name": "auth", "mountPath": AUTH_DIR, "readOnly": True},
                          {"name": "tmp", "mountPath": "/tmp"}],
@@ -197,8 +191,7 @@ def deployment(owner: Obj, egress: TailnetEgress, agent: AgentSpec) -> Obj:
             "replicas": 1, "selector": {"matchLabels": labels},
             "template": {"metadata": {"labels": labels}, "spec": {
                 "automountServiceAccountToken": False, "enableServiceLinks": False,
-                "securityContext": {"runAsNonRoot": True, "runAsUser": AGENT_UID, "runAsGroup": AGENT_UID,
-                                    "fsGroup": AGENT_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+                "securityContext": restricted_pod_security_context(AGENT_UID),
                 "containers": [_container(egress, agent)],
                 "volumes": [{"name": "config", "configMap": {"name": config_map_name(egress)}},
                             {"name": "auth", "secret": {"secretName": agent.auth_secret}},
