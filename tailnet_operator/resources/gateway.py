@@ -247,7 +247,11 @@ def _pod_template(gateway: TailnetGateway, router: Router) -> Obj:
 def template_hash(template: Obj) -> str:
     """A digest of a pod template (without its own hash annotation): equal templates, equal hashes."""
     body = json.loads(json.dumps(template))
-    (body.get("metadata") or {}).get("annotations", {}).pop(TEMPLATE_HASH_ANNOTATION, None)
+    meta = body.get("metadata") or {}
+    notes = meta.pop("annotations", None) or {}
+    notes.pop(TEMPLATE_HASH_ANNOTATION, None)
+    if notes:
+        meta["annotations"] = notes
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
