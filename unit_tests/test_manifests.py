@@ -36,6 +36,9 @@ RBAC_DOC = REPO / "docs" / "reference" / "rbac.md"
 
 NAMESPACE = "tailnet-system"
 SERVICE_ACCOUNT = "tailnet-operator"
+GATEWAY_NAMESPACE = "tailnet-gateway"
+ROUTER_RBAC = "tailnet-gateway-router"
+"""The router pods' Role and RoleBinding (bound to their ServiceAccount, not the operator's)."""
 IMAGE = "localhost/tailnet-operator:dev"
 PROBE_PORT = 8081
 METRICS_PORT = 8080
@@ -165,6 +168,12 @@ def test_install_has_the_crds_and_the_operator_but_not_the_samples() -> None:
         ("ClusterRole", "", "tailnet-operator-edit"),
         ("ValidatingAdmissionPolicy", "", "tailnet-egress-operator-namespace"),
         ("ValidatingAdmissionPolicyBinding", "", "tailnet-egress-operator-namespace"),
+        ("Namespace", "", GATEWAY_NAMESPACE),
+        ("ServiceAccount", GATEWAY_NAMESPACE, "tailnet-gateway"),
+        ("Role", GATEWAY_NAMESPACE, ROUTER_RBAC),
+        ("RoleBinding", GATEWAY_NAMESPACE, ROUTER_RBAC),
+        ("Role", GATEWAY_NAMESPACE, "tailnet-operator-gateway"),
+        ("RoleBinding", GATEWAY_NAMESPACE, "tailnet-operator-gateway"),
     ])
 
 
@@ -175,6 +184,21 @@ def test_every_object_carries_the_recommended_labels(obj: Obj) -> None:
     assert not missing, f"{obj['kind']} {obj['metadata']['name']} lacks {missing}"
     assert labels["app.kubernetes.io/part-of"] == PART_OF
     assert labels["app.kubernetes.io/name"] == labels["app.kubernetes.io/instance"] == "tailnet-operator"
+
+
+def test_the_gateway_namespace_admits_the_privileged_router_and_warns_above_baseline() -> None:
+    labels = one("Namespace", GATEWAY_NAMESPACE)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["pod-security.kubernetes.io/warn"] == labels["pod-security.kubernetes.io/audit"] == "baseline"
+
+
+def test_the_router_pods_may_only_read_and_write_secrets_of_the_gateway_namespace() -> None:
+    role = next(o for o in RENDERED if o["kind"] == "Role" and o["metadata"]["name"] == ROUTER_RBAC)
+    assert role["metadata"]["namespace"] == GATEWAY_NAMESPACE
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "update", "patch"]}]
+    binding = next(o for o in RENDERED if o["kind"] == "RoleBinding" and o["metadata"]["name"] == ROUTER_RBAC)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tailnet-gateway",
+                                    "namespace": GATEWAY_NAMESPACE}]
 
 
 def test_the_namespace_enforces_the_restricted_pod_security_standard() -> None:
@@ -193,8 +217,9 @@ def test_namespaced_objects_live_in_the_operator_namespace_except_the_events_rol
         if obj["kind"] in CLUSTER_SCOPED_KINDS:
             assert "namespace" not in obj["metadata"]
             continue
-        expected = {"tailnet-operator-events": CLUSTER_SCOPED_NAMESPACE,
-                    "tailnet-operator-dns": "kube-system"}.get(obj["metadata"]["name"], NAMESPACE)
+        expected = {"tailnet-operator-events": CLUSTER_SCOPED_NAMESPACE, "tailnet-operator-dns": "kube-system",
+                    "tailnet-operator-gateway": GATEWAY_NAMESPACE, "tailnet-gateway": GATEWAY_NAMESPACE,
+                    ROUTER_RBAC: GATEWAY_NAMESPACE}.get(obj["metadata"]["name"], NAMESPACE)
         assert obj["metadata"].get("namespace") == expected, f"{obj['kind']} {obj['metadata']['name']}"
 
 
@@ -294,8 +319,10 @@ def _aggregated(obj: Obj) -> bool:
 
 
 def _rbac(kind: str) -> list[Obj]:
-    """The operator's own RBAC: the roles aggregated into view/edit/admin are for people."""
-    return [o for o in RENDERED if o["kind"] == kind and not _aggregated(o)]
+    """The operator's own RBAC: the roles aggregated into view/edit/admin are for people, and the
+    router pods' Role is theirs."""
+    return [o for o in RENDERED
+            if o["kind"] == kind and not _aggregated(o) and o["metadata"]["name"] != ROUTER_RBAC]
 
 
 def granted() -> list[Grant]:
@@ -368,17 +395,20 @@ def test_bindings_name_only_the_operators_service_account_and_every_role_is_boun
 
 
 def test_kinds_of_the_controllers_not_written_yet_are_not_granted() -> None:
-    later = {"statefulsets", "serviceaccounts", "namespaces"}
+    later = {"serviceaccounts", "namespaces"}
     assert not [g for g in granted() if g[2].split("/")[0] in later]
-    assert [g for g in granted() if g[2] == "pods"] == [(NAMESPACE, "", "pods", "get", ())], \
-        "the operator reads only its own Pod (for its image)"
+    assert sorted(g for g in granted() if g[2] == "pods") == sorted([
+        (NAMESPACE, "", "pods", "get", ()), ("cluster", "", "pods", "list", ()), ("cluster", "", "pods", "watch", ()),
+        (GATEWAY_NAMESPACE, "", "pods", "delete", ())]), \
+        "the operator reads its own Pod (for its image), watches the router pods, deletes them only with Delete"
 
 
 def test_secrets_are_written_only_in_the_operator_namespace_and_never_read_one_by_one() -> None:
     secrets = [g for g in granted() if g[1] == "" and g[2] == "secrets"]
     assert {g[3] for g in secrets if g[0] == "cluster"} == {"list", "watch"}
-    assert {(g[0], g[3]) for g in secrets if g[3] not in ("list", "watch")} == {(NAMESPACE, "create"),
-                                                                              (NAMESPACE, "patch")}
+    assert {(g[0], g[3]) for g in secrets if g[3] not in ("list", "watch")} == {
+        (NAMESPACE, "create"), (NAMESPACE, "patch"),
+        (GATEWAY_NAMESPACE, "create"), (GATEWAY_NAMESPACE, "patch"), (GATEWAY_NAMESPACE, "delete")}
 
 
 def _registered_informers() -> set[tuple[str, str]]:
