@@ -9,9 +9,9 @@ The objects carry labels, not ownerReferences: the garbage collector must never 
 router with its TailnetGateway (``deletionPolicy: Retain`` leaves it running), so the Gateway
 reconciler deletes them itself under ``deletionPolicy: Delete``.
 
-The router runs the tailscale image's ``containerboot`` with ``TS_KUBE_SECRET``: tailscaled keeps
-its state (machine and node keys, profile) in the state Secret through its Kubernetes state
-store (``--state=kube:<secret>``), so a pod that is deleted comes back as the same node. The
+The router runs tailscaled from the tailscale image (``ROUTER_SCRIPT``): it keeps its state
+(machine and node keys, profile) in the state Secret through its Kubernetes state store
+(``--state=kube:<secret>``), so a pod that is deleted comes back as the same node. The
 StatefulSet's update strategy is ``OnDelete``: a changed template (image, routes) reaches the pod
 only when a person deletes it; the operator never does.
 """
@@ -191,17 +191,33 @@ def state_secret(gateway: TailnetGateway, namespace: str, owner_uid: str) -> Obj
             "type": "Opaque"}
 
 
+ROUTER_SCRIPT = """\
+set -eu
+sock=/tmp/tailscaled.sock
+mkdir -p /tmp/tailscale
+tailscaled --state="kube:${TS_KUBE_SECRET}" --statedir=/tmp/tailscale --socket="$sock" &
+pid=$!
+trap 'kill -TERM "$pid"; wait "$pid"' TERM INT
+until [ -S "$sock" ]; do kill -0 "$pid"; sleep 0.2; done
+tailscale --socket="$sock" up --login-server="$TS_LOGIN_SERVER" --hostname="$TS_HOSTNAME" \\
+  --advertise-routes="$TS_ROUTES" --accept-dns=false --timeout=120s ${TS_AUTHKEY:+--authkey="$TS_AUTHKEY"}
+wait "$pid"
+"""
+"""The router's entry point: tailscaled in kernel mode with its state in the state Secret
+(``--state=kube:<secret>``, tailscaled's Kubernetes state store, through the pod's ServiceAccount),
+then ``tailscale up`` with the login server, hostname and routes. A first start logs in with the
+pre-auth key; a restart finds the node's keys in the Secret and comes back as the same node (with
+no key at all: the key is expired and its Secret deleted once the node registered)."""
+
+
 def _router_env(gateway: TailnetGateway, router: Router) -> list[Obj]:
     env: list[Obj] = [
         {"name": "TS_KUBE_SECRET", "value": state_secret_name(gateway)},
         {"name": "TS_AUTHKEY", "valueFrom": {"secretKeyRef": {"name": auth_key_secret(gateway), "key": "authKey",
                                                               "optional": True}}},
-        {"name": "TS_AUTH_ONCE", "value": "true"},
-        {"name": "TS_USERSPACE", "value": "false"},
-        {"name": "TS_ACCEPT_DNS", "value": "false"},
+        {"name": "TS_LOGIN_SERVER", "value": router.control_url},
         {"name": "TS_HOSTNAME", "value": router_name(gateway)},
         {"name": "TS_ROUTES", "value": ",".join(router.routes)},
-        {"name": "TS_EXTRA_ARGS", "value": f"--login-server={router.control_url}"},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
     ]
@@ -233,6 +249,7 @@ def _pod_template(gateway: TailnetGateway, router: Router) -> Obj:
             }],
             "containers": [{
                 "name": "tailscale", "image": image, "imagePullPolicy": "IfNotPresent",
+                "command": ["/bin/sh", "-c", ROUTER_SCRIPT],
                 "env": _router_env(gateway, router),
                 "ports": [{"name": "wireguard", "containerPort": WIREGUARD_PORT, "protocol": "UDP"}],
                 "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}},

@@ -45,9 +45,11 @@ def test_the_router_is_one_kernel_mode_pod_with_its_state_in_the_secret_and_on_d
     assert {"name": "tun", "hostPath": {"path": "/dev/net/tun", "type": "CharDevice"}} in pod["volumes"]
     env = {e["name"]: e for e in main["env"]}
     assert env["TS_KUBE_SECRET"]["value"] == "edge-gateway-state"
-    assert env["TS_USERSPACE"]["value"] == "false" and env["TS_AUTH_ONCE"]["value"] == "true"
     assert env["TS_ROUTES"]["value"] == "10.96.0.53/32,192.168.10.0/24"
-    assert env["TS_EXTRA_ARGS"]["value"] == "--login-server=https://hs.example:443"
+    assert env["TS_LOGIN_SERVER"]["value"] == "https://hs.example:443"
+    script = main["command"][2]
+    assert 'tailscaled --state="kube:${TS_KUBE_SECRET}"' in script and "--tun=userspace" not in script
+    assert '--advertise-routes="$TS_ROUTES"' in script and '${TS_AUTHKEY:+--authkey="$TS_AUTHKEY"}' in script
     assert env["TS_AUTHKEY"]["valueFrom"]["secretKeyRef"] == {"name": "edge-gateway-auth-key", "key": "authKey",
                                                               "optional": True}
     assert "SSL_CERT_FILE" not in env
