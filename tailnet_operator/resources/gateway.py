@@ -191,6 +191,10 @@ def state_secret(gateway: TailnetGateway, namespace: str, owner_uid: str) -> Obj
             "type": "Opaque"}
 
 
+FORWARDING_SCRIPT = ("echo 1 > /proc/sys/net/ipv4/ip_forward && "
+                     "{ echo 1 > /proc/sys/net/ipv6/conf/all/forwarding || true; }")
+"""The init container's: IP forwarding on in the pod's network namespace (no sysctl binary needed)."""
+
 ROUTER_SCRIPT = """\
 set -eu
 sock=/tmp/tailscaled.sock
@@ -235,15 +239,14 @@ def _pod_template(gateway: TailnetGateway, router: Router) -> Obj:
         volumes.append({"name": "ca", "configMap": {"name": router_name(gateway),
                                                     "items": [{"key": CA_FILE, "path": CA_FILE}]}})
     return {
-        "metadata": {"labels": router_labels(gateway)},
+        "metadata": {"labels": {**gateway_labels(gateway), **router_labels(gateway)}},
         "spec": {
             "serviceAccountName": router.service_account,
             "enableServiceLinks": False,
             "terminationGracePeriodSeconds": 10,
             "initContainers": [{
                 "name": "sysctl", "image": image, "imagePullPolicy": "IfNotPresent",
-                "command": ["/bin/sh", "-c", "sysctl -w net.ipv4.ip_forward=1 && "
-                            "{ sysctl -w net.ipv6.conf.all.forwarding=1 || true; }"],
+                "command": ["/bin/sh", "-c", FORWARDING_SCRIPT],
                 "securityContext": {"privileged": True},
                 "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}},
             }],
@@ -343,7 +346,7 @@ def dns_deployment(gateway: TailnetGateway, router: Router) -> Obj:
         "metadata": _metadata(gateway, dns_name(gateway), router.namespace, "dns"),
         "spec": {
             "replicas": 1, "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": {
+            "template": {"metadata": {"labels": {**gateway_labels(gateway), **labels}}, "spec": {
                 "automountServiceAccountToken": False, "enableServiceLinks": False,
                 "securityContext": restricted_pod_security_context(DNS_UID),
                 "containers": [{
