@@ -398,8 +398,8 @@ def test_kinds_of_the_controllers_not_written_yet_are_not_granted() -> None:
     later = {"serviceaccounts", "namespaces"}
     assert not [g for g in granted() if g[2].split("/")[0] in later]
     assert sorted(g for g in granted() if g[2] == "pods") == sorted([
-        (NAMESPACE, "", "pods", "get", ()), ("cluster", "", "pods", "list", ()), ("cluster", "", "pods", "watch", ()),
-        (GATEWAY_NAMESPACE, "", "pods", "delete", ())]), \
+        (NAMESPACE, "", "pods", "get", ()), (GATEWAY_NAMESPACE, "", "pods", "list", ()),
+        (GATEWAY_NAMESPACE, "", "pods", "watch", ()), (GATEWAY_NAMESPACE, "", "pods", "delete", ())]), \
         "the operator reads its own Pod (for its image), watches the router pods, deletes them only with Delete"
 
 
@@ -411,13 +411,22 @@ def test_secrets_are_written_only_in_the_operator_namespace_and_never_read_one_b
         (GATEWAY_NAMESPACE, "create"), (GATEWAY_NAMESPACE, "patch"), (GATEWAY_NAMESPACE, "delete")}
 
 
-def _registered_informers() -> set[tuple[str, str]]:
-    """(group, plural) of every informer the controllers register at start-up."""
+def _registered_informers(scope: str | None = None) -> set[tuple[str, str]]:
+    """(group, plural) of every informer the controllers register at start-up in ``scope`` (a
+    namespace; None: cluster-wide)."""
     manager = Manager(RestConfig(host="https://127.0.0.1:1"), ManagerOptions())
     setup(manager, namespace=NAMESPACE, events=EventRecorder(manager.client, reporting_instance="test"))
     keys = list(manager.cache._informers)
-    assert all(namespace is None for _, namespace, _ in keys), "an informer scoped to a namespace: grant it there"
-    return {(resource.group, resource.plural) for resource, _, _ in keys}
+    assert {namespace for _, namespace, _ in keys} <= {None, GATEWAY_NAMESPACE}, "an informer elsewhere"
+    return {(resource.group, resource.plural) for resource, namespace, _ in keys if namespace == scope}
+
+
+def test_the_informers_of_the_gateway_namespace_may_list_and_watch_there() -> None:
+    informers = _registered_informers(GATEWAY_NAMESPACE)
+    assert informers == {("apps", "statefulsets"), ("", "pods")}
+    there = {(g[1], g[2], g[3]) for g in granted() if g[0] == GATEWAY_NAMESPACE}
+    assert not [(group, plural, verb) for group, plural in informers for verb in ("list", "watch")
+                if (group, plural, verb) not in there]
 
 
 def test_every_informer_the_controllers_register_may_list_and_watch_cluster_wide() -> None:
@@ -426,8 +435,10 @@ def test_every_informer_the_controllers_register_may_list_and_watch_cluster_wide
     missing = sorted((group, plural, verb) for group, plural in informers for verb in ("list", "watch")
                      if (group, plural, verb) not in cluster)
     assert not missing, f"informers without list/watch in the ClusterRole: {missing}"
-    listed = {(g[1], g[2]) for g in granted() if g[3] in ("list", "watch")}
+    listed = {(g[1], g[2]) for g in granted() if g[3] in ("list", "watch") and g[0] == "cluster"}
     assert listed == informers, "list/watch granted on a kind no controller watches"
+    there = {(g[1], g[2]) for g in granted() if g[3] in ("list", "watch") and g[0] != "cluster"}
+    assert there == _registered_informers(GATEWAY_NAMESPACE), "list/watch granted where no informer watches"
 
 
 def test_the_lease_role_names_the_managers_lease_in_the_operator_namespace() -> None:
