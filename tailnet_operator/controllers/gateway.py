@@ -199,14 +199,17 @@ class GatewayReconciler:
             return Result(requeue_after=RESYNC_SECONDS)
         if not has_finalizer(run.obj, FINALIZER):
             await add_finalizer(self.writer, TAILNET_GATEWAY, run.obj, FINALIZER)
-        key = await self._ensure_key(run, hs)
         if state is None:
-            await self._put(SECRET, build.state_secret(run.gateway, self.namespace, run.uid))
+            state = await self._put(SECRET, build.state_secret(run.gateway, self.namespace, run.uid))
             await self.events.normal(run.obj, "Creating",
                                      f"created the state Secret {self.namespace}/{build.state_secret_name(run.gateway)}"
                                      " and the router, once", action="Create")
+        key = await self._ensure_key(run, hs)
+        ids = build.key_ids(state) | {key.id, key.previous_id} - {""}
+        if ids != build.key_ids(state):
+            await self._put(SECRET, build.state_secret(run.gateway, self.namespace, run.uid, ids))
         applied = await self._apply(run)
-        node = _registered_with(nodes, key)
+        node = next((n for n in nodes if n.pre_auth_key_id in ids), None)
         if node is None:
             what = ("waiting for the CoreDNS Service's address before creating the router" if not applied.router
                     else f"waiting for the router pod {self.namespace}/{build.pod_name(run.gateway)} to register "
@@ -462,12 +465,6 @@ class GatewayReconciler:
             if node_id:
                 with contextlib.suppress(HeadscaleNotFound):
                     await hs.delete_node(node_id)
-
-
-def _registered_with(nodes: list[Node], key: AuthKey) -> Node | None:
-    """The node that registered with this gateway's key (or the one it replaced)."""
-    ids = {key.id, key.previous_id} - {""}
-    return next((n for n in nodes if n.pre_auth_key_id in ids), None)
 
 
 def _cluster_ip(service: JSON | None) -> str:

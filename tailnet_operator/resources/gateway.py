@@ -33,6 +33,7 @@ __all__ = [
     "DNS_HEALTH_PORT",
     "DNS_PORT",
     "DNS_READY_PORT",
+    "KEY_IDS_ANNOTATION",
     "OWNER_UID_ANNOTATION",
     "STATE_SECRET_ANNOTATION",
     "TEMPLATE_HASH_ANNOTATION",
@@ -49,6 +50,7 @@ __all__ = [
     "dns_service",
     "gateway_labels",
     "host_route",
+    "key_ids",
     "pod_name",
     "router_labels",
     "router_name",
@@ -81,6 +83,9 @@ OWNER_UID_ANNOTATION = "tailnet.dev/gateway-uid"
 """On the state Secret: the uid of the TailnetGateway that created it (anything else is not adopted)."""
 STATE_SECRET_ANNOTATION = "tailnet.dev/state-of"
 """On the state Secret: which gateway's router keeps its state there, for people."""
+KEY_IDS_ANNOTATION = "tailnet.dev/pre-auth-key-ids"
+"""On the state Secret: every pre-auth key minted for this router (a node registered with any of
+them is the router, even if a rotation replaced that key meanwhile)."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,12 @@ def advertised_routes(gateway: TailnetGateway, egress_addresses: Iterable[str],
     return tuple(str(n) for n in sorted(nets, key=lambda n: (n.version, n.network_address, n.prefixlen)))
 
 
+def key_ids(state: Obj | None) -> set[str]:
+    """The pre-auth key ids the state Secret records."""
+    notes = ((state or {}).get("metadata") or {}).get("annotations") or {}
+    return {i for i in str(notes.get(KEY_IDS_ANNOTATION, "")).split(",") if i}
+
+
 def host_route(address: str) -> str:
     """``address`` as a /32 (or /128) route; "" when it is not an IP address (a DNS name)."""
     try:
@@ -183,9 +194,12 @@ def host_route(address: str) -> str:
 # -- the router -----------------------------------------------------------------------------------
 
 
-def state_secret(gateway: TailnetGateway, namespace: str, owner_uid: str) -> Obj:
-    """The empty Secret tailscaled's Kubernetes state store fills (created once, never re-applied)."""
+def state_secret(gateway: TailnetGateway, namespace: str, owner_uid: str, key_ids: Iterable[str] = ()) -> Obj:
+    """The Secret tailscaled's Kubernetes state store fills: created empty, once; afterwards the
+    operator only adds key ids to its annotations (the data is tailscaled's)."""
     notes = {OWNER_UID_ANNOTATION: owner_uid, STATE_SECRET_ANNOTATION: f"TailnetGateway {_name(gateway)}"}
+    if ids := sorted(set(key_ids), key=lambda i: (len(i), i)):
+        notes[KEY_IDS_ANNOTATION] = ",".join(ids)
     return {"apiVersion": "v1", "kind": "Secret",
             "metadata": _metadata(gateway, state_secret_name(gateway), namespace, "router", notes),
             "type": "Opaque"}

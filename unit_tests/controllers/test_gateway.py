@@ -60,7 +60,7 @@ class GatewayWorld(World):
 
     def register(self, node_id: str = "41", *, online: bool = True, key_id: str | None = None) -> JSON:
         """A router node registering with the gateway's pre-auth key, as tailscaled does."""
-        [key] = [k for k in self.headscale.preauth_keys.values() if "tag:gateway" in k["aclTags"]]
+        keys = [k for k in self.headscale.preauth_keys.values() if "tag:gateway" in k["aclTags"]]
         sts = self.kube.get(STATEFUL_SET, "edge-gateway", GW_NS)
         assert sts is not None
         routes = next(e["value"] for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -68,7 +68,7 @@ class GatewayWorld(World):
         node = {"id": node_id, "name": "edge-gateway", "tags": ["tag:gateway"], "online": online,
                 "nodeKey": "nodekey:0123abcd", "createdAt": "2026-01-01T00:00:05Z",
                 "availableRoutes": routes, "approvedRoutes": [r for r in routes if r != f"{DNS_IP}/32"],
-                "preAuthKey": {"id": key_id or key["id"]}}
+                "preAuthKey": {"id": key_id or keys[-1]["id"]}}
         self.headscale.nodes.append(node)
         return node
 
@@ -166,7 +166,8 @@ async def test_unsuspending_mints_a_single_use_key_and_creates_the_router_and_th
     assert (registered["status"], registered["reason"]) == ("False", "Registering")
     assert world.obj()["status"]["dns"] == {"zone": "corp.example", "serverAddress": DNS_IP}
     assert "receipts" not in world.obj()["status"]
-    assert world.events.reasons[-1] == "Creating"
+    assert world.events.reasons[-2:] == ["Creating", "PreAuthKeyRotated"]
+    assert state["metadata"]["annotations"]["tailnet.dev/pre-auth-key-ids"] == key["id"]
 
 
 async def test_the_router_waits_for_the_dns_address_so_its_template_does_not_change_after_creation() -> None:
@@ -454,3 +455,57 @@ async def test_a_suspended_gateway_that_never_created_anything_goes_at_once() ->
     await world.kube.delete(TAILNET_GATEWAY, "edge")
 
     assert world.kube.get(TAILNET_GATEWAY, "edge") is None
+
+
+# -- the other branches ---------------------------------------------------------------------------
+
+
+async def test_a_missing_tailnet_and_a_tailnet_without_a_working_key_create_nothing() -> None:
+    world = GatewayWorld()
+    world.add_gateway(suspend=False, tailnetRef={"name": "nope"})
+    await world.reconcile_gateway()
+    assert world.cond("Ready")["reason"] == "TailnetNotFound"
+
+    world.bootstrap_secret()
+    world.add_tailnet()  # not reconciled: no working key yet
+    world.edit_spec(tailnetRef={"name": "tn"})
+    await world.reconcile_gateway()
+    assert (world.cond("Ready")["status"], world.cond("Ready")["reason"]) == ("Unknown", "WaitingForAccess")
+    assert world.snapshot() == {} and world.headscale.preauth_keys == {}
+
+
+async def test_an_unreachable_headscale_is_reported_and_retried() -> None:
+    world = await ready_world()
+    world.add_gateway(suspend=False)
+    world.headscale.down = "connect"
+
+    result = await world.reconcile_gateway()
+
+    assert world.cond("Ready")["reason"] == "HeadscaleUnavailable" and result.requeue_after
+    assert world.snapshot() == {}
+
+
+async def test_an_offline_router_is_not_ready_and_keeps_its_receipts() -> None:
+    world = await created_world()
+    world.register(online=False)
+
+    await world.reconcile_gateway()
+
+    assert (world.cond("Ready")["status"], world.cond("Ready")["reason"]) == ("False", "NodeOffline")
+    assert world.cond("Registered")["status"] == "True"
+    assert world.obj()["status"]["receipts"]["nodeId"] == "41"
+
+
+async def test_a_node_registered_with_the_key_a_rotation_replaced_still_counts() -> None:
+    world = await created_world()
+    [old] = world.headscale.preauth_keys.values()
+    world.clock.advance(13 * 3600)  # past half the key's lifetime: a new key, the old one expired
+    await world.reconcile_gateway()
+    assert len(world.headscale.preauth_keys) == 2
+    world.register(key_id=old["id"])  # the pod started with the old key just before
+    state = world.kube.get(SECRET, "edge-gateway-state", GW_NS)
+    assert state is not None and len(state["metadata"]["annotations"]["tailnet.dev/pre-auth-key-ids"].split(",")) == 2
+
+    await world.reconcile_gateway()
+
+    assert world.obj()["status"]["receipts"]["nodeId"] == "41"
