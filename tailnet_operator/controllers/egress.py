@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import structlog
-from pydantic import ValidationError
 
 from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.api.tailnet import Tailnet
@@ -50,7 +49,7 @@ from .dns import in_zone
 from .egress_status import AgentStatusReader, HttpAgentStatus, TargetState, classify
 from .kinds import TAILNET_EGRESS
 from .preauth import AuthKey, AuthKeyKeeper, Wanted, auth_key_secret_name
-from .shared import still_trying, tag_gap, tag_not_owned_message
+from .shared import parsed_with_tailnet, still_trying, tag_gap, tag_not_owned_message, working_connection
 from .status import StatusWriter
 
 __all__ = ["FIELD_MANAGER", "EgressReconciler", "EgressSettings"]
@@ -113,26 +112,18 @@ class EgressReconciler:
             return Result()
         if obj["metadata"].get("deletionTimestamp"):
             return await self._finalize(obj)
-        try:
-            egress = TailnetEgress.model_validate(obj)
-        except ValidationError as exc:
-            await self._not_ready(obj, "False", "InvalidSpec", str(exc).splitlines()[0])
-            return Result()
-        tailnet = self.reader.get(Tailnet, egress.spec.tailnet_ref.name)
-        if tailnet is None:
-            await self._not_ready(obj, "False", "TailnetNotFound",
-                                  f"the Tailnet {egress.spec.tailnet_ref.name} does not exist")
-            return Result(requeue_after=RESYNC_SECONDS)
+        found = await parsed_with_tailnet(self.reader, obj, TailnetEgress, self._not_ready)
+        if isinstance(found, Result):
+            return found
+        egress, tailnet = found
         if not has_finalizer(obj, FINALIZER):
             await add_finalizer(self.writer, TAILNET_EGRESS, obj, FINALIZER)
         return await self._reconcile(Run(obj, egress, tailnet))
 
     async def _reconcile(self, run: Run) -> Result:
-        try:
-            connection = self.access.working(run.tailnet)
-        except NoAccess as exc:
-            await self._not_ready(run.obj, "Unknown", "WaitingForAccess", str(exc))
-            return Result(requeue_after=RETRY_SECONDS)
+        connection = await working_connection(self.access, run.obj, run.tailnet, self._not_ready)
+        if isinstance(connection, Result):
+            return connection
         try:
             async with self.access.open(connection) as hs:
                 live, _ = await hs.get_policy()

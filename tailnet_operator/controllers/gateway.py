@@ -58,7 +58,7 @@ from .dns import HOSTS_KEY
 from .kinds import TAILNET_EGRESS, TAILNET_GATEWAY
 from .policy import TAILNET_INDEX
 from .preauth import AuthKey, AuthKeyKeeper, Wanted
-from .shared import still_trying, tag_gap, tag_not_owned_message
+from .shared import parsed_with_tailnet, still_trying, tag_gap, tag_not_owned_message, working_connection
 from .status import StatusWriter
 
 __all__ = ["FIELD_MANAGER", "RECEIPTS_FIELD_MANAGER", "GatewayReconciler", "GatewaySettings"]
@@ -131,25 +131,17 @@ class GatewayReconciler:
             return Result()
         if obj["metadata"].get("deletionTimestamp"):
             return await self._finalize(obj)
-        try:
-            gateway = TailnetGateway.model_validate(obj)
-        except ValidationError as exc:
-            await self._not_ready(obj, "False", "InvalidSpec", str(exc).splitlines()[0])
-            return Result()
-        tailnet = self.reader.get(Tailnet, gateway.spec.tailnet_ref.name)
-        if tailnet is None:
-            await self._not_ready(obj, "False", "TailnetNotFound",
-                                  f"the Tailnet {gateway.spec.tailnet_ref.name} does not exist")
-            return Result(requeue_after=RESYNC_SECONDS)
+        found = await parsed_with_tailnet(self.reader, obj, TailnetGateway, self._not_ready)
+        if isinstance(found, Result):
+            return found
+        gateway, tailnet = found
         run = Run(obj, gateway, tailnet)
         if gateway.spec.suspend:
             await self._suspended(run)
             return Result()
-        try:
-            connection = self.access.working(tailnet)
-        except NoAccess as exc:
-            await self._not_ready(obj, "Unknown", "WaitingForAccess", str(exc))
-            return Result(requeue_after=RETRY_SECONDS)
+        connection = await working_connection(self.access, obj, tailnet, self._not_ready)
+        if isinstance(connection, Result):
+            return connection
         try:
             async with self.access.open(connection) as hs:
                 nodes = await hs.list_nodes()
@@ -189,8 +181,7 @@ class GatewayReconciler:
     async def _create(self, run: Run, hs: HeadscaleClient, nodes: list[Node]) -> Result:
         state = self._state(run)
         if state is not None and self._own_state(run) is None:
-            await self._state_not_ours(run)
-            return Result(requeue_after=RESYNC_SECONDS)
+            return await self._state_not_ours(run)
         live, _ = await hs.get_policy()
         if snippet := tag_gap(live, run.gateway.spec.tag, gateways=[run.gateway]):
             message = tag_not_owned_message(run.gateway.spec.tag, snippet)
@@ -228,14 +219,13 @@ class GatewayReconciler:
         await self._report(run, hs, node, applied)
         return Result(requeue_after=RESYNC_SECONDS)
 
-    async def _state_not_ours(self, run: Run) -> None:
+    async def _state_not_ours(self, run: Run) -> Result:
         ref = f"{self.namespace}/{build.state_secret_name(run.gateway)}"
         message = (f"the state Secret {ref} exists, but this TailnetGateway has no receipts and did not create it; "
                    "it is not adopted and nothing was created. If it belongs to a router you still run, keep it "
                    "and give this TailnetGateway another name; if it is left over, delete the Secret and the "
                    "operator creates a fresh router")
-        await self._write(run, [Cond("Ready", "False", "StateSecretExists", message),
-                                Cond("Registered", "False", "StateSecretExists", message)], keep=CONDITION_TYPES)
+        return await self._not_registered(run, "StateSecretExists", message)
 
     async def _ensure_key(self, run: Run, hs: HeadscaleClient) -> AuthKey:
         secret = self.reader.get(SECRET, build.auth_key_secret(run.gateway), self.namespace)
@@ -266,17 +256,13 @@ class GatewayReconciler:
             message = (f"the router node {receipts.node_id} is gone from Headscale; the gateway never registers "
                        "a new node on its own. For a new router, set deletionPolicy: Delete and delete this "
                        "TailnetGateway (its pod and state Secret go too), then create it again")
-            await self._write(run, [Cond("Ready", "False", "NodeGone", message),
-                                    Cond("Registered", "False", "NodeGone", message)], keep=CONDITION_TYPES)
-            return Result(requeue_after=RESYNC_SECONDS)
+            return await self._not_registered(run, "NodeGone", message)
         if self._state(run) is None:
             ref = f"{self.namespace}/{receipts.state_secret or build.state_secret_name(run.gateway)}"
             message = (f"the state Secret {ref} is gone; the router cannot come back as node {receipts.node_id} "
                        "after a restart and nothing is recreated. Restore the Secret from a backup, or set "
                        "deletionPolicy: Delete, delete this TailnetGateway and create it again")
-            await self._write(run, [Cond("Ready", "False", "StateSecretGone", message),
-                                    Cond("Registered", "False", "StateSecretGone", message)], keep=CONDITION_TYPES)
-            return Result(requeue_after=RESYNC_SECONDS)
+            return await self._not_registered(run, "StateSecretGone", message)
         applied = await self._apply(run)
         node = await self._approve_dns_route(hs, node, applied.dns_address)
         await self._report(run, hs, node, applied)
@@ -395,6 +381,12 @@ class GatewayReconciler:
         if run.gateway.spec.dns is not None and applied.dns_address:
             fields["dns"] = {"zone": run.gateway.spec.dns.zone, "serverAddress": applied.dns_address}
         return fields
+
+    async def _not_registered(self, run: Run, reason: str, message: str) -> Result:
+        """Ready and Registered False for a person to act on; nothing else is touched."""
+        await self._write(run, [Cond("Ready", "False", reason, message), Cond("Registered", "False", reason, message)],
+                          keep=CONDITION_TYPES)
+        return Result(requeue_after=RESYNC_SECONDS)
 
     async def _write(self, run: Run, conds: list[Cond], fields: JSON | None = None, *,
                      keep: tuple[str, ...] = ()) -> None:
