@@ -10,6 +10,10 @@ Every binary comes from Go modules through the Go toolchain:
   ``k8s.io/<name> v0.<minor>.<patch>`` and builds the commands from there.
 * The local node's containerd (with its runc shim and ``ctr``), the CNI plugins, CoreDNS,
   kind, cyclonus and Helm come the same way, with the build tags their own Makefiles use.
+* cert-manager's controller command is a module of its own that the proxy does not serve; a
+  throwaway module that requires ``github.com/cert-manager/cert-manager`` builds the project's
+  small main (``hack/certmanager/main.go``) that runs the registered certificates and issuer
+  controllers the way that command does (test-only: the tests issue certificates with it).
 * runc needs cgo for its ``nsenter`` part and libseccomp (the ``seccomp`` tag) for the
   ``RuntimeDefault`` profile that Pod Security's ``restricted`` level demands: it is built
   inside a copy of its own module, with cgo, against Debian's libseccomp-dev. Its
@@ -66,6 +70,8 @@ class Component:
     """``replace`` directives of that go.mod whose targets the published module lacks."""
     x_version: str = ""
     """A Go variable that ``-ldflags -X`` sets to ``v<version>`` (what ``<binary> version`` prints)."""
+    main: str = ""
+    """A main package of this repository (a directory under hack/) built against the module."""
 
     @property
     def directory(self) -> Path:
@@ -108,7 +114,10 @@ CYCLONUS = Component("cyclonus", versions.CYCLONUS, ("cyclonus",), "github.com/m
                      ("github.com/mattfenwick/cyclonus/cmd/cyclonus",))
 HELM = Component("helm", versions.HELM, ("helm",), "helm.sh/helm/v3", ("helm.sh/helm/v3/cmd/helm",),
                  x_version="helm.sh/helm/v3/internal/version.version")
-COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE, CONTAINERD, RUNC, CNI_PLUGINS, COREDNS, KIND, CYCLONUS, HELM)
+CERT_MANAGER = Component("cert-manager", versions.CERT_MANAGER, ("cert-manager-controller",),
+                         "github.com/cert-manager/cert-manager", (".",), main="certmanager")
+COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE, CONTAINERD, RUNC, CNI_PLUGINS, COREDNS, KIND, CYCLONUS, HELM,
+              CERT_MANAGER)
 
 _MIN_GO = (1, 26)
 
@@ -149,6 +158,18 @@ def _install_into(component: Component, staging: Path) -> None:
     if final.exists():
         shutil.rmtree(final)
     staging.rename(final)
+
+
+def _build_main(component: Component) -> None:
+    """Build the project's own main (``hack/<main>/main.go``) in a throwaway module that requires
+    ``module@v<version>``; the main's other imports resolve to the versions that module pins."""
+    go = require_go()
+    with tempfile.TemporaryDirectory(prefix=f"{component.name}-build-") as tmp:
+        work = Path(tmp)
+        _throwaway_module(go, work)
+        shutil.copy(Path(__file__).parent / component.main / "main.go", work / "main.go")
+        _run([go, "get", f"{component.module}@v{component.version}"], cwd=work)
+        _build_packages(go, component, work, "-s -w", cgo=False)
 
 
 def _build_from_module(component: Component, ldflags: str = "-s -w") -> None:
@@ -238,6 +259,8 @@ def build(component: Component) -> float:
         _build_kubernetes(component)
     elif component.in_module:
         _build_in_module(component)
+    elif component.main:
+        _build_main(component)
     elif component.x_version:
         _build_from_module(component, f"-s -w -X {component.x_version}=v{component.version}")
     else:

@@ -90,6 +90,8 @@ async def run(args: argparse.Namespace) -> int:
     setup(manager, namespace=args.namespace,
           events=EventRecorder(manager.client, reporting_instance=identity, clock=manager.clock),
           agent_image=await agent_image(manager, args),
+          tenant_role=os.environ.get("TAILNET_TENANT_CLUSTER_ROLE") or "tailnet-operator-tenant",
+          service_account=os.environ.get("TAILNET_SERVICE_ACCOUNT") or "tailnet-operator",
           gateway=GatewaySettings(namespace=args.gateway_namespace,
                                   service_account=args.gateway_service_account))
     log.info("starting", version=__version__, api_server=manager.client.config.host, namespace=args.namespace,

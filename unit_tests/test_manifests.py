@@ -166,6 +166,7 @@ def test_install_has_the_crds_and_the_operator_but_not_the_samples() -> None:
         ("PodDisruptionBudget", NAMESPACE, "tailnet-operator"),
         ("ClusterRole", "", "tailnet-operator-view"),
         ("ClusterRole", "", "tailnet-operator-edit"),
+        ("ClusterRole", "", "tailnet-operator-tenant"),
         ("ValidatingAdmissionPolicy", "", "tailnet-egress-operator-namespace"),
         ("ValidatingAdmissionPolicyBinding", "", "tailnet-egress-operator-namespace"),
         ("Namespace", "", GATEWAY_NAMESPACE),
@@ -318,11 +319,16 @@ def _aggregated(obj: Obj) -> bool:
     return any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in labels)
 
 
+def _per_namespace(obj: Obj) -> bool:
+    return (obj["metadata"].get("labels") or {}).get("tailnet.dev/bind") == "per-namespace"
+
+
 def _rbac(kind: str) -> list[Obj]:
-    """The operator's own RBAC: the roles aggregated into view/edit/admin are for people, and the
-    router pods' Role is theirs."""
-    return [o for o in RENDERED
-            if o["kind"] == kind and not _aggregated(o) and o["metadata"]["name"] != ROUTER_RBAC]
+    """The operator's own RBAC: the roles aggregated into view/edit/admin are for people, the
+    per-namespace one is bound by namespace admins, not by the install, and the router pods' Role
+    is theirs."""
+    return [o for o in RENDERED if o["kind"] == kind and not _aggregated(o) and not _per_namespace(o)
+            and o["metadata"]["name"] != ROUTER_RBAC]
 
 
 def granted() -> list[Grant]:
@@ -511,3 +517,18 @@ def test_the_egress_admission_policy_is_bound_and_names_the_operator_namespace()
     assert rule["resources"] == ["tailnetegresses"] and set(rule["operations"]) == {"CREATE", "UPDATE"}
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert variables["operatorNamespace"] == f"'{NAMESPACE}'"
+
+
+def test_the_tenant_role_is_bound_by_nobody_and_grants_only_applying_an_ingresss_objects() -> None:
+    [tenant] = [o for o in RENDERED if o["kind"] == "ClusterRole" and _per_namespace(o)]
+    assert tenant["metadata"]["name"] == "tailnet-operator-tenant"
+    bindings = [o for o in RENDERED if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert not [b for b in bindings if b["roleRef"]["name"] == tenant["metadata"]["name"]]
+    grants = {(group, resource, verb) for rule in tenant["rules"] for group in rule["apiGroups"]
+              for resource in rule["resources"] for verb in rule["verbs"]}
+    kinds = {("", "secrets"), ("", "configmaps"), ("", "services"), ("apps", "deployments"),
+             ("networking.k8s.io", "networkpolicies"), ("cert-manager.io", "certificates"),
+             ("events.k8s.io", "events")}
+    assert grants == {(g, r, v) for g, r in kinds for v in ("create", "patch")}
+    doc = RBAC_DOC.read_text()
+    assert "tailnet-operator-tenant" in doc and all(f"`{r}`" in doc for _, r in kinds)

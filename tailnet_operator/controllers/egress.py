@@ -18,48 +18,39 @@ Deleting a CR expires its key (finalizer); garbage collection removes the rest.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 
 import structlog
 
 from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.api.tailnet import Tailnet
-from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, Node
+from tailnet_operator.headscale import HeadscaleError, Node
 from tailnet_operator.policy import PolicyParseError
+from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.resources import egress as build
 from tailnet_operator.runtime import (
     CONFIG_MAP,
-    FINALIZER,
-    SECRET,
     SERVICE,
     Request,
     Resource,
     Result,
     Writer,
-    add_finalizer,
-    has_finalizer,
-    remove_finalizer,
 )
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY
 from tailnet_operator.types import JSON
 
-from .access import Deps, NoAccess, Problem
+from .access import Deps, Problem
+from .agents import RESYNC_SECONDS, RETRY_SECONDS, AgentReconciler, node_status
 from .conditions import Cond, Status
 from .dns import in_zone
 from .egress_status import AgentStatusReader, HttpAgentStatus, TargetState, classify
 from .kinds import TAILNET_EGRESS
-from .preauth import AuthKey, AuthKeyKeeper, Wanted, auth_key_secret_name
-from .shared import parsed_with_tailnet, still_trying, tag_gap, tag_not_owned_message, working_connection
-from .status import StatusWriter
+from .preauth import AuthKey, auth_key_secret_name
 
 __all__ = ["FIELD_MANAGER", "EgressReconciler", "EgressSettings"]
 
 log = structlog.get_logger("controllers.egress")
 
 FIELD_MANAGER = "tailnet-operator-egress"
-RESYNC_SECONDS = 30.0
-"""Routes and the agent's view change on their own; status is refreshed this often."""
-RETRY_SECONDS = 10.0
 CONDITION_TYPES = ("TagOwned", "PreAuthKeyValid", "TargetsReady", "AliasesServed")
 
 
@@ -88,83 +79,56 @@ class Run:
         return str(self.tailnet.metadata.name)
 
 
-class EgressReconciler:
+class EgressReconciler(AgentReconciler):
     """Reconciles one TailnetEgress; writes as :data:`FIELD_MANAGER` through ``writer``."""
+
+    kind = TAILNET_EGRESS
+    model = TailnetEgress
+    condition_types = CONDITION_TYPES
 
     def __init__(self, deps: Deps, writer: Writer, settings: EgressSettings, *,
                  agent_status: AgentStatusReader | None = None) -> None:
-        self.reader, self.access, self.events, self.clock = deps.reader, deps.access, deps.events, deps.clock
-        self.writer = writer
+        super().__init__(deps, writer, field_manager=FIELD_MANAGER)
         self.settings = settings
         self.agent_status = agent_status or HttpAgentStatus()
-        self.status = StatusWriter(writer, deps.clock, field_manager=FIELD_MANAGER)
-        self.keys = AuthKeyKeeper(writer, deps.clock, field_manager=FIELD_MANAGER)
+
+    def key_secret_name(self, name: str) -> str:
+        return auth_key_secret_name(name)
 
     @property
     def namespace(self) -> str:
         return self.access.namespace
 
-    async def reconcile(self, request: Request) -> Result:
-        if request.namespace != self.namespace:
-            return Result()  # never acted on; the Policy reconciler logs and records it once
-        obj = self.reader.get(TAILNET_EGRESS, request.name, request.namespace)
-        if obj is None:
-            return Result()
-        if obj["metadata"].get("deletionTimestamp"):
-            return await self._finalize(obj)
-        found = await parsed_with_tailnet(self.reader, obj, TailnetEgress, self._not_ready)
-        if isinstance(found, Result):
-            return found
-        egress, tailnet = found
-        if not has_finalizer(obj, FINALIZER):
-            await add_finalizer(self.writer, TAILNET_EGRESS, obj, FINALIZER)
-        return await self._reconcile(Run(obj, egress, tailnet))
+    def accepts(self, request: Request) -> bool:
+        return request.namespace == self.namespace  # elsewhere: the Policy reconciler records it once
+
+    async def reconcile_one(self, obj: JSON, parsed: TailnetEgress, tailnet: Tailnet) -> Result:
+        return await self._reconcile(Run(obj, parsed, tailnet))
 
     async def _reconcile(self, run: Run) -> Result:
-        connection = await working_connection(self.access, run.obj, run.tailnet, self._not_ready)
+        connection = await self.working_connection(run.obj, run.tailnet)
         if isinstance(connection, Result):
             return connection
         try:
             async with self.access.open(connection) as hs:
                 live, _ = await hs.get_policy()
-                if snippet := self._tag_gap(run, live):
-                    await self._tag_not_owned(run, snippet)
+                if snippet := self.tag_gap(live, derive_from_objects(egresses=[run.egress]), run.egress.spec.tag):
+                    await self.tag_not_owned(run.obj, run.egress.spec.tag, snippet)
                     return Result(requeue_after=RESYNC_SECONDS)
-                key = await self._ensure_key(run, hs)
+                key = await self.ensure_key(hs, run.obj, self._secret_metadata(run), run.tailnet,
+                                            run.egress.spec.tag)
                 nodes = await hs.list_nodes()
         except (HeadscaleError, PolicyParseError) as exc:
-            await self._not_ready(run.obj, "Unknown", "HeadscaleUnavailable", f"Headscale: {exc}")
+            await self.not_ready(run.obj, "Unknown", "HeadscaleUnavailable", f"Headscale: {exc}")
             return Result(requeue_after=RETRY_SECONDS)
         taken = await self._apply(run, key)
         await self._report(run, key, live, nodes, taken)
-        return Result(requeue_after=min(RESYNC_SECONDS, max(1.0, self._until(key.rotation_due))))
-
-    def _until(self, moment: datetime) -> float:
-        return (moment - self.clock.utcnow()).total_seconds()
+        return Result(requeue_after=min(RESYNC_SECONDS, max(1.0, self.until(key.rotation_due))))
 
     # -- tag and key ----------------------------------------------------------------------------
 
-    def _tag_gap(self, run: Run, live: str) -> str:
-        """The snippet that would make the live policy own the tag ("" when it does)."""
-        return tag_gap(live, run.egress.spec.tag, egresses=[run.egress])
-
-    async def _tag_not_owned(self, run: Run, snippet: str) -> None:
-        message = tag_not_owned_message(run.egress.spec.tag, snippet)
-        await self.status.write(TAILNET_EGRESS, run.obj, [
-            Cond("Ready", "False", "TagNotOwned", message), Cond("TagOwned", "False", "TagNotOwned", message)],
-            keep=CONDITION_TYPES)
-
     def _secret_metadata(self, run: Run) -> JSON:
         return build.owned_metadata(run.obj, run.egress, auth_key_secret_name(run.name))
-
-    async def _ensure_key(self, run: Run, hs: HeadscaleClient) -> AuthKey:
-        secret = self.reader.get(SECRET, auth_key_secret_name(run.name), self.namespace)
-        wanted = Wanted(login_url=str(run.tailnet.spec.login_url), tag=run.egress.spec.tag)
-        key, reason = await self.keys.ensure(hs, self._secret_metadata(run), AuthKey.from_secret(secret), wanted)
-        if reason:
-            await self.events.normal(run.obj, "PreAuthKeyRotated",
-                                     f"new pre-auth key {key.prefix} ({reason})", action="Rotate")
-        return key
 
     # -- objects --------------------------------------------------------------------------------
 
@@ -231,56 +195,12 @@ class EgressReconciler:
                   else classify(run.egress, t, agent=agent, nodes=nodes, live_policy=live)
                   for t in run.egress.spec.targets]
         fields: JSON = {"preAuthKey": key.status(), "targets": [s.status() for s in states]}
-        if node := _node_status(agent):
+        if node := node_status(agent):
             fields["node"] = node
-        owned = f"the live policy owns {run.egress.spec.tag}"
-        conds = [Cond("TagOwned", "True", "TagOwned", owned),
-                 Cond("PreAuthKeyValid", "True", "KeyValid", f"pre-auth key {key.prefix} valid until "
-                      f"{key.expires_at.isoformat()}"),
-                 *_target_conditions(states)]
+        conds = [*self.key_conditions(key, run.egress.spec.tag), *_target_conditions(states)]
         if aliases := _aliases_condition(run):
             conds.append(aliases)
         await self.status.write(TAILNET_EGRESS, run.obj, conds, fields)
-
-    async def _not_ready(self, obj: JSON, status: Status, reason: str, message: str) -> None:
-        await self.status.write(TAILNET_EGRESS, obj, [Cond("Ready", status, reason, message)], keep=CONDITION_TYPES)
-
-    # -- deletion -------------------------------------------------------------------------------
-
-    async def _finalize(self, obj: JSON) -> Result:
-        if not has_finalizer(obj, FINALIZER):
-            return Result()
-        name = obj["metadata"]["name"]
-        stored = AuthKey.from_secret(self.reader.get(SECRET, auth_key_secret_name(name), self.namespace))
-        if stored is not None:
-            try:
-                await self._expire(obj, stored)
-            except (HeadscaleError, NoAccess, Problem) as exc:
-                if still_trying(obj, self.clock):
-                    log.info("cannot expire the pre-auth key yet", egress=name, error=str(exc))
-                    return Result(requeue_after=RETRY_SECONDS)
-                await self.events.warning(obj, "PreAuthKeyNotExpired",
-                                          f"could not expire pre-auth key {stored.prefix}: {exc}; expire it by "
-                                          "hand (headscale preauthkeys expire)", action="Expire")
-        await remove_finalizer(self.writer, TAILNET_EGRESS, obj, FINALIZER)
-        return Result()
-
-    async def _expire(self, obj: JSON, stored: AuthKey) -> None:
-        tailnet = self.reader.get(Tailnet, (obj.get("spec") or {}).get("tailnetRef", {}).get("name", ""))
-        if tailnet is None:
-            raise NoAccess("the Tailnet is gone")
-        async with self.access.open(self.access.working(tailnet)) as hs:
-            await self.keys.expire(hs, stored)
-        await self.events.normal(obj, "PreAuthKeyExpired", f"expired pre-auth key {stored.prefix}",
-                                 action="Expire")
-
-
-def _node_status(agent: JSON | None) -> JSON | None:
-    node = (agent or {}).get("node")
-    if not isinstance(node, dict) or not node.get("id"):
-        return None
-    return {"id": str(node["id"]), "name": str(node.get("name") or ""),
-            "addresses": [str(a) for a in node.get("addresses") or []]}
 
 
 def _aliases_condition(run: Run) -> Cond | None:

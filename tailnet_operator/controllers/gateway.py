@@ -34,6 +34,7 @@ from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, Node
 from tailnet_operator.headscale import NotFound as HeadscaleNotFound
 from tailnet_operator.policy import PolicyParseError
+from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.resources import gateway as build
 from tailnet_operator.runtime import (
     CONFIG_MAP,
@@ -41,11 +42,9 @@ from tailnet_operator.runtime import (
     SECRET,
     SERVICE,
     NotFound,
-    Request,
     Resource,
     Result,
     Writer,
-    add_finalizer,
     has_finalizer,
     remove_finalizer,
 )
@@ -53,13 +52,12 @@ from tailnet_operator.runtime.kinds import DEPLOYMENT, POD, STATEFUL_SET
 from tailnet_operator.types import JSON
 
 from .access import Deps, NoAccess, Problem
-from .conditions import Cond, Status, rfc3339
+from .agents import RESYNC_SECONDS, RETRY_SECONDS, AgentReconciler
+from .conditions import Cond, rfc3339
 from .dns import HOSTS_KEY
 from .kinds import TAILNET_EGRESS, TAILNET_GATEWAY
 from .policy import TAILNET_INDEX
-from .preauth import AuthKey, AuthKeyKeeper, Wanted
-from .shared import parsed_with_tailnet, still_trying, tag_gap, tag_not_owned_message, working_connection
-from .status import StatusWriter
+from .preauth import AuthKey
 
 __all__ = ["FIELD_MANAGER", "RECEIPTS_FIELD_MANAGER", "GatewayReconciler", "GatewaySettings"]
 
@@ -68,8 +66,6 @@ log = structlog.get_logger("controllers.gateway")
 FIELD_MANAGER = "tailnet-operator-gateway"
 RECEIPTS_FIELD_MANAGER = "tailnet-operator-gateway-receipts"
 """Receipts are applied once by their own manager, so no later status write can drop them."""
-RESYNC_SECONDS = 30.0
-RETRY_SECONDS = 10.0
 WAIT_SECONDS = 2.0
 CONDITION_TYPES = ("Registered", "RestartPending", "RoutesApproved", "SplitDNS", "TagOwned")
 
@@ -111,35 +107,39 @@ class Applied:
     """False while the StatefulSet waits for the CoreDNS Service's address."""
 
 
-class GatewayReconciler:
-    """Reconciles one TailnetGateway; writes as :data:`FIELD_MANAGER` through ``writer``."""
+class GatewayReconciler(AgentReconciler):
+    """Reconciles one TailnetGateway; writes as :data:`FIELD_MANAGER` through ``writer``.
+
+    The reconcile up to :meth:`reconcile_one` is the agents' (:class:`~.agents.AgentReconciler`);
+    the finalizer is held only once the tag pre-check passed (nothing exists before), and
+    :meth:`finalize` is the gateway's own (deletionPolicy)."""
+
+    kind = TAILNET_GATEWAY
+    model = TailnetGateway
+    condition_types = CONDITION_TYPES
+    finalizer_first = False
 
     def __init__(self, deps: Deps, writer: Writer, settings: GatewaySettings) -> None:
-        self.reader, self.access, self.events, self.clock = deps.reader, deps.access, deps.events, deps.clock
-        self.writer = writer
+        super().__init__(deps, writer, field_manager=FIELD_MANAGER)
         self.settings = settings
-        self.status = StatusWriter(writer, deps.clock, field_manager=FIELD_MANAGER)
-        self.keys = AuthKeyKeeper(writer, deps.clock, field_manager=FIELD_MANAGER)
 
     @property
     def namespace(self) -> str:
         return self.settings.namespace
 
-    async def reconcile(self, request: Request) -> Result:
-        obj = self.reader.get(TAILNET_GATEWAY, request.name)
-        if obj is None:
-            return Result()
-        if obj["metadata"].get("deletionTimestamp"):
-            return await self._finalize(obj)
-        found = await parsed_with_tailnet(self.reader, obj, TailnetGateway, self._not_ready)
-        if isinstance(found, Result):
-            return found
-        gateway, tailnet = found
+    def key_secret_name(self, name: str) -> str:
+        return build.auth_key_secret_name(name)
+
+    def key_namespace(self, obj: JSON) -> str | None:
+        return self.namespace
+
+    async def reconcile_one(self, obj: JSON, parsed: TailnetGateway, tailnet: Tailnet) -> Result:
+        gateway = parsed
         run = Run(obj, gateway, tailnet)
         if gateway.spec.suspend:
             await self._suspended(run)
             return Result()
-        connection = await working_connection(self.access, obj, tailnet, self._not_ready)
+        connection = await self.working_connection(obj, tailnet)
         if isinstance(connection, Result):
             return connection
         try:
@@ -149,7 +149,7 @@ class GatewayReconciler:
                     return await self._follow(run, hs, nodes)
                 return await self._create(run, hs, nodes)
         except (HeadscaleError, PolicyParseError) as exc:
-            await self._not_ready(obj, "Unknown", "HeadscaleUnavailable", f"Headscale: {exc}")
+            await self.not_ready(obj, "Unknown", "HeadscaleUnavailable", f"Headscale: {exc}")
             return Result(requeue_after=RETRY_SECONDS)
 
     # -- suspended ------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ class GatewayReconciler:
         else:
             message = ("spec.suspend is true: nothing is created; set it to false to create the router "
                        "(once: its identity is then pinned in receipts)")
-        await self._not_ready(run.obj, "False", "Suspended", message)
+        await self.not_ready(run.obj, "False", "Suspended", message)
 
     def _created(self, run: Run) -> bool:
         receipts = run.gateway.status.receipts if run.gateway.status else None
@@ -183,19 +183,18 @@ class GatewayReconciler:
         if state is not None and self._own_state(run) is None:
             return await self._state_not_ours(run)
         live, _ = await hs.get_policy()
-        if snippet := tag_gap(live, run.gateway.spec.tag, gateways=[run.gateway]):
-            message = tag_not_owned_message(run.gateway.spec.tag, snippet)
-            await self._write(run, [Cond("Ready", "False", "TagNotOwned", message),
-                                    Cond("TagOwned", "False", "TagNotOwned", message)], keep=CONDITION_TYPES)
+        tag = run.gateway.spec.tag
+        if snippet := self.tag_gap(live, derive_from_objects(gateways=[run.gateway]), tag):
+            await self.tag_not_owned(run.obj, tag, snippet)
             return Result(requeue_after=RESYNC_SECONDS)
-        if not has_finalizer(run.obj, FINALIZER):
-            await add_finalizer(self.writer, TAILNET_GATEWAY, run.obj, FINALIZER)
+        await self.hold_finalizer(run.obj)
         if state is None:
             state = await self._put(SECRET, build.state_secret(run.gateway, self.namespace, run.uid))
             await self.events.normal(run.obj, "Creating",
                                      f"created the state Secret {self.namespace}/{build.state_secret_name(run.gateway)}"
                                      " and the router, once", action="Create")
-        key = await self._ensure_key(run, hs)
+        key = await self.ensure_key(hs, run.obj, build.auth_key_metadata(run.gateway, self.namespace), run.tailnet,
+                                    run.gateway.spec.tag, single_use=True)
         ids = build.key_ids(state) | {key.id, key.previous_id} - {""}
         if ids != build.key_ids(state):
             await self._put(SECRET, build.state_secret(run.gateway, self.namespace, run.uid, ids))
@@ -207,8 +206,7 @@ class GatewayReconciler:
                          f"with pre-auth key {key.prefix}")
             await self._write(run, [
                 Cond("Ready", "False", "Registering", what), Cond("Registered", "False", "Registering", what),
-                Cond("TagOwned", "True", "TagOwned", f"the live policy owns {run.gateway.spec.tag}")],
-                self._fields(run, None, applied))
+                self.tag_owned(run.gateway.spec.tag)], self._fields(run, None, applied))
             return Result(requeue_after=WAIT_SECONDS)
         await self._write_receipts(run, node)
         with contextlib.suppress(HeadscaleError):
@@ -226,17 +224,6 @@ class GatewayReconciler:
                    "and give this TailnetGateway another name; if it is left over, delete the Secret and the "
                    "operator creates a fresh router")
         return await self._not_registered(run, "StateSecretExists", message)
-
-    async def _ensure_key(self, run: Run, hs: HeadscaleClient) -> AuthKey:
-        secret = self.reader.get(SECRET, build.auth_key_secret(run.gateway), self.namespace)
-        wanted = Wanted(login_url=str(run.tailnet.spec.login_url), tag=run.gateway.spec.tag,
-                        reusable=False, ephemeral=False)
-        metadata = build.auth_key_metadata(run.gateway, self.namespace)
-        key, reason = await self.keys.ensure(hs, metadata, AuthKey.from_secret(secret), wanted)
-        if reason:
-            await self.events.normal(run.obj, "PreAuthKeyRotated", f"new pre-auth key {key.prefix} ({reason})",
-                                     action="Rotate")
-        return key
 
     async def _write_receipts(self, run: Run, node: Node) -> None:
         created = node.created_at or self.clock.utcnow()
@@ -353,7 +340,7 @@ class GatewayReconciler:
             pod = f"{self.namespace}/{build.pod_name(run.gateway)}"
             ready = Cond("Ready", "False", "NodeOffline", f"router node {node.id} is offline; see the pod {pod}")
         conds = [ready, registered, self._restart_condition(run, applied), _routes_condition(applied, node),
-                 Cond("TagOwned", "True", "TagOwned", f"the live policy owns {run.gateway.spec.tag}")]
+                 self.tag_owned(run.gateway.spec.tag)]
         if split := _split_dns_condition(run, applied):
             conds.append(split)
         await self._write(run, conds, self._fields(run, node, applied))
@@ -392,12 +379,10 @@ class GatewayReconciler:
                      keep: tuple[str, ...] = ()) -> None:
         await self.status.write(TAILNET_GATEWAY, run.obj, conds, fields, keep=keep)
 
-    async def _not_ready(self, obj: JSON, status: Status, reason: str, message: str) -> None:
-        await self.status.write(TAILNET_GATEWAY, obj, [Cond("Ready", status, reason, message)], keep=CONDITION_TYPES)
-
     # -- deletion -------------------------------------------------------------------------------
 
-    async def _finalize(self, obj: JSON) -> Result:
+    async def finalize(self, obj: JSON) -> Result:
+        """deletionPolicy Delete: the objects, the node and an unused key go; Retain: an Event says what stays."""
         if not has_finalizer(obj, FINALIZER):
             return Result()
         name = obj["metadata"]["name"]
@@ -416,12 +401,12 @@ class GatewayReconciler:
                                      action="Retain")
             await remove_finalizer(self.writer, TAILNET_GATEWAY, obj, FINALIZER)
             return Result()
-        stored = AuthKey.from_secret(self.reader.get(SECRET, f"{name}-gateway-auth-key", self.namespace))
+        stored = AuthKey.from_secret(self.reader.get(SECRET, self.key_secret_name(name), self.namespace))
         gone = await self._delete_objects(name)
         try:
             await self._forget_node(obj, node_id, stored)
         except (HeadscaleError, NoAccess, Problem) as exc:
-            if still_trying(obj, self.clock):
+            if self.still_trying(obj):
                 log.info("cannot delete the router node yet", gateway=name, error=str(exc))
                 return Result(requeue_after=RETRY_SECONDS)
             await self.events.warning(obj, "NodeNotDeleted",
@@ -448,10 +433,7 @@ class GatewayReconciler:
         """Delete the receipts' node and expire a pre-auth key not used yet."""
         if not node_id and stored is None:
             return
-        tailnet = self.reader.get(Tailnet, (obj.get("spec") or {}).get("tailnetRef", {}).get("name", ""))
-        if tailnet is None:
-            raise NoAccess("the Tailnet is gone")
-        async with self.access.open(self.access.working(tailnet)) as hs:
+        async with self.access.open(self.tailnet_connection(obj)) as hs:
             if stored is not None:
                 await self.keys.expire(hs, stored)
             if node_id:

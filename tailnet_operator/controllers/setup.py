@@ -14,6 +14,7 @@ from tailnet_operator.runtime import (
     Manager,
     Reader,
     Request,
+    Resource,
 )
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, POD, SERVICE, STATEFUL_SET
 from tailnet_operator.types import JSON
@@ -25,6 +26,9 @@ from .egress import FIELD_MANAGER as EGRESS_FIELD_MANAGER
 from .egress import EgressReconciler, EgressSettings
 from .gateway import FIELD_MANAGER as GATEWAY_FIELD_MANAGER
 from .gateway import GatewayReconciler, GatewaySettings
+from .ingress import FIELD_MANAGER as INGRESS_FIELD_MANAGER
+from .ingress import IngressReconciler, IngressSettings
+from .ingress import secret_users as ingress_secret_users
 from .kinds import MODELS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .policy import FIELD_MANAGER as POLICY_FIELD_MANAGER
 from .policy import TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
@@ -80,6 +84,7 @@ class Reconcilers(NamedTuple):
     policy: PolicyReconciler
     egress: EgressReconciler
     dns: DnsReconciler
+    ingress: IngressReconciler
     gateway: GatewayReconciler
 
 
@@ -94,6 +99,31 @@ def _egresses_of_tailnet(cache: Reader, namespace: str) -> Callable[[JSON], list
     return mapper
 
 
+def _of_tailnets(cache: Reader, kind: Resource,
+                 tailnets: Callable[[JSON], list[str]] | None = None) -> Callable[[JSON], list[Request]]:
+    """A mapper to every ``kind`` object of the Tailnets ``tailnets`` names for an object (by
+    default the object is the Tailnet: its change, URL, CA, zones or working key, reaches them)."""
+    names = tailnets or (lambda tailnet: [tailnet["metadata"]["name"]])
+
+    def mapper(obj: JSON) -> list[Request]:
+        return [Request(o["metadata"].get("namespace") or "", o["metadata"]["name"]) for name in names(obj)
+                for o in cache.list(kind, index=(TAILNET_INDEX, name))]
+
+    return mapper
+
+
+def _ingresses_using_secret(cache: Reader) -> Callable[[JSON], list[Request]]:
+    """A TLS or CA Secret appearing, changing or going reaches the ingresses in its namespace that use it."""
+
+    def mapper(obj: JSON) -> list[Request]:
+        meta = obj["metadata"]
+        namespace = meta.get("namespace") or ""
+        return [Request(namespace, i["metadata"]["name"]) for i in cache.list(TAILNET_INGRESS, namespace)
+                if meta["name"] in ingress_secret_users(i)]
+
+    return mapper
+
+
 GATEWAY = {**OWNED, "app.kubernetes.io/name": "tailnet-gateway"}
 """The labels of everything a TailnetGateway makes (resources/gateway.py, ``gateway_labels``)."""
 
@@ -102,16 +132,6 @@ def _gateway_of(obj: JSON) -> list[Request]:
     """An object a gateway made names it in the label ``tailnet.dev/gateway``."""
     name = (obj["metadata"].get("labels") or {}).get("tailnet.dev/gateway")
     return [Request("", name)] if name else []
-
-
-def _gateways_of_tailnets(cache: Reader, tailnets: Callable[[JSON], list[str]]) -> Callable[[JSON], list[Request]]:
-    """A mapper to every TailnetGateway of the Tailnets ``tailnets`` names for an object."""
-
-    def mapper(obj: JSON) -> list[Request]:
-        return [Request("", g["metadata"]["name"]) for name in tailnets(obj)
-                for g in cache.list(TAILNET_GATEWAY, index=(TAILNET_INDEX, name))]
-
-    return mapper
 
 
 def _hosts_file_of(cache: Reader) -> Callable[[JSON], list[str]]:
@@ -123,12 +143,15 @@ def _hosts_file_of(cache: Reader) -> Callable[[JSON], list[str]]:
 def setup(manager: Manager, *, namespace: str, events: EventRecorder,
           headscale: ClientFactory = default_client_factory,
           clock: Clock | None = None, agent_image: str = "localhost/tailnet-operator:dev",
+          tenant_role: str = "tailnet-operator-tenant", service_account: str = "tailnet-operator",
           gateway: GatewaySettings | None = None) -> Reconcilers:
-    """Add the Tailnet, Policy, Egress, DNS and Gateway controllers to ``manager``; ``namespace``
-    is the operator's.
+    """Add the Tailnet, Policy, Egress, Ingress, DNS and Gateway controllers to ``manager``;
+    ``namespace`` is the operator's.
 
     ``clock`` (default the manager's) is what the reconcilers read the time from; ``agent_image``
-    is what the agent pods run; ``gateway`` where the gateways' routers run.
+    is what the agent pods run; ``tenant_role`` and ``service_account`` are what a namespace binds
+    to let the operator write its TailnetIngresses' objects (named when it has not); ``gateway``
+    where the gateways' routers run.
     """
     cache = manager.cache
     cache.scheme = cache.scheme.with_models(MODELS)
@@ -165,10 +188,23 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .owns(NETWORK_POLICY, labels=OWNED)
      .watches(TAILNET, _egresses_of_tailnet(cache, namespace), GenerationChanged()))
 
+    ingress = IngressReconciler(deps, manager.writer(INGRESS_FIELD_MANAGER),
+                                IngressSettings(agent_image=agent_image, operator_namespace=namespace,
+                                                operator_labels=OPERATOR_LABELS, tenant_role=tenant_role,
+                                                service_account=service_account))
+    (manager.controller("ingress", ingress)
+     .for_(TAILNET_INGRESS, GenerationChanged())
+     .owns(DEPLOYMENT, labels=OWNED)
+     .owns(SERVICE, labels=OWNED)
+     .owns(NETWORK_POLICY, labels=OWNED)
+     .watches(SECRET, _ingresses_using_secret(cache))
+     .watches(TAILNET, _of_tailnets(cache, TAILNET_INGRESS), GenerationChanged()))
+
     dns = DnsReconciler(cache, manager.writer(DNS_FIELD_MANAGER), namespace=namespace)
     (manager.controller("dns", dns)
      .for_(TAILNET, GenerationChanged())
      .watches(TAILNET_EGRESS, _by_tailnet_ref, GenerationChanged())
+     .watches(TAILNET_INGRESS, _by_tailnet_ref)  # status too: the node's address
      .watches(SERVICE, tailnet_of, labels=OWNED))
 
     settings = gateway or GatewaySettings()
@@ -181,7 +217,7 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .watches(SERVICE, _gateway_of, labels=OWNED)
      .watches(SECRET, _gateway_of)
      .watches(CONFIG_MAP, _gateway_of)
-     .watches(CONFIG_MAP, _gateways_of_tailnets(cache, _hosts_file_of(cache)))
-     .watches(TAILNET, _gateways_of_tailnets(cache, lambda t: [t["metadata"]["name"]]), GenerationChanged())
-     .watches(TAILNET_EGRESS, _gateways_of_tailnets(cache, tailnet_ref_index), GenerationChanged()))
-    return Reconcilers(tailnet, policy, egress, dns, gateways)
+     .watches(CONFIG_MAP, _of_tailnets(cache, TAILNET_GATEWAY, _hosts_file_of(cache)))
+     .watches(TAILNET, _of_tailnets(cache, TAILNET_GATEWAY), GenerationChanged())
+     .watches(TAILNET_EGRESS, _of_tailnets(cache, TAILNET_GATEWAY, tailnet_ref_index), GenerationChanged()))
+    return Reconcilers(tailnet, policy, egress, dns, ingress, gateways)

@@ -42,6 +42,7 @@ __all__ = [
     "advertised_routes",
     "auth_key_metadata",
     "auth_key_secret",
+    "auth_key_secret_name",
     "config_map",
     "corefile",
     "dns_deployment",
@@ -119,8 +120,13 @@ def state_secret_name(gateway: TailnetGateway) -> str:
     return f"{router_name(gateway)}-state"
 
 
+def auth_key_secret_name(name: str) -> str:
+    """The pre-auth key's Secret of the gateway ``name`` (by name: a gateway being deleted may not parse)."""
+    return f"{name}-gateway-auth-key"
+
+
 def auth_key_secret(gateway: TailnetGateway) -> str:
-    return f"{router_name(gateway)}-auth-key"
+    return auth_key_secret_name(_name(gateway))
 
 
 def dns_name(gateway: TailnetGateway) -> str:
