@@ -311,6 +311,8 @@ def _grants(rendered: list[JSON]) -> list[dict[str, str]]:
              for o in rendered if o["kind"] in ("Role", "ClusterRole")}
     attributes = []
     for binding in (o for o in rendered if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        if not any(subject.get("name") == SERVICE_ACCOUNT for subject in binding["subjects"]):
+            continue  # the gateway's router pods' Role is theirs, not the operator's
         namespace = binding["metadata"].get("namespace", "")
         ref = binding["roleRef"]
         for rule in roles[(ref["kind"], "" if ref["kind"] == "ClusterRole" else namespace, ref["name"])]["rules"]:

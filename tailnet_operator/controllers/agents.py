@@ -1,10 +1,11 @@
-"""What the Egress and Ingress reconcilers share: one CR, one tagged agent node.
+"""What the Egress, Ingress and Gateway reconcilers share: one CR, one tagged tailnet node.
 
-Both check the tag against the live policy before anything reaches the tailnet, keep the agent's
-pre-auth key (:mod:`.preauth`) in a Secret beside the CR, write status through one
-:class:`~.status.StatusWriter`, and on deletion expire the key behind the finalizer, giving up
+Each loads and validates its CR, finds its Tailnet and the working Headscale connection, checks
+the tag against the live policy before anything reaches the tailnet, keeps the node's pre-auth
+key (:mod:`.preauth`) in a Secret of the operator's, writes status through one
+:class:`~.status.StatusWriter`, and on deletion retries Headscale behind the finalizer, giving up
 (with a Warning Event) after :data:`FINALIZE_GIVE_UP`. The kind-specific parts (which objects,
-which status) stay in the reconcilers.
+which status, what deletion removes) stay in the reconcilers.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from tailnet_operator.runtime import (
 )
 from tailnet_operator.types import JSON
 
-from .access import Deps, NoAccess, Problem
+from .access import Connection, Deps, NoAccess, Problem
 from .conditions import Cond, Status
 from .preauth import AuthKey, AuthKeyKeeper, Wanted
 from .status import StatusWriter
@@ -45,6 +46,7 @@ RETRY_SECONDS = 10.0
 RESYNC_SECONDS = 30.0
 """The agent's view changes on its own; status is refreshed this often."""
 FINALIZE_GIVE_UP = timedelta(minutes=5)
+"""How long a finalizer retries Headscale before it lets the object go with a Warning Event."""
 
 
 class AgentReconciler:
@@ -55,6 +57,9 @@ class AgentReconciler:
     """The pydantic model of ``kind`` (its ``spec.tailnet_ref`` names the Tailnet)."""
     condition_types: tuple[str, ...]
     """The conditions besides Ready that a not-ready status keeps as they are."""
+    finalizer_first = True
+    """Whether :meth:`reconcile` holds the finalizer before :meth:`reconcile_one`; a kind that
+    holds it itself once it has made something (the gateway, after the tag pre-check) says False."""
 
     def __init__(self, deps: Deps, writer: Writer, *, field_manager: str) -> None:
         self.reader, self.access, self.events, self.clock = deps.reader, deps.access, deps.events, deps.clock
@@ -64,8 +69,13 @@ class AgentReconciler:
         self.keys = AuthKeyKeeper(writer, deps.clock, field_manager=field_manager)
 
     def key_secret_name(self, name: str) -> str:
-        """The Secret that holds the pre-auth key of the CR ``name`` (in the CR's namespace)."""
+        """The Secret that holds the pre-auth key of the CR ``name`` (see :meth:`key_namespace`)."""
         raise NotImplementedError
+
+    def key_namespace(self, obj: JSON) -> str | None:
+        """Where the key Secret of ``obj`` lives: beside a namespaced CR by default."""
+        namespace = obj["metadata"].get("namespace")
+        return str(namespace) if namespace else None
 
     # -- the reconcile, up to the kind's own part -----------------------------------------------
 
@@ -73,7 +83,7 @@ class AgentReconciler:
         """Load, finalize, validate, find the Tailnet and hold the finalizer; then :meth:`reconcile_one`."""
         if not self.accepts(request):
             return Result()
-        obj = self.reader.get(self.kind, request.name, request.namespace)
+        obj = self.reader.get(self.kind, request.name, request.namespace or None)
         if obj is None:
             return Result()
         if obj["metadata"].get("deletionTimestamp"):
@@ -91,9 +101,13 @@ class AgentReconciler:
             await self.not_ready(obj, "False", "TailnetNotFound",
                                  f"the Tailnet {parsed.spec.tailnet_ref.name} does not exist")
             return Result(requeue_after=RESYNC_SECONDS)
+        if self.finalizer_first:
+            await self.hold_finalizer(obj)
+        return await self.reconcile_one(obj, parsed, tailnet)
+
+    async def hold_finalizer(self, obj: JSON) -> None:
         if not has_finalizer(obj, FINALIZER):
             await add_finalizer(self.writer, self.kind, obj, FINALIZER)
-        return await self.reconcile_one(obj, parsed, tailnet)
 
     def accepts(self, request: Request) -> bool:
         """Whether the kind is acted on in the request's namespace (all by default)."""
@@ -108,6 +122,14 @@ class AgentReconciler:
 
     def until(self, moment: datetime) -> float:
         return (moment - self.clock.utcnow()).total_seconds()
+
+    async def working_connection(self, obj: JSON, tailnet: Tailnet) -> Connection | Result:
+        """The Tailnet's Headscale with its working key; otherwise Ready is ``WaitingForAccess``."""
+        try:
+            return self.access.working(tailnet)
+        except NoAccess as exc:
+            await self.not_ready(obj, "Unknown", "WaitingForAccess", str(exc))
+            return Result(requeue_after=RETRY_SECONDS)
 
     # -- tag and key ----------------------------------------------------------------------------
 
@@ -126,11 +148,12 @@ class AgentReconciler:
             keep=self.condition_types)
 
     async def ensure_key(self, hs: HeadscaleClient, obj: JSON, metadata: JSON, tailnet: Tailnet,
-                         tag: str) -> AuthKey:
-        """The CR's pre-auth key, created or rotated when due (a Normal Event says why)."""
-        meta = obj["metadata"]
-        secret = self.reader.get(SECRET, self.key_secret_name(meta["name"]), meta.get("namespace"))
-        wanted = Wanted(login_url=str(tailnet.spec.login_url), tag=tag)
+                         tag: str, *, single_use: bool = False) -> AuthKey:
+        """The CR's pre-auth key, created or rotated when due (a Normal Event says why): reusable
+        and ephemeral for an agent, or ``single_use`` and not ephemeral (one node, which stays)."""
+        secret = self.reader.get(SECRET, self.key_secret_name(obj["metadata"]["name"]), self.key_namespace(obj))
+        wanted = Wanted(login_url=str(tailnet.spec.login_url), tag=tag,
+                        reusable=not single_use, ephemeral=not single_use)
         key, reason = await self.keys.ensure(hs, metadata, AuthKey.from_secret(secret), wanted)
         if reason:
             await self.events.normal(obj, "PreAuthKeyRotated", f"new pre-auth key {key.prefix} ({reason})",
@@ -138,8 +161,12 @@ class AgentReconciler:
         return key
 
     @staticmethod
-    def key_conditions(key: AuthKey, tag: str) -> list[Cond]:
-        return [Cond("TagOwned", "True", "TagOwned", f"the live policy owns {tag}"),
+    def tag_owned(tag: str) -> Cond:
+        return Cond("TagOwned", "True", "TagOwned", f"the live policy owns {tag}")
+
+    @classmethod
+    def key_conditions(cls, key: AuthKey, tag: str) -> list[Cond]:
+        return [cls.tag_owned(tag),
                 Cond("PreAuthKeyValid", "True", "KeyValid",
                      f"pre-auth key {key.prefix} valid until {key.expires_at.isoformat()}")]
 
@@ -153,14 +180,13 @@ class AgentReconciler:
         """Expire the key of a CR being deleted, then let it go (after a bounded time, with a Warning)."""
         if not has_finalizer(obj, FINALIZER):
             return Result()
-        meta = obj["metadata"]
-        name = meta["name"]
-        stored = AuthKey.from_secret(self.reader.get(SECRET, self.key_secret_name(name), meta.get("namespace")))
+        name = obj["metadata"]["name"]
+        stored = AuthKey.from_secret(self.reader.get(SECRET, self.key_secret_name(name), self.key_namespace(obj)))
         if stored is not None:
             try:
                 await self._expire(obj, stored)
             except (HeadscaleError, NoAccess, Problem) as exc:
-                if self._still_trying(obj):
+                if self.still_trying(obj):
                     log.info("cannot expire the pre-auth key yet", kind=self.kind.kind, name=name, error=str(exc))
                     return Result(requeue_after=RETRY_SECONDS)
                 await self.events.warning(obj, "PreAuthKeyNotExpired",
@@ -169,16 +195,21 @@ class AgentReconciler:
         await remove_finalizer(self.writer, self.kind, obj, FINALIZER)
         return Result()
 
-    async def _expire(self, obj: JSON, stored: AuthKey) -> None:
+    def tailnet_connection(self, obj: JSON) -> Connection:
+        """The working connection of the Tailnet a CR being deleted names (NoAccess when gone)."""
         tailnet = self.reader.get(Tailnet, (obj.get("spec") or {}).get("tailnetRef", {}).get("name", ""))
         if tailnet is None:
             raise NoAccess("the Tailnet is gone")
-        async with self.access.open(self.access.working(tailnet)) as hs:
+        return self.access.working(tailnet)
+
+    async def _expire(self, obj: JSON, stored: AuthKey) -> None:
+        async with self.access.open(self.tailnet_connection(obj)) as hs:
             await self.keys.expire(hs, stored)
         await self.events.normal(obj, "PreAuthKeyExpired", f"expired pre-auth key {stored.prefix}",
                                  action="Expire")
 
-    def _still_trying(self, obj: JSON) -> bool:
+    def still_trying(self, obj: JSON) -> bool:
+        """Whether ``obj`` has been deleting for less than :data:`FINALIZE_GIVE_UP`."""
         deleted = datetime.fromisoformat(obj["metadata"]["deletionTimestamp"].replace("Z", "+00:00"))
         return self.clock.utcnow() - deleted < FINALIZE_GIVE_UP
 

@@ -38,7 +38,7 @@ from tailnet_operator.runtime import (
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY
 from tailnet_operator.types import JSON
 
-from .access import Deps, NoAccess, Problem
+from .access import Deps, Problem
 from .agents import RESYNC_SECONDS, RETRY_SECONDS, AgentReconciler, node_status
 from .conditions import Cond, Status
 from .dns import in_zone
@@ -106,11 +106,9 @@ class EgressReconciler(AgentReconciler):
         return await self._reconcile(Run(obj, parsed, tailnet))
 
     async def _reconcile(self, run: Run) -> Result:
-        try:
-            connection = self.access.working(run.tailnet)
-        except NoAccess as exc:
-            await self.not_ready(run.obj, "Unknown", "WaitingForAccess", str(exc))
-            return Result(requeue_after=RETRY_SECONDS)
+        connection = await self.working_connection(run.obj, run.tailnet)
+        if isinstance(connection, Result):
+            return connection
         try:
             async with self.access.open(connection) as hs:
                 live, _ = await hs.get_policy()

@@ -46,7 +46,7 @@ from tailnet_operator.runtime.errors import APIError, Forbidden, NotFound
 from tailnet_operator.runtime.kinds import CERTIFICATE, DEPLOYMENT, NETWORK_POLICY
 from tailnet_operator.types import JSON
 
-from .access import Deps, NoAccess, Problem
+from .access import Deps, Problem
 from .agents import RESYNC_SECONDS, RETRY_SECONDS, AgentReconciler
 from .egress_status import AgentStatusReader, HttpAgentStatus
 from .ingress_status import CertificateIssue, Report, report
@@ -146,11 +146,9 @@ class IngressReconciler(AgentReconciler):
         return await self._reconcile(Run(obj, parsed, tailnet))
 
     async def _reconcile(self, run: Run) -> Result:
-        try:
-            connection = self.access.working(run.tailnet)
-        except NoAccess as exc:
-            await self.not_ready(run.obj, "Unknown", "WaitingForAccess", str(exc))
-            return Result(requeue_after=RETRY_SECONDS)
+        connection = await self.working_connection(run.obj, run.tailnet)
+        if isinstance(connection, Result):
+            return connection
         tag = run.ingress.spec.tag
         try:
             async with self.access.open(connection) as hs:

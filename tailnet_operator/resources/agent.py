@@ -14,7 +14,7 @@ from typing import Any
 
 from tailnet_operator.api.egress import AgentResources
 
-from . import MANAGED_BY, controller_reference
+from . import MANAGED_BY, controller_reference, http_probe, restricted_pod_security_context, restricted_security_context
 
 __all__ = [
     "AGENT_UID",
@@ -98,14 +98,6 @@ def resources(spec: AgentResources | None) -> Obj:
     return out
 
 
-def _probe(path: str, period: int) -> Obj:
-    return {"httpGet": {"path": path, "port": HEALTH_PORT}, "periodSeconds": period, "timeoutSeconds": 3,
-            "failureThreshold": 3}
-
-
-_RESTRICTED: Obj = {"runAsNonRoot": True, "runAsUser": AGENT_UID, "runAsGroup": AGENT_UID}
-
-
 def deployment(metadata: Obj, labels: dict[str, str], agent: AgentSpec, *, env: list[Obj], config_map: str,
                resource_spec: AgentResources | None = None, volumes: list[Obj] | None = None,
                mounts: list[Obj] | None = None) -> Obj:
@@ -115,10 +107,10 @@ def deployment(metadata: Obj, labels: dict[str, str], agent: AgentSpec, *, env: 
         "name": "agent", "image": agent.image, "imagePullPolicy": "IfNotPresent", "command": ["/tailnet-agent"],
         "env": env,
         "ports": [{"name": "metrics", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
-        "livenessProbe": _probe("/healthz", 20), "readinessProbe": _probe("/readyz", 5),
+        "livenessProbe": http_probe("/healthz", HEALTH_PORT, 20),
+        "readinessProbe": http_probe("/readyz", HEALTH_PORT, 5),
         "resources": resources(resource_spec),
-        "securityContext": {**_RESTRICTED, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": restricted_security_context(AGENT_UID),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
                          {"name": "auth", "mountPath": AUTH_DIR, "readOnly": True},
                          *(mounts or []),
@@ -130,7 +122,7 @@ def deployment(metadata: Obj, labels: dict[str, str], agent: AgentSpec, *, env: 
             "replicas": 1, "selector": {"matchLabels": labels},
             "template": {"metadata": {"labels": labels}, "spec": {
                 "automountServiceAccountToken": False, "enableServiceLinks": False,
-                "securityContext": {**_RESTRICTED, "fsGroup": AGENT_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+                "securityContext": restricted_pod_security_context(AGENT_UID),
                 "containers": [container],
                 "volumes": [{"name": "config", "configMap": {"name": config_map}},
                             {"name": "auth", "secret": {"secretName": agent.auth_secret}},
