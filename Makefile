@@ -79,7 +79,7 @@ FUZZ_CASES ?= 1000000
 FUZZ_EXAMPLES ?= 20000
 fuzz: $(VENV)/.native
 	cd native && TAILNET_FUZZ_CASES=$(FUZZ_CASES) cargo test --release --quiet fuzz_ -- --nocapture --test-threads=1
-	TAILNET_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(VENV)/bin/pytest -q -p no:cacheprovider unit_tests/fuzz
+	TAILNET_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(VENV)/bin/pytest -q -p no:cacheprovider unit_tests/fuzz unit_tests/agent/fuzz
 
 bench: $(VENV)/.native binaries
 	$(PY) -m benchmarks.egress --json _artifacts/bench-egress.json

@@ -16,10 +16,9 @@ from unittest import mock
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from hack.fuzz import fuzz_settings
 from tailnet_operator.policy import hujson
 from tailnet_operator.policy.hujson import PolicyParseError, canonical_text, parse_hujson
-
-from .settings import fuzz_settings
 
 # Texts built from HuJSON's own pieces, so most of them get past the first character.
 _PIECES = st.sampled_from(
@@ -84,11 +83,11 @@ def _hujson(value: Any, draw: st.DrawFn) -> str:
     gap = draw(st.sampled_from(["", " ", "\n", "\t", " // note\n", "/* c */", "\n  /* a\n b */ "]))
     if isinstance(value, dict):
         items = [f"{gap}{json.dumps(k)}{gap}:{gap}{_hujson(v, draw)}" for k, v in value.items()]
-        comma = "," if items and draw(st.booleans()) else ""
+        comma = "," if bool(items) and draw(st.booleans()) else ""
         return "{" + ",".join(items) + comma + gap + "}"
     if isinstance(value, list):
         items = [gap + _hujson(v, draw) for v in value]
-        comma = "," if items and draw(st.booleans()) else ""
+        comma = "," if bool(items) and draw(st.booleans()) else ""
         return "[" + ",".join(items) + comma + gap + "]"
     return json.dumps(value, ensure_ascii=draw(st.booleans()))
 

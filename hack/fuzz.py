@@ -1,4 +1,5 @@
-"""How long the fuzz properties run: ``TAILNET_FUZZ_EXAMPLES`` examples each (default 300).
+"""How long the hypothesis fuzz properties run (``unit_tests/fuzz``, ``unit_tests/agent/fuzz``):
+``TAILNET_FUZZ_EXAMPLES`` examples each (default 100).
 
 ``make test`` runs the default; ``make fuzz`` raises it. No deadline: a slow example on a shared
 machine is not a failure, an exception is.
@@ -10,7 +11,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-EXAMPLES = int(os.environ.get("TAILNET_FUZZ_EXAMPLES", "300"))
+EXAMPLES = int(os.environ.get("TAILNET_FUZZ_EXAMPLES", "100"))
 
 fuzz_settings = settings(
     max_examples=EXAMPLES,
