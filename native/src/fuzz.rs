@@ -55,9 +55,9 @@ where
 /// A byte string that is mostly a plausible IPv4 or IPv6 packet, then cut and corrupted.
 fn packets() -> impl Strategy<Value = Vec<u8>> {
     let v4 = (
-        0u8..16,                                   // IHL
-        any::<u16>(),                              // total length
-        any::<u16>(),                              // flags + fragment offset
+        0u8..16,      // IHL
+        any::<u16>(), // total length
+        any::<u16>(), // flags + fragment offset
         prop::sample::select(vec![1u8, 6, 17, 58, 99, 0, 255]),
         prop::collection::vec(any::<u8>(), 0..80), // options + transport
     )
@@ -115,8 +115,7 @@ fn address_sets() -> impl Strategy<Value = String> {
         any::<[u8; 4]>().prop_map(|a| Ipv4Addr::from(a).to_string()),
         (any::<[u8; 4]>(), 0u8..40).prop_map(|(a, n)| format!("{}/{n}", Ipv4Addr::from(a))),
         (any::<[u8; 16]>(), 0u8..140).prop_map(|(a, n)| format!("{}/{n}", std::net::Ipv6Addr::from(a))),
-        (any::<[u8; 4]>(), any::<[u8; 4]>())
-            .prop_map(|(a, b)| format!("{}-{}", Ipv4Addr::from(a), Ipv4Addr::from(b))),
+        (any::<[u8; 4]>(), any::<[u8; 4]>()).prop_map(|(a, b)| format!("{}-{}", Ipv4Addr::from(a), Ipv4Addr::from(b))),
         "[0-9a-f:./* -]{0,24}",
         ".{0,12}",
     ]
@@ -135,32 +134,36 @@ fn rule_specs() -> impl Strategy<Value = Vec<RuleSpec>> {
 #[test]
 fn fuzz_filter() {
     let me: IpAddr = Ipv4Addr::new(100, 64, 0, 1).into();
-    fuzz("filter", (rule_specs(), prop::collection::vec(packets(), 1..4)), |(specs, pkts)| {
-        let compiled: Vec<Rule> = specs.iter().filter_map(|s| Rule::compile(s).ok()).collect();
-        let mut filter = Filter::new();
-        filter.set_rules(compiled);
-        // The catch-all rule admits every new flow to our address whatever else is there.
-        let mut open = Filter::new();
-        let mut rules: Vec<Rule> = specs.iter().filter_map(|s| Rule::compile(s).ok()).collect();
-        rules.push(Rule::compile(&(vec!["*".into()], vec![("*".into(), 0, 65535)], vec![])).unwrap());
-        open.set_rules(rules);
-        for (i, pkt) in pkts.iter().enumerate() {
-            let Some(info) = parse_packet(pkt) else { continue };
-            let now = i as f64;
-            filter.note_outbound(&info, now);
-            let verdict = filter.check_inbound(&info, |ip| ip == me, now);
-            if info.proto == PROTO_TSMP {
-                prop_assert_eq!(verdict, Verdict::Tsmp);
-            } else if info.dst != me {
-                prop_assert_eq!(verdict, Verdict::NotForUs);
+    fuzz(
+        "filter",
+        (rule_specs(), prop::collection::vec(packets(), 1..4)),
+        |(specs, pkts)| {
+            let compiled: Vec<Rule> = specs.iter().filter_map(|s| Rule::compile(s).ok()).collect();
+            let mut filter = Filter::new();
+            filter.set_rules(compiled);
+            // The catch-all rule admits every new flow to our address whatever else is there.
+            let mut open = Filter::new();
+            let mut rules: Vec<Rule> = specs.iter().filter_map(|s| Rule::compile(s).ok()).collect();
+            rules.push(Rule::compile(&(vec!["*".into()], vec![("*".into(), 0, 65535)], vec![])).unwrap());
+            open.set_rules(rules);
+            for (i, pkt) in pkts.iter().enumerate() {
+                let Some(info) = parse_packet(pkt) else { continue };
+                let now = i as f64;
+                filter.note_outbound(&info, now);
+                let verdict = filter.check_inbound(&info, |ip| ip == me, now);
+                if info.proto == PROTO_TSMP {
+                    prop_assert_eq!(verdict, Verdict::Tsmp);
+                } else if info.dst != me {
+                    prop_assert_eq!(verdict, Verdict::NotForUs);
+                }
+                let catch_all = open.check_inbound(&info, |ip| ip == me, now);
+                if info.dst == me && matches!(info.proto, PROTO_TCP | PROTO_UDP) {
+                    prop_assert_eq!(catch_all, Verdict::Accept, "{:?}", info);
+                }
             }
-            let catch_all = open.check_inbound(&info, |ip| ip == me, now);
-            if info.dst == me && matches!(info.proto, PROTO_TCP | PROTO_UDP) {
-                prop_assert_eq!(catch_all, Verdict::Accept, "{:?}", info);
-            }
-        }
-        Ok(())
-    });
+            Ok(())
+        },
+    );
 }
 
 /// A stream of well-formed frames (as encoded) followed by arbitrary bytes.
@@ -267,16 +270,14 @@ fn fuzz_dataplane_receive() {
         prop::collection::vec(any::<u8>(), 0..64).prop_map(|rest| [&b"TS\xf0\x9f\x92\xac"[..], &rest].concat()),
         prop::collection::vec(any::<u8>(), 0..64),
     ];
-    let input = (
-        prop::collection::vec(datagram, 0..4),
-        derp_frames(),
-        any::<bool>(),
-    );
+    let input = (prop::collection::vec(datagram, 0..4), derp_frames(), any::<bool>());
     fuzz("dataplane_receive", input, |(datagrams, frames, from_peer)| {
         let mut plane = DataPlane::new(&[1u8; 32], 64 * 1024).unwrap();
         let peer = DataPlane::new(&[2u8; 32], 64 * 1024).unwrap().public_key();
         plane.set_self(&["100.64.0.1/32".to_string()]).unwrap();
-        plane.set_peers(vec![(peer, vec!["100.64.0.2/32".to_string()], 1)]).unwrap();
+        plane
+            .set_peers(vec![(peer, vec!["100.64.0.2/32".to_string()], 1)])
+            .unwrap();
         let src: SocketAddr = "127.0.0.1:41641".parse().unwrap();
         if from_peer {
             plane.note_udp_source(src, peer);
@@ -286,7 +287,11 @@ fn fuzz_dataplane_receive() {
         }
         let mut wire = Vec::new();
         for (t, payload) in &frames {
-            let body = if *t == derp::FRAME_RECV_PACKET { [&peer[..], payload].concat() } else { payload.clone() };
+            let body = if *t == derp::FRAME_RECV_PACKET {
+                [&peer[..], payload].concat()
+            } else {
+                payload.clone()
+            };
             derp::encode_frame(&mut wire, *t, &[&body]);
         }
         prop_assert!(plane.derp_feed(1, &wire).is_ok());
