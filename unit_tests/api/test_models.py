@@ -209,7 +209,7 @@ def test_unknown_spec_fields_are_rejected() -> None:
 
 def _egress_with_address(address: str) -> dict[str, object]:
     sample = next(s for s in SAMPLES if s["kind"] == "TailnetEgress")
-    spec = dict(sample["spec"])  # type: ignore[call-overload]
+    spec = dict(sample["spec"])
     spec["targets"] = [{"name": "db", "address": address, "ports": [{"port": 5432}]}]
     return spec
 
