@@ -16,7 +16,7 @@ help:
 	@echo "make manifests  regenerate manifests/crd from tailnet_operator/api"
 	@echo "make binaries   build and cache etcd, kube-apiserver, Headscale and tailscaled"
 	@echo "make e2e        the end-to-end suite against a kind cluster (needs Docker)"
-	@echo "make fuzz       the fuzz targets at length: 10^6 inputs per Rust target, hypothesis at 20000 examples"
+	@echo "make fuzz       the fuzz targets at length: 10^6 inputs per Rust target, hypothesis at 2000 examples per property"
 	@echo "make bench      egress throughput and setup time: agent vs tailscaled (docs/benchmarks.md)"
 
 prereqs:
@@ -76,7 +76,7 @@ e2e: $(VENV)/.native
 
 # The fuzz targets at length (`make test` runs each briefly). FUZZ_CASES inputs per Rust target.
 FUZZ_CASES ?= 1000000
-FUZZ_EXAMPLES ?= 20000
+FUZZ_EXAMPLES ?= 2000
 fuzz: $(VENV)/.native
 	cd native && TAILNET_FUZZ_CASES=$(FUZZ_CASES) cargo test --release --quiet fuzz_ -- --nocapture --test-threads=1
 	TAILNET_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(VENV)/bin/pytest -q -p no:cacheprovider unit_tests/fuzz unit_tests/agent/fuzz

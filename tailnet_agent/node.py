@@ -161,8 +161,10 @@ class Node:
 
     @property
     def ready(self) -> bool:
-        """A netmap arrived and the home DERP region is connected."""
-        return self.netmap is not None and self.home_region in self.derp_connections
+        """Traffic can flow: a netmap arrived, and the home DERP region is connected or a peer is
+        reached over a direct UDP path. An outage of Headscale and its DERP server thus leaves the
+        node ready (and new connections working) as long as its direct paths hold."""
+        return self.netmap is not None and (self.home_region in self.derp_connections or self.direct_peer_count > 0)
 
     @property
     def derp_connections(self) -> dict[int, DerpConnection]:
