@@ -118,7 +118,7 @@ class Node:
         self.home_region = 0
         """Home DERP region id; 0 until the first netmap with a DERP map."""
         self.direct = DirectPath(self.dataplane, self.control, port=options.udp_port, netmap=lambda: self.netmap,
-                                 home=lambda: self.home_region, wake=self.wake)
+                                 home=lambda: self.home_region, wake=self.wake, path_changed=self._notify)
         self.relays = Relays(self.dataplane, tls=tls_context(options.control.ca_bundle),
                              read_timeout=options.derp_read_timeout, backoff=options.derp_backoff,
                              wake=self.wake, notify=self._notify, report_home=self.control.set_preferred_derp)
