@@ -75,23 +75,52 @@ def in_pod(cluster: ClusterUnderTest, ns: str, pod: str, *args: str, timeout: fl
 
 
 def pod_rss_kib(pod_uid: str) -> int:
-    """RSS of the pod's processes (the sandbox's pause excluded), from the node's cgroups."""
-    total = 0
+    """RSS of the pod's processes (the sandbox's pause excluded), from the node's cgroups. Under
+    cgroup v1 a process is listed once per controller hierarchy, so each PID counts once."""
     marker = pod_uid.replace("-", "_")
-    for procs in Path("/sys/fs/cgroup").rglob("cgroup.procs"):
-        if pod_uid not in str(procs) and marker not in str(procs):
-            continue
-        for pid in procs.read_text().split():
-            proc = Path("/proc") / pid
-            try:
-                if proc.joinpath("comm").read_text().strip() == "pause":
-                    continue
-                for line in proc.joinpath("status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-            except OSError:
+    pids = {pid for procs in Path("/sys/fs/cgroup").rglob("cgroup.procs")
+            if pod_uid in str(procs) or marker in str(procs) for pid in procs.read_text().split()}
+    total = 0
+    for pid in pids:
+        proc = Path("/proc") / pid
+        try:
+            if proc.joinpath("comm").read_text().strip() == "pause":
                 continue
+            for line in proc.joinpath("status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
     return total
+
+
+def _since(start: str, moment: str | None) -> float | None:
+    """Seconds from one RFC 3339 timestamp to another (None when the second is unknown)."""
+    if not moment:
+        return None
+    return _epoch(moment) - _epoch(start)
+
+
+def _epoch(text: str) -> float:
+    return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def milestones(cluster: ClusterUnderTest, ns: str, pod: dict[str, Any]) -> dict[str, float | None]:
+    """When the egress's objects appeared, in seconds after the CR was created (1 s resolution):
+    where the time to the first byte goes."""
+    egress = get_json(cluster, "-n", ns, "tailnetegresses.tailnet.dev", "bench")
+    created = egress["metadata"]["creationTimestamp"]
+    secret = get_json(cluster, "-n", ns, "secret", "bench-auth-key")
+    service = get_json(cluster, "-n", ns, "service", "bench-site")
+    statuses = pod["status"].get("containerStatuses") or [{}]
+    started = ((statuses[0].get("state") or {}).get("running") or {}).get("startedAt")
+    ready = next((c.get("lastTransitionTime") for c in pod["status"].get("conditions") or []
+                  if c["type"] == "Ready"), None)
+    return {"pre_auth_key_secret": _since(created, secret["metadata"]["creationTimestamp"]),
+            "target_service": _since(created, service["metadata"]["creationTimestamp"]),
+            "agent_pod_created": _since(created, pod["metadata"]["creationTimestamp"]),
+            "agent_container_started": _since(created, started),
+            "agent_pod_ready": _since(created, ready)}
 
 
 def tailscaled_objects(ns: str, ref: str, headscale: Headscale, authkey: str) -> list[dict[str, Any]]:
@@ -231,6 +260,7 @@ def run(mib: int, rounds: int, setups: int) -> dict[str, Any]:
                                                     pods[name]["metadata"]["name"])["status"]["containerStatuses"])
         ready = condition(get_json(cluster, "-n", ns, "tailnetegresses.tailnet.dev", "bench"), "Ready")
         return {"date": time.strftime("%Y-%m-%d"), "first_byte_s": round(first_byte_s, 2), "egress_ready": ready,
+                "first_byte_milestones_s": milestones(cluster, ns, pods[AGENT]),
                 "mib": mib, "rounds": rounds, "setups": setups,
                 "results": [asdict(r) for r in results.values()]}
 
@@ -257,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     doc = run(args.mib, args.rounds, args.setups)
     print(table(doc))
-    print(f"TailnetEgress created -> first byte echoed through it: {doc['first_byte_s']} s")
+    print(f"TailnetEgress created -> first byte echoed through it: {doc['first_byte_s']} s; on the way (s): "
+          + ", ".join(f"{k} {v}" for k, v in doc["first_byte_milestones_s"].items()))
     for r in doc["results"]:
         print(f"{r['name']}: samples " + ", ".join(f"{k}={v}" for k, v in r["samples"].items()))
     if args.json:
