@@ -316,7 +316,8 @@ def main(argv: list[str]) -> int:
                     state = "cached" if component.is_built() else "missing"
                     print(f"{component.name:12} {component.version:10} {state:8} {component.directory}")
         else:
-            print("usage: python -m hack.binaries [build [COMPONENT[@VERSION]...] | path BINARY | list]", file=sys.stderr)
+            print("usage: python -m hack.binaries [build [COMPONENT[@VERSION]...] | path BINARY | list]",
+                  file=sys.stderr)
             return 2
     except MissingToolError as exc:
         print(f"error: {exc}", file=sys.stderr)

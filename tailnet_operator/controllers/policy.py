@@ -246,7 +246,8 @@ class PolicyReconciler:
         if live_text.strip() and not diff_needed(live_text, rendered):
             policy_status["appliedHash"] = rendered.hash
             await self._tailnet_status(run, Cond(
-                "PolicyApplied", "True", applied_reason, f"the live policy equals the render {rendered.hash[:12]}{note}"),
+                "PolicyApplied", "True", applied_reason,
+                f"the live policy equals the render {rendered.hash[:12]}{note}"),
                 policy_status)
             return True
         try:

@@ -30,6 +30,7 @@ the client shows the key only in Headscale's masked form.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -299,18 +300,14 @@ class HeadscaleClient:
             if found is not None and found.user is not None:
                 await self._call("POST", "/api/v1/preauthkey/expire", body={"user": found.user.id, "key": found.key})
             return
-        try:
+        with contextlib.suppress(NotFound):
             await self._call("POST", "/api/v1/preauthkey/expire", body={"id": str(key_id)})
-        except NotFound:
-            pass
 
     async def delete_preauth_key(self, key_id: str | int) -> None:
         """Delete the key; nodes that used it stay. Unknown ids succeed. 0.28+ (raises Unsupported)."""
         await self._require("deleting a pre-auth key", (await self.features()).preauth_keys_by_id)
-        try:
+        with contextlib.suppress(NotFound):
             await self._call("DELETE", "/api/v1/preauthkey", query={"id": str(key_id)})
-        except NotFound:
-            pass
 
     async def _tagged_keys_user(self) -> str:
         found = await self.list_users(name=TAGGED_KEYS_USER)

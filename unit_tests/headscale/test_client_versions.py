@@ -151,7 +151,7 @@ async def test_before_028_pre_auth_keys_are_listed_per_user_and_expired_by_user_
         assert [k.id for k in await hs.list_preauth_keys()] == ["11", "12"]
         await hs.expire_preauth_key("12")
         await hs.expire_preauth_key("99")  # unknown: nothing to do, as 0.29 answers
-        with pytest.raises(Unsupported, match="needs Headscale 0.28"):
+        with pytest.raises(Unsupported, match=r"needs Headscale 0\.28"):
             await hs.delete_preauth_key("12")
     assert [b for b, _ in fake.calls("POST", "/api/v1/preauthkey/expire")] == [{"user": "2", "key": "fullkey2"}]
     assert fake.calls("DELETE", "/api/v1/preauthkey") == []
@@ -207,6 +207,7 @@ async def test_030_problem_json_for_a_missing_policy_and_unknown_keys() -> None:
 
 def test_nodes_before_028_carry_forced_and_valid_tags() -> None:
     from tailnet_operator.headscale import Node
-    old = Node.from_json({"id": "1", "forcedTags": ["tag:a"], "validTags": ["tag:b", "tag:a"], "invalidTags": ["tag:c"]})
+    old = Node.from_json({"id": "1", "forcedTags": ["tag:a"], "validTags": ["tag:b", "tag:a"],
+                          "invalidTags": ["tag:c"]})
     assert old.tags == ("tag:a", "tag:b")
     assert Node.from_json({"id": "1", "tags": ["tag:x"], "forcedTags": ["tag:a"]}).tags == ("tag:x",)
