@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 OPERATOR ?= cluster
 
-.PHONY: run test unit lint manifests binaries native prereqs e2e bench clean help
+.PHONY: run test unit lint manifests binaries native prereqs e2e bench interop clean help
 
 help:
 	@echo "make run        start the local cluster, install the operator in it, follow its logs (Ctrl-C stops)"
@@ -17,6 +17,7 @@ help:
 	@echo "make binaries   build and cache etcd, kube-apiserver, Headscale and tailscaled"
 	@echo "make e2e        the end-to-end suite against a kind cluster (needs Docker)"
 	@echo "make bench      egress throughput and setup time: agent vs tailscaled (docs/benchmarks.md)"
+	@echo "make interop    the interop slice for every Headscale and tailscale version in range (docs/compatibility.md)"
 
 prereqs:
 	@hack/prereqs.sh
@@ -75,6 +76,11 @@ e2e: $(VENV)/.native
 
 bench: $(VENV)/.native binaries
 	$(PY) -m benchmarks.egress --json _artifacts/bench-egress.json
+
+# Every Headscale of the range with the newest tailscale, every tailscale with the newest Headscale;
+# builds missing versions first and writes the results table into docs/compatibility.md.
+interop: $(VENV)/.native binaries
+	$(PY) -m hack.interop $(INTEROP_ARGS)
 
 clean:
 	rm -rf $(VENV) _artifacts .pytest_cache .mypy_cache .ruff_cache
