@@ -122,11 +122,13 @@ async def test_egress_from_the_agent_to_a_tailscaled_peer(
     download, upload = os.urandom(SIZE), os.urandom(SIZE)
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        receiving = asyncio.create_task(read_all(reader))
+        # Sizes are known, so neither side half-closes (see the half-close test for that).
+        receiving = asyncio.create_task(reader.readexactly(SIZE))
         writer.write(download)
         await writer.drain()
         writer.write(hashlib.sha256(await receiving).digest())
         await writer.drain()
+        await reader.read()  # the agent's side closes first
         writer.close()
 
     key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
@@ -144,14 +146,52 @@ async def test_egress_from_the_agent_to_a_tailscaled_peer(
         reader, writer = await asyncio.open_connection("127.0.0.1", agent.listen_port("peer", port))
         writer.write(upload)
         await writer.drain()
-        writer.write_eof()
-        received = await asyncio.wait_for(read_all(reader), 60)
+        received = await asyncio.wait_for(reader.readexactly(SIZE + 32), 60)
         writer.close()
-        assert received[:SIZE] == download
-        assert received[SIZE:] == hashlib.sha256(upload).digest()
+        assert len(received) == SIZE + 32, f"received {len(received)} bytes, expected {SIZE} + a 32-byte digest"
+        assert received[:SIZE] == download, f"the download differs from byte {_first_difference(received, download)}"
+        assert received[SIZE:] == hashlib.sha256(upload).digest(), "the peer side received a different upload"
         udp_out = agent.node.counters.get("udp_bytes_out", 0) - before.get("udp_bytes_out", 0)
         udp_in = agent.node.counters.get("udp_bytes_in", 0) - before.get("udp_bytes_in", 0)
         if path == "direct":
             assert udp_out > SIZE and udp_in > SIZE, "both directions went over the direct path"
         else:
             assert udp_out == udp_in == 0, "everything went through DERP"
+
+
+HALF_CLOSE_FIXED = (1, 86)
+"""tailscaled proxies a half-closed TCP connection correctly from 1.86 (tailscale commit 04d24cd,
+"wgengine/netstack: correctly proxy half-closed TCP connections"); before, a FIN from the tailnet
+side closes both directions towards the local server."""
+
+
+async def test_a_half_close_through_a_tailscaled_peer_keeps_the_response(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory) -> None:
+    version = binaries.selected(binaries.TAILSCALE).version
+    if tuple(int(p) for p in version.split(".")[:2]) < HALF_CLOSE_FIXED:
+        pytest.skip(f"tailscaled {version} closes both directions when the client half-closes (fixed in 1.86): "
+                    "an egress client that shuts down its write side early loses the reply from such a peer")
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await read_all(reader)  # until the client's FIN
+        writer.write(hashlib.sha256(request).digest() * 4096)  # 128 KiB after the FIN
+        await writer.drain()
+        writer.close()
+
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    peer = tailscale_nodes("ts-interop-half", headscale, authkey=key)
+    request = os.urandom(256 << 10)
+    async with local_server(handler) as port, \
+            running_agent(headscale, "agent-interop-half", key, [target("peer", peer.ipv4(), port)]) as agent:
+        await wait_peer_sees(peer, "agent-interop-half")
+        reader, writer = await asyncio.open_connection("127.0.0.1", agent.listen_port("peer", port))
+        writer.write(request)
+        await writer.drain()
+        writer.write_eof()
+        received = await asyncio.wait_for(read_all(reader), 60)
+        writer.close()
+        assert received == hashlib.sha256(request).digest() * 4096, f"{len(received)} bytes of {32 * 4096}"
+
+
+def _first_difference(a: bytes, b: bytes) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))

@@ -56,6 +56,7 @@ class Cell:
     status: str = "not run"
     tests: int = 0
     failures: list[str] = field(default_factory=list)
+    """Why a test failed or was skipped (a pass may carry skips: a known limitation of that pair)."""
     seconds: float = 0.0
 
     @property
@@ -88,12 +89,13 @@ def _reasons(junit: Path) -> tuple[int, list[str]]:
     tests, failures = 0, []
     for case in tree.iter("testcase"):
         tests += 1
-        for outcome in ("failure", "error"):
+        for outcome in ("failure", "error", "skipped"):
             node = case.find(outcome)
             if node is not None:
                 message = (node.get("message") or node.text or "").strip().splitlines()
-                first = message[0] if message else outcome
-                failures.append(f"{case.get('name')}: {first[:200]}")
+                first = (message[0] if message else outcome).removeprefix("Skipped: ")
+                label = "skipped: " if outcome == "skipped" else ""
+                failures.append(f"{case.get('name')}: {label}{first[:300]}")
     return tests, failures
 
 
@@ -136,7 +138,7 @@ def table(results: list[Cell], *, started: dt.datetime, wall: float, quick: bool
         "building). Each cell runs the same "
         f"{len(SELECTION)}-module slice (`hack/interop.py` SELECTION).",
         "",
-        "| Headscale | tailscale | result | tests | time | reason |",
+        "| Headscale | tailscale | result | tests | time | reason (failures, and skips for a known limitation) |",
         "|---|---|---|---|---|---|",
     ]
     for cell in results:
