@@ -15,6 +15,7 @@ import asyncio
 import datetime as dt
 import hashlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -52,13 +53,20 @@ def namespace(operator_namespace: str) -> str:
     return operator_namespace
 
 
-def test_the_binaries_are_the_selected_versions(headscale: Headscale) -> None:
+def test_the_binaries_are_the_selected_versions(headscale: Headscale, tailscale_nodes: TailscaleFactory) -> None:
     """The run really uses the versions the matrix cell names (a wrong cache would pass silently)."""
     tailscale = binaries.selected(binaries.TAILSCALE)
     assert headscale.version == os.environ.get("TAILNET_HEADSCALE_VERSION", binaries.HEADSCALE.version)
     assert tailscale.version == os.environ.get("TAILNET_TAILSCALE_VERSION", binaries.TAILSCALE.version)
+    assert headscale.process.pid is not None
+    running = Path(f"/proc/{headscale.process.pid}/exe").resolve()
+    assert running.parent.name == f"headscale-{headscale.version}", running
     out = headscale.cli("version")
-    assert headscale.version in out, out
+    # 0.26 reports the version only when the release build sets it with -ldflags ("dev" here).
+    assert headscale.version in out or (headscale.minor < (0, 27) and out.strip() == "dev"), out
+    node = tailscale_nodes("ts-version", headscale, authkey=headscale.create_preauth_key(tags=[TAG]))
+    # Built outside tailscale's release tooling it says "<version>-ERR-BuildInfo".
+    assert node.cli("version").splitlines()[0].split("-")[0] == tailscale.version
 
 
 async def test_the_client_adapts_key_calls_to_the_server(headscale: Headscale) -> None:

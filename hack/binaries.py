@@ -31,6 +31,7 @@ Usage: ``python -m hack.binaries [build [COMPONENT[@VERSION]...] | path BINARY |
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -275,10 +276,22 @@ def _build_kubernetes(component: Component) -> None:
 
 
 def build(component: Component) -> float:
-    """Build one component unless its binaries are cached; return the seconds it took."""
+    """Build one component unless its binaries are cached; return the seconds it took.
+
+    A per-version lock file serialises builders of the same version (two worktrees, or the
+    interop matrix beside a background build): the second waits and then finds it cached.
+    """
     if component.is_built():
         return 0.0
     cache_root().mkdir(parents=True, exist_ok=True)
+    with (cache_root() / f".build-{component.name}-{component.version}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if component.is_built():
+            return 0.0
+        return _build_locked(component)
+
+
+def _build_locked(component: Component) -> float:
     started = time.monotonic()
     print(f"building {component.name} {component.version} ...", file=sys.stderr, flush=True)
     if component.name == KUBERNETES.name:

@@ -73,6 +73,21 @@ def cells(*, quick: bool) -> list[Cell]:
     return matrix
 
 
+def _ready(cell: Cell) -> bool:
+    return (binaries.at_version(binaries.HEADSCALE, cell.headscale).is_built()
+            and binaries.at_version(binaries.TAILSCALE, cell.tailscale).is_built())
+
+
+def _next(pending: list[Cell], *, wait: float) -> Cell:
+    """The first pending cell whose binaries are cached, waiting up to ``wait`` s for one; else the first."""
+    deadline = time.monotonic() + wait
+    while True:
+        ready = next((c for c in pending if _ready(c)), None)
+        if ready is not None or time.monotonic() >= deadline:
+            return ready or pending[0]
+        time.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
+
+
 def _build(cell: Cell) -> str:
     """Build the cell's binaries; "" when ready, else the reason they are not."""
     for pinned, version in ((binaries.HEADSCALE, cell.headscale), (binaries.TAILSCALE, cell.tailscale)):
@@ -101,6 +116,7 @@ def _reasons(junit: Path) -> tuple[int, list[str]]:
 
 def run_cell(cell: Cell) -> Cell:
     started = time.monotonic()
+    print(f"interop: {cell.name}: building what is missing", file=sys.stderr, flush=True)
     reason = _build(cell)
     if reason:
         cell.status, cell.failures = "fail", [reason]
@@ -167,18 +183,27 @@ def main(argv: list[str]) -> int:
                                                      "_artifacts/interop-quick.md with --quick)")
     parser.add_argument("--cell", action="append", default=[], metavar="HEADSCALE:TAILSCALE",
                         help="run only these cells (repeatable)")
+    parser.add_argument("--wait-for-builds", type=float, default=0.0, metavar="SECONDS",
+                        help="when no remaining cell's binaries are cached, wait up to this long for a build "
+                             "running elsewhere (python -m hack.binaries build ...) before building here")
     args = parser.parse_args(argv)
     chosen = cells(quick=args.quick)
     if args.cell:
         chosen = [Cell(*spec.split(":", 1)) for spec in args.cell]
     output = args.output or (ROOT / "_artifacts" / "interop-quick.md" if args.quick else DOC)
     started, clock = dt.datetime.now(dt.UTC), time.monotonic()
-    results = []
-    for cell in chosen:
-        results.append(run_cell(cell))
+    # Cells whose binaries are cached run first, so that builds still running elsewhere overlap
+    # with tests (--wait-for-builds: how long to wait for one before building it here); the table
+    # keeps the matrix order.
+    pending = list(chosen)
+    while pending:
+        cell = _next(pending, wait=args.wait_for_builds)
+        pending.remove(cell)
+        run_cell(cell)
         print(f"interop: {cell.name}: {cell.status} ({cell.tests} tests, {cell.seconds:.0f}s)"
               + (f": {'; '.join(cell.failures)}" if cell.failures else ""), file=sys.stderr, flush=True)
     wall = time.monotonic() - clock
+    results = chosen
     text = table(results, started=started, wall=wall, quick=args.quick)
     write(output, text)
     print(text)
