@@ -147,11 +147,13 @@ def run_cell(cell: Cell) -> Cell:
     return cell
 
 
-def table(results: list[Cell], *, started: dt.datetime, wall: float, quick: bool) -> str:
+def table(results: list[Cell], *, started: dt.datetime, wall: float, quick: bool, finished: bool = True) -> str:
+    done = sum(c.status != "not run" for c in results)
+    progress = "" if finished else f" (in progress: {done} of {len(results)} cells so far)"
     lines = [
         f"Run of {started:%Y-%m-%d %H:%M} UTC ({'quick: the oldest of each range' if quick else 'full matrix'}), "
-        f"{len(results)} cells, wall time {wall / 60:.1f} min (binaries already built; a cell's time excludes "
-        "building). Each cell runs the same "
+        f"{len(results)} cells, wall time {wall / 60:.1f} min{progress}, building included (a cell's own time "
+        "excludes building its binaries). Each cell runs the same "
         f"{len(SELECTION)}-module slice (`hack/interop.py` SELECTION).",
         "",
         "| Headscale | tailscale | result | tests | time | reason (failures, and skips for a known limitation) |",
@@ -195,6 +197,8 @@ def main(argv: list[str]) -> int:
     # Cells whose binaries are cached run first, so that builds still running elsewhere overlap
     # with tests (--wait-for-builds: how long to wait for one before building it here); the table
     # keeps the matrix order.
+    # The table is rewritten after every cell, so a run stopped part way leaves what it found
+    # (the cells it did not reach say "not run").
     pending = list(chosen)
     while pending:
         cell = _next(pending, wait=args.wait_for_builds)
@@ -202,6 +206,8 @@ def main(argv: list[str]) -> int:
         run_cell(cell)
         print(f"interop: {cell.name}: {cell.status} ({cell.tests} tests, {cell.seconds:.0f}s)"
               + (f": {'; '.join(cell.failures)}" if cell.failures else ""), file=sys.stderr, flush=True)
+        write(output, table(chosen, started=started, wall=time.monotonic() - clock, quick=args.quick,
+                            finished=not pending))
     wall = time.monotonic() - clock
     results = chosen
     text = table(results, started=started, wall=wall, quick=args.quick)
