@@ -211,7 +211,27 @@ def _build_from_module(component: Component, ldflags: str = "-s -w") -> None:
         work = Path(tmp)
         _throwaway_module(go, work)
         _run([go, "get", f"{component.module}@v{component.version}"], cwd=work)
+        _adopt_sums(go, component, work)
         _build_packages(go, component, work, ldflags, cgo=False)
+
+
+def _adopt_sums(go: str, component: Component, work: Path) -> None:
+    """Add the released module's own go.sum lines to the throwaway module's.
+
+    The build then checks its dependencies against the hashes the release pinned (the release's
+    go.sum is part of its module zip, itself checked against the checksum database) instead of
+    asking the checksum database for each: it does not know every pseudo-version a release
+    requires (Headscale 0.28.0's tailsql answers 404 there).
+    """
+    info = json.loads(_run([go, "mod", "download", "-json", f"{component.module}@v{component.version}"], cwd=work))
+    released = Path(info["Dir"]) / "go.sum"
+    if not released.is_file():
+        return
+    ours = work / "go.sum"
+    lines = ours.read_text().splitlines() if ours.exists() else []
+    known = set(lines)
+    lines += [line for line in released.read_text().splitlines() if line.strip() and line not in known]
+    ours.write_text("\n".join(lines) + "\n")
 
 
 def _build_in_module(component: Component) -> None:
