@@ -207,10 +207,10 @@ class HeadscaleClient:
             self._features = ServerFeatures.from_reported(await self.version())
         return self._features
 
-    async def _require(self, feature: str, available: bool) -> None:
-        if not available:
-            features = await self.features()
-            minimum = {"policy check": (0, 29), "grants": (0, 29)}.get(feature, (0, 28))
+    async def _require(self, feature: str, minimum: tuple[int, int]) -> None:
+        """Raise Unsupported unless the server is at least the ``minimum`` minor."""
+        features = await self.features()
+        if features.minor < minimum:
             raise Unsupported(feature, server=features.label, minimum=minor_text(minimum))
 
     # -- API keys ------------------------------------------------------------------------------
@@ -305,7 +305,7 @@ class HeadscaleClient:
 
     async def delete_preauth_key(self, key_id: str | int) -> None:
         """Delete the key; nodes that used it stay. Unknown ids succeed. 0.28+ (raises Unsupported)."""
-        await self._require("deleting a pre-auth key", (await self.features()).preauth_keys_by_id)
+        await self._require("deleting a pre-auth key", (0, 28))
         with contextlib.suppress(NotFound):
             await self._call("DELETE", "/api/v1/preauthkey", query={"id": str(key_id)})
 
