@@ -253,9 +253,13 @@ def _build_in_module(component: Component) -> None:
 def _build_packages(go: str, component: Component, work: Path, ldflags: str, *, cgo: bool) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{component.name}-", dir=cache_root()))
     tags = ["-tags", component.tags] if component.tags else []
-    for binary_name, package in zip(component.binaries, component.packages, strict=True):
-        _run([go, "build", "-trimpath", *tags, "-ldflags", ldflags, "-o", str(staging / binary_name), package],
-             cwd=work, env={"CGO_ENABLED": "1" if cgo else "0"})
+    try:
+        for binary_name, package in zip(component.binaries, component.packages, strict=True):
+            _run([go, "build", "-trimpath", *tags, "-ldflags", ldflags, "-o", str(staging / binary_name), package],
+                 cwd=work, env={"CGO_ENABLED": "1" if cgo else "0"})
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a failed build leaves nothing in the cache
+        raise
     _install_into(component, staging)
 
 
