@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 OPERATOR ?= cluster
 
-.PHONY: run test unit lint manifests binaries native prereqs e2e bench fuzz clean help
+.PHONY: run test unit lint manifests binaries native prereqs e2e bench fuzz interop clean help
 
 help:
 	@echo "make run        start the local cluster, install the operator in it, follow its logs (Ctrl-C stops)"
@@ -18,6 +18,7 @@ help:
 	@echo "make e2e        the end-to-end suite against a kind cluster (needs Docker)"
 	@echo "make fuzz       the fuzz targets at length: 10^6 inputs per Rust target, hypothesis at 2000 examples per property"
 	@echo "make bench      egress throughput and setup time: agent vs tailscaled, on loopback and in the cluster (docs/benchmarks.md)"
+	@echo "make interop    the interop slice for every Headscale and tailscale version in range (docs/compatibility.md)"
 
 prereqs:
 	@hack/prereqs.sh
@@ -84,6 +85,11 @@ fuzz: $(VENV)/.native
 bench: $(VENV)/.native binaries
 	$(PY) -m benchmarks.egress --json _artifacts/bench-egress.json
 	$(PY) -m benchmarks.egress_incluster --json _artifacts/bench-egress-incluster.json
+
+# Every Headscale of the range with the newest tailscale, every tailscale with the newest Headscale;
+# builds missing versions first and writes the results table into docs/compatibility.md.
+interop: $(VENV)/.native binaries
+	$(PY) -m hack.interop $(INTEROP_ARGS)
 
 clean:
 	rm -rf $(VENV) _artifacts .pytest_cache .mypy_cache .ruff_cache

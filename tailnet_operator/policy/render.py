@@ -14,6 +14,11 @@ Rules, all in service of "the base wins and nothing is removed":
   traffic, and adding a grant would turn that into deny-all-but-this, so nothing is added (and
   the skip is reported). A grant to a DNS name is added only if ``hosts`` defines the name.
 
+* A Headscale older than 0.29 has no ``grants`` (``render(..., grants=False)``): each derived
+  grant is written as the ``acls`` entry that allows the same (``accept``, its ``src``, ``proto:
+  tcp``, ``dst`` ``<address>:<port>``), and a base that has a ``grants`` block of its own is
+  reported in ``unsupported`` (that server cannot apply it; the caller must not write it).
+
 The same check ("does the policy already give the CRs this?") drives :func:`missing`, so a
 rendered document never reports anything missing except what was skipped.
 """
@@ -75,6 +80,10 @@ class Rendered:
     hash: str
     added: Added
     skipped: tuple[Skipped, ...] = ()
+    grants_as_acls: bool = False
+    """The server has no grants: ``added.grants`` went into ``acls`` as equivalent entries."""
+    unsupported: tuple[str, ...] = ()
+    """Blocks of the base the server cannot understand (``grants`` before Headscale 0.29)."""
 
 
 @dataclass(frozen=True)
@@ -249,8 +258,17 @@ def _hosts_reason(names: list[str]) -> str:
 # --- render ----------------------------------------------------------------------------------
 
 
-def render(base: Mapping[str, Any], derived: Derived) -> Rendered:
+def acl_entry(grant: Grant) -> dict[str, Any]:
+    """The ``acls`` entry that allows what a derived grant allows (TCP ports to its destinations)."""
+    ports = [entry.rpartition(":")[2] for entry in grant.ip]
+    return {"action": "accept", "src": list(grant.src), "proto": "tcp",
+            "dst": [f"{dst}:{port}" for dst in grant.dst for port in ports]}
+
+
+def render(base: Mapping[str, Any], derived: Derived, *, grants: bool = True) -> Rendered:
     """Append the derived entries the base lacks; see the module docstring for the rules.
+
+    ``grants=False`` renders for a server without grants (Headscale before 0.29).
 
     Raises PolicyParseError if a block Headscale knows has the wrong JSON type.
     """
@@ -305,17 +323,18 @@ def render(base: Mapping[str, Any], derived: Derived) -> Rendered:
         )
         skipped.extend(Skipped("grant", _label(g), reason) for g in derived.grants)
     elif derived.grants:
-        grants_key = find_key(doc, "grants")
-        grants: list[Any] = doc[grants_key] if grants_key is not None else []
-        rules = _Rules(grants, _member(doc, "acls", []), _member(doc, "hosts", {}))
+        target = "grants" if grants else "acls"
+        target_key = find_key(doc, target)
+        entries: list[Any] = doc[target_key] if target_key is not None else []
+        rules = _Rules(_member(doc, "grants", []), _member(doc, "acls", []), _member(doc, "hosts", {}))
         for grant in derived.grants:
             if undefined := _undefined_hosts(grant, rules.hosts):
                 skipped.append(Skipped("grant", _label(grant), _hosts_reason(undefined)))
             elif not rules.covers(grant):
-                grants.append(grant.to_json())
+                entries.append(grant.to_json() if grants else acl_entry(grant))
                 added_grants.append(grant)
-        if grants_key is None and added_grants:
-            doc["grants"] = grants
+        if target_key is None and added_grants:
+            doc[target] = entries
 
     text = canonical_text(doc)
     return Rendered(
@@ -324,6 +343,8 @@ def render(base: Mapping[str, Any], derived: Derived) -> Rendered:
         hash=hashlib.sha256(text.encode()).hexdigest(),
         added=Added(tuple(added_owners), tuple(added_routes), tuple(added_grants)),
         skipped=tuple(skipped),
+        grants_as_acls=not grants and bool(added_grants),
+        unsupported=() if grants or find_key(doc, "grants") is None else ("grants",),
     )
 
 

@@ -53,6 +53,8 @@ class FakeHeadscale:
     calls: list[str] = field(default_factory=list)
     """``METHOD path`` of every request, in order."""
     policy_writes: int = 0
+    version: str = VERSION
+    """What ``/version`` reports (the client adapts to it)."""
     preauth_keys: dict[str, JSON] = field(default_factory=dict)
     """id -> the pre-auth key as the API shows it (``key`` in full; ``expired`` when expired)."""
 
@@ -86,7 +88,7 @@ class FakeHeadscale:
         if f"{request.method} {path}" in self.refuse:
             return _error(*self.refuse[f"{request.method} {path}"])
         if path == "/version":
-            return _ok({"version": VERSION})
+            return _ok({"version": self.version})
         bearer = request.headers.get("Authorization", "").removeprefix("Bearer ")
         if not self.live(bearer):
             return _error(401, 16, "Unauthorized")

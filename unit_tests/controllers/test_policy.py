@@ -278,3 +278,44 @@ async def test_the_gateway_range_and_egress_host_routes_are_replayed_too() -> No
     gateway, other = world.headscale.nodes
     assert gateway["approvedRoutes"] == ["192.168.1.10/32", "198.18.200.0/24"]
     assert other["approvedRoutes"] == [], "a node without an approver tag is never approved"
+
+
+ACL_BASE = """{
+  "acls": [{"action": "accept", "src": ["tag:ops"], "dst": ["tag:ops:*"]}],
+}
+"""
+
+
+async def test_before_029_derived_grants_are_written_as_acls_and_the_condition_says_so() -> None:
+    world = await ready_world(base=ACL_BASE)
+    world.headscale.version = "v0.28.0"
+    egress(world, "mine", NAMESPACE, "tag:egress-mine")
+
+    await world.reconcile_policy()
+
+    live = json.loads(world.headscale.policy)
+    assert "grants" not in live
+    assert {"action": "accept", "src": ["tag:egress-mine"], "proto": "tcp",
+            "dst": ["192.168.1.10:5432"]} in live["acls"]
+    condition = world.condition("PolicyApplied")
+    assert (condition["status"], condition["reason"]) == ("True", "AppliedWithoutGrants")
+    assert "v0.28.0 has no grants" in condition["message"] and "upgrade Headscale to 0.29" in condition["message"]
+    assert "POST /api/v1/policy/check" not in world.headscale.calls, "0.28 has no policy check"
+
+    world.clock.advance(30)
+    await world.reconcile_policy()
+    assert world.headscale.policy_writes == 1
+    assert world.condition("PolicyApplied")["reason"] == "AppliedWithoutGrants"
+
+
+async def test_before_029_a_base_with_grants_is_not_written_and_the_condition_says_what_to_do() -> None:
+    world = await ready_world()  # OPEN_BASE is a grants block
+    world.headscale.version = "v0.27.1"
+
+    await world.reconcile_policy()
+
+    condition = world.condition("PolicyApplied")
+    assert (condition["status"], condition["reason"]) == ("False", "GrantsUnsupported")
+    assert "v0.27.1" in condition["message"] and "Rewrite the base's grants as acls" in condition["message"]
+    assert world.headscale.policy_writes == 0
+    assert world.kube.get(CONFIG_MAP, rendered_config_map_name("tn"), NAMESPACE) is not None, "still published"
