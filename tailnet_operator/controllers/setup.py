@@ -10,11 +10,13 @@ from tailnet_operator.runtime import (
     SECRET,
     Clock,
     EventRecorder,
+    FieldChanged,
     GenerationChanged,
     Manager,
     Reader,
     Request,
     Resource,
+    any_of,
 )
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, POD, SERVICE, STATEFUL_SET
 from tailnet_operator.types import JSON
@@ -86,6 +88,12 @@ class Reconcilers(NamedTuple):
     dns: DnsReconciler
     ingress: IngressReconciler
     gateway: GatewayReconciler
+
+
+TAILNET_ACCESS_CHANGED = any_of(GenerationChanged(), FieldChanged("status", "apiKey", "id"),
+                                FieldChanged("status", "policy", "appliedHash"))
+"""What an agent's CR waits for on its Tailnet: its spec, the working key (a first one ends
+WaitingForAccess) and the applied policy (a render that owns a new tag ends TagNotOwned)."""
 
 
 def _egresses_of_tailnet(cache: Reader, namespace: str) -> Callable[[JSON], list[Request]]:
@@ -186,7 +194,7 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .owns(DEPLOYMENT, labels=OWNED)
      .owns(SERVICE, labels=OWNED)
      .owns(NETWORK_POLICY, labels=OWNED)
-     .watches(TAILNET, _egresses_of_tailnet(cache, namespace), GenerationChanged()))
+     .watches(TAILNET, _egresses_of_tailnet(cache, namespace), TAILNET_ACCESS_CHANGED))
 
     ingress = IngressReconciler(deps, manager.writer(INGRESS_FIELD_MANAGER),
                                 IngressSettings(agent_image=agent_image, operator_namespace=namespace,
@@ -198,7 +206,7 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .owns(SERVICE, labels=OWNED)
      .owns(NETWORK_POLICY, labels=OWNED)
      .watches(SECRET, _ingresses_using_secret(cache))
-     .watches(TAILNET, _of_tailnets(cache, TAILNET_INGRESS), GenerationChanged()))
+     .watches(TAILNET, _of_tailnets(cache, TAILNET_INGRESS), TAILNET_ACCESS_CHANGED))
 
     dns = DnsReconciler(cache, manager.writer(DNS_FIELD_MANAGER), namespace=namespace)
     (manager.controller("dns", dns)
