@@ -108,7 +108,12 @@ CYCLONUS = Component("cyclonus", versions.CYCLONUS, ("cyclonus",), "github.com/m
                      ("github.com/mattfenwick/cyclonus/cmd/cyclonus",))
 HELM = Component("helm", versions.HELM, ("helm",), "helm.sh/helm/v3", ("helm.sh/helm/v3/cmd/helm",),
                  x_version="helm.sh/helm/v3/internal/version.version")
-COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE, CONTAINERD, RUNC, CNI_PLUGINS, COREDNS, KIND, CYCLONUS, HELM)
+_PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
+PROMETHEUS = Component("prometheus", versions.PROMETHEUS, ("prometheus", "promtool"), _PROMETHEUS_MODULE,
+                       (f"{_PROMETHEUS_MODULE}/cmd/prometheus", f"{_PROMETHEUS_MODULE}/cmd/promtool"),
+                       x_version="github.com/prometheus/common/version.Version")
+COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE, CONTAINERD, RUNC, CNI_PLUGINS, COREDNS, KIND, CYCLONUS, HELM,
+              PROMETHEUS)
 
 _MIN_GO = (1, 26)
 

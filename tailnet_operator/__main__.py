@@ -93,6 +93,12 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from tailnet_operator.cli.main import COMMANDS
+    from tailnet_operator.cli.main import main as cli_main
+
+    if argv and argv[0] in COMMANDS:
+        return cli_main(argv)
     args = parse_args(argv)
     logs.configure(args.log_format, args.log_level)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from tailnet_operator.monitoring import HeadscaleMetrics, StateCollector, register_build_info
 from tailnet_operator.runtime import (
     CONFIG_MAP,
     SECRET,
@@ -18,7 +19,14 @@ from tailnet_operator.runtime import (
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, SERVICE
 from tailnet_operator.types import JSON
 
-from .access import ClientFactory, Deps, HeadscaleAccess, default_client_factory, working_key_secret_name
+from .access import (
+    ClientFactory,
+    Deps,
+    HeadscaleAccess,
+    default_client_factory,
+    observed_client_factory,
+    working_key_secret_name,
+)
 from .dns import FIELD_MANAGER as DNS_FIELD_MANAGER
 from .dns import DnsReconciler, tailnet_of
 from .egress import FIELD_MANAGER as EGRESS_FIELD_MANAGER
@@ -104,6 +112,11 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
     for resource in (TAILNET_SITE, TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY):
         cache.add_indexer(resource, TAILNET_INDEX, tailnet_ref_index)
     cache.informer(TAILNET)
+    if headscale is default_client_factory:
+        headscale = observed_client_factory(HeadscaleMetrics(registry=manager.registry))
+    register_build_info(manager.registry)
+    by_kind = {resource.kind: resource for resource in MODELS.values()}
+    manager.registry.register(StateCollector(lambda kind: cache.list(by_kind[kind]), by_kind))
 
     deps = Deps(reader=cache, access=HeadscaleAccess(cache, namespace, headscale), events=events,
                 clock=clock or manager.clock)

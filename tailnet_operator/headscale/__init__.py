@@ -13,6 +13,7 @@ from ._client import (
     DEFAULT_TIMEOUT,
     Expiration,
     HeadscaleClient,
+    RequestObserver,
 )
 from ._errors import (
     AlreadyExists,
@@ -59,6 +60,7 @@ __all__ = [
     "PolicyRejected",
     "PreAuthKey",
     "Request",
+    "RequestObserver",
     "RequestTimeout",
     "Response",
     "ServerError",
