@@ -24,6 +24,7 @@ from tailnet_operator.controllers.egress_status import classify
 from tailnet_operator.headscale import Node
 from tailnet_operator.policy import EgressInput, PolicyParseError, derive, missing, parse_hujson
 from tailnet_operator.policy import EgressTarget as PolicyTarget
+from tailnet_operator.policy.derive import parse_address
 from tailnet_operator.types import JSON
 
 from .report import Report, age
@@ -231,9 +232,12 @@ def egress_status(facts: Facts, *, only_target: str | None = None) -> Report:
     report = Report(f"TailnetEgress {namespace}/{name}")
     report.step(_title(obj), _is_true(obj, "Ready"), *_condition_lines(obj), *_event_lines(facts, obj))
     try:
-        egress = TailnetEgress.model_validate(obj)
+        # the spec is what the chain needs; status is judged field by field below
+        egress = TailnetEgress.model_validate({k: v for k, v in obj.items() if k != "status"})
     except ValidationError as exc:
-        report.find("InvalidSpec", f"the object does not parse: {exc.errors()[0].get('msg', exc)}",
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error.get("loc", ()))
+        report.find("InvalidSpec", f"the object does not parse: {where}: {error.get('msg', '')}",
                     f"kubectl -n {namespace} edit tailnetegress {name}")
         return report
     tag, tailnet_name = egress.spec.tag, egress.spec.tailnet_ref.name
@@ -291,9 +295,11 @@ def egress_status(facts: Facts, *, only_target: str | None = None) -> Report:
             route, message = state.route, state.message
             if route == "Unknown" and fallback:
                 route, message = str(fallback.get("route", "Unknown")), str(fallback.get("message", ""))
+            elif route == "Unknown" and parse_address(target.address) is not None:
+                route, message = "Routed", "Headscale has a route to it approved and the policy grants the tag"
             ports = ", ".join(str(p.port) for p in target.ports)
             report.step(f"target {target.name} ({target.address}:{ports})",
-                        None if route == "Unknown" else route == "Ready", f"route {route}: {message}")
+                        None if route == "Unknown" else route in ("Ready", "Routed"), f"route {route}: {message}")
             _route_finding(report, route, message, tag, target.address, ports, state.router, tailnet_name)
 
     # Tailnet and keys
