@@ -227,7 +227,8 @@ CRDS = (crd("Tailnet", "tailnets"), crd("TailnetEgress", "tailnetegresses"),
         crd("TailnetIngress", "tailnetingresses"), crd("TailnetSite", "tailnetsites"),
         crd("TailnetGateway", "tailnetgateways"))
 DEPLOYMENT = {"metadata": {"name": "tailnet-operator", "labels": {"app.kubernetes.io/version": "0.1.0"}},
-              "spec": {"replicas": 2, "template": {"spec": {"containers": [{"image": "localhost/tailnet-operator:x"}]}}},
+              "spec": {"replicas": 2,
+                       "template": {"spec": {"containers": [{"image": "localhost/tailnet-operator:x"}]}}},
               "status": {"availableReplicas": 2}}
 LEASE = {"spec": {"holderIdentity": "tailnet-operator-abc_1", "renewTime": iso(NOW - timedelta(seconds=2)),
                   "leaseDurationSeconds": 15}}
