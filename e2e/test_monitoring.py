@@ -137,10 +137,14 @@ def test_every_alert_has_summary_description_severity_and_a_runbook() -> None:
 
 
 def test_the_operator_job_follows_the_monitor_kind() -> None:
-    by_service = one(render("prometheusRule.enabled=true", "metrics.serviceMonitor.enabled=true"), "PrometheusRule")
-    by_pod = one(render("prometheusRule.enabled=true", "metrics.podMonitor.enabled=true"), "PrometheusRule")
-    assert 'up{job="tailnet-operator-metrics"}' in json.dumps(by_service)
-    assert f'up{{job=\\"{NAMESPACE}/tailnet-operator\\"}}' in json.dumps(by_pod)
+    def down(*values: str) -> str:
+        rule = one(render("prometheusRule.enabled=true", *values), "PrometheusRule")
+        return str(next(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]
+                        if r.get("alert") == "TailnetOperatorDown"))
+
+    assert down("metrics.serviceMonitor.enabled=true") == 'absent(up{job="tailnet-operator-metrics"} == 1)'
+    assert down("metrics.podMonitor.enabled=true") == f'absent(up{{job="{NAMESPACE}/tailnet-operator"}} == 1)'
+    assert down("prometheusRule.operatorJob=ops/op") == 'absent(up{job="ops/op"} == 1)'
 
 
 # -- dashboard --------------------------------------------------------------------------------------
