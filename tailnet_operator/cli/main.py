@@ -31,23 +31,26 @@ DEFAULT_NAMESPACE = "tailnet-system"
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=(__doc__ or "").split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kubeconfig", default=os.environ.get("TAILNET_KUBECONFIG"),
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--kubeconfig", default=os.environ.get("TAILNET_KUBECONFIG"),
                         help="kubeconfig; default: in-cluster, then $KUBECONFIG, then ~/.kube/config")
-    parser.add_argument("--context", default=None)
-    parser.add_argument("--operator-namespace", default=os.environ.get("POD_NAMESPACE", DEFAULT_NAMESPACE),
+    common.add_argument("--context", default=None)
+    common.add_argument("--operator-namespace", default=os.environ.get("POD_NAMESPACE", DEFAULT_NAMESPACE),
                         help=f"where the operator runs (default {DEFAULT_NAMESPACE})")
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"tailnet-operator {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    status = sub.add_parser("status", help="walk one object's chain: CR, agent pod, Headscale node, policy, Tailnet")
+    status = sub.add_parser("status", parents=[common],
+                            help="walk one object's chain: CR, agent pod, Headscale node, policy, Tailnet")
     status.add_argument("object", help="KIND/NAME, e.g. tailnetegress/office or tailnet/home")
     status.add_argument("-n", "--namespace", default=None, help="the object's namespace (default: the operator's)")
-    diagnose = sub.add_parser("diagnose", help="why can't POD reach TARGET")
+    diagnose = sub.add_parser("diagnose", parents=[common], help="why can't POD reach TARGET")
     diagnose.add_argument("pod", help="the client pod (NAME or NAMESPACE/NAME)")
     diagnose.add_argument("target", help="TARGET[.NAMESPACE.svc][:PORT], EGRESS/TARGET, or the target's address")
     diagnose.add_argument("-n", "--namespace", default="default", help="the pod's namespace (default: default)")
-    check = sub.add_parser("check", help="verify CRDs, operator readiness, Headscale, keys and versions")
+    check = sub.add_parser("check", parents=[common],
+                           help="verify CRDs, operator readiness, Headscale, keys and versions")
     check.add_argument("--wait", type=float, default=0.0,
                        help="retry for up to this many seconds until the check passes (post-install hook)")
     check.add_argument("--interval", type=float, default=5.0, help="seconds between retries with --wait")
