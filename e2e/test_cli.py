@@ -3,14 +3,16 @@ a real Headscale, a tailscaled subnet router and a real agent process.
 
 The operator's controllers run in this process (e2e/operator.py). The control plane has no
 kubelet: the agent runs as a process here, joined with the pre-auth key the operator made, and
-the test writes its Pod's status as kubelet would. One egress is walked from broken to healthy:
-tag not owned, route not approved, no grant, agent down, healthy; then Headscale goes away.
+the test writes its Pod's status as kubelet would. One egress is walked through every state:
+tag not owned, route not approved, no grant, healthy (and diagnose and check on it), agent
+down, Headscale unreachable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import subprocess
 import sys
@@ -27,7 +29,7 @@ from hack.localenv import Environment, Headscale, ManagedProcess, free_port
 from hack.localenv.controlplane import ControlPlane
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS
 from tailnet_operator.runtime.client import Client
-from tailnet_operator.runtime.errors import NotFound
+from tailnet_operator.runtime.errors import AlreadyExists, NotFound
 from tailnet_operator.runtime.kinds import NAMESPACE, SECRET, Resource
 
 pytestmark = pytest.mark.integration
@@ -113,25 +115,22 @@ async def test_status_diagnose_and_check_walk_an_egress_from_broken_to_healthy(
         await eventually(has_condition(admin, TAILNET_EGRESS, "ledger", "TagOwned", "True", namespace=ns),
                          timeout=60, what="egress TagOwned=True")
 
+        last: list[str] = []
+
         async def cause(expected: str) -> subprocess.CompletedProcess[str] | None:
             done = await acli(kubeconfig, *status)
+            last[:] = [done.stdout + done.stderr]
             return done if first_cause(done.stdout) == expected else None
 
-        result = await eventually(lambda: cause("NotApproved"), timeout=60, interval=1, what="NotApproved first")
-        assert "approve the route on cli-router" in result.stdout
-        assert f"cli-router: advertises {SITE}; approved none" in result.stdout
+        async def first(expected: str) -> subprocess.CompletedProcess[str]:
+            try:
+                result: subprocess.CompletedProcess[str] = await eventually(
+                    lambda: cause(expected), timeout=60, interval=1, what=f"{expected} first")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; the last report:\n{last[0] if last else ''}") from None
+            return result
 
-        # 3. approved, but the policy grants the tag nothing there
-        headscale.approve_routes(node_id, [SITE])
-        result = await eventually(lambda: cause("NoGrant"), timeout=60, interval=1, what="NoGrant first")
-        assert f"add a grant from {TAG} to {TARGET} ports 5432" in result.stdout
-
-        # 4. granted; no agent pod runs (no kubelet here)
-        set_policy(headscale, grants=True)
-        result = await eventually(lambda: cause("AgentDown"), timeout=60, interval=1, what="AgentDown first")
-        assert "no agent pod exists" in result.stdout
-
-        # 5. the agent runs with the operator's pre-auth key, its Pod Ready: healthy
+        # 3. the agent runs with the operator's pre-auth key and its Pod is Ready; the route is not approved
         secret = await eventually(lambda: _get(admin, SECRET, "ledger-auth-key", ns), timeout=60,
                                   what="the egress's pre-auth key Secret")
         key_file = environment.root / f"{ns}-authkey"
@@ -149,7 +148,18 @@ async def test_status_diagnose_and_check_walk_an_egress_from_broken_to_healthy(
         processes.append(agent)
         await eventually(lambda: (headscale.node_by_name("ledger-agent") or {}).get("online"), timeout=60,
                          what="the agent online in Headscale")
-        await _running_pod(admin, ns, "ledger-egress-agent-0", {"tailnet.dev/egress": "ledger"})
+        await _pod(admin, ns, "ledger-egress-agent-0", {"tailnet.dev/egress": "ledger"}, ready=True)
+        result = await first("NotApproved")
+        assert "approve the route on cli-router" in result.stdout
+        assert f"cli-router: advertises {SITE}; approved none" in result.stdout
+
+        # 4. approved, but the policy grants the tag nothing there
+        headscale.approve_routes(node_id, [SITE])
+        result = await first("NoGrant")
+        assert f"add a grant from {TAG} to {TARGET} ports 5432" in result.stdout
+
+        # 5. granted: healthy
+        set_policy(headscale, grants=True)
         result = await eventually(lambda: _ok(kubeconfig, *status), timeout=60, interval=1, what="a healthy egress")
         for link in ("agent pod ledger-egress-agent-0", "Headscale node ledger-agent", f"tags {TAG}",
                      f"policy entries for {TAG}", f"{TAG} -> {SITE} ip 5432", "route Routed",
@@ -159,7 +169,7 @@ async def test_status_diagnose_and_check_walk_an_egress_from_broken_to_healthy(
         # diagnose: from a consumer namespace it is the same healthy chain; from another, the NetworkPolicy
         for namespace in ("apps", "shop"):
             await admin.create(NAMESPACE, {"metadata": {"name": f"{ns}-{namespace}"}})
-            await _running_pod(admin, f"{ns}-{namespace}", "client", {})
+            await _pod(admin, f"{ns}-{namespace}", "client", {}, ready=True)
         egress["spec"]["consumerNamespaces"] = [f"{ns}-apps"]
         await admin.apply(TAILNET_EGRESS, egress)
         target = f"books.{ns}.svc:5432"
@@ -177,9 +187,15 @@ async def test_status_diagnose_and_check_walk_an_egress_from_broken_to_healthy(
         assert f"[  ok] Tailnet {tailnet}: Headscale v0.29.2" in result.stdout
         assert "OperatorMissing:" in result.stdout
 
-        # 6. Headscale goes away
-        router.stop()
+        # 6. the agent goes down
         agent.stop()
+        await _pod(admin, ns, "ledger-egress-agent-0", {"tailnet.dev/egress": "ledger"}, ready=False)
+        result = await first("AgentDown")
+        assert f"kubectl -n {ns} logs ledger-egress-agent-0" in result.stdout
+        assert "CrashLoopBackOff" in result.stdout
+
+        # 7. Headscale goes away
+        router.stop()
         headscale.stop()
         result = await acli(kubeconfig, *status)
         assert result.returncode == 1
@@ -201,13 +217,17 @@ async def _ok(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str] 
     return done if done.returncode == 0 else None
 
 
-async def _running_pod(admin: Client, namespace: str, name: str, labels: dict[str, str]) -> None:
-    """A Pod object marked Running and Ready, as kubelet would (the control plane has none)."""
-    await admin.create(POD, {"metadata": {"name": name, "namespace": namespace, "labels": labels},
-                             "spec": {"containers": [{"name": "agent", "image": "localhost/none"}]}}, namespace)
+async def _pod(admin: Client, namespace: str, name: str, labels: dict[str, str], *, ready: bool) -> None:
+    """A Pod object whose status says Running and Ready, or crash-looping, as kubelet would write it
+    (the control plane has none)."""
+    with contextlib.suppress(AlreadyExists):
+        await admin.create(POD, {"metadata": {"name": name, "namespace": namespace, "labels": labels},
+                                 "spec": {"containers": [{"name": "agent", "image": "localhost/none"}]}}, namespace)
+    state = {"running": {}} if ready else {"waiting": {"reason": "CrashLoopBackOff"}}
     await admin.request("PATCH", POD.path(namespace, name, "status"), content_type="application/merge-patch+json",
                         body={"status": {"phase": "Running", "podIP": "127.0.0.1",
-                                         "conditions": [{"type": "Ready", "status": "True"}],
-                                         "containerStatuses": [{"name": "agent", "ready": True, "restartCount": 0,
+                                         "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+                                         "containerStatuses": [{"name": "agent", "ready": ready,
+                                                                "restartCount": 0 if ready else 3,
                                                                 "image": "localhost/none", "imageID": "",
-                                                                "state": {"running": {}}}]}})
+                                                                "state": state}]}})

@@ -48,8 +48,10 @@ SUPPORTED_HEADSCALE = ((0, 29), (0, 30))
 """Headscale minors the client is written for (inclusive)."""
 
 _PRIORITY = {"TailnetNotFound": 0, "HeadscaleUnreachable": 0, "NoWorkingKey": 0, "KeyExpired": 0,
-             "NoSuchTarget": 0, "PodNotRunning": 1, "NamespaceNotAllowed": 1, "AgentDown": 2,
-             "AgentNotJoined": 2, "TagNotOwned": 3, "NotAdvertised": 4, "NotApproved": 4, "NoGrant": 4}
+             "NoSuchTarget": 0, "PodNotRunning": 1, "NamespaceNotAllowed": 1, "TagNotOwned": 2,
+             "AgentDown": 3, "AgentNotJoined": 3, "NotAdvertised": 4, "NotApproved": 4, "NoGrant": 4}
+"""Which cause comes first when several are found: the one the others follow from (an agent
+cannot join with a tag nobody owns; nothing is routed through an agent that is down)."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,9 @@ def _is_true(obj: JSON | None, condition: str) -> bool | None:
     if obj is None:
         return None
     cond = _conditions(obj).get(condition)
-    return None if cond is None else cond.get("status") == "True"
+    if cond is None or cond.get("status") not in ("True", "False"):
+        return None
+    return cond.get("status") == "True"
 
 
 def _event_lines(facts: Facts, obj: JSON) -> list[str]:
@@ -150,7 +154,7 @@ def _tailnet_step(report: Report, facts: Facts, tailnet_name: str) -> None:
     expires = parse_time(key.get("expiresAt"))
     reachable = _is_true(tailnet, "Reachable")
     lines = [*_condition_lines(tailnet),
-             f"Headscale {tailnet.get('spec', {}).get('apiURL', '')} version {status.get('serverVersion', '?')}",
+             f"Headscale {_api_url(tailnet)} version {status.get('serverVersion', '?')}",
              f"working key {key.get('prefix', '?')} expires {age(expires, facts.now)}" if key else "no working key",
              *_event_lines(facts, tailnet)]
     ok = bool(_is_true(tailnet, "Ready")) and expires is not None and expires > facts.now
@@ -168,6 +172,11 @@ def _tailnet_step(report: Report, facts: Facts, tailnet_name: str) -> None:
         report.find("KeyExpired", f"the working key of Tailnet {tailnet_name} expired {age(expires, facts.now)}",
                     f"delete the Secret <operator-namespace>/{tailnet_name}-headscale-api-key so the operator "
                     "mints a new one from the bootstrap key (docs/runbooks/TailnetKeyExpiringSoon.md)")
+
+
+def _api_url(tailnet: JSON) -> str:
+    spec = tailnet.get("spec") or {}
+    return str(spec.get("apiURL") or spec.get("loginURL") or "?")
 
 
 def _headscale_step(report: Report, view: HeadscaleView | None, tailnet_name: str) -> bool:
@@ -281,7 +290,8 @@ def egress_status(facts: Facts, *, only_target: str | None = None) -> Report:
                             f"kubectl -n {namespace} logs deploy/{name}-egress-agent: look for control errors "
                             "(docs/runbooks/TailnetAgentDisconnected.md)")
         routers = [n for n in nodes if n.available_routes]
-        report.step("subnet routers", None if not routers else True,
+        all_approved = all(set(n.available_routes) <= set(n.approved_routes) for n in routers)
+        report.step("subnet routers", True if routers and all_approved else None,
                     *[f"{n.given_name or n.name}: advertises {', '.join(n.available_routes)}; approved "
                       f"{', '.join(n.approved_routes) or 'none'}; online {n.online}" for n in routers])
     if readable and live_policy is not None:
@@ -293,8 +303,8 @@ def egress_status(facts: Facts, *, only_target: str | None = None) -> Report:
             fallback = next((t for t in (obj.get("status") or {}).get("targets") or []
                              if t.get("name") == target.name), None)
             route, message = state.route, state.message
-            if route == "Unknown" and fallback:
-                route, message = str(fallback.get("route", "Unknown")), str(fallback.get("message", ""))
+            if route == "Unknown" and fallback and fallback.get("route") not in (None, "Unknown"):
+                route, message = str(fallback["route"]), str(fallback.get("message", ""))
             elif route == "Unknown" and parse_address(target.address) is not None:
                 route, message = "Routed", "Headscale has a route to it approved and the policy grants the tag"
             ports = ", ".join(str(p.port) for p in target.ports)

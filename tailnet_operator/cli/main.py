@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from tailnet_operator import __version__
+from tailnet_operator import __version__, logs
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.errors import KubeError
@@ -105,6 +105,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "tailnet-operator") -> int:
     args = _parser(prog).parse_args(argv)
+    logs.configure("console", os.environ.get("TAILNET_LOG_LEVEL", "warning"))  # stderr: stdout is the report
     try:
         return asyncio.run(_run(args))
     except (rest_config.ConfigError, KubeError, KeyError, ValueError) as exc:
