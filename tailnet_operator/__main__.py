@@ -45,8 +45,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--agent-image", default=os.environ.get("TAILNET_AGENT_IMAGE"),
                         help="image of the egress/ingress agent pods; default: the operator's own image "
                              "(read from its Pod, POD_NAME), else " + FALLBACK_AGENT_IMAGE)
+    parser.add_argument("--agent-metrics-namespace-selector", default="", metavar="KEY=VALUE[,KEY=VALUE]",
+                        help="labels of the namespaces whose pods may scrape the agents' /metrics "
+                             "(their NetworkPolicy admits only the operator otherwise)")
     parser.add_argument("--version", action="version", version=f"tailnet-operator {__version__}")
     return parser.parse_args(argv)
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """``a=b,c=d`` -> ``{"a": "b", "c": "d"}``; ArgumentTypeError names a malformed entry."""
+    labels: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"{item!r} is not KEY=VALUE")
+        labels[key] = value
+    return labels
 
 
 def build_manager(args: argparse.Namespace) -> Manager:
@@ -83,7 +97,8 @@ async def run(args: argparse.Namespace) -> int:
     identity = manager.elector.identity if manager.elector is not None else default_identity()
     setup(manager, namespace=args.namespace,
           events=EventRecorder(manager.client, reporting_instance=identity, clock=manager.clock),
-          agent_image=await agent_image(manager, args))
+          agent_image=await agent_image(manager, args),
+          agent_metrics_namespaces=parse_labels(args.agent_metrics_namespace_selector))
     log.info("starting", version=__version__, api_server=manager.client.config.host, namespace=args.namespace,
              metrics=args.metrics_bind_address, probes=args.health_probe_bind_address,
              leader_election=args.leader_elect)

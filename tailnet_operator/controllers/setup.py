@@ -101,11 +101,13 @@ def _egresses_of_tailnet(cache: Reader, namespace: str) -> Callable[[JSON], list
 
 def setup(manager: Manager, *, namespace: str, events: EventRecorder,
           headscale: ClientFactory = default_client_factory,
-          clock: Clock | None = None, agent_image: str = "localhost/tailnet-operator:dev") -> Reconcilers:
+          clock: Clock | None = None, agent_image: str = "localhost/tailnet-operator:dev",
+          agent_metrics_namespaces: dict[str, str] | None = None) -> Reconcilers:
     """Add the Tailnet, Policy, Egress and DNS controllers to ``manager``; ``namespace`` is the operator's.
 
     ``clock`` (default the manager's) is what the reconcilers read the time from; ``agent_image``
-    is what the agent pods run.
+    is what the agent pods run; ``agent_metrics_namespaces`` selects (by labels) the namespaces
+    whose pods the agents' NetworkPolicy admits to /metrics.
     """
     cache = manager.cache
     cache.scheme = cache.scheme.with_models(MODELS)
@@ -139,7 +141,8 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .watches(SECRET, _tailnets_referencing(cache, _working_key_of(namespace))))
 
     egress = EgressReconciler(deps, manager.writer(EGRESS_FIELD_MANAGER),
-                              EgressSettings(agent_image=agent_image, operator_labels=OPERATOR_LABELS))
+                              EgressSettings(agent_image=agent_image, operator_labels=OPERATOR_LABELS,
+                                             metrics_namespaces=dict(agent_metrics_namespaces or {})))
     (manager.controller("egress", egress)
      .for_(TAILNET_EGRESS, GenerationChanged())
      .owns(DEPLOYMENT, labels=OWNED)

@@ -62,6 +62,8 @@ class AgentSpec:
     ca_bundle: str | None = None
     operator_labels: dict[str, str] = field(default_factory=dict)
     """Labels of the operator's pods, admitted to the agent's health port (it reads /status)."""
+    metrics_namespaces: dict[str, str] = field(default_factory=dict)
+    """Labels of the namespaces whose pods (Prometheus) may scrape the health port's /metrics."""
 
 
 def _name(egress: TailnetEgress) -> str:
@@ -237,6 +239,9 @@ def network_policy(owner: Obj, egress: TailnetEgress, ports: ListenPorts, agent:
     }]
     if agent.operator_labels:
         rules.append({"from": [{"podSelector": {"matchLabels": agent.operator_labels}}],
+                      "ports": [{"protocol": "TCP", "port": HEALTH_PORT}]})
+    if agent.metrics_namespaces:
+        rules.append({"from": [{"namespaceSelector": {"matchLabels": dict(agent.metrics_namespaces)}}],
                       "ports": [{"protocol": "TCP", "port": HEALTH_PORT}]})
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": owned_metadata(owner, egress, agent_name(egress)),
