@@ -298,7 +298,7 @@ async def test_a_real_prometheus_scrapes_the_operator_and_an_agent_with_the_ship
     metrics_port, probes_port = free_port(), free_port()
     operator = ManagedProcess(
         "operator-monitoring", [sys.executable, "-m", "tailnet_operator", f"--kubeconfig={control_plane_kubeconfig}",
-                                f"--namespace={operator_namespace}", "--no-leader-elect",
+                                f"--namespace={operator_namespace}", "--leader-elect",
                                 f"--metrics-bind-address=127.0.0.1:{metrics_port}",
                                 f"--health-probe-bind-address=127.0.0.1:{probes_port}", "--log-format=json"],
         log_dir=environment.log_dir, run_id=environment.run_id, cwd=REPO)
