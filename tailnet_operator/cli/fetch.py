@@ -86,7 +86,7 @@ async def headscale_view(client: Client, tailnet: JSON, operator_namespace: str)
     try:
         connection = access.working(model)
     except NoAccess as exc:
-        return HeadscaleView(error=str(exc))
+        return HeadscaleView(error=str(exc), no_key=True)
     try:
         async with access.open(connection) as hs:
             async with asyncio.timeout(4 * HEADSCALE_TIMEOUT):

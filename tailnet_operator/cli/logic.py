@@ -65,6 +65,8 @@ class HeadscaleView:
     policy: str | None = None
     version: str = ""
     error: str = ""
+    no_key: bool = False
+    """Not contacted because the operator's namespace holds no working key for the Tailnet."""
 
 
 @dataclass(frozen=True)
@@ -576,7 +578,18 @@ def check(facts: CheckFacts) -> Report:
     for tailnet in facts.tailnets:
         name = _meta(tailnet)[2]
         view = facts.headscale.get(name)
-        if view is None or view.error:
+        reachable = _conditions(tailnet).get("Reachable") or {}
+        if view is not None and view.no_key and reachable.get("status") != "False":
+            # reconciled by no operator yet (then the key check below finds it), or by one in
+            # another namespace: nothing this installation can vouch for
+            report.step(f"Tailnet {name}: Headscale", None,
+                        f"no working key in {facts.namespace}; the operator's view: "
+                        f"Reachable={reachable.get('status', 'Unknown')}")
+        elif view is not None and view.no_key:
+            report.step(f"Tailnet {name}: Headscale", False, str(reachable.get("message", "")))
+            report.find("HeadscaleUnreachable", f"Headscale of Tailnet {name}: {reachable.get('message', '')}",
+                        f"kubectl tailnet status tailnet/{name} (docs/runbooks/TailnetUnreachable.md)")
+        elif view is None or view.error:
             why = view.error if view is not None else "not contacted"
             report.step(f"Tailnet {name}: Headscale", False, why)
             report.find("HeadscaleUnreachable", f"Headscale of Tailnet {name}: {why}",

@@ -269,3 +269,13 @@ def test_check_names_what_is_broken(changes: dict[str, Any], cause: str) -> None
 
 def test_check_with_no_tailnet_yet_passes() -> None:
     assert check(check_facts(tailnets=(), headscale={})).ok
+
+
+def test_check_vouches_only_for_tailnets_whose_key_it_holds() -> None:
+    elsewhere = HeadscaleView(error="no working key", no_key=True)
+    assert check(check_facts(headscale={"home": elsewhere})).ok
+    down = tailnet(conditions=[{"type": "Reachable", "status": "False", "reason": "Unreachable",
+                                "message": "connection refused"}])
+    report = check(check_facts(tailnets=(down,), headscale={"home": elsewhere}))
+    assert report.causes() == ["HeadscaleUnreachable"]
+    assert "connection refused" in report.render()
