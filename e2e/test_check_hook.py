@@ -21,7 +21,7 @@ from hack.localenv import Headscale, wait_until
 from hack.localenv.install import OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE
 from tailnet_operator.api.crds import CRD_DIR
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e]
+pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 RELEASE = "check-e2e"
 NAMESPACE = "tailnet-check"
