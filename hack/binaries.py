@@ -9,7 +9,9 @@ Every binary comes from Go modules through the Go toolchain:
   modules at ``./staging``; a throwaway module replaces each of them with the published
   ``k8s.io/<name> v0.<minor>.<patch>`` and builds the commands from there.
 * The local node's containerd (with its runc shim and ``ctr``), the CNI plugins, CoreDNS,
-  kind, cyclonus and Helm come the same way, with the build tags their own Makefiles use.
+  kind, cyclonus, Helm and Prometheus (with ``promtool``) come the same way, with the build tags
+  their own Makefiles use. Prometheus' web UI assets are not embedded (no ``builtinassets`` tag):
+  the tests use its HTTP API only.
 * runc needs cgo for its ``nsenter`` part and libseccomp (the ``seccomp`` tag) for the
   ``RuntimeDefault`` profile that Pod Security's ``restricted`` level demands: it is built
   inside a copy of its own module, with cgo, against Debian's libseccomp-dev. Its
