@@ -392,12 +392,15 @@ async def test_a_real_prometheus_scrapes_the_operator_and_an_agent_with_the_ship
         return found if found and all(not r.get("lastEvaluation", "0001").startswith("0001") for r in found) else []
 
     # the Tailnet's key lives 2h here: inside the warning threshold, so that alert is pending (it
-    # fires after 10 minutes); every other one is quiet on this healthy setup
+    # fires after 10 minutes); every other one is quiet on this healthy setup, but for reconcile
+    # errors, which a transient conflict may count (it is retried) and which only fire after 15m
     for rule in await eventually(evaluated, timeout=30, what="every rule evaluated"):
         assert rule["health"] == "ok", rule
         if rule["name"] == "TailnetKeyExpiringSoon":
             assert rule["state"] == "pending", rule
             assert [a["labels"]["tailnet"] for a in rule["alerts"]] == [tailnet], rule
+        elif rule["name"] == "TailnetOperatorReconcileErrors":
+            assert rule["state"] in ("inactive", "pending"), rule
         else:
             assert rule["state"] == "inactive", rule
 
