@@ -385,24 +385,30 @@ async def test_a_real_prometheus_scrapes_the_operator_and_an_agent_with_the_ship
     await eventually(lambda: prometheus.query("tailnet_operator_headscale_requests_total"), timeout=30,
                      what="Headscale API requests scraped")
 
-    # every rule evaluates against the real series; none fires on this healthy setup
-    def evaluated() -> list[dict[str, Any]]:
-        groups = prometheus.get("/api/v1/rules")["data"]["groups"]
-        found = [r for g in groups for r in g["rules"]]
-        return found if found and all(not r.get("lastEvaluation", "0001").startswith("0001") for r in found) else []
-
-    # the Tailnet's key lives 2h here: inside the warning threshold, so that alert is pending (it
-    # fires after 10 minutes); every other one is quiet on this healthy setup, but for reconcile
-    # errors, which a transient conflict may count (it is retried) and which only fire after 15m
-    for rule in await eventually(evaluated, timeout=30, what="every rule evaluated"):
-        assert rule["health"] == "ok", rule
+    # every rule evaluates against the real series. The Tailnet's key lives 2h here: inside the
+    # warning threshold, so that alert is pending (it fires after 10 minutes); every other one is
+    # quiet on this healthy setup once an evaluation has seen the scraped series, but for reconcile
+    # errors, which a transient conflict may count (it is retried) and which fire only after 15m
+    def as_expected(rule: dict[str, Any]) -> bool:
+        if rule["health"] != "ok":
+            return False
         if rule["name"] == "TailnetKeyExpiringSoon":
-            assert rule["state"] == "pending", rule
-            assert [a["labels"]["tailnet"] for a in rule["alerts"]] == [tailnet], rule
-        elif rule["name"] == "TailnetOperatorReconcileErrors":
-            assert rule["state"] in ("inactive", "pending"), rule
-        else:
-            assert rule["state"] == "inactive", rule
+            return rule["state"] == "pending" and [a["labels"]["tailnet"] for a in rule["alerts"]] == [tailnet]
+        if rule["name"] == "TailnetOperatorReconcileErrors":
+            return bool(rule["state"] in ("inactive", "pending"))
+        return bool(rule["state"] == "inactive")
+
+    last: list[list[dict[str, Any]]] = [[]]
+
+    def settled() -> bool:
+        groups = prometheus.get("/api/v1/rules")["data"]["groups"]
+        last[0] = [r for g in groups for r in g["rules"]]
+        return len(last[0]) == len(alerts()) and all(as_expected(r) for r in last[0])
+
+    try:
+        await eventually(settled, timeout=60, interval=1, what="every rule evaluated as expected")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {[r for r in last[0] if not as_expected(r)]}") from None
 
     # every metric a dashboard panel queries was seen in this scrape
     seen = set(prometheus.get("/api/v1/label/__name__/values")["data"])
