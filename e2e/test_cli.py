@@ -16,7 +16,6 @@ import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,16 +65,6 @@ def set_policy(headscale: Headscale, *, grants: bool) -> None:
     if grants:
         policy["grants"].append({"src": [TAG], "dst": [SITE], "ip": ["5432"]})
     headscale.api("PUT", "/api/v1/policy", {"policy": json.dumps(policy)})
-
-
-@pytest.fixture
-def processes() -> Iterator[list[ManagedProcess]]:
-    started: list[ManagedProcess] = []
-    try:
-        yield started
-    finally:
-        for process in reversed(started):
-            process.stop()
 
 
 async def test_status_diagnose_and_check_walk_an_egress_from_broken_to_healthy(

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -268,16 +267,6 @@ class Prometheus:
                 return bool(resp.status == 200)
         except OSError:
             return False
-
-
-@pytest.fixture
-def processes() -> Iterator[list[ManagedProcess]]:
-    started: list[ManagedProcess] = []
-    try:
-        yield started
-    finally:
-        for process in reversed(started):
-            process.stop()
 
 
 def _http_ok(url: str) -> bool:

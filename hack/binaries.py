@@ -12,6 +12,10 @@ Every binary comes from Go modules through the Go toolchain:
   kind, cyclonus, Helm and Prometheus (with ``promtool``) come the same way, with the build tags
   their own Makefiles use. Prometheus' web UI assets are not embedded (no ``builtinassets`` tag):
   the tests use its HTTP API only.
+* cert-manager's controller command is a module of its own that the proxy does not serve; a
+  throwaway module that requires ``github.com/cert-manager/cert-manager`` builds the project's
+  small main (``hack/certmanager/main.go``) that runs the registered certificates and issuer
+  controllers the way that command does (test-only: the tests issue certificates with it).
 * runc needs cgo for its ``nsenter`` part and libseccomp (the ``seccomp`` tag) for the
   ``RuntimeDefault`` profile that Pod Security's ``restricted`` level demands: it is built
   inside a copy of its own module, with cgo, against Debian's libseccomp-dev. Its
@@ -68,6 +72,8 @@ class Component:
     """``replace`` directives of that go.mod whose targets the published module lacks."""
     x_version: str = ""
     """A Go variable that ``-ldflags -X`` sets to ``v<version>`` (what ``<binary> version`` prints)."""
+    main: str = ""
+    """A main package of this repository (a directory under hack/) built against the module."""
 
     @property
     def directory(self) -> Path:
@@ -114,8 +120,10 @@ _PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
 PROMETHEUS = Component("prometheus", versions.PROMETHEUS, ("prometheus", "promtool"), _PROMETHEUS_MODULE,
                        (f"{_PROMETHEUS_MODULE}/cmd/prometheus", f"{_PROMETHEUS_MODULE}/cmd/promtool"),
                        x_version="github.com/prometheus/common/version.Version")
+CERT_MANAGER = Component("cert-manager", versions.CERT_MANAGER, ("cert-manager-controller",),
+                         "github.com/cert-manager/cert-manager", (".",), main="certmanager")
 COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE, CONTAINERD, RUNC, CNI_PLUGINS, COREDNS, KIND, CYCLONUS, HELM,
-              PROMETHEUS)
+              CERT_MANAGER, PROMETHEUS)
 
 _MIN_GO = (1, 26)
 
@@ -156,6 +164,18 @@ def _install_into(component: Component, staging: Path) -> None:
     if final.exists():
         shutil.rmtree(final)
     staging.rename(final)
+
+
+def _build_main(component: Component) -> None:
+    """Build the project's own main (``hack/<main>/main.go``) in a throwaway module that requires
+    ``module@v<version>``; the main's other imports resolve to the versions that module pins."""
+    go = require_go()
+    with tempfile.TemporaryDirectory(prefix=f"{component.name}-build-") as tmp:
+        work = Path(tmp)
+        _throwaway_module(go, work)
+        shutil.copy(Path(__file__).parent / component.main / "main.go", work / "main.go")
+        _run([go, "get", f"{component.module}@v{component.version}"], cwd=work)
+        _build_packages(go, component, work, "-s -w", cgo=False)
 
 
 def _build_from_module(component: Component, ldflags: str = "-s -w") -> None:
@@ -245,6 +265,8 @@ def build(component: Component) -> float:
         _build_kubernetes(component)
     elif component.in_module:
         _build_in_module(component)
+    elif component.main:
+        _build_main(component)
     elif component.x_version:
         _build_from_module(component, f"-s -w -X {component.x_version}=v{component.version}")
     else:

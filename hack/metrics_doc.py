@@ -11,7 +11,6 @@ Usage: ``python -m hack.metrics_doc`` writes the page; ``--check`` exits 1 when 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
+
+from hack import generated_page
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = REPO / "docs" / "reference" / "metrics.md"
@@ -143,18 +144,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hack.metrics_doc", description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the page is out of date")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if not PAGE.is_file() or PAGE.read_text() != text:
-            print(f"{PAGE.relative_to(REPO)} is out of date: run python -m hack.metrics_doc", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.write_text(text)
-    print(f"wrote {PAGE.relative_to(REPO)}", file=sys.stderr)
-    return 0
+    return generated_page.main("hack.metrics_doc", PAGE, render, __doc__ or "", argv)
 
 
 if __name__ == "__main__":

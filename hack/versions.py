@@ -22,6 +22,9 @@ COREDNS = "1.12.4"
 # set of NetworkPolicies allows, with its own implementation of the semantics.
 KIND = "0.33.0"
 CYCLONUS = "0.5.6"
+# cert-manager's certificates and issuer controllers (a test-only main, hack/certmanager/main.go)
+# issue certificates for TailnetIngress hosts in the tests.
+CERT_MANAGER = "1.19.1"
 # Helm renders manifests/install from the chart (python -m hack.render_install) and installs it in tests.
 HELM = "3.22.0"
 # Prometheus 3 (its Go module is tagged v0.<minor>.<patch>): rules are checked and unit-tested with

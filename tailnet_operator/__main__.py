@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import structlog
 
 from tailnet_operator import __version__, logs
+from tailnet_operator.controllers.gateway import GatewaySettings
 from tailnet_operator.controllers.setup import setup
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
@@ -48,6 +49,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--agent-metrics-namespace-selector", default="", metavar="KEY=VALUE[,KEY=VALUE]",
                         help="labels of the namespaces whose pods may scrape the agents' /metrics "
                              "(their NetworkPolicy admits only the operator otherwise)")
+    parser.add_argument("--gateway-namespace", default=os.environ.get("TAILNET_GATEWAY_NAMESPACE", "tailnet-gateway"),
+                        help="where TailnetGateway routers and their CoreDNS run (Pod Security privileged)")
+    parser.add_argument("--gateway-service-account", default="tailnet-gateway",
+                        help="the router pods' ServiceAccount in the gateway namespace (reads and writes the "
+                             "state Secrets)")
     parser.add_argument("--version", action="version", version=f"tailnet-operator {__version__}")
     return parser.parse_args(argv)
 
@@ -98,7 +104,11 @@ async def run(args: argparse.Namespace) -> int:
     setup(manager, namespace=args.namespace,
           events=EventRecorder(manager.client, reporting_instance=identity, clock=manager.clock),
           agent_image=await agent_image(manager, args),
-          agent_metrics_namespaces=parse_labels(args.agent_metrics_namespace_selector))
+          agent_metrics_namespaces=parse_labels(args.agent_metrics_namespace_selector),
+          tenant_role=os.environ.get("TAILNET_TENANT_CLUSTER_ROLE") or "tailnet-operator-tenant",
+          service_account=os.environ.get("TAILNET_SERVICE_ACCOUNT") or "tailnet-operator",
+          gateway=GatewaySettings(namespace=args.gateway_namespace,
+                                  service_account=args.gateway_service_account))
     log.info("starting", version=__version__, api_server=manager.client.config.host, namespace=args.namespace,
              metrics=args.metrics_bind_address, probes=args.health_probe_bind_address,
              leader_election=args.leader_elect)

@@ -36,7 +36,7 @@ from tailnet_agent.backoff import Backoff
 
 from . import netmap as nm
 from .controlconn import ControlConnection, Response
-from .errors import ConnectionLost, ControlError, HTTPStatusError, RegistrationError
+from .errors import ConnectionLost, ControlError, HTTPStatusError, ProtocolViolation, RegistrationError
 from .keys import NodeKeys, PublicKey
 from .mapstream import MapFrameDecoder
 
@@ -333,10 +333,7 @@ class ControlClient:
         self.map_messages += 1
         if nm.is_keepalive(message):
             return
-        try:
-            updated = nm.apply(self.netmap, message)
-        except nm.IncompleteMap as exc:
-            raise ConnectionLost(str(exc)) from exc
+        updated = decode_map_message(self.netmap, message)
         if updated is None or updated is self.netmap:
             return
         self.netmap = updated
@@ -354,3 +351,15 @@ class ControlClient:
         return await ControlConnection.open(self.options.url, keys.machine,
                                             capability_version=self.options.capability_version,
                                             ca_bundle=self.options.ca_bundle)
+
+
+def decode_map_message(current: nm.NetMap | None, message: dict[str, Any]) -> nm.NetMap | None:
+    """The netmap after one MapResponse; a message the netmap cannot be built from is a
+    :class:`ConnectionLost` (no self node yet) or a :class:`ProtocolViolation` (a field of the
+    wrong shape), so the client reconnects with backoff instead of failing."""
+    try:
+        return nm.apply(current, message)
+    except nm.IncompleteMap as exc:
+        raise ConnectionLost(str(exc)) from exc
+    except nm.MalformedMap as exc:
+        raise ProtocolViolation(f"malformed MapResponse: {exc}") from exc

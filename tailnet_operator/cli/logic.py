@@ -407,7 +407,11 @@ def object_status(facts: Facts) -> Report:
                                "policy; docs/runbooks/TailnetRoutesNotApproved.md",
                 "NoRouter": "start a subnet router that carries spec.routerTag",
                 "NotAdvertised": "advertise the listed routes on the router (tailscale set --advertise-routes)",
-                "Blocked": "kubectl get tailnetsites: resolve the overlap named in status.blockedBy"}
+                "Blocked": "kubectl get tailnetsites: resolve the overlap named in status.blockedBy",
+                "NamespaceNotGranted": f"bind the tenant ClusterRole in namespace {obj['metadata'].get('namespace')}: "
+                                       "the message holds the kubectl create rolebinding command "
+                                       "(docs/reference/rbac.md)",
+                "PortShared": "put the hosts into one expose or give each expose its own port"}
         report.find(reason, str(ready.get("message", "")),
                     hint.get(reason, f"kubectl describe {kind.lower()} {name}; see docs/troubleshooting"))
     ref = ((obj.get("spec") or {}).get("tailnetRef") or {}).get("name")

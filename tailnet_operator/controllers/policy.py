@@ -46,6 +46,7 @@ from tailnet_operator.policy import (
     missing,
     parse_hujson,
     render,
+    routes_to_approve,
 )
 from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.resources import owned_metadata
@@ -264,20 +265,19 @@ class PolicyReconciler:
     # -- approvals and sites ------------------------------------------------------------------
 
     async def _replay_approvals(self, run: Run, hs: HeadscaleClient, nodes: list[Node]) -> list[Node]:
-        """Approve site routes that tagged routers advertise but Headscale has not approved."""
-        inputs = run.inputs
+        """Approve what tagged nodes advertised before the policy approved it automatically.
+
+        Headscale auto-approves only when a node advertises, so a site router, the gateway (its
+        routes and load-balancer range) or a router of an egress host route that came up before
+        its approver was rendered stays unapproved; every derived approval is replayed here.
+        """
         updated: list[Node] = []
         for node in nodes:
-            wanted: set[str] = set()
-            for site in inputs.sites:
-                if inputs.verdicts[name_of(site)].blocked or str(site.spec.router_tag) not in node.tags:
-                    continue
-                routes = {str(r) for r in site.spec.routes}
-                wanted |= routes & set(node.available_routes) - set(node.approved_routes)
+            wanted = routes_to_approve(run.inputs.derived, node.tags, node.available_routes, node.approved_routes)
             if wanted:
-                node = await hs.add_approved_routes(node, sorted(wanted))
+                node = await hs.add_approved_routes(node, wanted)
                 await self.events.normal(run.obj, "RoutesApproved",
-                                         f"approved {', '.join(sorted(wanted))} on router {node.name}",
+                                         f"approved {', '.join(wanted)} on router {node.name}",
                                          action="ApproveRoutes")
             updated.append(node)
         return updated

@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -125,6 +125,25 @@ def _approved(routes: Mapping[str, Any], route: IPNetwork, approver: str) -> boo
         ):
             return True
     return False
+
+
+def routes_to_approve(derived: Derived, tags: Iterable[str], available: Iterable[str],
+                      approved: Iterable[str]) -> list[str]:
+    """Routes a node advertises, not yet approved, that a derived approver covers for one of its tags.
+
+    What Headscale's auto-approval would have granted had the policy existed when the node
+    advertised them (it only approves on advertisement): site routes, the gateway's routes and
+    load-balancer range, egress host routes. Sorted; empty when there is nothing to replay.
+    """
+    node_tags = set(tags)
+    done = set(approved)
+    routes = {entry.route: entry.approvers for entry in derived.routes}
+    out = []
+    for route in sorted(set(available) - done):
+        network = _as_network(route)
+        if network is not None and any(_approved(routes, network, tag) for tag in node_tags):
+            out.append(route)
+    return out
 
 
 def _port_spec_covers(spec: str, port: int) -> bool:

@@ -173,6 +173,16 @@ def test_a_site_whose_routes_are_not_approved() -> None:
     assert "advertised 198.18.1.0/24; approved -" in report.render()
 
 
+def test_an_ingress_in_a_namespace_that_has_not_let_the_operator_in() -> None:
+    ingress = {"kind": "TailnetIngress", "metadata": {"name": "shop", "namespace": "tenant"},
+               "spec": {"tailnetRef": {"name": "home"}, "tag": "tag:shop"},
+               "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "NamespaceNotGranted",
+                                          "message": "kubectl -n tenant create rolebinding tailnet-operator ..."}]}}
+    report = object_status(Facts(now=NOW, obj=ingress, tailnet=tailnet()))
+    assert report.causes() == ["NamespaceNotGranted"]
+    assert "namespace tenant" in report.check_next() and "rbac.md" in report.check_next()
+
+
 def test_a_tailnet_whose_policy_was_rejected() -> None:
     rejected = tailnet()
     rejected["status"]["conditions"].append({"type": "PolicyApplied", "status": "False", "reason": "PolicyRejected",

@@ -1,7 +1,7 @@
 """A Headscale API in memory, behind the real client's ``MockTransport`` seam (test tooling).
 
 It serves what the reconcilers call: ``/version``, API keys (list, create, expire), pre-auth keys
-(create, list, expire), nodes (list, get, approve routes) and the policy (get, check, put), with
+(create, list, expire), nodes (list, get, delete, approve routes) and the policy (get, check, put), with
 bearer-key authentication. Limits: no users, no policy validation beyond ``reject_policy``, and no retries
 (clients are built with ``attempts=1``).
 """
@@ -113,6 +113,12 @@ class FakeHeadscale:
             return _ok({"nodes": self.nodes})
         if request.method == "GET" and path.startswith("/api/v1/node/"):
             return _ok({"node": self._node(path.split("/")[4])})
+        if request.method == "DELETE" and path.startswith("/api/v1/node/"):
+            found = [n for n in self.nodes if n["id"] == path.split("/")[4]]
+            if not found:
+                return _error(404, 5, "node not found")
+            self.nodes.remove(found[0])
+            return _ok({})
         if request.method == "POST" and path.endswith("/approve_routes"):
             node = self._node(path.split("/")[4])
             node["approvedRoutes"] = list(body["routes"])

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tailnet_operator.controllers.kinds import TAILNET_EGRESS, TAILNET_SITE
+from tailnet_operator.controllers.kinds import TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_SITE
 from tailnet_operator.controllers.policy import rendered_config_map_name
 from tailnet_operator.runtime import CONFIG_MAP, SECRET
 from tailnet_operator.types import JSON
@@ -257,3 +257,24 @@ async def test_an_egress_outside_the_operator_namespace_never_reaches_the_policy
     assert "tag:egress-mine" in live
     assert "tag:egress-theirs" not in live
     assert world.events.reasons.count("EgressIgnored") == 1, "reported once per object, not per reconcile"
+
+
+async def test_the_gateway_range_and_egress_host_routes_are_replayed_too() -> None:
+    """Approvals for what the gateway advertised before its approvers existed: its load-balancer
+    range and an egress target's host route. Its site LANs are approved through TailnetSites
+    (none here), so they stay unapproved, as does anything no approver covers."""
+    world = await ready_world()
+    world.kube.add(TAILNET_GATEWAY, {
+        "metadata": {"name": "gw"},
+        "spec": {"tailnetRef": {"name": "tn"}, "tag": "tag:gw", "image": "tailscale/tailscale:v1.98.10",
+                 "siteRoutes": ["10.20.0.0/16"], "advertiseLoadBalancerRange": "198.18.200.0/24"}})
+    egress(world, "db", NAMESPACE, "tag:egress-db")
+    advertised = ["10.20.0.0/16", "198.18.200.0/24", "192.168.1.10/32", "172.16.0.0/12"]
+    world.headscale.nodes.append(router("9", "tag:gw", advertised))
+    world.headscale.nodes.append(router("10", "tag:other", ["10.20.0.0/16"]))
+
+    await world.reconcile_policy()
+
+    gateway, other = world.headscale.nodes
+    assert gateway["approvedRoutes"] == ["192.168.1.10/32", "198.18.200.0/24"]
+    assert other["approvedRoutes"] == [], "a node without an approver tag is never approved"
