@@ -52,6 +52,8 @@ lint: $(VENV)/.native
 manifests: $(VENV)/.installed
 	$(PY) -m hack.codegen
 	$(PY) -m hack.render_install
+	$(PY) -m hack.api_doc
+	$(PY) -m hack.metrics_doc
 
 unit: $(VENV)/.native
 	$(VENV)/bin/pytest unit_tests -q $(PYTEST_ARGS)

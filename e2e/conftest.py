@@ -38,6 +38,7 @@ from hack.localenv import (
     ControlPlane,
     Environment,
     Headscale,
+    ManagedProcess,
     SiteHost,
     TailscaleNode,
     marked_processes,
@@ -292,3 +293,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             reporter.write_line(f"component logs kept in {_environment.log_dir}")
     else:
         shutil.rmtree(_environment.root, ignore_errors=True)
+
+
+@pytest.fixture
+def processes() -> Iterator[list[ManagedProcess]]:
+    """Processes a test starts (append them); stopped at its end, the last started first."""
+    started: list[ManagedProcess] = []
+    try:
+        yield started
+    finally:
+        for process in reversed(started):
+            process.stop()

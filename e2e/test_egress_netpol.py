@@ -50,3 +50,26 @@ def test_only_consumer_namespaces_reach_the_agent_and_only_the_operator_its_heal
     assert to_agent[(f"{OPERATOR_NS}/operator", build.HEALTH_PORT)]
     assert not to_agent[("apps/client", build.HEALTH_PORT)]
     assert not to_agent[(f"{OPERATOR_NS}/stranger", build.HEALTH_PORT)]
+
+
+def test_the_namespace_prometheus_runs_in_reaches_only_the_health_port() -> None:
+    egress = TailnetEgress.model_validate({**OWNER, "spec": {
+        "tailnetRef": {"name": "tn"}, "tag": "tag:egress-db", "consumerNamespaces": ["apps"],
+        "targets": [{"name": "ledger", "address": "198.18.1.10", "ports": [{"port": 5432}]}]}})
+    ports = build.listen_ports(egress, {})
+    agent_spec = build.AgentSpec(image="img", control_url="https://hs.test", auth_secret="s",
+                                 operator_labels=OPERATOR_LABELS,
+                                 metrics_namespaces={"kubernetes.io/metadata.name": "monitoring"})
+    policy = build.network_policy(OWNER, egress, ports, agent_spec)
+    listeners = tuple(sorted(ports.values()))
+    agent = Pod(OPERATOR_NS, "agent", build.agent_labels(egress), (*listeners, build.HEALTH_PORT))
+    pods = [agent, Pod("monitoring", "prometheus"), Pod("apps", "client"), Pod("other", "client")]
+    namespaces = [Namespace(n) for n in (OPERATOR_NS, "monitoring", "apps", "other")]
+
+    verdicts = allowed([policy], namespaces, pods)
+
+    to_agent = {(src, port): ok for (src, dst, port), ok in verdicts.items() if dst == f"{OPERATOR_NS}/agent"}
+    assert to_agent[("monitoring/prometheus", build.HEALTH_PORT)]
+    assert not any(to_agent[("monitoring/prometheus", port)] for port in listeners)
+    assert not to_agent[("other/client", build.HEALTH_PORT)]
+    assert not to_agent[("apps/client", build.HEALTH_PORT)]

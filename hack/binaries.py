@@ -9,7 +9,9 @@ Every binary comes from Go modules through the Go toolchain:
   modules at ``./staging``; a throwaway module replaces each of them with the published
   ``k8s.io/<name> v0.<minor>.<patch>`` and builds the commands from there.
 * The local node's containerd (with its runc shim and ``ctr``), the CNI plugins, CoreDNS,
-  kind, cyclonus and Helm come the same way, with the build tags their own Makefiles use.
+  kind, cyclonus, Helm and Prometheus (with ``promtool``) come the same way, with the build tags
+  their own Makefiles use. Prometheus' web UI assets are not embedded (no ``builtinassets`` tag):
+  the tests use its HTTP API only.
 * cert-manager's controller command is a module of its own that the proxy does not serve; a
   throwaway module that requires ``github.com/cert-manager/cert-manager`` builds the project's
   small main (``hack/certmanager/main.go``) that runs the registered certificates and issuer
@@ -121,10 +123,14 @@ CYCLONUS = Component("cyclonus", versions.CYCLONUS, ("cyclonus",), "github.com/m
                      ("github.com/mattfenwick/cyclonus/cmd/cyclonus",))
 HELM = Component("helm", versions.HELM, ("helm",), "helm.sh/helm/v3", ("helm.sh/helm/v3/cmd/helm",),
                  x_version="helm.sh/helm/v3/internal/version.version")
+_PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
+PROMETHEUS = Component("prometheus", versions.PROMETHEUS, ("prometheus", "promtool"), _PROMETHEUS_MODULE,
+                       (f"{_PROMETHEUS_MODULE}/cmd/prometheus", f"{_PROMETHEUS_MODULE}/cmd/promtool"),
+                       x_version="github.com/prometheus/common/version.Version")
 CERT_MANAGER = Component("cert-manager", versions.CERT_MANAGER, ("cert-manager-controller",),
                          "github.com/cert-manager/cert-manager", (".",), main="certmanager")
 COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE, CONTAINERD, RUNC, CNI_PLUGINS, COREDNS, KIND, CYCLONUS, HELM,
-              CERT_MANAGER)
+              CERT_MANAGER, PROMETHEUS)
 
 _MIN_GO = (1, 26)
 

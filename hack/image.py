@@ -697,6 +697,7 @@ SMOKE_CHECKS: dict[str, tuple[Check, ...]] = {
     PROJECT_REPOSITORY: (
         Check(("/tailnet-operator", "--version"), 0, "tailnet-operator "),
         Check(("/tailnet-agent",), 2, "AGENT_MODE"),
+        Check(("/kubectl-tailnet", "--help"), 0, "status,diagnose,check"),
         Check(("/opt/venv/bin/python", "-c", "import tailnet_agent._native as n; print(n.__name__)"), 0, "_native"),
         Check(("/opt/venv/bin/python", "-c", _AGENT_IMPORTS), 0, "imported"),
         Check(("/usr/bin/id", "-u"), 0, NONROOT.split(":", 1)[0]),

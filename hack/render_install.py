@@ -38,6 +38,8 @@ STATIC_VALUES = {
     # manifests/crd/ (generated from the API models) holds them; the top kustomization adds
     # the labels the chart would.
     "crds.enabled": "false",
+    # kubectl runs no hooks: the check Job is Helm's (run `kubectl tailnet check` by hand).
+    "postInstallCheck.enabled": "false",
 }
 """The values that differ from the chart's defaults in the static install."""
 

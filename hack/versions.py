@@ -38,6 +38,9 @@ CYCLONUS = "0.5.6"
 CERT_MANAGER = "1.19.1"
 # Helm renders manifests/install from the chart (python -m hack.render_install) and installs it in tests.
 HELM = "3.22.0"
+# Prometheus 3 (its Go module is tagged v0.<minor>.<patch>): rules are checked and unit-tested with
+# promtool, and a real server scrapes the operator and an agent in the monitoring tests.
+PROMETHEUS = "0.316.0"
 
 # The Debian release the image's base rootfs is made from (debootstrap).
 DEBIAN_SUITE = "bookworm"

@@ -46,6 +46,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--agent-image", default=os.environ.get("TAILNET_AGENT_IMAGE"),
                         help="image of the egress/ingress agent pods; default: the operator's own image "
                              "(read from its Pod, POD_NAME), else " + FALLBACK_AGENT_IMAGE)
+    parser.add_argument("--agent-metrics-namespace-selector", default="", metavar="KEY=VALUE[,KEY=VALUE]",
+                        help="labels of the namespaces whose pods may scrape the agents' /metrics "
+                             "(their NetworkPolicy admits only the operator otherwise)")
     parser.add_argument("--gateway-namespace", default=os.environ.get("TAILNET_GATEWAY_NAMESPACE", "tailnet-gateway"),
                         help="where TailnetGateway routers and their CoreDNS run (Pod Security privileged)")
     parser.add_argument("--gateway-service-account", default="tailnet-gateway",
@@ -53,6 +56,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "state Secrets)")
     parser.add_argument("--version", action="version", version=f"tailnet-operator {__version__}")
     return parser.parse_args(argv)
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """``a=b,c=d`` -> ``{"a": "b", "c": "d"}``; ArgumentTypeError names a malformed entry."""
+    labels: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"{item!r} is not KEY=VALUE")
+        labels[key] = value
+    return labels
 
 
 def build_manager(args: argparse.Namespace) -> Manager:
@@ -90,6 +104,7 @@ async def run(args: argparse.Namespace) -> int:
     setup(manager, namespace=args.namespace,
           events=EventRecorder(manager.client, reporting_instance=identity, clock=manager.clock),
           agent_image=await agent_image(manager, args),
+          agent_metrics_namespaces=parse_labels(args.agent_metrics_namespace_selector),
           tenant_role=os.environ.get("TAILNET_TENANT_CLUSTER_ROLE") or "tailnet-operator-tenant",
           service_account=os.environ.get("TAILNET_SERVICE_ACCOUNT") or "tailnet-operator",
           gateway=GatewaySettings(namespace=args.gateway_namespace,
@@ -103,6 +118,12 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from tailnet_operator.cli.main import COMMANDS
+    from tailnet_operator.cli.main import main as cli_main
+
+    if argv and argv[0] in COMMANDS:
+        return cli_main(argv)
     args = parse_args(argv)
     logs.configure(args.log_format, args.log_level)
     try:

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from tailnet_operator.api.tailnet import Tailnet
-from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, TransportError
+from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, RequestObserver, TransportError
 from tailnet_operator.runtime import SECRET, Clock, EventRecorder, Reader
 from tailnet_operator.types import JSON
 
@@ -45,6 +45,15 @@ ClientFactory = Callable[[str, str, str | None], HeadscaleClient]
 
 def default_client_factory(url: str, api_key: str, ca_bundle: str | None) -> HeadscaleClient:
     return HeadscaleClient(url, api_key, ca_bundle=ca_bundle)
+
+
+def observed_client_factory(observer: RequestObserver) -> ClientFactory:
+    """The default factory, with every request reported to ``observer`` (the operator's metrics)."""
+
+    def factory(url: str, api_key: str, ca_bundle: str | None) -> HeadscaleClient:
+        return HeadscaleClient(url, api_key, ca_bundle=ca_bundle, observer=observer)
+
+    return factory
 
 
 def working_key_secret_name(tailnet: str) -> str:

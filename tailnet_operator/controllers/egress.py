@@ -60,6 +60,8 @@ class EgressSettings:
 
     agent_image: str
     operator_labels: dict[str, str] = field(default_factory=dict)
+    metrics_namespaces: dict[str, str] = field(default_factory=dict)
+    """Namespaces (by labels) admitted to the agents' /metrics: where Prometheus runs."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,8 @@ class EgressReconciler(AgentReconciler):
             ca = None
         return build.AgentSpec(image=self.settings.agent_image, control_url=key.login_url,
                                auth_secret=auth_key_secret_name(run.name), ca_bundle=ca,
-                               operator_labels=self.settings.operator_labels)
+                               operator_labels=self.settings.operator_labels,
+                               metrics_namespaces=self.settings.metrics_namespaces)
 
     async def _apply(self, run: Run, key: AuthKey) -> dict[str, str]:
         """Apply every object; returns the targets whose Service name is taken (name: holder)."""

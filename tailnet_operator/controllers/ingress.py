@@ -72,6 +72,8 @@ class IngressSettings:
     tenant_role: str = "tailnet-operator-tenant"
     """The ClusterRole a namespace binds to let the operator write an ingress's objects there."""
     service_account: str = "tailnet-operator"
+    metrics_namespaces: dict[str, str] = field(default_factory=dict)
+    """Namespaces (by labels) admitted to the agents' /metrics: where Prometheus runs."""
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,8 @@ class IngressReconciler(AgentReconciler):
     def _agent(self, run: Run, key: AuthKey) -> build.AgentSpec:
         return build.AgentSpec(image=self.settings.agent_image, control_url=key.login_url,
                                auth_secret=build.auth_secret_name(run.name), ca_bundle=self._ca(run),
-                               operator_labels=self.settings.operator_labels)
+                               operator_labels=self.settings.operator_labels,
+                               metrics_namespaces=self.settings.metrics_namespaces)
 
     def _not_granted(self, run: Run, exc: Forbidden) -> str:
         settings = self.settings

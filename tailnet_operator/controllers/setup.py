@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from tailnet_operator.monitoring import HeadscaleMetrics, StateCollector, register_build_info
 from tailnet_operator.runtime import (
     CONFIG_MAP,
     SECRET,
@@ -21,7 +22,14 @@ from tailnet_operator.runtime import (
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, POD, SERVICE, STATEFUL_SET
 from tailnet_operator.types import JSON
 
-from .access import ClientFactory, Deps, HeadscaleAccess, default_client_factory, working_key_secret_name
+from .access import (
+    ClientFactory,
+    Deps,
+    HeadscaleAccess,
+    default_client_factory,
+    observed_client_factory,
+    working_key_secret_name,
+)
 from .dns import FIELD_MANAGER as DNS_FIELD_MANAGER
 from .dns import DnsReconciler, tailnet_of
 from .egress import FIELD_MANAGER as EGRESS_FIELD_MANAGER
@@ -151,21 +159,28 @@ def _hosts_file_of(cache: Reader) -> Callable[[JSON], list[str]]:
 def setup(manager: Manager, *, namespace: str, events: EventRecorder,
           headscale: ClientFactory = default_client_factory,
           clock: Clock | None = None, agent_image: str = "localhost/tailnet-operator:dev",
+          agent_metrics_namespaces: dict[str, str] | None = None,
           tenant_role: str = "tailnet-operator-tenant", service_account: str = "tailnet-operator",
           gateway: GatewaySettings | None = None) -> Reconcilers:
-    """Add the Tailnet, Policy, Egress, Ingress, DNS and Gateway controllers to ``manager``;
-    ``namespace`` is the operator's.
+    """Add the Tailnet, Policy, Egress, Ingress, DNS and Gateway controllers to ``manager``, and
+    the operator's own metrics to its registry; ``namespace`` is the operator's.
 
     ``clock`` (default the manager's) is what the reconcilers read the time from; ``agent_image``
-    is what the agent pods run; ``tenant_role`` and ``service_account`` are what a namespace binds
-    to let the operator write its TailnetIngresses' objects (named when it has not); ``gateway``
-    where the gateways' routers run.
+    is what the agent pods run; ``agent_metrics_namespaces`` selects (by labels) the namespaces
+    whose pods the agents' NetworkPolicy admits to /metrics; ``tenant_role`` and
+    ``service_account`` are what a namespace binds to let the operator write its TailnetIngresses'
+    objects (named when it has not); ``gateway`` where the gateways' routers run.
     """
     cache = manager.cache
     cache.scheme = cache.scheme.with_models(MODELS)
     for resource in (TAILNET_SITE, TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY):
         cache.add_indexer(resource, TAILNET_INDEX, tailnet_ref_index)
     cache.informer(TAILNET)
+    if headscale is default_client_factory:
+        headscale = observed_client_factory(HeadscaleMetrics(registry=manager.registry))
+    register_build_info(manager.registry)
+    by_kind = {resource.kind: resource for resource in MODELS.values()}
+    manager.registry.register(StateCollector(lambda kind: cache.list(by_kind[kind]), by_kind))
 
     deps = Deps(reader=cache, access=HeadscaleAccess(cache, namespace, headscale), events=events,
                 clock=clock or manager.clock)
@@ -187,8 +202,10 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .watches(CONFIG_MAP, _tailnets_referencing(cache, _refers(("policy", "baseConfigMapRef"))))
      .watches(SECRET, _tailnets_referencing(cache, _working_key_of(namespace))))
 
+    metrics_namespaces = dict(agent_metrics_namespaces or {})
     egress = EgressReconciler(deps, manager.writer(EGRESS_FIELD_MANAGER),
-                              EgressSettings(agent_image=agent_image, operator_labels=OPERATOR_LABELS))
+                              EgressSettings(agent_image=agent_image, operator_labels=OPERATOR_LABELS,
+                                             metrics_namespaces=metrics_namespaces))
     (manager.controller("egress", egress)
      .for_(TAILNET_EGRESS, GenerationChanged())
      .owns(DEPLOYMENT, labels=OWNED)
@@ -199,7 +216,8 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
     ingress = IngressReconciler(deps, manager.writer(INGRESS_FIELD_MANAGER),
                                 IngressSettings(agent_image=agent_image, operator_namespace=namespace,
                                                 operator_labels=OPERATOR_LABELS, tenant_role=tenant_role,
-                                                service_account=service_account))
+                                                service_account=service_account,
+                                                metrics_namespaces=metrics_namespaces))
     (manager.controller("ingress", ingress)
      .for_(TAILNET_INGRESS, GenerationChanged())
      .owns(DEPLOYMENT, labels=OWNED)

@@ -14,6 +14,7 @@ from ._client import (
     TAGGED_KEYS_USER,
     Expiration,
     HeadscaleClient,
+    RequestObserver,
 )
 from ._errors import (
     AlreadyExists,
@@ -65,6 +66,7 @@ __all__ = [
     "PolicyRejected",
     "PreAuthKey",
     "Request",
+    "RequestObserver",
     "RequestTimeout",
     "Response",
     "ServerError",

@@ -35,6 +35,7 @@ import datetime as dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import quote, urlencode, urlsplit
 
 import structlog
@@ -122,6 +123,13 @@ def _should_retry(exc: BaseException, *, idempotent: bool) -> bool:
     return False
 
 
+class RequestObserver(Protocol):
+    """Receives one call per attempt: ``path`` as sent (with IDs), ``code`` the HTTP status or
+    ``<error>`` when no answer came back."""
+
+    def request_done(self, *, method: str, path: str, code: str, seconds: float) -> None: ...
+
+
 class HeadscaleClient:
     """Async client of one Headscale server. Use ``async with HeadscaleClient(url, key) as hs``.
 
@@ -132,6 +140,7 @@ class HeadscaleClient:
     :data:`DEFAULT_ATTEMPTS` and :data:`DEFAULT_BACKOFF`.
 
     ``transport`` replaces the network (tests pass a :class:`MockTransport`); the caller owns it.
+    ``observer`` is told about every attempt (the operator's Headscale API metrics).
     By default the client owns one aiohttp session, opened on the first call and closed by
     :meth:`aclose`. A closed client cannot be reused.
 
@@ -142,7 +151,7 @@ class HeadscaleClient:
     def __init__(self, url: str, api_key: str, *, ca_bundle: str | Path | None = None,
                  timeout: float = DEFAULT_TIMEOUT, attempts: int = DEFAULT_ATTEMPTS,
                  backoff: float = DEFAULT_BACKOFF, transport: Transport | None = None,
-                 server_version: str | None = None) -> None:
+                 server_version: str | None = None, observer: RequestObserver | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"Headscale URL must be http(s)://host[:port], got {url!r}")
@@ -161,6 +170,7 @@ class HeadscaleClient:
             self._owned = AiohttpTransport(ca_bundle=ca_bundle)
             transport = self._owned
         self._transport: Transport = transport
+        self._observer = observer
         self._closed = False
         self._features = ServerFeatures.from_reported(server_version) if server_version is not None else None
 
@@ -470,8 +480,14 @@ class HeadscaleClient:
         except TransportError as exc:
             log.warning("headscale request failed", error=type(exc).__name__, reason=str(exc),
                         elapsed_ms=round((loop.time() - started) * 1000))
+            if self._observer is not None:
+                self._observer.request_done(method=request.method, path=target, code="<error>",
+                                            seconds=loop.time() - started)
             raise
         elapsed_ms = round((loop.time() - started) * 1000)
+        if self._observer is not None:
+            self._observer.request_done(method=request.method, path=target, code=str(response.status),
+                                        seconds=loop.time() - started)
         if 200 <= response.status < 300:
             log.debug("headscale request", status=response.status, elapsed_ms=elapsed_ms)
             return self._decode(response.body, request, target)

@@ -53,6 +53,8 @@ class AgentSpec:
     ca_bundle: str | None = None
     operator_labels: dict[str, str] = field(default_factory=dict)
     """Labels of the operator's pods, admitted to the agent's health port (it reads /status)."""
+    metrics_namespaces: dict[str, str] = field(default_factory=dict)
+    """Labels of the namespaces whose pods (Prometheus) may scrape the health port's /metrics."""
 
 
 def labels(component: str, name: str) -> dict[str, str]:
@@ -142,11 +144,16 @@ def status_service(metadata: Obj, labels: dict[str, str]) -> Obj:
 
 
 def health_network_policy_rule(agent: AgentSpec, operator_namespace: str | None = None) -> list[Obj]:
-    """The ingress rule that admits the operator's pods to the health port (none without labels);
+    """The ingress rules that admit the operator's pods to the health port (none without labels)
+    and the pods of the metrics namespaces to its /metrics (none without a selector);
     ``operator_namespace`` when the agent runs in another namespace than the operator."""
-    if not agent.operator_labels:
-        return []
-    peer: Obj = {"podSelector": {"matchLabels": agent.operator_labels}}
-    if operator_namespace:
-        peer["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}}
-    return [{"from": [peer], "ports": [{"protocol": "TCP", "port": HEALTH_PORT}]}]
+    rules: list[Obj] = []
+    if agent.operator_labels:
+        peer: Obj = {"podSelector": {"matchLabels": agent.operator_labels}}
+        if operator_namespace:
+            peer["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}}
+        rules.append({"from": [peer], "ports": [{"protocol": "TCP", "port": HEALTH_PORT}]})
+    if agent.metrics_namespaces:
+        rules.append({"from": [{"namespaceSelector": {"matchLabels": dict(agent.metrics_namespaces)}}],
+                      "ports": [{"protocol": "TCP", "port": HEALTH_PORT}]})
+    return rules

@@ -280,7 +280,8 @@ class Controller:
             finally:
                 self._set_active(-1)
                 if self._metrics:
-                    self._metrics.reconciled(self.name, outcome, self._clock.now() - started)
+                    self._metrics.reconciled(self.name, outcome, self._clock.now() - started,
+                                             at=self._clock.utcnow().timestamp())
 
     async def _reconcile(self, request: Request) -> Result:
         if self.options.reconcile_timeout > 0:

@@ -153,6 +153,9 @@ class ControllerMetrics:
                           "Workers per controller.", labels, registry=registry)
         self._active = Gauge("controller_runtime_active_workers",
                              "Workers reconciling right now.", labels, registry=registry)
+        self._last_success = Gauge("tailnet_operator_controller_last_success_timestamp_seconds",
+                                   "Unix time of the controller's last reconcile that did not raise.",
+                                   labels, registry=registry)
 
     def queue(self, name: str) -> QueueMetrics:
         return self._workqueue.for_queue(name)
@@ -167,9 +170,12 @@ class ControllerMetrics:
     def active_workers(self, controller: str, count: int) -> None:
         self._active.labels(controller).set(count)
 
-    def reconciled(self, controller: str, result: str, seconds: float) -> None:
+    def reconciled(self, controller: str, result: str, seconds: float, *, at: float | None = None) -> None:
+        """One reconcile ended with ``result``; ``at`` (Unix time) marks a success that did not raise."""
         self._total.labels(controller, result).inc()
         self._time.labels(controller).observe(seconds)
+        if at is not None and result != "error":
+            self._last_success.labels(controller).set(at)
 
     def errored(self, controller: str, *, terminal: bool = False, timeout: bool = False) -> None:
         self._errors.labels(controller).inc()

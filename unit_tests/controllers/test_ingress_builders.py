@@ -136,6 +136,14 @@ def test_the_network_policy_admits_only_the_operator_from_its_namespace_and_leav
     assert bare["spec"]["ingress"] == [], "without the operator's labels nothing is admitted"
 
 
+def test_the_network_policy_admits_the_metrics_namespaces_to_the_health_port_only() -> None:
+    agent = build.AgentSpec("img", "https://hs", "s", operator_labels={"app": "op"},
+                            metrics_namespaces={"kubernetes.io/metadata.name": "monitoring"})
+    _, metrics = build.network_policy(OWNER, ingress([DB]), agent, "tailnet-system")["spec"]["ingress"]
+    assert metrics == {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                       "ports": [{"protocol": "TCP", "port": pod.HEALTH_PORT}]}
+
+
 def test_egress_and_ingress_agents_share_one_pod_shape() -> None:
     from tailnet_operator.api.egress import TailnetEgress
 

@@ -35,6 +35,13 @@ app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+" "_" }}
 {{- end }}
 
+{{/* What the ServiceMonitor selects: the metrics Service of this release. */}}
+{{- define "tailnet-operator.labels.selectMetrics" -}}
+app.kubernetes.io/name: {{ include "tailnet-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: metrics
+{{- end }}
+
 {{- define "tailnet-operator.image" -}}
 {{- .Values.image.repository }}{{ with .Values.image.tag }}:{{ . }}{{ end }}
 {{- end }}
@@ -52,8 +59,11 @@ tailnet-operator
 {{- if and .Values.podDisruptionBudget.enabled (ge (int .Values.podDisruptionBudget.minAvailable) (int .Values.replicaCount)) }}
 {{- fail (printf "podDisruptionBudget.minAvailable=%d with replicaCount=%d would block every node drain: raise replicaCount above minAvailable or set podDisruptionBudget.enabled=false" (int .Values.podDisruptionBudget.minAvailable) (int .Values.replicaCount)) }}
 {{- end }}
-{{- if .Values.metrics.serviceMonitor.enabled }}
-{{- fail "metrics.serviceMonitor.enabled: the ServiceMonitor comes with the monitoring bundle and is not shipped yet; scrape the metrics Service (metrics.service.enabled) instead" }}
+{{- if and .Values.metrics.serviceMonitor.enabled .Values.metrics.podMonitor.enabled }}
+{{- fail "metrics.serviceMonitor.enabled and metrics.podMonitor.enabled: both would scrape every operator pod twice; enable one" }}
+{{- end }}
+{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.service.enabled) }}
+{{- fail "metrics.serviceMonitor.enabled needs metrics.service.enabled=true: the ServiceMonitor selects the metrics Service; or use metrics.podMonitor instead" }}
 {{- end }}
 {{- if eq (int .Values.metrics.port) (int .Values.probes.port) }}
 {{- fail (printf "metrics.port and probes.port are both %d: the manager binds each on its own port" (int .Values.probes.port)) }}

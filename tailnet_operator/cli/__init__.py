@@ -1,0 +1,1 @@
+"""The operator's command line for people: ``status``, ``diagnose`` and ``check`` (:mod:`.main`)."""
