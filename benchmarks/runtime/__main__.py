@@ -32,7 +32,6 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import Any
 
 from hack.localenv import ControlPlane, Environment
 
@@ -189,10 +188,10 @@ async def measure(impl: str, plane: ControlPlane, api: Api, n: int, rnd: int, *,
     convergence = Convergence(api, namespace)
     await convergence.start()
     argv = controller_argv(impl, plane.kubeconfig, namespace)
-    log = open(log_dir / f"{namespace}.log", "wb")  # noqa: SIM115
+    log = open(log_dir / f"{namespace}.log", "wb")  # noqa: SIM115, ASYNC230
     env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "PYTHONPATH": str(ROOT)}
     start = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: ASYNC220
     try:
         await convergence.until(n, deadline=start + CONVERGE_TIMEOUT)
         run.cold_start_s = time.monotonic() - start

@@ -5,6 +5,7 @@ peak RSS of a controller process (from /proc)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import ssl
@@ -210,10 +211,8 @@ class Convergence:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"{self.converged()} of {count} Widgets converged in {self.namespace}")
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), min(remaining, 1.0))
-            except TimeoutError:
-                pass
 
 
 def cpu_seconds(pid: int) -> float:
