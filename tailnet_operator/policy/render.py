@@ -21,13 +21,22 @@ rendered document never reports anything missing except what was skipped.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tailnet_operator.policy.derive import Derived, Grant, IPNetwork, RouteApproval, TagOwner, parse_address
+from tailnet_operator.policy.derive import (
+    PARSE_CACHE_SIZE,
+    Derived,
+    Grant,
+    IPNetwork,
+    RouteApproval,
+    TagOwner,
+    parse_address,
+)
 from tailnet_operator.policy.hujson import (
     JSONObject,
     PolicyParseError,
@@ -105,8 +114,11 @@ def _member(obj: Mapping[str, Any], name: str, default: Any) -> Any:
 
 
 def _as_network(text: Any) -> IPNetwork | None:
-    if not isinstance(text, str):
-        return None
+    return _network_of(text) if isinstance(text, str) else None
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_SIZE)
+def _network_of(text: str) -> IPNetwork | None:
     try:
         return ipaddress.ip_network(text.strip("[]"), strict=False)
     except ValueError:
@@ -170,37 +182,59 @@ def _dst_covers(entry: str, dst: str, hosts: Mapping[str, Any]) -> bool:
     return network is not None and network.version == address.version and address in network
 
 
-@dataclass(frozen=True)
-class _Rules:
-    """The parts of a policy that decide whether a grant is already given."""
+_TAG_SOURCES = ("*", "autogroup:tagged")
+"""Source entries that match every tagged node (besides the tag itself)."""
 
-    grants: Sequence[Any]
-    acls: Sequence[Any]
-    hosts: Mapping[str, Any]
+
+class _Rules:
+    """The parts of a policy that decide whether a grant is already given.
+
+    Rules are filed by source entry: only a rule whose ``src`` names the tag, ``*`` or
+    ``autogroup:tagged`` can allow a tagged node anything, so a question about one tag looks at
+    those rules only, not at the thousands written for users and groups.
+    """
+
+    def __init__(self, grants: list[Any], acls: Sequence[Any], hosts: Mapping[str, Any]) -> None:
+        self.grants = grants
+        self.acls = acls
+        self.hosts = hosts
+        self._by_source: dict[str, list[tuple[bool, Sequence[Any], Sequence[Any]]]] = {}
+        for grant in grants:
+            self._file_grant(grant)
+        for acl in acls:
+            if _member(acl, "action", "accept") != "accept" or _member(acl, "proto", "") not in ("", "tcp", "6"):
+                continue
+            self._file(_member(acl, "src", []), (False, _member(acl, "dst", []), ()))
 
     @classmethod
     def of(cls, doc: Mapping[str, Any]) -> _Rules:
         return cls(_member(doc, "grants", []), _member(doc, "acls", []), _member(doc, "hosts", {}))
 
+    def add(self, grant: dict[str, Any]) -> None:
+        """Append ``grant`` to the policy's grants; later questions see it."""
+        self.grants.append(grant)
+        self._file_grant(grant)
+
+    def _file_grant(self, grant: Any) -> None:
+        if find_key(grant, "via") is not None:
+            return  # restricted to particular routers: not a general allowance
+        self._file(_member(grant, "src", []), (True, _member(grant, "dst", []), _member(grant, "ip", [])))
+
+    def _file(self, sources: Sequence[Any], rule: tuple[bool, Sequence[Any], Sequence[Any]]) -> None:
+        for source in dict.fromkeys(s for s in sources if isinstance(s, str)):
+            self._by_source.setdefault(source, []).append(rule)
+
     def allows(self, tag: str, dst: str, port: int) -> bool:
-        for grant in self.grants:
-            if find_key(grant, "via") is not None:
-                continue  # restricted to particular routers: not a general allowance
-            if (
-                _src_covers(_member(grant, "src", []), tag)
-                and any(_dst_covers(d, dst, self.hosts) for d in _member(grant, "dst", []))
-                and _ip_covers(_member(grant, "ip", []), port)
-            ):
-                return True
-        for acl in self.acls:
-            if _member(acl, "action", "accept") != "accept" or _member(acl, "proto", "") not in ("", "tcp", "6"):
-                continue
-            if not _src_covers(_member(acl, "src", []), tag):
-                continue
-            for entry in _member(acl, "dst", []):
-                alias, _, ports = entry.rpartition(":")
-                if _dst_covers(alias.strip("[]"), dst, self.hosts) and _port_spec_covers(ports, port):
-                    return True
+        for source in (tag, *_TAG_SOURCES):
+            for is_grant, destinations, ip in self._by_source.get(source, ()):
+                if is_grant:
+                    if any(_dst_covers(d, dst, self.hosts) for d in destinations) and _ip_covers(ip, port):
+                        return True
+                    continue
+                for entry in destinations:
+                    alias, _, ports = entry.rpartition(":")
+                    if _dst_covers(alias.strip("[]"), dst, self.hosts) and _port_spec_covers(ports, port):
+                        return True
         return False
 
     def covers(self, grant: Grant) -> bool:
@@ -254,7 +288,8 @@ def render(base: Mapping[str, Any], derived: Derived) -> Rendered:
     listed = {net: key for key in routes if (net := _as_network(key)) is not None}
     added_routes: list[RouteApproval] = []
     for approval in derived.routes:
-        network = ipaddress.ip_network(approval.route)
+        network = _network_of(approval.route)
+        assert network is not None  # derived routes are CIDRs
         lacking = tuple(a for a in approval.approvers if not _approved(routes, network, a))
         if not lacking:
             continue
@@ -293,7 +328,7 @@ def render(base: Mapping[str, Any], derived: Derived) -> Rendered:
             if undefined := _undefined_hosts(grant, rules.hosts):
                 skipped.append(Skipped("grant", _label(grant), _hosts_reason(undefined)))
             elif not rules.covers(grant):
-                grants.append(grant.to_json())
+                rules.add(grant.to_json())
                 added_grants.append(grant)
         if grants_key is None and added_grants:
             doc["grants"] = grants
@@ -341,7 +376,8 @@ def missing(live: str | Mapping[str, Any] | None, derived: Derived) -> Missing:
     lacking_routes: list[RouteApproval] = []
     listed = {net: key for key in routes if (net := _as_network(key)) is not None}
     for approval in derived.routes:
-        network = ipaddress.ip_network(approval.route)
+        network = _network_of(approval.route)
+        assert network is not None  # derived routes are CIDRs
         lacking = tuple(a for a in approval.approvers if not _approved(routes, network, a))
         if lacking:
             lacking_routes.append(RouteApproval(approval.route, lacking))
@@ -402,6 +438,8 @@ def diff_needed(live: str | Mapping[str, Any] | None, rendered: Rendered) -> boo
     Comments, formatting and key order alone never cause a write (every PUT adds a DB row in
     Headscale). A live text that cannot be parsed counts as different: the render replaces it.
     """
+    if isinstance(live, str) and live == rendered.text:
+        return False  # the live policy is this very render (the steady state)
     try:
         doc = _live_document(live)
     except PolicyParseError:
