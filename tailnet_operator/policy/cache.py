@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .hujson import JSONObject, parse_hujson
+from .hujson import JSONObject, TextMemo, parse_hujson
 
 DEFAULT_SIZE = 8
 
@@ -22,6 +22,7 @@ class ParsedPolicies:
     def __init__(self, size: int = DEFAULT_SIZE) -> None:
         self._size = size
         self._items: OrderedDict[tuple[str, str], tuple[str, JSONObject]] = OrderedDict()
+        self._memos: OrderedDict[int, TextMemo] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
@@ -41,3 +42,22 @@ class ParsedPolicies:
         while len(self._items) > self._size:
             self._items.popitem(last=False)
         return document
+
+    def remember(self, text: str, document: JSONObject, *, source: str) -> None:
+        """Record that ``text`` parses to ``document`` (a render's own text and document), so
+        reading that text back (the live policy after a write) costs no parse."""
+        self._items[(source, "")] = (text, document)
+        self._items.move_to_end((source, ""))
+        while len(self._items) > self._size:
+            self._items.popitem(last=False)
+
+    def memo(self, document: JSONObject) -> TextMemo:
+        """The :class:`TextMemo` of ``document`` (built on first use, kept for the last few)."""
+        memo = self._memos.get(id(document))
+        if memo is None or memo.document is not document:
+            memo = TextMemo(document)
+            self._memos[id(document)] = memo
+        self._memos.move_to_end(id(document))
+        while len(self._memos) > 2:
+            self._memos.popitem(last=False)
+        return memo

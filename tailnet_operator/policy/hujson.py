@@ -310,10 +310,66 @@ def validate_structure(document: Mapping[str, Any], *, source: str = "policy") -
                 _string_list(value[exit_node], f"{key}.{exit_node}", source)
 
 
-def canonical_text(document: Mapping[str, Any]) -> str:
+def canonical_text(document: Mapping[str, Any], *, memo: TextMemo | None = None) -> str:
     """The one text form of a document: 2-space JSON in key order, UTF-8, trailing newline.
 
     Deterministic so that the hash (and therefore "did the render change?") depends on data only.
+    With ``memo`` (of a document this one shares objects with, such as the base a render starts
+    from), the text of every shared object is taken from the memo: only what is new is encoded.
     """
-    return json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    if memo is None:
+        return json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    return memo.encode(document) + "\n"
 
+
+_encode_string = getattr(json.encoder, "c_encode_basestring", None) or json.encoder.py_encode_basestring
+
+
+def _scalar(value: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False, allow_nan=False)`` for a string, number, bool or null."""
+    if isinstance(value, str):
+        return str(_encode_string(value))
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "null"
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+class TextMemo:
+    """The canonical text of every container inside one read-only document, by identity; it
+    keeps the document alive, so an identity is never reused while the memo is held.
+
+    Building it encodes the document once; after that, encoding a document that shares most of
+    its objects (a render of that base) costs only the new parts. The output is exactly
+    ``json.dumps(..., indent=2, ensure_ascii=False)``'s.
+    """
+
+    def __init__(self, document: Mapping[str, Any]) -> None:
+        self.document = document
+        self.cache: dict[str, Any] = {}
+        """Other values computed from the document that its users keep with it."""
+        self._texts: dict[int, str] = {}
+        self._text(document, store=True)
+
+    def encode(self, document: Mapping[str, Any]) -> str:
+        return self._text(document, store=False)
+
+    def _text(self, obj: Any, *, store: bool) -> str:
+        """``obj``'s text at indentation 0 (nested, every line after the first is indented)."""
+        if not isinstance(obj, (dict, list)):
+            return _scalar(obj)
+        text = self._texts.get(id(obj))
+        if text is not None:
+            return text
+        if isinstance(obj, dict):
+            parts = [f"{_scalar(k)}: {self._text(v, store=store)}" for k, v in obj.items()]
+            text = "{\n  " + ",\n".join(parts).replace("\n", "\n  ") + "\n}" if parts else "{}"
+        else:
+            parts = [self._text(v, store=store) for v in obj]
+            text = "[\n  " + ",\n".join(parts).replace("\n", "\n  ") + "\n]" if parts else "[]"
+        if store:
+            self._texts[id(obj)] = text
+        return text

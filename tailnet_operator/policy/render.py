@@ -20,7 +20,6 @@ rendered document never reports anything missing except what was skipped.
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import ipaddress
@@ -40,6 +39,7 @@ from tailnet_operator.policy.derive import (
 from tailnet_operator.policy.hujson import (
     JSONObject,
     PolicyParseError,
+    TextMemo,
     canonical_text,
     find_key,
     parse_hujson,
@@ -125,18 +125,32 @@ def _network_of(text: str) -> IPNetwork | None:
         return None
 
 
-def _approved(routes: Mapping[str, Any], route: IPNetwork, approver: str) -> bool:
-    """Whether some route key equal to or containing ``route`` lists ``approver`` (Headscale's rule)."""
-    for key, approvers in routes.items():
+class _Approvals:
+    """``autoApprovers.routes`` by network, for "does some key equal to or containing this route
+    list this approver?" (Headscale's rule) without walking every key for every route."""
+
+    def __init__(self, routes: Mapping[str, Any]) -> None:
+        self._by_network: dict[IPNetwork, list[Any]] = {}
+        self._lengths: dict[int, set[int]] = {4: set(), 6: set()}
+        for key, approvers in routes.items():
+            self.add(key, approvers)
+
+    def add(self, key: str, approvers: Any) -> None:
         network = _as_network(key)
-        if (
-            network is not None
-            and network.version == route.version
-            and approver in approvers
-            and route.subnet_of(network)  # type: ignore[arg-type]
-        ):
-            return True
-    return False
+        if network is not None:
+            self._by_network.setdefault(network, []).append(approvers)
+            self._lengths[network.version].add(network.prefixlen)
+
+    def approved(self, route: IPNetwork, approver: str) -> bool:
+        bits = route.max_prefixlen
+        address = int(route.network_address)
+        for length in self._lengths[route.version]:
+            if length > route.prefixlen:
+                continue
+            supernet = ipaddress.ip_network((address >> (bits - length) << (bits - length), length))
+            if any(approver in approvers for approvers in self._by_network.get(supernet, ())):
+                return True
+        return False
 
 
 def _port_spec_covers(spec: str, port: int) -> bool:
@@ -186,6 +200,22 @@ _TAG_SOURCES = ("*", "autogroup:tagged")
 """Source entries that match every tagged node (besides the tag itself)."""
 
 
+_Rule = tuple[bool, Sequence[Any], Sequence[Any]]
+"""(is a grant, dst entries, ip entries) of one rule that can allow traffic."""
+_Index = dict[str, list[_Rule]]
+
+
+def _file_grant(index: _Index, grant: Any) -> None:
+    if find_key(grant, "via") is not None:
+        return  # restricted to particular routers: not a general allowance
+    _file(index, _member(grant, "src", []), (True, _member(grant, "dst", []), _member(grant, "ip", [])))
+
+
+def _file(index: _Index, sources: Sequence[Any], rule: _Rule) -> None:
+    for source in dict.fromkeys(s for s in sources if isinstance(s, str)):
+        index.setdefault(source, []).append(rule)
+
+
 class _Rules:
     """The parts of a policy that decide whether a grant is already given.
 
@@ -194,39 +224,38 @@ class _Rules:
     those rules only, not at the thousands written for users and groups.
     """
 
-    def __init__(self, grants: list[Any], acls: Sequence[Any], hosts: Mapping[str, Any]) -> None:
+    def __init__(self, grants: list[Any], acls: Sequence[Any], hosts: Mapping[str, Any], *,
+                 index: _Index | None = None) -> None:
         self.grants = grants
         self.acls = acls
         self.hosts = hosts
-        self._by_source: dict[str, list[tuple[bool, Sequence[Any], Sequence[Any]]]] = {}
-        for grant in grants:
-            self._file_grant(grant)
-        for acl in acls:
-            if _member(acl, "action", "accept") != "accept" or _member(acl, "proto", "") not in ("", "tcp", "6"):
-                continue
-            self._file(_member(acl, "src", []), (False, _member(acl, "dst", []), ()))
+        self._index = index if index is not None else self.index_of(grants, acls)
+        self._added: _Index = {}
 
     @classmethod
     def of(cls, doc: Mapping[str, Any]) -> _Rules:
         return cls(_member(doc, "grants", []), _member(doc, "acls", []), _member(doc, "hosts", {}))
 
+    @staticmethod
+    def index_of(grants: Sequence[Any], acls: Sequence[Any]) -> _Index:
+        """The rules filed by source entry (read-only once built: a render of one base reuses it)."""
+        index: _Index = {}
+        for grant in grants:
+            _file_grant(index, grant)
+        for acl in acls:
+            if _member(acl, "action", "accept") != "accept" or _member(acl, "proto", "") not in ("", "tcp", "6"):
+                continue
+            _file(index, _member(acl, "src", []), (False, _member(acl, "dst", []), ()))
+        return index
+
     def add(self, grant: dict[str, Any]) -> None:
         """Append ``grant`` to the policy's grants; later questions see it."""
         self.grants.append(grant)
-        self._file_grant(grant)
-
-    def _file_grant(self, grant: Any) -> None:
-        if find_key(grant, "via") is not None:
-            return  # restricted to particular routers: not a general allowance
-        self._file(_member(grant, "src", []), (True, _member(grant, "dst", []), _member(grant, "ip", [])))
-
-    def _file(self, sources: Sequence[Any], rule: tuple[bool, Sequence[Any], Sequence[Any]]) -> None:
-        for source in dict.fromkeys(s for s in sources if isinstance(s, str)):
-            self._by_source.setdefault(source, []).append(rule)
+        _file_grant(self._added, grant)
 
     def allows(self, tag: str, dst: str, port: int) -> bool:
         for source in (tag, *_TAG_SOURCES):
-            for is_grant, destinations, ip in self._by_source.get(source, ()):
+            for is_grant, destinations, ip in (*self._index.get(source, ()), *self._added.get(source, ())):
                 if is_grant:
                     if any(_dst_covers(d, dst, self.hosts) for d in destinations) and _ip_covers(ip, port):
                         return True
@@ -264,17 +293,31 @@ def _hosts_reason(names: list[str]) -> str:
 # --- render ----------------------------------------------------------------------------------
 
 
-def render(base: Mapping[str, Any], derived: Derived) -> Rendered:
+def render(base: Mapping[str, Any], derived: Derived, *, memo: TextMemo | None = None) -> Rendered:
     """Append the derived entries the base lacks; see the module docstring for the rules.
+
+    The result's ``document`` shares the base's objects (treat both as read-only). ``memo``, a
+    :class:`TextMemo` of ``base`` (see :class:`~tailnet_operator.policy.cache.ParsedPolicies`),
+    makes the canonical text cost only what the render added.
 
     Raises PolicyParseError if a block Headscale knows has the wrong JSON type.
     """
-    validate_structure(base, source="base policy")
-    doc: JSONObject = copy.deepcopy(dict(base))
+    if memo is None:
+        validate_structure(base, source="base policy")
+    elif memo.document is not base:
+        raise ValueError("the text memo is of another document than this base")
+    elif not memo.cache.get("valid"):
+        validate_structure(base, source="base policy")
+        memo.cache["valid"] = True
+    # Copy on write: the render shares every object of the base it does not add to (the base
+    # is read-only), so rendering costs what is added, and a memo of the base's text applies.
+    doc: JSONObject = dict(base)
     skipped: list[Skipped] = []
 
     owners_key = find_key(doc, "tagOwners")
-    owners: JSONObject = doc[owners_key] if owners_key is not None else {}
+    owners: JSONObject = dict(doc[owners_key]) if owners_key is not None else {}
+    if owners_key is not None:
+        doc[owners_key] = owners
     added_owners = [entry for entry in derived.tag_owners if entry.tag not in owners]
     for entry in added_owners:
         owners[entry.tag] = list(entry.owners)
@@ -282,15 +325,20 @@ def render(base: Mapping[str, Any], derived: Derived) -> Rendered:
         doc["tagOwners"] = owners
 
     approvers_key = find_key(doc, "autoApprovers")
-    auto: JSONObject = doc[approvers_key] if approvers_key is not None else {}
+    auto: JSONObject = dict(doc[approvers_key]) if approvers_key is not None else {}
+    if approvers_key is not None:
+        doc[approvers_key] = auto
     routes_key = find_key(auto, "routes")
-    routes: JSONObject = auto[routes_key] if routes_key is not None else {}
+    routes: JSONObject = dict(auto[routes_key]) if routes_key is not None else {}
+    if routes_key is not None:
+        auto[routes_key] = routes
     listed = {net: key for key in routes if (net := _as_network(key)) is not None}
+    approvals = _Approvals(routes)
     added_routes: list[RouteApproval] = []
     for approval in derived.routes:
         network = _network_of(approval.route)
         assert network is not None  # derived routes are CIDRs
-        lacking = tuple(a for a in approval.approvers if not _approved(routes, network, a))
+        lacking = tuple(a for a in approval.approvers if not approvals.approved(network, a))
         if not lacking:
             continue
         if network in listed:
@@ -305,6 +353,7 @@ def render(base: Mapping[str, Any], derived: Derived) -> Rendered:
             )
             continue
         routes[approval.route] = list(lacking)
+        approvals.add(approval.route, routes[approval.route])
         listed[network] = approval.route
         added_routes.append(RouteApproval(approval.route, lacking))
     if added_routes:
@@ -322,8 +371,16 @@ def render(base: Mapping[str, Any], derived: Derived) -> Rendered:
         skipped.extend(Skipped("grant", _label(g), reason) for g in derived.grants)
     elif derived.grants:
         grants_key = find_key(doc, "grants")
-        grants: list[Any] = doc[grants_key] if grants_key is not None else []
-        rules = _Rules(grants, _member(doc, "acls", []), _member(doc, "hosts", {}))
+        grants: list[Any] = list(doc[grants_key]) if grants_key is not None else []
+        if grants_key is not None:
+            doc[grants_key] = grants
+        acls = _member(doc, "acls", [])
+        index = None
+        if memo is not None:  # the base's own rules are filed once per base
+            index = memo.cache.get("rules")
+            if index is None:
+                index = memo.cache["rules"] = _Rules.index_of(grants, acls)
+        rules = _Rules(grants, acls, _member(doc, "hosts", {}), index=index)
         for grant in derived.grants:
             if undefined := _undefined_hosts(grant, rules.hosts):
                 skipped.append(Skipped("grant", _label(grant), _hosts_reason(undefined)))
@@ -333,7 +390,7 @@ def render(base: Mapping[str, Any], derived: Derived) -> Rendered:
         if grants_key is None and added_grants:
             doc["grants"] = grants
 
-    text = canonical_text(doc)
+    text = canonical_text(doc, memo=memo)
     return Rendered(
         text=text,
         document=doc,
@@ -375,10 +432,11 @@ def missing(live: str | Mapping[str, Any] | None, derived: Derived) -> Missing:
     tag_owners = tuple(entry for entry in derived.tag_owners if entry.tag not in owners)
     lacking_routes: list[RouteApproval] = []
     listed = {net: key for key in routes if (net := _as_network(key)) is not None}
+    approvals = _Approvals(routes)
     for approval in derived.routes:
         network = _network_of(approval.route)
         assert network is not None  # derived routes are CIDRs
-        lacking = tuple(a for a in approval.approvers if not _approved(routes, network, a))
+        lacking = tuple(a for a in approval.approvers if not approvals.approved(network, a))
         if lacking:
             lacking_routes.append(RouteApproval(approval.route, lacking))
             if network in listed:
@@ -421,6 +479,8 @@ def _snippet(
 
 def _same(a: Any, b: Any) -> bool:
     """JSON equality: key order and formatting do not matter, but true is not 1."""
+    if a is b:
+        return True  # shared with the base (renders of one base share its objects)
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b
     if isinstance(a, dict) and isinstance(b, dict):
