@@ -165,10 +165,14 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _finite_float(text: str) -> float:
+def _finite_float(text: str) -> float | int:
+    """A JSON number with a fraction or exponent, as the careful way reads it (hjson): a whole
+    value below 1e10 becomes an int (``2.0`` -> ``2``), so both ways give one document."""
     value = float(text)
     if value in (float("inf"), float("-inf")):
         raise ValueError(f"{text} is out of range")
+    if int(value) == value and abs(value) < 1e10:
+        return int(value)
     return value
 
 

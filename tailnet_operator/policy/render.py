@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tailnet_operator.policy.cache import ParsedPolicies
 from tailnet_operator.policy.derive import (
     PARSE_CACHE_SIZE,
     Derived,
@@ -492,16 +493,21 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def diff_needed(live: str | Mapping[str, Any] | None, rendered: Rendered) -> bool:
+def diff_needed(live: str | Mapping[str, Any] | None, rendered: Rendered, *,
+                parsed: ParsedPolicies | None = None) -> bool:
     """Whether writing ``rendered`` would change the live policy's meaning-bearing data.
 
     Comments, formatting and key order alone never cause a write (every PUT adds a DB row in
     Headscale). A live text that cannot be parsed counts as different: the render replaces it.
+    ``parsed`` reuses the document of a live text seen (or written) before.
     """
     if isinstance(live, str) and live == rendered.text:
         return False  # the live policy is this very render (the steady state)
     try:
-        doc = _live_document(live)
+        if parsed is not None and isinstance(live, str) and live.strip():
+            doc = parsed.parse(live, source="live policy")
+        else:
+            doc = _live_document(live)
     except PolicyParseError:
         return True
     if live is None or (isinstance(live, str) and not live.strip()):
