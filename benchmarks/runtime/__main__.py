@@ -247,7 +247,8 @@ async def run_all(sizes: list[int], rounds: int, impls: list[str], *, churn_coun
                     order = impls[rnd % len(impls):] + impls[:rnd % len(impls)]
                     for impl in order:
                         run = await measure(impl, plane, api, n, rnd, churn_count=churn_count, rate=rate,
-                                            idle=idle if rnd == 0 else 0.0, log_dir=log_dir)
+                                            idle=idle if rnd == 0 and n == sizes[0] else 0.0,
+                                            log_dir=log_dir)
                         runs.append(run)
                         print(f"N={n} round {rnd} {impl}: cold {run.cold_start_s:.1f}s "
                               f"cpu {run.controller_cpu_s:.1f}s writes {run.cold_writes} "
@@ -334,8 +335,8 @@ def report(runs: list[Run], found: dict[str, str], *, rounds: int, churn_count: 
         + ", ".join(f"{k} {v}" for k, v in found.items()) + ". "
         f"Medians of {rounds} rounds per N (each round runs every implementation in turn, in a rotating "
         f"order); churn is {churn_count} spec updates at {rate:.0f}/s on distinct Widgets; idle writes are "
-        f"counted over {idle:.0f} s after the churn of the first round. Controllers run 8 workers; kopf "
-        "runs standalone with posting off. Writes are the apiserver's counts of writes to Widgets and "
+        f"counted over {idle:.0f} s after the churn of the first round at the smallest N. Controllers run "
+        "8 workers; kopf runs standalone with posting off. Writes are the apiserver's counts of writes to Widgets and "
         "ConfigMaps (less the benchmark's own); controller CPU is user+system of its process from start to "
         "all converged.",
         "",
