@@ -16,7 +16,7 @@ help:
 	@echo "make manifests  regenerate manifests/crd from tailnet_operator/api"
 	@echo "make binaries   build and cache etcd, kube-apiserver, Headscale and tailscaled"
 	@echo "make e2e        the end-to-end suite against a kind cluster (needs Docker)"
-	@echo "make bench      egress throughput and setup time: agent vs tailscaled (docs/benchmarks.md)"
+	@echo "make bench      agent vs tailscaled; runtime vs kopf vs controller-runtime; big cluster; policy (docs/benchmarks.md)"
 
 prereqs:
 	@hack/prereqs.sh
@@ -73,8 +73,14 @@ e2e: $(VENV)/.native
 	  TAILNET_E2E_KUBECONFIG=$$E2E_KUBECONFIG $(VENV)/bin/pytest e2e -m cluster; rc=$$?; \
 	  $$KIND delete cluster --name tailnet-e2e; exit $$rc
 
+# BEFORE=DIR also measures an unpacked earlier tree in the big-cluster benchmark (e.g. git archive main).
 bench: $(VENV)/.native binaries
 	$(PY) -m benchmarks.egress --json _artifacts/bench-egress.json
+	$(PY) -m benchmarks.runtime --json _artifacts/bench-runtime.json --doc docs/benchmarks.md
+	$(PY) -m benchmarks.bigcluster --json _artifacts/bench-bigcluster.json --doc docs/benchmarks.md \
+	  $(if $(BEFORE),--before $(BEFORE))
+	$(PY) -m benchmarks.policy --json _artifacts/bench-policy.json --doc docs/benchmarks.md
+	$(PY) -m benchmarks.policy_live --json _artifacts/bench-policy-live.json --doc docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) _artifacts .pytest_cache .mypy_cache .ruff_cache
