@@ -22,6 +22,7 @@ from statistics import median
 from typing import Any
 
 from e2e.operator import create_bootstrap_secret, running_operator, tailnet_object
+from hack import versions
 from hack.localenv import Environment
 from tailnet_operator.api.crds import install_crds, load_samples
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS, TAILNET_SITE
@@ -29,8 +30,6 @@ from tailnet_operator.headscale import HeadscaleClient
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.kinds import CONFIG_MAP, NAMESPACE
-
-from hack import versions
 
 from .policy import base_policy
 from .runtime.__main__ import write_section
