@@ -230,7 +230,8 @@ async def measure(impl: str, plane: ControlPlane, api: Api, n: int, rnd: int, *,
 
 
 async def run_all(sizes: list[int], rounds: int, impls: list[str], *, churn_count: int, rate: float,
-                  idle: float) -> tuple[list[Run], dict[str, str]]:
+                  idle: float, large_rounds: int | None = None,
+                  progress: Path | None = None) -> tuple[list[Run], dict[str, str]]:
     for impl in impls:  # build and install before anything is timed
         if impl in ("kopf", "controller-runtime"):
             controller_argv(impl, Path("/dev/null"), "x")
@@ -243,13 +244,17 @@ async def run_all(sizes: list[int], rounds: int, impls: list[str], *, churn_coun
             log_dir = env.log_dir / "bench-runtime"
             log_dir.mkdir(parents=True, exist_ok=True)
             for n in sizes:
-                for rnd in range(rounds):
+                for rnd in range(rounds if n == sizes[0] or large_rounds is None else large_rounds):
                     order = impls[rnd % len(impls):] + impls[:rnd % len(impls)]
                     for impl in order:
                         run = await measure(impl, plane, api, n, rnd, churn_count=churn_count, rate=rate,
                                             idle=idle if rnd == 0 and n == sizes[0] else 0.0,
                                             log_dir=log_dir)
                         runs.append(run)
+                        if progress is not None:  # what is measured so far survives an interrupted run
+                            progress.parent.mkdir(parents=True, exist_ok=True)
+                            progress.write_text(json.dumps({"versions": found, "runs": [asdict(r) for r in runs]},  # noqa: ASYNC240
+                                                           indent=1))
                         print(f"N={n} round {rnd} {impl}: cold {run.cold_start_s:.1f}s "
                               f"cpu {run.controller_cpu_s:.1f}s writes {run.cold_writes} "
                               f"churn p50/p99 {run.churn_p50_ms:.0f}/{run.churn_p99_ms:.0f} ms "
@@ -333,8 +338,8 @@ def report(runs: list[Run], found: dict[str, str], *, rounds: int, churn_count: 
         f"Machine: {os.cpu_count()} cores, {platform.machine()}, Linux {platform.release()}, shared with other "
         "engineers' builds while it ran (figures are noisy: medians of interleaved rounds). Versions: "
         + ", ".join(f"{k} {v}" for k, v in found.items()) + ". "
-        f"Medians of {rounds} rounds per N (each round runs every implementation in turn, in a rotating "
-        f"order); churn is {churn_count} spec updates at {rate:.0f}/s on distinct Widgets; idle writes are "
+        f"Medians of the rounds per N given in each table (each round runs every implementation in turn, in a "
+        f"rotating order); churn is {churn_count} spec updates at {rate:.0f}/s on distinct Widgets; idle writes are "
         f"counted over {idle:.0f} s after the churn of the first round at the smallest N. Controllers run "
         "8 workers; kopf runs standalone with posting off. Writes are the apiserver's counts of writes to Widgets and "
         "ConfigMaps (less the benchmark's own); controller CPU is user+system of its process from start to "
@@ -343,7 +348,8 @@ def report(runs: list[Run], found: dict[str, str], *, rounds: int, churn_count: 
     ]
     for n in sizes:
         floor = table.get(("floor", n), {})
-        lines += [f"### N = {n:,}", "",
+        lines += [f"### N = {n:,} ({max(int(r.get('rounds', 0)) for (_, m), r in table.items() if m == n)} rounds)",
+                  "",
                   "| implementation | cold start s | vs floor | controller CPU s | CPU ms per object "
                   "| apiserver CPU s | writes per object | peak RSS MiB |",
                   "|---|---|---|---|---|---|---|---|"]
@@ -403,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", default="1000,5000", help="comma-separated N (default 1000,5000)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--large-rounds", type=int, default=None,
+                        help="rounds for every N after the first (default: --rounds)")
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="report the runs of an earlier --json file instead of measuring")
     parser.add_argument("--impls", default=",".join(IMPLEMENTATIONS))
     parser.add_argument("--churn", type=int, default=500)
     parser.add_argument("--rate", type=float, default=50.0)
@@ -412,8 +422,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     impls = [i for i in args.impls.split(",") if i]
-    runs, found = asyncio.run(run_all(sizes, args.rounds, impls, churn_count=args.churn, rate=args.rate,
-                                      idle=args.idle))
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        runs, found = [Run(**r) for r in saved["runs"]], saved["versions"]
+    else:
+        runs, found = asyncio.run(run_all(sizes, args.rounds, impls, churn_count=args.churn, rate=args.rate,
+                                          idle=args.idle, large_rounds=args.large_rounds, progress=args.json))
     text = report(runs, found, rounds=args.rounds, churn_count=args.churn, rate=args.rate, idle=args.idle)
     print(text)
     if args.json:
