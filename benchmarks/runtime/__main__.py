@@ -348,8 +348,8 @@ def report(runs: list[Run], found: dict[str, str], *, rounds: int, churn_count: 
     ]
     for n in sizes:
         floor = table.get(("floor", n), {})
-        lines += [f"### N = {n:,} ({max(int(r.get('rounds', 0)) for (_, m), r in table.items() if m == n)} rounds)",
-                  "",
+        count = max(int(r.get("rounds", 0)) for (_, m), r in table.items() if m == n)
+        lines += [f"### N = {n:,} ({count} round{'s' if count != 1 else ''})", "",
                   "| implementation | cold start s | vs floor | controller CPU s | CPU ms per object "
                   "| apiserver CPU s | writes per object | peak RSS MiB |",
                   "|---|---|---|---|---|---|---|---|"]
