@@ -15,6 +15,7 @@ import asyncio
 import copy
 import datetime as dt
 import json
+import os
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--doc", type=Path, default=None)
     args = parser.parse_args(argv)
-    configure(level="warning")
+    configure(level=os.environ.get("BENCH_LOG_LEVEL", "warning"))
     result = asyncio.run(run(args.rules, args.egresses, args.sites, args.changes))
     print(json.dumps(result, indent=1))
     if args.doc:
