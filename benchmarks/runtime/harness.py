@@ -149,8 +149,10 @@ class Convergence:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None
 
+    done: set[str] = field(default_factory=set)
+
     def converged(self) -> int:
-        return sum(1 for name, gen in self.generation.items() if self.observed.get(name) == gen)
+        return len(self.done)
 
     async def start(self) -> None:
         listing = await self.api.request("GET", f"{WIDGETS}/namespaces/{self.namespace}/widgets")
@@ -167,6 +169,10 @@ class Convergence:
         name = obj["metadata"]["name"]
         self.generation[name] = obj["metadata"]["generation"]
         observed = (obj.get("status") or {}).get("observedGeneration")
+        if observed == self.generation[name]:  # counted as it changes: no pass over every Widget per event
+            self.done.add(name)
+        else:
+            self.done.discard(name)
         if observed is not None:
             self.observed[name] = observed
             now = time.monotonic()
