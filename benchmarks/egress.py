@@ -19,178 +19,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ipaddress
 import json
 import os
-import statistics
-import struct
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
+from benchmarks import paths
+from benchmarks.paths import COLUMNS, MIB, Dial, PathResult, setup_round, throughput_round, upload
 from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until
-
-Dial = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
-CHUNK = 256 * 1024
-MIB = 1024 * 1024
-
-
-# -- the server behind the peer -----------------------------------------------------------------
-
-
-async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """``U`` + u64: read that many bytes, answer the count; ``D`` + u64: send that many bytes;
-    ``E``: echo 1 byte. No half-close: tailscaled's SOCKS5 proxy closes both ways on the first EOF."""
-    try:
-        op = await reader.readexactly(1)
-        if op == b"U":
-            (size,) = struct.unpack("!Q", await reader.readexactly(8))
-            total = 0
-            while total < size and (data := await reader.read(min(CHUNK, size - total))):
-                total += len(data)
-            writer.write(struct.pack("!Q", total))
-        elif op == b"D":
-            (size,) = struct.unpack("!Q", await reader.readexactly(8))
-            block = b"\0" * CHUNK
-            while size > 0:
-                writer.write(block[: min(size, CHUNK)])
-                size -= min(size, CHUNK)
-                await writer.drain()
-        elif op == b"E":
-            writer.write(await reader.readexactly(1))
-        await writer.drain()
-        await reader.read()  # hold until the client closes
-    except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
-        pass  # the client went away, or the benchmark is over
-    finally:
-        writer.close()
-
-
-# -- the measurements ---------------------------------------------------------------------------
-
-
-async def upload(dial: Dial, size: int) -> float:
-    reader, writer = await dial()
-    started = time.perf_counter()
-    writer.write(b"U" + struct.pack("!Q", size))
-    block = b"\1" * CHUNK
-    sent = 0
-    while sent < size:
-        writer.write(block[: min(CHUNK, size - sent)])
-        sent += min(CHUNK, size - sent)
-        await writer.drain()
-    (received,) = struct.unpack("!Q", await reader.readexactly(8))
-    elapsed = time.perf_counter() - started
-    writer.close()
-    if received != size:
-        raise RuntimeError(f"server received {received} of {size} bytes")
-    return elapsed
-
-
-async def download(dial: Dial, size: int) -> float:
-    reader, writer = await dial()
-    started = time.perf_counter()
-    writer.write(b"D" + struct.pack("!Q", size))
-    got = 0
-    while got < size:
-        data = await reader.read(CHUNK)
-        if not data:
-            raise RuntimeError(f"stream ended after {got} of {size} bytes")
-        got += len(data)
-    elapsed = time.perf_counter() - started
-    writer.close()
-    return elapsed
-
-
-async def setup_times(dial: Dial, count: int) -> list[float]:
-    times = []
-    for _ in range(count):
-        started = time.perf_counter()
-        reader, writer = await dial()
-        writer.write(b"E\x2a")
-        await reader.readexactly(1)
-        times.append(time.perf_counter() - started)
-        writer.close()
-    return times
-
-
-@dataclass
-class PathResult:
-    name: str
-    one_stream_up_mbs: float = 0.0
-    one_stream_down_mbs: float = 0.0
-    eight_streams_up_mbs: float = 0.0
-    eight_streams_down_mbs: float = 0.0
-    setup_p50_ms: float = 0.0
-    setup_p99_ms: float = 0.0
-    samples: dict[str, list[float]] = field(default_factory=dict)
-    """Every round's figure per throughput column; the columns above are their medians."""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def add(self, column: str, value: float) -> None:
-        self.samples.setdefault(column, []).append(round(value, 2))
-        setattr(self, column, statistics.median(self.samples[column]))
-
-
-async def throughput_round(result: PathResult, dial: Dial, *, mib: int) -> None:
-    """One sample of each throughput column (8 streams share the ``mib``)."""
-    size = mib * MIB
-    result.add("one_stream_up_mbs", size / MIB / await upload(dial, size))
-    result.add("one_stream_down_mbs", size / MIB / await download(dial, size))
-    each = size // 8
-    started = time.perf_counter()
-    await asyncio.gather(*(upload(dial, each) for _ in range(8)))
-    result.add("eight_streams_up_mbs", size / MIB / (time.perf_counter() - started))
-    started = time.perf_counter()
-    await asyncio.gather(*(download(dial, each) for _ in range(8)))
-    result.add("eight_streams_down_mbs", size / MIB / (time.perf_counter() - started))
-
-
-async def setup_round(result: PathResult, dial: Dial, *, setups: int) -> None:
-    times = sorted(await setup_times(dial, setups))
-    result.setup_p50_ms = statistics.median(times) * 1000
-    result.setup_p99_ms = times[min(len(times) - 1, int(len(times) * 0.99))] * 1000
-
-
-async def measure_all(paths: list[tuple[PathResult, Dial]], *, mib: int, rounds: int, setups: int) -> None:
-    for _, dial in paths:
-        await upload(dial, MIB)  # warm up: handshakes, paths
-    for _ in range(rounds):
-        for result, dial in paths:
-            await throughput_round(result, dial, mib=mib)
-    for result, dial in paths:
-        await setup_round(result, dial, setups=setups)
-
-
-# -- dialers ------------------------------------------------------------------------------------
 
 
 def socks5_dialer(node: TailscaleNode, host: str, port: int) -> Dial:
-    """Dial through tailscaled's SOCKS5 listener (its userspace netstack)."""
-
-    async def dial() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", node.socks5_port)
-        writer.write(b"\x05\x01\x00")
-        await reader.readexactly(2)
-        writer.write(b"\x05\x01\x00\x01" + ipaddress.IPv4Address(host).packed + struct.pack("!H", port))
-        reply = await reader.readexactly(10)
-        if reply[1] != 0:
-            writer.close()
-            raise ConnectionError(f"SOCKS5 connect to {host}:{port} failed with code {reply[1]}")
-        return reader, writer
-
-    return dial
+    """Dial through a local tailscaled's SOCKS5 listener (its userspace netstack)."""
+    return paths.socks5_dialer("127.0.0.1", node.socks5_port, host, port)
 
 
 def tcp_dialer(port: int) -> Dial:
-    async def dial() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_connection("127.0.0.1", port)
+    return paths.tcp_dialer("127.0.0.1", port)
 
-    return dial
+
+async def measure_all(results: list[tuple[PathResult, Dial]], *, mib: int, rounds: int, setups: int) -> None:
+    """Rounds that take every path in turn, then the setup times of each."""
+    for _, dial in results:
+        await upload(dial, MIB)  # warm up: handshakes, paths
+    for _ in range(rounds):
+        for result, dial in results:
+            await throughput_round(result, dial, mib=mib)
+    for result, dial in results:
+        await setup_round(result, dial, setups=setups)
 
 
 def rss_kib(pid: int) -> int:
@@ -282,7 +142,7 @@ async def held_connections_rss(pid: int, dial: Dial, connections: int) -> int:
 
 async def run(mib: int, rounds: int, setups: int, *, agent: bool = True) -> list[PathResult]:
     port = free_port()
-    server = await asyncio.start_server(_serve, "127.0.0.1", port)
+    server = await asyncio.start_server(paths.serve_connection, "127.0.0.1", port)
     with Environment() as env:
         headscale = env.headscale()
         server_key = headscale.create_preauth_key(tags=["tag:bench-server"], reusable=True)
@@ -291,30 +151,30 @@ async def run(mib: int, rounds: int, setups: int, *, agent: bool = True) -> list
         derp_client = env.tailscale_node("bench-derp", headscale, authkey=server_key,
                                          env={"TS_DEBUG_ALWAYS_USE_DERP": "true"})
         direct_client = env.tailscale_node("bench-direct", headscale, authkey=server_key)
-        paths = [(PathResult("tailscaled userspace, DERP"), socks5_dialer(derp_client, target, port)),
+        measured = [(PathResult("tailscaled userspace, DERP"), socks5_dialer(derp_client, target, port)),
                  (PathResult("tailscaled userspace, direct"), socks5_dialer(direct_client, target, port))]
         async with contextlib.AsyncExitStack() as stack:
             # Processes whose memory is reported.
-            pids = {paths[0][0].name: derp_client.process.pid, paths[1][0].name: direct_client.process.pid}
+            pids = {measured[0][0].name: derp_client.process.pid, measured[1][0].name: direct_client.process.pid}
             if agent:
                 for name, direct in (("agent, DERP", False), ("agent, direct", True)):
                     listen = free_port()
                     process, metrics = await stack.enter_async_context(
                         running_agent(env, headscale, target, port, listen, direct=direct))
-                    paths.append((PathResult(name), tcp_dialer(listen)))
+                    measured.append((PathResult(name), tcp_dialer(listen)))
                     pids[name] = process.pid
                     if direct:
-                        await until_direct(paths[-1][1], metrics)
-            for result, _ in paths:
+                        await until_direct(measured[-1][1], metrics)
+            for result, _ in measured:
                 if (pid := pids.get(result.name)) is not None:
                     result.extra["rss_ready_kib"] = rss_kib(pid)
-            await measure_all(paths, mib=mib, rounds=rounds, setups=setups)
-            for result, dial in paths:
+            await measure_all(measured, mib=mib, rounds=rounds, setups=setups)
+            for result, dial in measured:
                 if (pid := pids.get(result.name)) is not None:
                     result.extra["rss_after_kib"] = rss_kib(pid)
                     result.extra["rss_100_connections_kib"] = await held_connections_rss(pid, dial, 100)
     server.close()
-    return [result for result, _ in paths]
+    return [result for result, _ in measured]
 
 
 def table(results: list[PathResult]) -> str:
@@ -325,9 +185,6 @@ def table(results: list[PathResult]) -> str:
                     f"{r.eight_streams_up_mbs:.1f} | {r.eight_streams_down_mbs:.1f} | {r.setup_p50_ms:.1f} | "
                     f"{r.setup_p99_ms:.1f} |")
     return "\n".join(rows)
-
-
-COLUMNS = ("one_stream_up_mbs", "one_stream_down_mbs", "eight_streams_up_mbs", "eight_streams_down_mbs")
 
 
 def ratios(results: list[PathResult], numerator: str, denominator: str) -> dict[str, float]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import subprocess
 import textwrap
 import uuid
@@ -162,6 +163,55 @@ SLEEPER = "import time\nwhile True: time.sleep(3600)\n"
 def exec_python(cluster: ClusterUnderTest, ns: str, pod: str, code: str, timeout: float = 30) -> str:
     """Run Python in a pod through ``kubectl exec`` (apiserver -> kubelet -> CRI) and return stdout."""
     return kubectl(cluster, "-n", ns, "exec", pod, "--", "python3", "-c", textwrap.dedent(code), timeout=timeout)
+
+
+class PythonSession:
+    """Python running in a pod while a test talks to it line by line (``kubectl exec -i``): for a
+    connection that must stay open across something the test does in between."""
+
+    def __init__(self, cluster: ClusterUnderTest, ns: str, pod: str, code: str) -> None:
+        from hack import binaries
+
+        self.proc = subprocess.Popen(
+            [str(binaries.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", "-n", ns, "exec", "-i", pod,
+             "--", "python3", "-u", "-c", textwrap.dedent(code)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def ask(self, line: str, timeout: float = 30) -> str:
+        """Send one line, return the next line the program prints (without its newline)."""
+        self.send(line)
+        return self.read_line(timeout)
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def read_line(self, timeout: float = 30) -> str:
+        """The next line the program prints (without its newline)."""
+        assert self.proc.stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.proc.stdout, selectors.EVENT_READ)
+            if not selector.select(timeout):
+                raise TimeoutError(f"the program in the pod printed nothing within {timeout}s")
+        answer = self.proc.stdout.readline()
+        if not answer:
+            _, err = self.proc.communicate(timeout=10)
+            raise AssertionError(f"the program in the pod ended (exit {self.proc.returncode}): {err[-2000:]}")
+        return answer.rstrip("\n")
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.communicate(timeout=10)
+
+
+@contextmanager
+def python_session(cluster: ClusterUnderTest, ns: str, pod: str, code: str) -> Iterator[PythonSession]:
+    session = PythonSession(cluster, ns, pod, code)
+    try:
+        yield session
+    finally:
+        session.close()
 
 
 def http_get_code(url: str, timeout: float = 3) -> str:

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from e2e.polling import eventually
 from hack.localenv import Headscale
+from tailnet_operator.controllers.gateway import GatewaySettings
 from tailnet_operator.controllers.kinds import TAILNET
 from tailnet_operator.controllers.policy import PolicyReconciler
 from tailnet_operator.controllers.setup import setup
@@ -63,11 +64,12 @@ class RunningOperator:
 
 @asynccontextmanager
 async def running_operator(kubeconfig: Path, namespace: str, *, clock: ShiftedClock | None = None,
-                           after_store: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[RunningOperator]:
+                           after_store: Callable[[], Awaitable[None]] | None = None,
+                           gateway: GatewaySettings | None = None) -> AsyncIterator[RunningOperator]:
     manager = Manager(rest_config.load(kubeconfig), ManagerOptions(graceful_shutdown_timeout=5),
                       registry=CollectorRegistry())
     events = EventRecorder(manager.client, reporting_instance="test")
-    tailnet, policy, *_ = setup(manager, namespace=namespace, events=events, clock=clock)
+    tailnet, policy, *_ = setup(manager, namespace=namespace, events=events, clock=clock, gateway=gateway)
     tailnet.after_store = after_store
     task = asyncio.create_task(manager.run())
     try:

@@ -57,7 +57,8 @@ def test_the_defaults_render_an_ha_operator_with_kept_crds() -> None:
     for crd in crds:
         assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
         assert crd["metadata"]["labels"]["app.kubernetes.io/component"] == "crd"
-    assert not [o for o in objects if o["kind"] == "Namespace"], "Helm installs into an existing namespace"
+    namespaces = [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"]
+    assert namespaces == ["tailnet-gateway"], "Helm installs into an existing namespace; it makes only the gateway's"
     for obj in objects:
         labels = obj["metadata"]["labels"]
         assert labels["helm.sh/chart"] == "tailnet-operator-0.1.0", obj["metadata"]["name"]

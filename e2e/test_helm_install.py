@@ -4,8 +4,9 @@ change within lease duration + renew deadline + a few seconds; ``helm uninstall`
 CRDs and does not hang on a Tailnet's finalizer.
 
 The release is ``helm-e2e`` in its own namespace, without the admission policy (it names one
-operator namespace cluster-wide). An operator installed with ``kubectl apply -k`` by another
-test is scaled to zero meanwhile, so that only one operator reconciles the Tailnets.
+operator namespace cluster-wide) and with its own gateway namespace. An operator installed with
+``kubectl apply -k`` by another test is scaled to zero meanwhile, so that only one operator
+reconciles the Tailnets.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e]
 
 RELEASE = "helm-e2e"
 NAMESPACE = "tailnet-helm"
+GATEWAY_NAMESPACE = "tailnet-helm-gateway"
+"""Not the static install's ``tailnet-gateway``: Helm does not take over objects it did not make."""
 DEPLOYMENT = f"{RELEASE}-tailnet-operator"
 LEASE = "tailnet-operator"
 CRDS = sorted(p.name.removesuffix(".yaml") for p in CRD_DIR.glob("*.tailnet.dev.yaml"))
@@ -97,7 +100,7 @@ def release(cluster: ClusterUnderTest, project_image: Any) -> Iterator[str]:
     try:
         _helm(cluster, "install", RELEASE, str(render_install.CHART), "--namespace", NAMESPACE,
               "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-              "--set", "admissionPolicy.enabled=false")
+              "--set", "admissionPolicy.enabled=false", "--set", f"gateway.namespace={GATEWAY_NAMESPACE}")
         yield RELEASE
     finally:
         subprocess.run([str(binaries.binary("helm")), f"--kubeconfig={cluster.kubeconfig}", "uninstall", RELEASE,

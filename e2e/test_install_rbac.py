@@ -28,18 +28,30 @@ import yaml
 
 from hack import binaries
 from hack.localenv import ControlPlane, Environment, Headscale, ManagedProcess, free_port
-from tailnet_operator.controllers.kinds import TAILNET, TAILNET_SITE
+from tailnet_operator.controllers.kinds import TAILNET, TAILNET_INGRESS, TAILNET_SITE
 from tailnet_operator.controllers.policy import rendered_config_map_name
 from tailnet_operator.controllers.tailnet import working_key_secret_name
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import JSON, Client
 from tailnet_operator.runtime.errors import Forbidden, NotFound
-from tailnet_operator.runtime.kinds import CONFIG_MAP, EVENT, LEASE, NAMESPACE, SECRET, Resource
+from tailnet_operator.runtime.kinds import (
+    CONFIG_MAP,
+    DEPLOYMENT,
+    EVENT,
+    LEASE,
+    NAMESPACE,
+    NETWORK_POLICY,
+    SECRET,
+    SERVICE,
+    Resource,
+)
 
 from .operator import create_bootstrap_secret, has_condition, remove_tailnets, tailnet_object, unique
 from .polling import eventually
 
 pytestmark = pytest.mark.integration
+
+ROLE_BINDING = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFESTS = REPO / "manifests"
@@ -208,23 +220,63 @@ async def test_the_operator_reconciles_with_only_its_service_accounts_permission
         await eventually(_while_running(operator, has_condition(admin, TAILNET, name, "PolicyApplied", "False",
                                                                 "RenderOnly")),
                          timeout=60, what="the policy to be rendered into its ConfigMap")
-        rendered = await admin.get(CONFIG_MAP, rendered_config_map_name(name), OPERATOR_NAMESPACE)
-        assert "tag:site-rbac" in rendered["data"]["policy.hujson"]
+
+        async def site_rendered() -> bool:
+            # (RenderOnly may first come from a render before the site: on freshly installed CRDs
+            # a watch can still be restarting when the site is created)
+            rendered = await admin.get(CONFIG_MAP, rendered_config_map_name(name), OPERATOR_NAMESPACE)
+            return "tag:site-rbac" in rendered["data"]["policy.hujson"]
+
+        await eventually(_while_running(operator, site_rendered), timeout=60,
+                         what="the render to name the site's router tag")
         await eventually(_while_running(operator, has_condition(admin, TAILNET_SITE, site, "Ready", "False",
                                                                 "NoRouter")),
                          timeout=60, what="the TailnetSite's status")
         await eventually(_while_running(operator, lambda: _event_reasons(admin, name)), timeout=30,
                          what="an Event about the Tailnet from the operator")
 
+        assert await _refusals(metrics) == [], "kube-apiserver refused requests of the operator"
+
+        # A TailnetIngress in a tenant namespace: its key, exposes, agent and Events are written there,
+        # once the namespace has bound tailnet-operator-tenant (until then its writes are refused).
+        tenant = unique("rbac-tenant")
+        await admin.create(NAMESPACE, {"metadata": {"name": tenant}})
+        headscale.api("PUT", "/api/v1/policy", {"policy": '{"tagOwners": {"tag:ingress-rbac": []}}'})
+        await admin.create(TAILNET_INGRESS, {
+            "apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetIngress",
+            "metadata": {"name": "shop", "namespace": tenant},
+            "spec": {"tailnetRef": {"name": name}, "tag": "tag:ingress-rbac", "hostname": "shop",
+                     "exposes": [{"name": "web", "mode": "http", "port": 443, "backend": {"service": "web", "port": 80},
+                                  "hosts": [{"name": "shop.example.internal", "tls": {"certManager": {
+                                      "issuerRef": {"name": "ca", "kind": "ClusterIssuer"}}}}]}]}})
+        cond = await eventually(_while_running(operator, has_condition(
+            admin, TAILNET_INGRESS, "shop", "Ready", "False", "NamespaceNotGranted", namespace=tenant)),
+            timeout=60, what="NamespaceNotGranted before the tenant lets the operator in")
+        assert f"kubectl -n {tenant} create rolebinding" in cond["message"]
+        await admin.apply(ROLE_BINDING, {
+            "metadata": {"name": "tailnet-operator", "namespace": tenant},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "tailnet-operator-tenant"},
+            "subjects": [{"kind": "ServiceAccount", "name": "tailnet-operator", "namespace": OPERATOR_NAMESPACE}]})
+        await eventually(_while_running(operator, has_condition(
+            admin, TAILNET_INGRESS, "shop", "CertificatesReady", "False", "CertManagerNotInstalled",
+            namespace=tenant)), timeout=90, what="the ingress's objects and status (no cert-manager here)")
+        for resource, object_name in ((SECRET, "shop-ingress-auth-key"), (CONFIG_MAP, "shop-ingress-config"),
+                                      (DEPLOYMENT, "shop-ingress-agent"), (SERVICE, "shop-ingress-agent"),
+                                      (NETWORK_POLICY, "shop-ingress-agent")):
+            await admin.get(resource, object_name, tenant)
+        allowed_in = await _refusals(metrics)  # the refusals before the binding, and no more from here
+        await admin.delete(TAILNET_INGRESS, "shop", tenant)
+        await eventually(_while_running(operator, _gone(admin, TAILNET_INGRESS, "shop", tenant)), timeout=60,
+                         what="the operator to expire the ingress's key and remove its finalizer")
+
         await admin.delete(TAILNET_SITE, site)
         await admin.delete(TAILNET, name)
         await eventually(_while_running(operator, _gone(admin, TAILNET, name)), timeout=60,
                          what="the operator to expire the working key and remove its finalizer")
 
-        text = await _http_text(f"http://{metrics}/metrics")
-        assert text is not None
-        refused = re.findall(r'^rest_client_requests_total\{code="40[13]".*$', text, re.MULTILINE)
-        assert not refused, f"kube-apiserver refused requests of the operator: {refused}"
+        refused = await _refusals(metrics)
+        assert refused == allowed_in, f"kube-apiserver refused requests of the operator: {refused}"
     finally:
         operator.stop()
         for resource, obj in ((TAILNET_SITE, site), (TAILNET, name)):
@@ -233,6 +285,13 @@ async def test_the_operator_reconciles_with_only_its_service_accounts_permission
         await remove_tailnets(admin, OPERATOR_NAMESPACE)
     lease_spec = (await admin.get(LEASE, LEASE_NAME, OPERATOR_NAMESPACE))["spec"]
     assert not lease_spec.get("holderIdentity"), "a graceful stop releases the Lease"
+
+
+async def _refusals(metrics: str) -> list[str]:
+    """The operator's request counters of 401 and 403 answers."""
+    text = await _http_text(f"http://{metrics}/metrics")
+    assert text is not None
+    return re.findall(r'^rest_client_requests_total\{code="40[13]".*$', text, re.MULTILINE)
 
 
 async def _lease_holder(admin: Client) -> str | None:
@@ -259,6 +318,8 @@ def _grants(rendered: list[JSON]) -> list[dict[str, str]]:
              for o in rendered if o["kind"] in ("Role", "ClusterRole")}
     attributes = []
     for binding in (o for o in rendered if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        if not any(subject.get("name") == SERVICE_ACCOUNT for subject in binding["subjects"]):
+            continue  # the gateway's router pods' Role is theirs, not the operator's
         namespace = binding["metadata"].get("namespace", "")
         ref = binding["roleRef"]
         for rule in roles[(ref["kind"], "" if ref["kind"] == "ClusterRole" else namespace, ref["name"])]["rules"]:
@@ -280,12 +341,14 @@ async def _allowed(client: Client, attributes: dict[str, str]) -> bool:
 
 
 def _refused(other: str) -> list[dict[str, str]]:
-    """Requests the operator does not make, so its ServiceAccount must not be allowed them."""
+    """Requests the operator does not make, so its ServiceAccount must not be allowed them
+    (``other`` has not bound ``tailnet-operator-tenant``, so no ingress's objects go there)."""
     ns = OPERATOR_NAMESPACE
     return [
-        {"namespace": other, "resource": "secrets", "verb": "get"},
-        {"namespace": "", "resource": "secrets", "verb": "get"},
+        # (get on Secrets is granted cluster-wide: the cache fetches the body of a Secret outside
+        # the operator's namespace, where it holds only their metadata)
         {"namespace": other, "resource": "secrets", "verb": "patch"},
+        {"namespace": other, "resource": "secrets", "verb": "delete"},
         {"namespace": other, "resource": "secrets", "verb": "create"},
         {"namespace": other, "resource": "configmaps", "verb": "patch"},
         {"namespace": ns, "resource": "secrets", "verb": "delete"},
@@ -297,8 +360,12 @@ def _refused(other: str) -> list[dict[str, str]]:
         {"namespace": other, "resource": "services", "verb": "patch"},
         {"namespace": other, "resource": "services", "verb": "delete"},
         {"namespace": other, "group": "networking.k8s.io", "resource": "networkpolicies", "verb": "patch"},
+        {"namespace": other, "group": "cert-manager.io", "resource": "certificates", "verb": "patch"},
+        {"namespace": other, "group": "cert-manager.io", "resource": "certificates", "verb": "get"},
         {"namespace": other, "resource": "pods", "verb": "get"},
         {"namespace": other, "group": "tailnet.dev", "resource": "tailnetegresses", "verb": "patch"},
+        {"namespace": other, "group": "tailnet.dev", "resource": "tailnetingresses", "verb": "delete"},
+        {"namespace": other, "group": "tailnet.dev", "resource": "tailnetingresses", "verb": "update"},
         {"namespace": ns, "group": "coordination.k8s.io", "resource": "leases", "verb": "update", "name": "other"},
         {"namespace": other, "group": "events.k8s.io", "resource": "events", "verb": "create"},
         {"namespace": other, "resource": "events", "verb": "create"},
@@ -327,10 +394,9 @@ async def test_the_service_account_may_do_what_the_rbac_lists_and_is_refused_the
             allowed = [a for a in _refused(other) if await _allowed(sa, a)]
             assert not allowed, f"allowed, though the operator never needs it: {allowed}"
 
-            # Real requests, not only reviews: outside its namespace the operator can neither
-            # fetch a Secret by name nor write one.
-            with pytest.raises(Forbidden):
-                await sa.get(SECRET, "unrelated", other)
+            # Real requests, not only reviews: outside its namespace the operator may fetch a
+            # Secret's body by name (its cache holds only metadata there) but not write one.
+            await sa.get(SECRET, "unrelated", other)
             with pytest.raises(Forbidden):
                 await sa.apply(SECRET, {"metadata": {"name": "unrelated", "namespace": other},
                                         "data": {"key": base64.b64encode(b"changed").decode()}})

@@ -41,6 +41,19 @@ OPEN_BASE = """// Everyone may reach everything; the operator adds tag owners an
 }
 """
 
+OPEN_ACL_BASE = """// The same as OPEN_BASE for a Headscale without grants (before 0.29).
+{
+  "acls": [
+    {"action": "accept", "src": ["*"], "dst": ["*:*"]},
+  ],
+}
+"""
+
+
+def open_base(headscale: Headscale) -> str:
+    """An allow-all base the server understands: grants from Headscale 0.29, acls before."""
+    return OPEN_BASE if headscale.minor >= (0, 29) else OPEN_ACL_BASE
+
 
 
 
@@ -78,7 +91,7 @@ async def test_a_route_advertised_before_its_site_existed_is_approved_and_carrie
 
     tailnet, site = f"{namespace}-tn", unique("branch")
     await create_bootstrap_secret(admin, namespace, "bootstrap", headscale.api_key)
-    policy = await base_policy(admin, namespace, OPEN_BASE)
+    policy = await base_policy(admin, namespace, open_base(headscale))
     async with running_operator(control_plane.kubeconfig, namespace):
         await admin.create(TAILNET, tailnet_object(tailnet, headscale, namespace, policy={**policy, "mode": "Apply"}))
         await admin.create(TAILNET_SITE, site_object(site, tailnet, [host.subnet], tag))

@@ -10,6 +10,10 @@ Every binary comes from Go modules through the Go toolchain:
   ``k8s.io/<name> v0.<minor>.<patch>`` and builds the commands from there.
 * The local node's containerd (with its runc shim and ``ctr``), the CNI plugins, CoreDNS,
   kind, cyclonus and Helm come the same way, with the build tags their own Makefiles use.
+* cert-manager's controller command is a module of its own that the proxy does not serve; a
+  throwaway module that requires ``github.com/cert-manager/cert-manager`` builds the project's
+  small main (``hack/certmanager/main.go``) that runs the registered certificates and issuer
+  controllers the way that command does (test-only: the tests issue certificates with it).
 * runc needs cgo for its ``nsenter`` part and libseccomp (the ``seccomp`` tag) for the
   ``RuntimeDefault`` profile that Pod Security's ``restricted`` level demands: it is built
   inside a copy of its own module, with cgo, against Debian's libseccomp-dev. Its
@@ -20,11 +24,18 @@ Every binary comes from Go modules through the Go toolchain:
 Binaries land in ``<cache>/bin/<component>-<version>/``; a component whose binaries are all
 present is not rebuilt, so a second run takes seconds.
 
-Usage: ``python -m hack.binaries [build [COMPONENT...] | path BINARY | list]``.
+Headscale and Tailscale also have ranges (``hack/versions.py``) for the interop matrix: any
+listed version builds on demand (``build headscale@0.26.1``) into its own directory, and
+``$TAILNET_HEADSCALE_VERSION`` / ``$TAILNET_TAILSCALE_VERSION`` make :func:`binary` (so every
+fixture and ``make run``) use that version instead of the pin.
+
+Usage: ``python -m hack.binaries [build [COMPONENT[@VERSION]...] | path BINARY | list]``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -66,6 +77,8 @@ class Component:
     """``replace`` directives of that go.mod whose targets the published module lacks."""
     x_version: str = ""
     """A Go variable that ``-ldflags -X`` sets to ``v<version>`` (what ``<binary> version`` prints)."""
+    main: str = ""
+    """A main package of this repository (a directory under hack/) built against the module."""
 
     @property
     def directory(self) -> Path:
@@ -108,18 +121,62 @@ CYCLONUS = Component("cyclonus", versions.CYCLONUS, ("cyclonus",), "github.com/m
                      ("github.com/mattfenwick/cyclonus/cmd/cyclonus",))
 HELM = Component("helm", versions.HELM, ("helm",), "helm.sh/helm/v3", ("helm.sh/helm/v3/cmd/helm",),
                  x_version="helm.sh/helm/v3/internal/version.version")
-COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE, CONTAINERD, RUNC, CNI_PLUGINS, COREDNS, KIND, CYCLONUS, HELM)
+CERT_MANAGER = Component("cert-manager", versions.CERT_MANAGER, ("cert-manager-controller",),
+                         "github.com/cert-manager/cert-manager", (".",), main="certmanager")
+COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE, CONTAINERD, RUNC, CNI_PLUGINS, COREDNS, KIND, CYCLONUS, HELM,
+              CERT_MANAGER)
 
 _MIN_GO = (1, 26)
+
+VERSION_ENV = {"headscale": "TAILNET_HEADSCALE_VERSION", "tailscale": "TAILNET_TAILSCALE_VERSION"}
+"""Components whose version an environment variable may choose (the interop matrix)."""
+_RANGES = {"headscale": versions.HEADSCALE_RANGE, "tailscale": versions.TAILSCALE_RANGE}
+
+
+def at_version(component: Component, version: str) -> Component:
+    """``component`` built from another version of the same module (same binaries and flags)."""
+    if version == component.version:
+        return component
+    if component.name not in _RANGES:
+        raise KeyError(f"{component.name} is pinned to {component.version}; only {sorted(_RANGES)} have ranges")
+    return dataclasses.replace(component, version=version)
+
+
+def selected(component: Component) -> Component:
+    """The version of ``component`` this process uses: the pin, or the one its env var names.
+
+    The env var must name a version of the component's range in ``hack/versions.py``.
+    """
+    variable = VERSION_ENV.get(component.name)
+    wanted = os.environ.get(variable, "") if variable else ""
+    if not wanted:
+        return component
+    if wanted not in _RANGES[component.name]:
+        raise KeyError(f"${variable}={wanted} is not in the {component.name} range {_RANGES[component.name]}")
+    return at_version(component, wanted)
+
+
+def parse_spec(spec: str) -> Component:
+    """``name`` (the pinned or env-selected version) or ``name@version`` (a version of its range)."""
+    name, _, version = spec.partition("@")
+    component = next((c for c in COMPONENTS if c.name == name), None)
+    if component is None:
+        raise KeyError(f"unknown component {name!r}")
+    if not version:
+        return selected(component)
+    if version != component.version and version not in _RANGES.get(name, ()):
+        raise KeyError(f"{name} {version} is not listed in hack/versions.py")
+    return at_version(component, version)
 
 
 def binary(name: str) -> Path:
     """The cached path of one binary, building its component first when it is missing."""
     for component in COMPONENTS:
         if name in component.binaries:
-            if not component.is_built():
-                build(component)
-            return component.path(name)
+            chosen = selected(component)
+            if not chosen.is_built():
+                build(chosen)
+            return chosen.path(name)
     raise KeyError(f"unknown binary {name!r}")
 
 
@@ -151,6 +208,18 @@ def _install_into(component: Component, staging: Path) -> None:
     staging.rename(final)
 
 
+def _build_main(component: Component) -> None:
+    """Build the project's own main (``hack/<main>/main.go``) in a throwaway module that requires
+    ``module@v<version>``; the main's other imports resolve to the versions that module pins."""
+    go = require_go()
+    with tempfile.TemporaryDirectory(prefix=f"{component.name}-build-") as tmp:
+        work = Path(tmp)
+        _throwaway_module(go, work)
+        shutil.copy(Path(__file__).parent / component.main / "main.go", work / "main.go")
+        _run([go, "get", f"{component.module}@v{component.version}"], cwd=work)
+        _build_packages(go, component, work, "-s -w", cgo=False)
+
+
 def _build_from_module(component: Component, ldflags: str = "-s -w") -> None:
     """Build the component's packages of ``module@v<version>`` in a throwaway module.
 
@@ -163,7 +232,27 @@ def _build_from_module(component: Component, ldflags: str = "-s -w") -> None:
         work = Path(tmp)
         _throwaway_module(go, work)
         _run([go, "get", f"{component.module}@v{component.version}"], cwd=work)
+        _adopt_sums(go, component, work)
         _build_packages(go, component, work, ldflags, cgo=False)
+
+
+def _adopt_sums(go: str, component: Component, work: Path) -> None:
+    """Add the released module's own go.sum lines to the throwaway module's.
+
+    The build then checks its dependencies against the hashes the release pinned (the release's
+    go.sum is part of its module zip, itself checked against the checksum database) instead of
+    asking the checksum database for each: it does not know every pseudo-version a release
+    requires (Headscale 0.28.0's tailsql answers 404 there).
+    """
+    info = json.loads(_run([go, "mod", "download", "-json", f"{component.module}@v{component.version}"], cwd=work))
+    released = Path(info["Dir"]) / "go.sum"
+    if not released.is_file():
+        return
+    ours = work / "go.sum"
+    lines = ours.read_text().splitlines() if ours.exists() else []
+    known = set(lines)
+    lines += [line for line in released.read_text().splitlines() if line.strip() and line not in known]
+    ours.write_text("\n".join(lines) + "\n")
 
 
 def _build_in_module(component: Component) -> None:
@@ -185,9 +274,13 @@ def _build_in_module(component: Component) -> None:
 def _build_packages(go: str, component: Component, work: Path, ldflags: str, *, cgo: bool) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{component.name}-", dir=cache_root()))
     tags = ["-tags", component.tags] if component.tags else []
-    for binary_name, package in zip(component.binaries, component.packages, strict=True):
-        _run([go, "build", "-trimpath", *tags, "-ldflags", ldflags, "-o", str(staging / binary_name), package],
-             cwd=work, env={"CGO_ENABLED": "1" if cgo else "0"})
+    try:
+        for binary_name, package in zip(component.binaries, component.packages, strict=True):
+            _run([go, "build", "-trimpath", *tags, "-ldflags", ldflags, "-o", str(staging / binary_name), package],
+                 cwd=work, env={"CGO_ENABLED": "1" if cgo else "0"})
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a failed build leaves nothing in the cache
+        raise
     _install_into(component, staging)
 
 
@@ -228,16 +321,30 @@ def _build_kubernetes(component: Component) -> None:
 
 
 def build(component: Component) -> float:
-    """Build one component unless its binaries are cached; return the seconds it took."""
+    """Build one component unless its binaries are cached; return the seconds it took.
+
+    A per-version lock file serialises builders of the same version (two worktrees, or the
+    interop matrix beside a background build): the second waits and then finds it cached.
+    """
     if component.is_built():
         return 0.0
     cache_root().mkdir(parents=True, exist_ok=True)
+    with (cache_root() / f".build-{component.name}-{component.version}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if component.is_built():
+            return 0.0
+        return _build_locked(component)
+
+
+def _build_locked(component: Component) -> float:
     started = time.monotonic()
     print(f"building {component.name} {component.version} ...", file=sys.stderr, flush=True)
-    if component is KUBERNETES:
+    if component.name == KUBERNETES.name:
         _build_kubernetes(component)
     elif component.in_module:
         _build_in_module(component)
+    elif component.main:
+        _build_main(component)
     elif component.x_version:
         _build_from_module(component, f"-s -w -X {component.x_version}=v{component.version}")
     else:
@@ -252,22 +359,25 @@ def main(argv: list[str]) -> int:
     command = argv[0] if argv else "build"
     try:
         if command == "build":
-            names = set(argv[1:])
-            unknown = names - {c.name for c in COMPONENTS}
-            if unknown:
-                print(f"error: unknown component(s) {sorted(unknown)}", file=sys.stderr)
+            try:
+                wanted = [parse_spec(spec) for spec in argv[1:]] or [selected(c) for c in COMPONENTS]
+            except KeyError as exc:
+                print(f"error: {exc.args[0]}", file=sys.stderr)
                 return 2
-            total = sum(build(c) for c in COMPONENTS if not names or c.name in names)
+            total = sum(build(c) for c in wanted)
             print(f"all binaries ready under {cache_root() / 'bin'} ({total:.0f}s spent building)",
                   file=sys.stderr)
         elif command == "path" and len(argv) == 2:
             print(binary(argv[1]))
         elif command == "list":
-            for component in COMPONENTS:
-                state = "cached" if component.is_built() else "missing"
-                print(f"{component.name:12} {component.version:10} {state:8} {component.directory}")
+            for pinned in COMPONENTS:
+                for version in dict.fromkeys((pinned.version, *_RANGES.get(pinned.name, ()))):
+                    component = at_version(pinned, version)
+                    state = "cached" if component.is_built() else "missing"
+                    print(f"{component.name:12} {component.version:10} {state:8} {component.directory}")
         else:
-            print("usage: python -m hack.binaries [build [COMPONENT...] | path BINARY | list]", file=sys.stderr)
+            print("usage: python -m hack.binaries [build [COMPONENT[@VERSION]...] | path BINARY | list]",
+                  file=sys.stderr)
             return 2
     except MissingToolError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -117,6 +117,12 @@ INVALID_EXAMPLES: tuple[InvalidExample, ...] = (
         _set("spec.targets.0.address", "db at branch1"),
     ),
     InvalidExample(
+        "eg-address-numeric",
+        "TailnetEgress",
+        "spec.targets[0].address",
+        _set("spec.targets.0.address", "10.20.300.4"),
+    ),
+    InvalidExample(
         "eg-port",
         "TailnetEgress",
         "spec.targets[0].ports[0].port",

@@ -45,6 +45,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PROJECT_REPOSITORY = "localhost/tailnet-operator"
 PAUSE_REPOSITORY = "localhost/tailnet-pause"
 COREDNS_REPOSITORY = "localhost/coredns"
+TAILSCALE_REPOSITORY = "localhost/tailscale"
+ROUTER_REPOSITORY = "localhost/tailnet-gateway-router"
 BASE_REPOSITORY = "localhost/tailnet-base"
 
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
@@ -435,6 +437,45 @@ def _coredns() -> tuple[Image, bool]:
 def coredns_image() -> Image:
     """Cluster DNS: the pinned, statically linked CoreDNS (built from its Go module) in a scratch image."""
     return _coredns()[0]
+
+
+def _tailscale() -> tuple[Image, bool]:
+    ref = f"{TAILSCALE_REPOSITORY}:{versions.TAILSCALE}"
+    image = Image(ref, archive_path(ref))
+    files = {"/tailscaled": binary("tailscaled"), "/tailscale": binary("tailscale")}
+    return image, _ensure(image, lambda: _scratch_image(ref, files, ["/tailscaled"], NONROOT))
+
+
+def tailscale_image() -> Image:
+    """tailscaled and its CLI (static, from their Go module) in a scratch image: the egress pod a
+    user builds by hand, which the in-cluster benchmark measures the agent against."""
+    return _tailscale()[0]
+
+
+def _layered_image(ref: str, base: str, files: Mapping[str, Path]) -> None:
+    """Commit ``files`` (destination -> host path) on top of the local image ``base``."""
+    container = buildah("from", base).strip()
+    try:
+        for destination, source in files.items():
+            buildah("copy", "--chmod", "0755", container, str(source), destination)
+        buildah("commit", "--quiet", container, ref)
+    finally:
+        buildah("rm", container)
+
+
+def _router() -> tuple[Image, bool]:
+    base = base_image()
+    ref = f"{ROUTER_REPOSITORY}:{versions.TAILSCALE}-{base.rsplit(':', 1)[1]}"
+    image = Image(ref, archive_path(ref))
+    files = {"/usr/local/bin/tailscaled": binary("tailscaled"), "/usr/local/bin/tailscale": binary("tailscale")}
+    return image, _ensure(image, lambda: _layered_image(ref, base, files))
+
+
+def router_image() -> Image:
+    """A TailnetGateway router image: the Debian base (a shell for the router's start script)
+    plus the pinned tailscaled and CLI, standing in for the tailscale/tailscale image on the
+    local node, which pulls nothing from registries."""
+    return _router()[0]
 
 
 def base_image() -> str:

@@ -61,8 +61,10 @@ class DirectPath:
     """
 
     def __init__(self, dataplane: nat.DataPlane, control: ControlClient, *, port: int | None,
-                 netmap: Callable[[], NetMap | None], home: Callable[[], int], wake: Callable[[], None]) -> None:
+                 netmap: Callable[[], NetMap | None], home: Callable[[], int], wake: Callable[[], None],
+                 path_changed: Callable[[], None] = lambda: None) -> None:
         self._dataplane = dataplane
+        self._path_changed = path_changed
         self._control = control
         self._port = port
         self._netmap = netmap
@@ -214,6 +216,7 @@ class DirectPath:
                     self._wake()
                 case SetDirect(key, addr):
                     self._dataplane.set_peer_direct(key, addr)
+                    self._path_changed()
                 case NoteSource(addr, key):
                     self._dataplane.note_udp_source(addr[0], addr[1], key)
 

@@ -225,7 +225,7 @@ class Disco:
 
     def set_peers(self, peers: Iterable[DiscoPeer]) -> list[Action]:
         """The netmap's peers; paths of peers that left or changed disco key are dropped."""
-        new = {p.node_key: p for p in peers if len(p.disco_key) == KEY_LEN}
+        new = {p.node_key: p for p in peers if len(p.disco_key) == KEY_LEN and self._can_seal(p.disco_key)}
         actions: list[Action] = []
         for key, path in list(self._paths.items()):
             if key not in new or new[key].disco_key != self._peers[key].disco_key:
@@ -315,6 +315,15 @@ class Disco:
 
     def _path(self, node_key: bytes) -> _Path:
         return self._paths.setdefault(node_key, _Path())
+
+    def _can_seal(self, peer_disco: bytes) -> bool:
+        """False for a disco key no box can be made with (all zeros, a low-order point): such a
+        peer stays on DERP."""
+        try:
+            seal(self._private, peer_disco, b"")
+        except CryptoError:
+            return False
+        return True
 
     def _seal(self, peer_disco: bytes, message: Message) -> bytes:
         return seal_packet(self._private, self._public, peer_disco, message)

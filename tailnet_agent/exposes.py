@@ -18,7 +18,8 @@ A JSON list; every problem is a :class:`~tailnet_agent.config.ConfigError` namin
   ``http`` (default) or ``https``: HTTPS to the app is always verified, against ``caFile`` (PEM)
   when given, else the system roots, for ``serverName`` (default ``host``).
 * ``hosts`` (http only, at least one): a virtual host's ``name``, an optional short ``alias``
-  (both are accepted as SNI and Host), and ``tls.certFile``/``tls.keyFile`` (mounted PEM files,
+  and optional further ``aliases`` (e.g. the alias under each DNS zone; all are accepted as SNI
+  and Host), and ``tls.certFile``/``tls.keyFile`` (mounted PEM files,
   reloaded when they change). A name or alias belongs to one host of an expose.
 """
 
@@ -52,13 +53,15 @@ class Backend:
 class VirtualHost:
     name: str
     alias: str | None = None
+    aliases: tuple[str, ...] = ()
+    """More names of the host, e.g. the alias under each of the tailnet's DNS zones."""
     cert_file: str
     key_file: str
 
     @property
     def names(self) -> tuple[str, ...]:
         """What SNI and Host may say for this host."""
-        return (self.name,) if self.alias is None else (self.name, self.alias)
+        return tuple(dict.fromkeys(n for n in (self.name, self.alias, *self.aliases) if n))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,10 +123,14 @@ def _host(raw: Any, where: str) -> VirtualHost:
     item = _object(raw, where)
     name = _text(item, "name", where)
     alias = _text(item, "alias", where, required=False)
+    raw_aliases = item.get("aliases", [])
+    if not isinstance(raw_aliases, list) or not all(isinstance(a, str) and a.strip() for a in raw_aliases):
+        raise ConfigError(f"{NAME}: {where}.aliases must be a list of non-empty strings")
     tls = _object(item.get("tls"), f"{where}.tls")
     cert, key = _text(tls, "certFile", f"{where}.tls"), _text(tls, "keyFile", f"{where}.tls")
     assert name is not None and cert is not None and key is not None
     return VirtualHost(name=name.lower().rstrip("."), alias=alias.lower().rstrip(".") if alias else None,
+                       aliases=tuple(a.strip().lower().rstrip(".") for a in raw_aliases),
                        cert_file=cert, key_file=key)
 
 

@@ -178,7 +178,7 @@ class HealthServer:
         elif not node.home_region:
             why = "the DERP map has no usable home region"
         else:
-            why = f"home DERP region {node.home_region} not connected"
+            why = f"home DERP region {node.home_region} not connected and no peer reached directly"
         return web.Response(status=503, text=f"not ready: {why}\n")
 
     async def _status(self, request: web.Request) -> web.Response:

@@ -118,7 +118,7 @@ class Node:
         self.home_region = 0
         """Home DERP region id; 0 until the first netmap with a DERP map."""
         self.direct = DirectPath(self.dataplane, self.control, port=options.udp_port, netmap=lambda: self.netmap,
-                                 home=lambda: self.home_region, wake=self.wake)
+                                 home=lambda: self.home_region, wake=self.wake, path_changed=self._notify)
         self.relays = Relays(self.dataplane, tls=tls_context(options.control.ca_bundle),
                              read_timeout=options.derp_read_timeout, backoff=options.derp_backoff,
                              wake=self.wake, notify=self._notify, report_home=self.control.set_preferred_derp)
@@ -161,8 +161,10 @@ class Node:
 
     @property
     def ready(self) -> bool:
-        """A netmap arrived and the home DERP region is connected."""
-        return self.netmap is not None and self.home_region in self.derp_connections
+        """Traffic can flow: a netmap arrived, and the home DERP region is connected or a peer is
+        reached over a direct UDP path. An outage of Headscale and its DERP server thus leaves the
+        node ready (and new connections working) as long as its direct paths hold."""
+        return self.netmap is not None and (self.home_region in self.derp_connections or self.direct_peer_count > 0)
 
     @property
     def derp_connections(self) -> dict[int, DerpConnection]:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import structlog
 
 from tailnet_operator import __version__, logs
+from tailnet_operator.controllers.gateway import GatewaySettings
 from tailnet_operator.controllers.setup import setup
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
@@ -45,6 +46,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--agent-image", default=os.environ.get("TAILNET_AGENT_IMAGE"),
                         help="image of the egress/ingress agent pods; default: the operator's own image "
                              "(read from its Pod, POD_NAME), else " + FALLBACK_AGENT_IMAGE)
+    parser.add_argument("--gateway-namespace", default=os.environ.get("TAILNET_GATEWAY_NAMESPACE", "tailnet-gateway"),
+                        help="where TailnetGateway routers and their CoreDNS run (Pod Security privileged)")
+    parser.add_argument("--gateway-service-account", default="tailnet-gateway",
+                        help="the router pods' ServiceAccount in the gateway namespace (reads and writes the "
+                             "state Secrets)")
     parser.add_argument("--version", action="version", version=f"tailnet-operator {__version__}")
     return parser.parse_args(argv)
 
@@ -83,7 +89,11 @@ async def run(args: argparse.Namespace) -> int:
     identity = manager.elector.identity if manager.elector is not None else default_identity()
     setup(manager, namespace=args.namespace,
           events=EventRecorder(manager.client, reporting_instance=identity, clock=manager.clock),
-          agent_image=await agent_image(manager, args))
+          agent_image=await agent_image(manager, args),
+          tenant_role=os.environ.get("TAILNET_TENANT_CLUSTER_ROLE") or "tailnet-operator-tenant",
+          service_account=os.environ.get("TAILNET_SERVICE_ACCOUNT") or "tailnet-operator",
+          gateway=GatewaySettings(namespace=args.gateway_namespace,
+                                  service_account=args.gateway_service_account))
     log.info("starting", version=__version__, api_server=manager.client.config.host, namespace=args.namespace,
              metrics=args.metrics_bind_address, probes=args.health_probe_bind_address,
              leader_election=args.leader_elect)

@@ -36,6 +36,9 @@ RBAC_DOC = REPO / "docs" / "reference" / "rbac.md"
 
 NAMESPACE = "tailnet-system"
 SERVICE_ACCOUNT = "tailnet-operator"
+GATEWAY_NAMESPACE = "tailnet-gateway"
+ROUTER_RBAC = "tailnet-gateway-router"
+"""The router pods' Role and RoleBinding (bound to their ServiceAccount, not the operator's)."""
 IMAGE = "localhost/tailnet-operator:dev"
 PROBE_PORT = 8081
 METRICS_PORT = 8080
@@ -163,8 +166,15 @@ def test_install_has_the_crds_and_the_operator_but_not_the_samples() -> None:
         ("PodDisruptionBudget", NAMESPACE, "tailnet-operator"),
         ("ClusterRole", "", "tailnet-operator-view"),
         ("ClusterRole", "", "tailnet-operator-edit"),
+        ("ClusterRole", "", "tailnet-operator-tenant"),
         ("ValidatingAdmissionPolicy", "", "tailnet-egress-operator-namespace"),
         ("ValidatingAdmissionPolicyBinding", "", "tailnet-egress-operator-namespace"),
+        ("Namespace", "", GATEWAY_NAMESPACE),
+        ("ServiceAccount", GATEWAY_NAMESPACE, "tailnet-gateway"),
+        ("Role", GATEWAY_NAMESPACE, ROUTER_RBAC),
+        ("RoleBinding", GATEWAY_NAMESPACE, ROUTER_RBAC),
+        ("Role", GATEWAY_NAMESPACE, "tailnet-operator-gateway"),
+        ("RoleBinding", GATEWAY_NAMESPACE, "tailnet-operator-gateway"),
     ])
 
 
@@ -175,6 +185,21 @@ def test_every_object_carries_the_recommended_labels(obj: Obj) -> None:
     assert not missing, f"{obj['kind']} {obj['metadata']['name']} lacks {missing}"
     assert labels["app.kubernetes.io/part-of"] == PART_OF
     assert labels["app.kubernetes.io/name"] == labels["app.kubernetes.io/instance"] == "tailnet-operator"
+
+
+def test_the_gateway_namespace_admits_the_privileged_router_and_warns_above_baseline() -> None:
+    labels = one("Namespace", GATEWAY_NAMESPACE)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["pod-security.kubernetes.io/warn"] == labels["pod-security.kubernetes.io/audit"] == "baseline"
+
+
+def test_the_router_pods_may_only_read_and_write_secrets_of_the_gateway_namespace() -> None:
+    role = next(o for o in RENDERED if o["kind"] == "Role" and o["metadata"]["name"] == ROUTER_RBAC)
+    assert role["metadata"]["namespace"] == GATEWAY_NAMESPACE
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "update", "patch"]}]
+    binding = next(o for o in RENDERED if o["kind"] == "RoleBinding" and o["metadata"]["name"] == ROUTER_RBAC)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tailnet-gateway",
+                                    "namespace": GATEWAY_NAMESPACE}]
 
 
 def test_the_namespace_enforces_the_restricted_pod_security_standard() -> None:
@@ -193,8 +218,9 @@ def test_namespaced_objects_live_in_the_operator_namespace_except_the_events_rol
         if obj["kind"] in CLUSTER_SCOPED_KINDS:
             assert "namespace" not in obj["metadata"]
             continue
-        expected = {"tailnet-operator-events": CLUSTER_SCOPED_NAMESPACE,
-                    "tailnet-operator-dns": "kube-system"}.get(obj["metadata"]["name"], NAMESPACE)
+        expected = {"tailnet-operator-events": CLUSTER_SCOPED_NAMESPACE, "tailnet-operator-dns": "kube-system",
+                    "tailnet-operator-gateway": GATEWAY_NAMESPACE, "tailnet-gateway": GATEWAY_NAMESPACE,
+                    ROUTER_RBAC: GATEWAY_NAMESPACE}.get(obj["metadata"]["name"], NAMESPACE)
         assert obj["metadata"].get("namespace") == expected, f"{obj['kind']} {obj['metadata']['name']}"
 
 
@@ -293,9 +319,16 @@ def _aggregated(obj: Obj) -> bool:
     return any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in labels)
 
 
+def _per_namespace(obj: Obj) -> bool:
+    return (obj["metadata"].get("labels") or {}).get("tailnet.dev/bind") == "per-namespace"
+
+
 def _rbac(kind: str) -> list[Obj]:
-    """The operator's own RBAC: the roles aggregated into view/edit/admin are for people."""
-    return [o for o in RENDERED if o["kind"] == kind and not _aggregated(o)]
+    """The operator's own RBAC: the roles aggregated into view/edit/admin are for people, the
+    per-namespace one is bound by namespace admins, not by the install, and the router pods' Role
+    is theirs."""
+    return [o for o in RENDERED if o["kind"] == kind and not _aggregated(o) and not _per_namespace(o)
+            and o["metadata"]["name"] != ROUTER_RBAC]
 
 
 def granted() -> list[Grant]:
@@ -368,28 +401,41 @@ def test_bindings_name_only_the_operators_service_account_and_every_role_is_boun
 
 
 def test_kinds_of_the_controllers_not_written_yet_are_not_granted() -> None:
-    later = {"statefulsets", "serviceaccounts", "namespaces"}
+    later = {"serviceaccounts", "namespaces"}
     assert not [g for g in granted() if g[2].split("/")[0] in later]
-    assert [g for g in granted() if g[2] == "pods"] == [(NAMESPACE, "", "pods", "get", ())], \
-        "the operator reads only its own Pod (for its image)"
+    assert sorted(g for g in granted() if g[2] == "pods") == sorted([
+        (NAMESPACE, "", "pods", "get", ()), (GATEWAY_NAMESPACE, "", "pods", "list", ()),
+        (GATEWAY_NAMESPACE, "", "pods", "watch", ()), (GATEWAY_NAMESPACE, "", "pods", "delete", ())]), \
+        "the operator reads its own Pod (for its image), watches the router pods, deletes them only with Delete"
 
 
 def test_secrets_are_written_only_in_the_operator_namespace() -> None:
     secrets = [g for g in granted() if g[1] == "" and g[2] == "secrets"]
     assert {g[3] for g in secrets if g[0] == "cluster"} == {"get", "list", "watch"}
-    assert {(g[0], g[3]) for g in secrets if g[3] not in ("get", "list", "watch")} == {(NAMESPACE, "create"),
-                                                                              (NAMESPACE, "patch")}
+    assert {(g[0], g[3]) for g in secrets if g[3] not in ("get", "list", "watch")} == {
+        (NAMESPACE, "create"), (NAMESPACE, "patch"),
+        (GATEWAY_NAMESPACE, "create"), (GATEWAY_NAMESPACE, "patch"), (GATEWAY_NAMESPACE, "delete")}
 
 
-def _registered_informers() -> set[tuple[str, str]]:
-    """(group, plural) of every informer the controllers register at start-up."""
+def _registered_informers(scope: str | None = None) -> set[tuple[str, str]]:
+    """(group, plural) of every informer the controllers register at start-up in ``scope`` (a
+    namespace; None: cluster-wide)."""
     manager = Manager(RestConfig(host="https://127.0.0.1:1"), ManagerOptions())
     setup(manager, namespace=NAMESPACE, events=EventRecorder(manager.client, reporting_instance="test"))
     keys = list(manager.cache._informers)
-    scoped = {(resource.plural, namespace) for resource, namespace, _ in keys if namespace is not None}
-    assert scoped == {("secrets", NAMESPACE), ("configmaps", NAMESPACE)}, \
+    assert {namespace for _, namespace, _ in keys} <= {None, NAMESPACE, GATEWAY_NAMESPACE}, "an informer elsewhere"
+    whole = {(resource.plural, namespace) for resource, namespace, _ in keys if namespace == NAMESPACE}
+    assert whole == {("secrets", NAMESPACE), ("configmaps", NAMESPACE)}, \
         "only Secrets and ConfigMaps are cached whole in the operator's namespace (and by metadata elsewhere)"
-    return {(resource.group, resource.plural) for resource, _, _ in keys}
+    return {(resource.group, resource.plural) for resource, namespace, _ in keys if namespace == scope}
+
+
+def test_the_informers_of_the_gateway_namespace_may_list_and_watch_there() -> None:
+    informers = _registered_informers(GATEWAY_NAMESPACE)
+    assert informers == {("apps", "statefulsets"), ("", "pods")}
+    there = {(g[1], g[2], g[3]) for g in granted() if g[0] == GATEWAY_NAMESPACE}
+    assert not [(group, plural, verb) for group, plural in informers for verb in ("list", "watch")
+                if (group, plural, verb) not in there]
 
 
 def test_every_informer_the_controllers_register_may_list_and_watch_cluster_wide() -> None:
@@ -398,8 +444,10 @@ def test_every_informer_the_controllers_register_may_list_and_watch_cluster_wide
     missing = sorted((group, plural, verb) for group, plural in informers for verb in ("list", "watch")
                      if (group, plural, verb) not in cluster)
     assert not missing, f"informers without list/watch in the ClusterRole: {missing}"
-    listed = {(g[1], g[2]) for g in granted() if g[3] in ("list", "watch")}
+    listed = {(g[1], g[2]) for g in granted() if g[3] in ("list", "watch") and g[0] == "cluster"}
     assert listed == informers, "list/watch granted on a kind no controller watches"
+    there = {(g[1], g[2]) for g in granted() if g[3] in ("list", "watch") and g[0] != "cluster"}
+    assert there == _registered_informers(GATEWAY_NAMESPACE), "list/watch granted where no informer watches"
 
 
 def test_the_lease_role_names_the_managers_lease_in_the_operator_namespace() -> None:
@@ -472,3 +520,18 @@ def test_the_egress_admission_policy_is_bound_and_names_the_operator_namespace()
     assert rule["resources"] == ["tailnetegresses"] and set(rule["operations"]) == {"CREATE", "UPDATE"}
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert variables["operatorNamespace"] == f"'{NAMESPACE}'"
+
+
+def test_the_tenant_role_is_bound_by_nobody_and_grants_only_applying_an_ingresss_objects() -> None:
+    [tenant] = [o for o in RENDERED if o["kind"] == "ClusterRole" and _per_namespace(o)]
+    assert tenant["metadata"]["name"] == "tailnet-operator-tenant"
+    bindings = [o for o in RENDERED if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert not [b for b in bindings if b["roleRef"]["name"] == tenant["metadata"]["name"]]
+    grants = {(group, resource, verb) for rule in tenant["rules"] for group in rule["apiGroups"]
+              for resource in rule["resources"] for verb in rule["verbs"]}
+    kinds = {("", "secrets"), ("", "configmaps"), ("", "services"), ("apps", "deployments"),
+             ("networking.k8s.io", "networkpolicies"), ("cert-manager.io", "certificates"),
+             ("events.k8s.io", "events")}
+    assert grants == {(g, r, v) for g, r in kinds for v in ("create", "patch")}
+    doc = RBAC_DOC.read_text()
+    assert "tailnet-operator-tenant" in doc and all(f"`{r}`" in doc for _, r in kinds)

@@ -25,6 +25,7 @@ from ._process import (
     marked_processes,
     wait_until,
 )
+from .certmanager import CertManager
 from .controlplane import ControlPlane
 from .headscale import Headscale, HeadscaleError
 from .netns import ROUTER_UID, SiteHost, netns_available
@@ -34,6 +35,7 @@ from .tailscale import TailscaleNode
 __all__ = [
     "ROUTER_UID",
     "RUN_MARKER",
+    "CertManager",
     "Cluster",
     "ControlPlane",
     "Environment",
@@ -99,6 +101,13 @@ class Environment:
         if authkey is not None:
             node.up(authkey, advertise_routes=advertise_routes, accept_routes=accept_routes)
         return node
+
+    def cert_manager(self, kubeconfig: Path, *, cluster_namespace: str) -> CertManager:
+        """cert-manager's controllers against the apiserver of ``kubeconfig`` (CRDs installed by the caller)."""
+        manager = CertManager(kubeconfig, cluster_namespace=cluster_namespace, log_dir=self.log_dir,
+                              run_id=self.run_id)
+        self._owned.append(manager)
+        return manager.start()
 
     def cluster(self) -> Cluster:
         """A single-node cluster (needs root); one per machine at a time."""

@@ -64,6 +64,12 @@ class CertificateAuthority:
     def pem(self) -> bytes:
         return self._cert.public_bytes(serialization.Encoding.PEM)
 
+    @property
+    def key_pem(self) -> bytes:
+        """The CA's private key (PKCS#8 PEM), for an issuer that signs with it (cert-manager's CA issuer)."""
+        return self._key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption())
+
     def issue(self, name: str, *, common_name: str, organizations: tuple[str, ...] = (),
               hosts: tuple[str, ...] = (), client: bool = False) -> KeyPair:
         """Issue a leaf certificate; ``hosts`` become DNS or IP subject alternative names."""

@@ -52,8 +52,16 @@ class Headscale:
         self.config_path = workdir / "config.yaml"
         self.ca = ca or CertificateAuthority(workdir / "pki", "headscale")
         self.api_key = ""
+        self.version = binaries.selected(binaries.HEADSCALE).version
+        """The Headscale release this server runs (the pin, or ``$TAILNET_HEADSCALE_VERSION``)."""
         self.process = ManagedProcess(name, [binaries.binary("headscale"), "-c", self.config_path, "serve"],
                                       log_dir=log_dir, run_id=run_id)
+
+    @property
+    def minor(self) -> tuple[int, int]:
+        """``(0, 29)`` for 0.29.2: what tests compare to decide which behaviour to expect."""
+        major, minor = self.version.split(".")[:2]
+        return int(major), int(minor)
 
     @property
     def ca_bundle(self) -> Path:
@@ -110,9 +118,13 @@ class Headscale:
     def create_preauth_key(self, *, user_id: str | None = None, tags: list[str] | None = None,
                            reusable: bool = False, ephemeral: bool = False,
                            lifetime: dt.timedelta = dt.timedelta(hours=1)) -> str:
-        """A pre-auth key; tagged when ``tags`` are given (then no user is needed)."""
+        """A pre-auth key; tagged when ``tags`` are given (then no user is needed from 0.28 on; before,
+        the key is made under the user ``tagged-devices``, as the operator's client does)."""
         expiration = (dt.datetime.now(dt.UTC) + lifetime).strftime("%Y-%m-%dT%H:%M:%SZ")
         body: dict[str, Any] = {"reusable": reusable, "ephemeral": ephemeral, "expiration": expiration}
+        if user_id is None and tags and self.minor < (0, 28):
+            found = self.api("GET", "/api/v1/user?name=tagged-devices").get("users") or []
+            user_id = found[0]["id"] if found else self.create_user("tagged-devices")["id"]
         if user_id is not None:
             body["user"] = user_id
         if tags:

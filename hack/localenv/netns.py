@@ -89,16 +89,23 @@ class SiteHost:
 
     def serve_http(self, port: int = 8080) -> ManagedProcess:
         """An HTTP server on the host's address that answers ``hello from ADDRESS:PORT path P``."""
+        return self.serve(f"http-{port}", Path(__file__).with_name("httpecho.py"), port)
+
+    def serve_echo(self, port: int) -> ManagedProcess:
+        """A TCP echo server on the host's address: echoes until EOF, then half-closes."""
+        return self.serve(f"echo-{port}", Path(__file__).with_name("tcpecho.py"), port)
+
+    def serve(self, name: str, script: Path, port: int) -> ManagedProcess:
+        """``python3 SCRIPT ADDRESS PORT [serve]`` on the host, once it prints ``listening``."""
         from ._process import wait_until
 
-        proc = self.run(f"http-{port}", [sys.executable, "-u", str(Path(__file__).with_name("httpecho.py")),
-                                         self.address, str(port)])
+        proc = self.run(name, [sys.executable, "-u", str(script), self.address, str(port)])
 
         def listening() -> bool:
             proc.check_running()
             return "listening" in proc.log_tail()
 
-        wait_until(listening, timeout=10, what=f"the HTTP server on {self.address}:{port}")
+        wait_until(listening, timeout=10, what=f"{name} on {self.address}:{port}")
         return proc
 
     def destroy(self) -> None:

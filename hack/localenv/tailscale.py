@@ -32,7 +32,7 @@ def _binary_for(user: int | None, shared_dir: Path) -> Path:
     cached = binaries.binary("tailscaled")
     if user is None:
         return cached
-    copy = shared_dir / "bin" / "tailscaled"
+    copy = shared_dir / "bin" / cached.parent.name / "tailscaled"
     if not copy.exists():
         copy.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(cached, copy)

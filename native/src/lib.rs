@@ -7,6 +7,8 @@
 pub mod dataplane;
 pub mod derp;
 pub mod filter;
+#[cfg(test)]
+mod fuzz;
 pub mod recovery;
 pub mod route;
 pub mod stack;

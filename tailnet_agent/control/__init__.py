@@ -3,6 +3,7 @@
 Layers, each depending only on those below it::
 
     client        register + streaming map poll, reconnect/re-register policy (asyncio)
+    compat        which Headscale versions accept this client's capability version
     controlconn   TLS, /key, upgrade, pumping bytes (asyncio)
     session       HTTP/2 over Noise records, early payload (sans-IO)
     upgrade       HTTP/1.1 upgrade request/response (sans-IO)
@@ -13,6 +14,7 @@ Layers, each depending only on those below it::
 """
 
 from .client import CAPABILITY_VERSION, ControlClient, ControlOptions
+from .compat import UnsupportedServer, check_server
 from .controlconn import ControlConnection
 from .errors import (
     ConnectionLost,
@@ -40,4 +42,6 @@ __all__ = [
     "NoiseError",
     "ProtocolViolation",
     "RegistrationError",
+    "UnsupportedServer",
+    "check_server",
 ]

@@ -18,6 +18,11 @@ tagged node, whatever key it re-registers with), the client joins as a new node:
 node and disco keys, a new connection, and (from the server) new addresses. A restarted agent
 would do the same with its pre-auth key; revoking the key is how an admin keeps it out.
 A register ``Error`` or an interactive ``AuthURL`` is terminal (:class:`RegistrationError`).
+
+Before the first connection the server's version is checked against the capability versions it
+accepts (``compat``): a server too old for this agent, or one that requires a newer client, is
+:class:`~tailnet_agent.control.compat.UnsupportedServer` (terminal, with what to upgrade), and so
+is Headscale's "unsupported client version" answer to register or map.
 """
 
 from __future__ import annotations
@@ -34,16 +39,18 @@ import structlog
 from tailnet_agent import __version__
 from tailnet_agent.backoff import Backoff
 
+from . import compat
 from . import netmap as nm
-from .controlconn import ControlConnection, Response
-from .errors import ConnectionLost, ControlError, HTTPStatusError, RegistrationError
+from .controlconn import ControlConnection, ControlEndpoint, Response, fetch_server_version, ssl_context
+from .errors import ConnectionLost, ControlError, HTTPStatusError, ProtocolViolation, RegistrationError
 from .keys import NodeKeys, PublicKey
 from .mapstream import MapFrameDecoder
 
 log = structlog.get_logger("agent.control.client")
 
 CAPABILITY_VERSION = 138
-"""``tailcfg.CurrentCapabilityVersion`` of tailscale v1.98; Headscale 0.29 accepts >= 113."""
+"""``tailcfg.CurrentCapabilityVersion`` of tailscale v1.98; Headscale 0.26 to 0.30 accept it
+(their minimums, 88 to 113, are in ``compat``)."""
 ZERO_TIME = "0001-01-01T00:00:00Z"
 ENDPOINT_LOCAL = 1
 """``tailcfg.EndpointLocal``: an address of a local interface."""
@@ -121,6 +128,7 @@ class ControlClient:
     def __init__(self, options: ControlOptions, keys: NodeKeys | None = None, *,
                  on_netmap: Callable[[nm.NetMap], None] | None = None,
                  _connect: Connector | None = None,
+                 _server_version: Callable[[], Awaitable[str | None]] | None = None,
                  _sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.options = options
         self.keys = keys or NodeKeys.generate()
@@ -132,6 +140,10 @@ class ControlClient:
         self._old_node_key: PublicKey | None = None
         self._on_netmap = on_netmap
         self._connect = _connect or self._open_connection
+        # An injected connector (tests) has no server to ask unless a version source is given too.
+        self._server_version = _server_version or (None if _connect else self._fetch_server_version)
+        self.server_version: str | None = None
+        """What the server's ``/version`` said ("" for none, None until asked or when unreachable)."""
         self._sleep = _sleep
         self._updated = asyncio.Event()
         self.preferred_derp = 0
@@ -148,6 +160,12 @@ class ControlClient:
         """
         backoff = self.options.backoff
         while True:
+            if self.server_version is None and self._server_version is not None:
+                self.server_version = await self._server_version()
+                if self.server_version is not None:
+                    note = compat.check_server(self.server_version, self.options.capability_version)
+                    if note:
+                        log.warning("untested control server", note=note)
             try:
                 conn = await self._connect(self.keys)
             except (ControlError, OSError, TimeoutError) as exc:
@@ -262,6 +280,9 @@ class ControlClient:
             resp = await conn.request("POST", "/machine/register", self.register_request())
             if resp.status in (401, 403):
                 raise RegistrationError(f"register refused with HTTP {resp.status}")
+            if refused := compat.refusal(resp.status, resp.body, self.options.capability_version,
+                                         path="/machine/register"):
+                raise refused
             if resp.status != 200:
                 raise HTTPStatusError(resp.status, resp.body, path="/machine/register")
             doc: dict[str, Any] = resp.json()
@@ -309,7 +330,11 @@ class ControlClient:
                 body = await resp.read()
                 raise _Reauthenticate(f"map poll answered {resp.status}: {body[:120]!r}")
             if resp.status != 200:
-                raise HTTPStatusError(resp.status, await resp.read(), path="/machine/map")
+                body = await resp.read()
+                if refused := compat.refusal(resp.status, body, self.options.capability_version,
+                                             path="/machine/map"):
+                    raise refused
+                raise HTTPStatusError(resp.status, body, path="/machine/map")
             self.map_sessions += 1
             log.info("map poll started", session=self.map_sessions)
             decoder = MapFrameDecoder()
@@ -333,10 +358,7 @@ class ControlClient:
         self.map_messages += 1
         if nm.is_keepalive(message):
             return
-        try:
-            updated = nm.apply(self.netmap, message)
-        except nm.IncompleteMap as exc:
-            raise ConnectionLost(str(exc)) from exc
+        updated = decode_map_message(self.netmap, message)
         if updated is None or updated is self.netmap:
             return
         self.netmap = updated
@@ -350,7 +372,24 @@ class ControlClient:
 
     # -- default connector ----------------------------------------------------------------------
 
+    async def _fetch_server_version(self) -> str | None:
+        endpoint = ControlEndpoint.from_url(self.options.url)
+        ctx = ssl_context(self.options.ca_bundle) if endpoint.scheme == "https" else None
+        return await fetch_server_version(endpoint, ssl_ctx=ctx)
+
     async def _open_connection(self, keys: NodeKeys) -> ControlTransport:
         return await ControlConnection.open(self.options.url, keys.machine,
                                             capability_version=self.options.capability_version,
                                             ca_bundle=self.options.ca_bundle)
+
+
+def decode_map_message(current: nm.NetMap | None, message: dict[str, Any]) -> nm.NetMap | None:
+    """The netmap after one MapResponse; a message the netmap cannot be built from is a
+    :class:`ConnectionLost` (no self node yet) or a :class:`ProtocolViolation` (a field of the
+    wrong shape), so the client reconnects with backoff instead of failing."""
+    try:
+        return nm.apply(current, message)
+    except nm.IncompleteMap as exc:
+        raise ConnectionLost(str(exc)) from exc
+    except nm.MalformedMap as exc:
+        raise ProtocolViolation(f"malformed MapResponse: {exc}") from exc

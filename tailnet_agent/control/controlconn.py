@@ -91,6 +91,25 @@ async def fetch_server_key(endpoint: ControlEndpoint, *, capability_version: int
     return parse_server_key(body)
 
 
+async def fetch_server_version(endpoint: ControlEndpoint, *, ssl_ctx: ssl.SSLContext | None) -> str | None:
+    """``GET /version`` (Headscale 0.27+, unauthenticated): the server's version; "" when the
+    server has no such endpoint (404: Headscale 0.26 or another control server); None when it
+    could not be asked (the connection itself will then fail and be retried)."""
+    timeout = aiohttp.ClientTimeout(total=CONNECT_TIMEOUT)
+    connector = aiohttp.TCPConnector(ssl=ssl_ctx if ssl_ctx is not None else False)
+    try:
+        async with (aiohttp.ClientSession(timeout=timeout, connector=connector) as http,
+                    http.get(f"{endpoint.base_url}/version") as resp):
+            if resp.status == 404:
+                return ""
+            if resp.status != 200:
+                return None
+            doc = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    return str(doc.get("version") or "") if isinstance(doc, dict) else None
+
+
 @dataclass(kw_only=True)
 class Response:
     """A complete response of :meth:`ControlConnection.request`."""

@@ -39,6 +39,8 @@ class MapFrameDecoder:
                 doc = json.loads(raw)
             except ValueError as exc:
                 raise ProtocolViolation("map message is not JSON (compressed?)") from exc
+            except RecursionError as exc:
+                raise ProtocolViolation("map message nests deeper than the decoder allows") from exc
             if not isinstance(doc, dict):
                 raise ProtocolViolation("map message is not a JSON object")
             out.append(doc)

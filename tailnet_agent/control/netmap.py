@@ -226,7 +226,12 @@ class NetMap:
         return next((p for p in self.peers.values() if p.key == node_key), None)
 
 
-class IncompleteMap(ValueError):
+class MalformedMap(ValueError):
+    """A MapResponse field does not have the shape ``tailcfg`` gives it (a string where a number
+    belongs, an address that does not parse, ...)."""
+
+
+class IncompleteMap(MalformedMap):
     """The first non-keepalive MapResponse lacked ``Node``."""
 
 
@@ -236,7 +241,20 @@ def is_keepalive(resp: Mapping[str, Any]) -> bool:
 
 
 def apply(current: NetMap | None, resp: Mapping[str, Any]) -> NetMap | None:
-    """The netmap after ``resp``; None only while no response carried the self node."""
+    """The netmap after ``resp``; None only while no response carried the self node.
+
+    Raises :class:`MalformedMap` (or :class:`IncompleteMap`) for a response it cannot use, and
+    nothing else: the response is JSON from the network.
+    """
+    try:
+        return _apply(current, resp)
+    except MalformedMap:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError, RecursionError) as exc:
+        raise MalformedMap(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+
+
+def _apply(current: NetMap | None, resp: Mapping[str, Any]) -> NetMap | None:
     if is_keepalive(resp):
         return current
     node_doc = resp.get("Node")

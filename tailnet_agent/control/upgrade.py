@@ -55,7 +55,7 @@ def parse_upgrade_response(buffer: bytes) -> UpgradeResponse | None:
         return None
     head = buffer[:end].decode("latin-1").split("\r\n")
     parts = head[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not (parts[1].isascii() and parts[1].isdigit()):
         raise ProtocolViolation(f"not an HTTP/1.x status line: {head[0][:80]!r}")
     headers: dict[str, str] = {}
     for line in head[1:]:

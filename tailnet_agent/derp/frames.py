@@ -138,8 +138,13 @@ class FrameDecoder:
 
 
 def seal(private_key: bytes, peer_public: bytes, message: bytes) -> bytes:
-    """``nonce || box`` from ``private_key`` to ``peer_public`` with a random nonce (``SealTo``)."""
-    box = nacl.public.Box(nacl.public.PrivateKey(private_key), nacl.public.PublicKey(peer_public))
+    """``nonce || box`` from ``private_key`` to ``peer_public`` with a random nonce (``SealTo``).
+
+    Raises :class:`CryptoError` for a peer key no box can be made with (a low-order point)."""
+    try:
+        box = nacl.public.Box(nacl.public.PrivateKey(private_key), nacl.public.PublicKey(peer_public))
+    except nacl.exceptions.RuntimeError as exc:
+        raise CryptoError(f"no NaCl box can be made with peer key {peer_public.hex()[:5]}") from exc
     return bytes(box.encrypt(message))
 
 
@@ -147,10 +152,11 @@ def open_box(private_key: bytes, peer_public: bytes, sealed: bytes) -> bytes:
     """Inverse of :func:`seal` (``OpenFrom``); raises :class:`CryptoError`."""
     if len(sealed) < NONCE_LEN:
         raise CryptoError("sealed message shorter than the 24-byte nonce")
-    box = nacl.public.Box(nacl.public.PrivateKey(private_key), nacl.public.PublicKey(peer_public))
     try:
+        # Box() fails on a low-order peer key (all-zero shared secret) with nacl's RuntimeError.
+        box = nacl.public.Box(nacl.public.PrivateKey(private_key), nacl.public.PublicKey(peer_public))
         return bytes(box.decrypt(sealed))
-    except nacl.exceptions.CryptoError as exc:
+    except (nacl.exceptions.CryptoError, nacl.exceptions.RuntimeError) as exc:
         raise CryptoError(f"NaCl box did not open with peer key {peer_public.hex()[:5]}") from exc
 
 
@@ -185,7 +191,7 @@ class ClientInfo:
     @classmethod
     def from_json(cls, raw: bytes) -> ClientInfo:
         doc = _json_object(raw, "ClientInfo")
-        return cls(version=int(doc.get("version") or 0), can_ack_pings=bool(doc.get("CanAckPings")),
+        return cls(version=_json_int(doc, "version", "ClientInfo"), can_ack_pings=bool(doc.get("CanAckPings")),
                    is_prober=bool(doc.get("IsProber")))
 
 
@@ -205,19 +211,29 @@ class ServerInfo:
     @classmethod
     def from_json(cls, raw: bytes) -> ServerInfo:
         doc = _json_object(raw, "ServerInfo")
-        return cls(version=int(doc.get("version") or 0),
-                   token_bucket_bytes_per_second=int(doc.get("TokenBucketBytesPerSecond") or 0),
-                   token_bucket_bytes_burst=int(doc.get("TokenBucketBytesBurst") or 0))
+        return cls(version=_json_int(doc, "version", "ServerInfo"),
+                   token_bucket_bytes_per_second=_json_int(doc, "TokenBucketBytesPerSecond", "ServerInfo"),
+                   token_bucket_bytes_burst=_json_int(doc, "TokenBucketBytesBurst", "ServerInfo"))
 
 
 def _json_object(raw: bytes, what: str) -> dict[str, Any]:
     try:
         doc = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise MalformedFrame(f"{what} is not JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise MalformedFrame(f"{what} JSON is not an object")
     return doc
+
+
+def _json_int(doc: dict[str, Any], name: str, what: str) -> int:
+    """An integer member; absent or null is 0, anything but an integer is a malformed frame."""
+    value = doc.get(name)
+    if value is None or value is False:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MalformedFrame(f"{what}.{name} is not an integer: {str(value)[:40]!r}")
+    return value
 
 
 def parse_server_key(frame: Frame) -> bytes:

@@ -53,7 +53,7 @@ def parse_upgrade_response(head: bytes, rest: bytes = b"") -> dict[str, str]:
     """
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not (parts[1].isascii() and parts[1].isdigit()):
         raise ProtocolError(f"not an HTTP response: {lines[0][:80]!r}")
     status, reason = int(parts[1]), parts[2] if len(parts) > 2 else ""
     headers: dict[str, str] = {}

@@ -120,9 +120,22 @@ def _check_ip(value: str) -> str:
 
 
 _HOSTNAME_RE = re.compile(DNS_SUBDOMAIN_PATTERN)
+NUMERIC_NAME_PATTERN = r"^[0-9]+(\.[0-9]+)*$"
+"""A name whose labels are all digits: never a host name, most often a mistyped IPv4 address."""
+NUMERIC_NAME_MESSAGE = (
+    "is neither a valid IP address nor a DNS name: a name whose labels are all numeric is refused "
+    "(a mistyped IPv4 address, e.g. a part over 255?)"
+)
+_NUMERIC_NAME_RE = re.compile(NUMERIC_NAME_PATTERN)
 
 
 def _check_address(value: str) -> str:
+    if _NUMERIC_NAME_RE.match(value):
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} {NUMERIC_NAME_MESSAGE}") from None
+        return value
     if _HOSTNAME_RE.match(value):
         return value
     return _check_ip(value)
@@ -191,7 +204,8 @@ Address = Annotated[
                 cel(
                     f"isIP(self) || self.matches({cel_string(DNS_SUBDOMAIN_PATTERN)})",
                     "must be an IP address or a lower-case DNS name",
-                )
+                ),
+                cel(f"isIP(self) || !self.matches({cel_string(NUMERIC_NAME_PATTERN)})", NUMERIC_NAME_MESSAGE),
             ],
         }
     ),

@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field, model_validator
 from tailnet_operator.api.common import (
     CIDR,
     ApiModel,
+    BoundedString,
     Conditions,
     DNSName,
     Generation,
@@ -109,6 +110,28 @@ class Receipts(ApiModel):
     )
 
 
+class GatewayRoutes(ApiModel):
+    """The router node's routes as Headscale shows them."""
+
+    advertised: list[BoundedString] | None = Field(
+        default=None, max_length=256, description="Routes the node advertises."
+    )
+    approved: list[BoundedString] | None = Field(
+        default=None, max_length=256, description="Routes approved for the node."
+    )
+
+
+class GatewayDNSStatus(ApiModel):
+    """Where the zone is served."""
+
+    zone: str | None = Field(default=None, max_length=253, description="The zone CoreDNS serves.")
+    server_address: str | None = Field(
+        default=None, max_length=64,
+        description="The address of the gateway's CoreDNS (its Service's ClusterIP, advertised by the router "
+                    "as a /32): the nameserver Headscale's split DNS must send the zone to.",
+    )
+
+
 class TailnetGatewayStatus(ApiModel):
     """Observed state of a TailnetGateway."""
 
@@ -125,6 +148,8 @@ class TailnetGatewayStatus(ApiModel):
     receipts: Receipts | None = Field(
         default=None, description="The router identity created by the operator; written once."
     )
+    routes: GatewayRoutes | None = Field(default=None, description="The router node's routes in Headscale.")
+    dns: GatewayDNSStatus | None = Field(default=None, description="The CoreDNS of spec.dns, once it has an address.")
 
 
 class TailnetGateway(ApiModel):

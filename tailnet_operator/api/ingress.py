@@ -21,6 +21,7 @@ from tailnet_operator.api.common import (
     Port,
     Tag,
     TailnetRef,
+    Timestamp,
     cel,
     cel_string,
     duplicates,
@@ -242,6 +243,22 @@ class TailnetIngressSpec(ApiModel):
         return self
 
 
+class ExposeHostStatus(ApiModel):
+    """One virtual host of an http expose: its names and its certificate."""
+
+    name: str = Field(max_length=253, description="The host's DNS name.")
+    alias: str | None = Field(default=None, max_length=63, description="The host's short alias.")
+    alias_names: list[BoundedString] | None = Field(
+        default=None, max_length=16, description="The alias under each of the Tailnet's DNS zones."
+    )
+    secret_name: str | None = Field(
+        default=None, max_length=253, description="The TLS Secret the agent reads the certificate from."
+    )
+    certificate_not_after: Timestamp | None = Field(
+        default=None, description="When the certificate the agent serves expires."
+    )
+
+
 class ExposeStatus(ApiModel):
     """Whether one expose serves traffic."""
 
@@ -249,6 +266,13 @@ class ExposeStatus(ApiModel):
     ready: bool = Field(default=False, description="Whether the listener serves traffic. Defaults to false.")
     reason: str | None = Field(default=None, max_length=1024, description="CamelCase reason when not ready.")
     message: str | None = Field(default=None, max_length=1024, description="Details for people.")
+    listening: bool | None = Field(default=None, description="Whether the agent's tailnet listener is bound.")
+    backend_reachable: bool | None = Field(
+        default=None, description="Whether the agent's last probe of the backend connected."
+    )
+    hosts: list[ExposeHostStatus] | None = Field(
+        default=None, max_length=HOSTS_MAX, description="http exposes: each virtual host."
+    )
 
 
 class TailnetIngressStatus(ApiModel):

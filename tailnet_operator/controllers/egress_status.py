@@ -15,7 +15,7 @@ the address. Together they name the cause a plain proxy leaves silent:
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,19 +38,21 @@ TAILNET_RANGES = (ipaddress.ip_network("100.64.0.0/10"), ipaddress.ip_network("f
 
 
 class AgentStatusReader(Protocol):
-    """Reads an egress agent's ``GET /status`` document; None when it cannot be read."""
+    """Reads an agent's ``GET /status`` document for its CR; None when it cannot be read."""
 
-    async def read(self, egress: TailnetEgress) -> JSON | None: ...
+    async def read(self, owner: Any) -> JSON | None: ...
 
 
 class HttpAgentStatus:
-    """Production reader: the agent's status Service, ``<egress>-egress-agent.<ns>.svc``."""
+    """Production reader: the agent's status Service, ``<service(owner)>.<ns>.svc`` (by default
+    an egress agent's, ``<egress>-egress-agent``)."""
 
-    def __init__(self, timeout: float = 3.0) -> None:
+    def __init__(self, timeout: float = 3.0, *, service: Callable[[Any], str] = agent_name) -> None:
         self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.service = service
 
-    async def read(self, egress: TailnetEgress) -> JSON | None:
-        url = f"http://{agent_name(egress)}.{egress.metadata.namespace}.svc:{HEALTH_PORT}/status"
+    async def read(self, owner: Any) -> JSON | None:
+        url = f"http://{self.service(owner)}.{owner.metadata.namespace}.svc:{HEALTH_PORT}/status"
         try:
             async with aiohttp.ClientSession(timeout=self.timeout) as session, session.get(url) as resp:
                 if resp.status != 200:

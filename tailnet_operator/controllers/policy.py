@@ -8,6 +8,9 @@ One reconcile per Tailnet:
   publishes the render in the ConfigMap ``<tailnet>-policy`` and, in Apply mode, writes it when
   the live policy differs. Headscale checks the document (including the base's own ``tests``)
   before storing it, so a rejected render never becomes active; its message goes to status.
+* A Headscale older than 0.29 has no grants: the derived grants are rendered as equivalent
+  ``acls`` entries and PolicyApplied says so (reason AppliedWithoutGrants); a base with a
+  ``grants`` block of its own is not written at all (reason GrantsUnsupported, with what to do).
 * Once the live policy equals the render, routes a site router advertised before its approver
   existed are approved (added to the router's approved routes, never removing any).
 * TailnetEgresses count only in the operator's namespace: one elsewhere could otherwise write
@@ -45,6 +48,7 @@ from tailnet_operator.policy import (
     judge,
     missing,
     render,
+    routes_to_approve,
 )
 from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.policy.cache import ParsedPolicies
@@ -244,10 +248,23 @@ class PolicyReconciler:
         except PolicyParseError as exc:
             await self._tailnet_status(run, Cond("PolicyApplied", "False", "BasePolicyInvalid", str(exc)))
             return False
-        rendered = render(base, run.inputs.derived, memo=self._policies.memo(base))
+        features = await hs.features()
+        rendered = render(base, run.inputs.derived, memo=self._policies.memo(base), grants=features.grants)
         await self._publish(run, rendered.text, rendered.hash)
         policy_status: dict[str, Any] = {"renderedHash": rendered.hash,
                                          "renderedConfigMap": rendered_config_map_name(run.name)}
+        if rendered.unsupported:
+            await self._tailnet_status(run, Cond(
+                "PolicyApplied", "False", "GrantsUnsupported",
+                f"Headscale {features.label} does not understand the base policy's grants (Headscale 0.29+); nothing "
+                f"was written. Rewrite the base's grants as acls entries, or upgrade Headscale to 0.29 or newer"),
+                policy_status)
+            return False
+        applied_reason, note = "Applied", ""
+        if rendered.grants_as_acls:
+            applied_reason = "AppliedWithoutGrants"
+            note = (f"; Headscale {features.label} has no grants (0.29+), so the {len(rendered.added.grants)} "
+                    "derived grant(s) were written as equivalent acls entries (upgrade Headscale to 0.29+ for grants)")
         if spec.mode != "Apply":
             await self._tailnet_status(run, Cond(
                 "PolicyApplied", "False", "RenderOnly",
@@ -257,7 +274,8 @@ class PolicyReconciler:
         if live_text.strip() and not diff_needed(live_text, rendered, parsed=self._policies):
             policy_status["appliedHash"] = rendered.hash
             await self._tailnet_status(run, Cond(
-                "PolicyApplied", "True", "Applied", f"the live policy equals the render {rendered.hash[:12]}"),
+                "PolicyApplied", "True", applied_reason,
+                f"the live policy equals the render {rendered.hash[:12]}{note}"),
                 policy_status)
             return True
         try:
@@ -279,7 +297,8 @@ class PolicyReconciler:
         await self.events.normal(run.obj, "PolicyApplied",
                                  f"wrote the rendered policy {rendered.hash[:12]} to Headscale", action="ApplyPolicy")
         await self._tailnet_status(run, Cond(
-            "PolicyApplied", "True", "Applied", f"wrote the render {rendered.hash[:12]} to Headscale"), policy_status)
+            "PolicyApplied", "True", applied_reason, f"wrote the render {rendered.hash[:12]} to Headscale{note}"),
+            policy_status)
         return True
 
     async def _publish(self, run: Run, text: str, digest: str) -> None:
@@ -292,20 +311,19 @@ class PolicyReconciler:
     # -- approvals and sites ------------------------------------------------------------------
 
     async def _replay_approvals(self, run: Run, hs: HeadscaleClient, nodes: list[Node]) -> list[Node]:
-        """Approve site routes that tagged routers advertise but Headscale has not approved."""
-        inputs = run.inputs
+        """Approve what tagged nodes advertised before the policy approved it automatically.
+
+        Headscale auto-approves only when a node advertises, so a site router, the gateway (its
+        routes and load-balancer range) or a router of an egress host route that came up before
+        its approver was rendered stays unapproved; every derived approval is replayed here.
+        """
         updated: list[Node] = []
         for node in nodes:
-            wanted: set[str] = set()
-            for site in inputs.sites:
-                if inputs.verdicts[name_of(site)].blocked or str(site.spec.router_tag) not in node.tags:
-                    continue
-                routes = {str(r) for r in site.spec.routes}
-                wanted |= routes & set(node.available_routes) - set(node.approved_routes)
+            wanted = routes_to_approve(run.inputs.derived, node.tags, node.available_routes, node.approved_routes)
             if wanted:
-                node = await hs.add_approved_routes(node, sorted(wanted))
+                node = await hs.add_approved_routes(node, wanted)
                 await self.events.normal(run.obj, "RoutesApproved",
-                                         f"approved {', '.join(sorted(wanted))} on router {node.name}",
+                                         f"approved {', '.join(wanted)} on router {node.name}",
                                          action="ApproveRoutes")
             updated.append(node)
         return updated

@@ -1,7 +1,8 @@
-"""The agent's pre-auth key: reusable, ephemeral, tag-only, in a Secret owned by its CR.
+"""A CR's pre-auth key: tag-only, in a Secret of the operator's, never shown in status.
 
-Reusable so a restarted pod registers again on its own; ephemeral so a node whose pod is gone
-ages out of the tailnet; tag-only so the node is the tag and nobody's device. The key is
+An agent's key is reusable, so a restarted pod registers again on its own, and ephemeral, so a
+node whose pod is gone ages out of the tailnet. A gateway's is single-use and not ephemeral
+(:class:`Wanted`): one node, which stays. Tag-only so the node is the tag and nobody's device. The key is
 rotated at half its lifetime and when the Tailnet's login URL or the tag changes, in an order
 that survives a crash at any step (the same order as the working API key's):
 
@@ -100,6 +101,10 @@ class Wanted:
 
     login_url: str
     tag: str
+    reusable: bool = True
+    """Agents: reusable, so a restarted pod registers again. The gateway: single use, one node."""
+    ephemeral: bool = True
+    """Agents: ephemeral, so a gone pod's node ages out. The gateway: a node that stays."""
 
 
 class AuthKeyKeeper:
@@ -140,7 +145,7 @@ class AuthKeyKeeper:
     async def _create(self, hs: HeadscaleClient, wanted: Wanted, *, previous: AuthKey | None) -> AuthKey:
         now = self.clock.utcnow()
         created = await hs.create_preauth_key(expiration=now + LIFETIME, acl_tags=[wanted.tag],
-                                              reusable=True, ephemeral=True)
+                                              reusable=wanted.reusable, ephemeral=wanted.ephemeral)
         # a key made for another server cannot be expired with this server's API; it ages out there
         previous_id = previous.id if previous and previous.login_url == wanted.login_url else ""
         return AuthKey(key=created.key, id=created.id, created_at=created.created_at or now,

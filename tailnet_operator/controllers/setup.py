@@ -10,12 +10,15 @@ from tailnet_operator.runtime import (
     SECRET,
     Clock,
     EventRecorder,
+    FieldChanged,
     GenerationChanged,
     Manager,
     Reader,
     Request,
+    Resource,
+    any_of,
 )
-from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, SERVICE
+from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, POD, SERVICE, STATEFUL_SET
 from tailnet_operator.types import JSON
 
 from .access import ClientFactory, Deps, HeadscaleAccess, default_client_factory, working_key_secret_name
@@ -23,6 +26,11 @@ from .dns import FIELD_MANAGER as DNS_FIELD_MANAGER
 from .dns import DnsReconciler, tailnet_of
 from .egress import FIELD_MANAGER as EGRESS_FIELD_MANAGER
 from .egress import EgressReconciler, EgressSettings
+from .gateway import FIELD_MANAGER as GATEWAY_FIELD_MANAGER
+from .gateway import GatewayReconciler, GatewaySettings
+from .ingress import FIELD_MANAGER as INGRESS_FIELD_MANAGER
+from .ingress import IngressReconciler, IngressSettings
+from .ingress import secret_users as ingress_secret_users
 from .kinds import MODELS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .policy import FIELD_MANAGER as POLICY_FIELD_MANAGER
 from .policy import TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
@@ -78,6 +86,14 @@ class Reconcilers(NamedTuple):
     policy: PolicyReconciler
     egress: EgressReconciler
     dns: DnsReconciler
+    ingress: IngressReconciler
+    gateway: GatewayReconciler
+
+
+TAILNET_ACCESS_CHANGED = any_of(GenerationChanged(), FieldChanged("status", "apiKey", "id"),
+                                FieldChanged("status", "policy", "appliedHash"))
+"""What an agent's CR waits for on its Tailnet: its spec, the working key (a first one ends
+WaitingForAccess) and the applied policy (a render that owns a new tag ends TagNotOwned)."""
 
 
 def _egresses_of_tailnet(cache: Reader, namespace: str) -> Callable[[JSON], list[Request]]:
@@ -91,13 +107,59 @@ def _egresses_of_tailnet(cache: Reader, namespace: str) -> Callable[[JSON], list
     return mapper
 
 
+def _of_tailnets(cache: Reader, kind: Resource,
+                 tailnets: Callable[[JSON], list[str]] | None = None) -> Callable[[JSON], list[Request]]:
+    """A mapper to every ``kind`` object of the Tailnets ``tailnets`` names for an object (by
+    default the object is the Tailnet: its change, URL, CA, zones or working key, reaches them)."""
+    names = tailnets or (lambda tailnet: [tailnet["metadata"]["name"]])
+
+    def mapper(obj: JSON) -> list[Request]:
+        return [Request(o["metadata"].get("namespace") or "", o["metadata"]["name"]) for name in names(obj)
+                for o in cache.list(kind, index=(TAILNET_INDEX, name))]
+
+    return mapper
+
+
+def _ingresses_using_secret(cache: Reader) -> Callable[[JSON], list[Request]]:
+    """A TLS or CA Secret appearing, changing or going reaches the ingresses in its namespace that use it."""
+
+    def mapper(obj: JSON) -> list[Request]:
+        meta = obj["metadata"]
+        namespace = meta.get("namespace") or ""
+        return [Request(namespace, i["metadata"]["name"]) for i in cache.list(TAILNET_INGRESS, namespace)
+                if meta["name"] in ingress_secret_users(i)]
+
+    return mapper
+
+
+GATEWAY = {**OWNED, "app.kubernetes.io/name": "tailnet-gateway"}
+"""The labels of everything a TailnetGateway makes (resources/gateway.py, ``gateway_labels``)."""
+
+
+def _gateway_of(obj: JSON) -> list[Request]:
+    """An object a gateway made names it in the label ``tailnet.dev/gateway``."""
+    name = (obj["metadata"].get("labels") or {}).get("tailnet.dev/gateway")
+    return [Request("", name)] if name else []
+
+
+def _hosts_file_of(cache: Reader) -> Callable[[JSON], list[str]]:
+    """The Tailnets whose ``spec.dns.hostsConfigMap`` is this ConfigMap."""
+    matches = _refers(("dns", "hostsConfigMap"))
+    return lambda obj: [t["metadata"]["name"] for t in cache.list(TAILNET) if matches(t, obj)]
+
+
 def setup(manager: Manager, *, namespace: str, events: EventRecorder,
           headscale: ClientFactory = default_client_factory,
-          clock: Clock | None = None, agent_image: str = "localhost/tailnet-operator:dev") -> Reconcilers:
-    """Add the Tailnet, Policy, Egress and DNS controllers to ``manager``; ``namespace`` is the operator's.
+          clock: Clock | None = None, agent_image: str = "localhost/tailnet-operator:dev",
+          tenant_role: str = "tailnet-operator-tenant", service_account: str = "tailnet-operator",
+          gateway: GatewaySettings | None = None) -> Reconcilers:
+    """Add the Tailnet, Policy, Egress, Ingress, DNS and Gateway controllers to ``manager``;
+    ``namespace`` is the operator's.
 
     ``clock`` (default the manager's) is what the reconcilers read the time from; ``agent_image``
-    is what the agent pods run.
+    is what the agent pods run; ``tenant_role`` and ``service_account`` are what a namespace binds
+    to let the operator write its TailnetIngresses' objects (named when it has not); ``gateway``
+    where the gateways' routers run.
     """
     cache = manager.cache
     cache.scheme = cache.scheme.with_models(MODELS)
@@ -136,11 +198,38 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .owns(DEPLOYMENT, labels=OWNED)
      .owns(SERVICE, labels=OWNED)
      .owns(NETWORK_POLICY, labels=OWNED)
-     .watches(TAILNET, _egresses_of_tailnet(cache, namespace), GenerationChanged()))
+     .watches(TAILNET, _egresses_of_tailnet(cache, namespace), TAILNET_ACCESS_CHANGED))
+
+    ingress = IngressReconciler(deps, manager.writer(INGRESS_FIELD_MANAGER),
+                                IngressSettings(agent_image=agent_image, operator_namespace=namespace,
+                                                operator_labels=OPERATOR_LABELS, tenant_role=tenant_role,
+                                                service_account=service_account))
+    (manager.controller("ingress", ingress)
+     .for_(TAILNET_INGRESS, GenerationChanged())
+     .owns(DEPLOYMENT, labels=OWNED)
+     .owns(SERVICE, labels=OWNED)
+     .owns(NETWORK_POLICY, labels=OWNED)
+     .watches(SECRET, _ingresses_using_secret(cache))
+     .watches(TAILNET, _of_tailnets(cache, TAILNET_INGRESS), TAILNET_ACCESS_CHANGED))
 
     dns = DnsReconciler(cache, manager.writer(DNS_FIELD_MANAGER), namespace=namespace)
     (manager.controller("dns", dns)
      .for_(TAILNET, GenerationChanged())
      .watches(TAILNET_EGRESS, _by_tailnet_ref, GenerationChanged())
+     .watches(TAILNET_INGRESS, _by_tailnet_ref)  # status too: the node's address
      .watches(SERVICE, tailnet_of, labels=OWNED))
-    return Reconcilers(tailnet, policy, egress, dns)
+
+    settings = gateway or GatewaySettings()
+    gateways = GatewayReconciler(deps, manager.writer(GATEWAY_FIELD_MANAGER), settings)
+    (manager.controller("gateway", gateways)
+     .for_(TAILNET_GATEWAY, GenerationChanged())
+     .watches(STATEFUL_SET, _gateway_of, namespace=settings.namespace, labels=GATEWAY)
+     .watches(POD, _gateway_of, namespace=settings.namespace, labels=GATEWAY)
+     .watches(DEPLOYMENT, _gateway_of, labels=OWNED)
+     .watches(SERVICE, _gateway_of, labels=OWNED)
+     .watches(SECRET, _gateway_of)
+     .watches(CONFIG_MAP, _gateway_of)
+     .watches(CONFIG_MAP, _of_tailnets(cache, TAILNET_GATEWAY, _hosts_file_of(cache)))
+     .watches(TAILNET, _of_tailnets(cache, TAILNET_GATEWAY), GenerationChanged())
+     .watches(TAILNET_EGRESS, _of_tailnets(cache, TAILNET_GATEWAY, tailnet_ref_index), GenerationChanged()))
+    return Reconcilers(tailnet, policy, egress, dns, ingress, gateways)

@@ -196,7 +196,7 @@ class TailnetReconciler:
         """A call made with ``key``: proves it works and returns the server's version."""
         async with self.access.open(run.endpoint, key) as hs:
             await hs.list_api_keys()
-            return await hs.version()
+            return (await hs.features()).label
 
     async def _mint(self, run: Run, source: KeySource, previous: StoredKey | None = None) -> tuple[StoredKey, str]:
         """Create a key with the ``source`` key, prove it, store it; returns it and the server version."""

@@ -1,4 +1,4 @@
-"""Async client of the Headscale REST API (0.29; 0.30's error bodies understood too).
+"""Async client of the Headscale REST API, 0.26 to 0.30 (what differs: ``_versions``).
 
 ``HeadscaleClient`` is the entry point; the modules behind it are private. Errors form one
 hierarchy rooted at :class:`HeadscaleError` (drawn in ``_errors``); results are frozen
@@ -11,6 +11,7 @@ from ._client import (
     DEFAULT_BACKOFF,
     DEFAULT_PREAUTH_KEY_LIFETIME,
     DEFAULT_TIMEOUT,
+    TAGGED_KEYS_USER,
     Expiration,
     HeadscaleClient,
 )
@@ -29,9 +30,11 @@ from ._errors import (
     TLSVerificationError,
     TransportError,
     Unauthorized,
+    Unsupported,
 )
 from ._models import ApiKey, Health, NewApiKey, Node, Policy, PreAuthKey, User, mask_key, raw_api_key_prefix
 from ._transport import AiohttpTransport, MockTransport, Request, Response, Transport
+from ._versions import NEWEST_KNOWN, OLDEST_SUPPORTED, ServerFeatures, parse_version
 
 __all__ = [
     "DEFAULT_API_KEY_LIFETIME",
@@ -39,6 +42,9 @@ __all__ = [
     "DEFAULT_BACKOFF",
     "DEFAULT_PREAUTH_KEY_LIFETIME",
     "DEFAULT_TIMEOUT",
+    "NEWEST_KNOWN",
+    "OLDEST_SUPPORTED",
+    "TAGGED_KEYS_USER",
     "APIError",
     "AiohttpTransport",
     "AlreadyExists",
@@ -62,11 +68,14 @@ __all__ = [
     "RequestTimeout",
     "Response",
     "ServerError",
+    "ServerFeatures",
     "TLSVerificationError",
     "Transport",
     "TransportError",
     "Unauthorized",
+    "Unsupported",
     "User",
     "mask_key",
+    "parse_version",
     "raw_api_key_prefix",
 ]

@@ -1,4 +1,8 @@
-"""The async Headscale REST client (``/api/v1``, Headscale 0.29; error bodies of 0.30 understood too).
+"""The async Headscale REST client (``/api/v1``, Headscale 0.26 to 0.30).
+
+The calls whose shape differs between Headscale minors ask :meth:`HeadscaleClient.features`
+first (one ``GET /version``, cached) and adapt; ``_versions`` has the table. An operation a
+server cannot do at all raises :class:`Unsupported` before anything is sent.
 
 Every call is one logical operation made of at most ``attempts`` HTTP attempts (default 3),
 each bounded by ``timeout`` seconds (default 10), with exponential backoff between them.
@@ -26,6 +30,7 @@ the client shows the key only in Headscale's masked form.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -38,12 +43,14 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from tailnet_operator.types import JSON
 
 from ._errors import (
+    APIError,
     ConnectError,
     NotFound,
     RequestTimeout,
     ServerError,
     TLSVerificationError,
     TransportError,
+    Unsupported,
     error_from_response,
 )
 from ._models import (
@@ -59,6 +66,7 @@ from ._models import (
     raw_api_key_prefix,
 )
 from ._transport import AiohttpTransport, Request, Transport
+from ._versions import ServerFeatures, minor_text
 
 DEFAULT_TIMEOUT = 10.0
 """Seconds one HTTP attempt may take, connect to last byte."""
@@ -74,6 +82,10 @@ MAX_BACKOFF = 5.0
 
 DEFAULT_API_KEY_LIFETIME = dt.timedelta(days=90)
 """Lifetime of a new API key when none is given (the Headscale CLI's default)."""
+
+TAGGED_KEYS_USER = "tagged-devices"
+"""Before 0.28 every pre-auth key belongs to a user: a tag-only key is made under this one (created
+when missing), as Headscale 0.28+ itself lists tagged nodes."""
 
 DEFAULT_PREAUTH_KEY_LIFETIME = dt.timedelta(hours=1)
 """Lifetime of a new pre-auth key when none is given (the Headscale CLI's default)."""
@@ -122,11 +134,15 @@ class HeadscaleClient:
     ``transport`` replaces the network (tests pass a :class:`MockTransport`); the caller owns it.
     By default the client owns one aiohttp session, opened on the first call and closed by
     :meth:`aclose`. A closed client cannot be reused.
+
+    ``server_version`` (``"v0.29.2"``; ``""`` for a 0.26 without ``/version``) skips asking the
+    server which version it runs, for callers that already know.
     """
 
     def __init__(self, url: str, api_key: str, *, ca_bundle: str | Path | None = None,
                  timeout: float = DEFAULT_TIMEOUT, attempts: int = DEFAULT_ATTEMPTS,
-                 backoff: float = DEFAULT_BACKOFF, transport: Transport | None = None) -> None:
+                 backoff: float = DEFAULT_BACKOFF, transport: Transport | None = None,
+                 server_version: str | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"Headscale URL must be http(s)://host[:port], got {url!r}")
@@ -146,6 +162,7 @@ class HeadscaleClient:
             transport = self._owned
         self._transport: Transport = transport
         self._closed = False
+        self._features = ServerFeatures.from_reported(server_version) if server_version is not None else None
 
     def __repr__(self) -> str:
         return f"HeadscaleClient(url={self.url!r}, api_key={mask_key(self._api_key)!r})"
@@ -165,15 +182,36 @@ class HeadscaleClient:
     # -- server --------------------------------------------------------------------------------
 
     async def health(self) -> Health:
-        """``GET /api/v1/health``: proves the key is accepted and the database answers."""
+        """``GET /api/v1/health``: proves the key is accepted and the database answers.
+
+        0.26 has no health call: listing the API keys proves the same there."""
+        if not (await self.features()).health_endpoint:
+            await self.list_api_keys()
+            return Health(database_connectivity=True)
         doc = await self._call("GET", "/api/v1/health")
         return Health(database_connectivity=bool(doc.get("databaseConnectivity")))
 
     async def version(self) -> str:
-        """The server's version, e.g. ``v0.29.2``, from ``GET /version`` (0.29+, unauthenticated: the
-        key is not sent). Builds outside a release report what ``go install`` recorded."""
-        doc = await self._call("GET", "/version", auth=False)
+        """The server's version, e.g. ``v0.29.2``, from ``GET /version`` (0.27+, unauthenticated: the
+        key is not sent); "" from a server without that endpoint (0.26). Builds outside a release
+        report what ``go install`` recorded."""
+        try:
+            doc = await self._call("GET", "/version", auth=False)
+        except NotFound:
+            return ""
         return str(doc.get("version") or "")
+
+    async def features(self) -> ServerFeatures:
+        """What this server's API offers (by its version; asked once, then cached)."""
+        if self._features is None:
+            self._features = ServerFeatures.from_reported(await self.version())
+        return self._features
+
+    async def _require(self, feature: str, minimum: tuple[int, int]) -> None:
+        """Raise Unsupported unless the server is at least the ``minimum`` minor."""
+        features = await self.features()
+        if features.minor < minimum:
+            raise Unsupported(feature, server=features.label, minimum=minor_text(minimum))
 
     # -- API keys ------------------------------------------------------------------------------
 
@@ -188,7 +226,8 @@ class HeadscaleClient:
         doc = await self._call("POST", "/api/v1/apikey", body={"expiration": when}, idempotent=False)
         key = str(doc["apiKey"])
         prefix = mask_key(key)
-        listed = next((k for k in await self.list_api_keys() if k.prefix == prefix), None)
+        bare = raw_api_key_prefix(key)
+        listed = next((k for k in await self.list_api_keys() if raw_api_key_prefix(k.prefix) == bare), None)
         info = listed or ApiKey(id="", prefix=prefix, expiration=parse_time(when), created_at=None, last_seen=None)
         return NewApiKey(key=key, info=info)
 
@@ -200,10 +239,16 @@ class HeadscaleClient:
     async def expire_api_key(self, *, prefix: str | None = None, key_id: str | int | None = None) -> None:
         """Expire one key, named by exactly one of ``prefix`` (a full key, masked or bare prefix) or ``key_id``.
 
-        Only the bare prefix is sent, never a secret.
+        Only the bare prefix is sent, never a secret. Before 0.28 keys are expired by prefix only: the
+        id is looked up in the list first (an unknown id raises NotFound).
         """
         if (prefix is None) == (key_id is None):
             raise ValueError("give exactly one of prefix or key_id")
+        if key_id is not None and not (await self.features()).api_key_expire_by_id:
+            listed = next((k for k in await self.list_api_keys() if k.id == str(key_id)), None)
+            if listed is None:
+                raise NotFound(f"API key {key_id} not found", status=404, method="POST", path="/api/v1/apikey/expire")
+            prefix, key_id = listed.prefix, None
         body = {"prefix": raw_api_key_prefix(prefix)} if prefix is not None else {"id": str(key_id)}
         await self._call("POST", "/api/v1/apikey/expire", body=body)
 
@@ -220,26 +265,61 @@ class HeadscaleClient:
 
         ``user`` is a user *id*. With ``acl_tags`` the key is tag-only and ``user`` may be None;
         Headscale requires one of the two. Tags must start with ``tag:`` and be lowercase.
+
+        Before 0.28 every key needs a user: a tag-only key is made under :data:`TAGGED_KEYS_USER`
+        (created when missing), and its nodes carry the tags as forced tags.
         """
         body: JSON = {"expiration": _rfc3339(expiration), "reusable": reusable, "ephemeral": ephemeral,
                       "aclTags": list(acl_tags)}
+        if user is None and acl_tags and not (await self.features()).tag_only_preauth_keys:
+            user = await self._tagged_keys_user()
         if user is not None:
             body["user"] = str(user)
         doc = await self._call("POST", "/api/v1/preauthkey", body=body, idempotent=False)
         return PreAuthKey.from_json(doc["preAuthKey"])
 
     async def list_preauth_keys(self) -> list[PreAuthKey]:
-        """Every pre-auth key, expired ones included; keys are masked."""
+        """Every pre-auth key, expired ones included; keys are masked (0.28+; before, they are listed
+        per user, in full)."""
+        if not (await self.features()).preauth_keys_by_id:
+            keys: list[PreAuthKey] = []
+            for owner in await self.list_users():
+                doc = await self._call("GET", "/api/v1/preauthkey", query={"user": owner.id})
+                keys += [PreAuthKey.from_json(k) for k in doc.get("preAuthKeys") or ()]
+            return keys
         doc = await self._call("GET", "/api/v1/preauthkey")
         return [PreAuthKey.from_json(k) for k in doc.get("preAuthKeys") or ()]
 
     async def expire_preauth_key(self, key_id: str | int) -> None:
-        """Set the key's expiration to now; nodes that already joined stay. Unknown ids succeed (0.29)."""
-        await self._call("POST", "/api/v1/preauthkey/expire", body={"id": str(key_id)})
+        """Set the key's expiration to now; nodes that already joined stay. Unknown ids succeed
+        (0.26 to 0.29; 0.30 answers NotFound, which is swallowed too).
+
+        Before 0.28 a key is expired by its user and full value, looked up by id first."""
+        if not (await self.features()).preauth_keys_by_id:
+            found = next((k for k in await self.list_preauth_keys() if k.id == str(key_id)), None)
+            if found is not None and found.user is not None:
+                await self._call("POST", "/api/v1/preauthkey/expire", body={"user": found.user.id, "key": found.key})
+            return
+        with contextlib.suppress(NotFound):
+            await self._call("POST", "/api/v1/preauthkey/expire", body={"id": str(key_id)})
 
     async def delete_preauth_key(self, key_id: str | int) -> None:
-        """Delete the key; nodes that used it stay. Unknown ids succeed (0.29)."""
-        await self._call("DELETE", "/api/v1/preauthkey", query={"id": str(key_id)})
+        """Delete the key; nodes that used it stay. Unknown ids succeed. 0.28+ (raises Unsupported)."""
+        await self._require("deleting a pre-auth key", (0, 28))
+        with contextlib.suppress(NotFound):
+            await self._call("DELETE", "/api/v1/preauthkey", query={"id": str(key_id)})
+
+    async def _tagged_keys_user(self) -> str:
+        found = await self.list_users(name=TAGGED_KEYS_USER)
+        if found:
+            return found[0].id
+        try:
+            return (await self.create_user(TAGGED_KEYS_USER)).id
+        except APIError:
+            found = await self.list_users(name=TAGGED_KEYS_USER)  # made by a concurrent call
+            if not found:
+                raise
+            return found[0].id
 
     # -- users ---------------------------------------------------------------------------------
 
@@ -318,18 +398,23 @@ class HeadscaleClient:
         (0.29 answers that case with a 500 "acl policy not found"; Headscale then allows all)."""
         try:
             doc = await self._call("GET", "/api/v1/policy")
-        except NotFound as exc:
-            if "policy not found" in exc.message:
+        except (NotFound, ServerError) as exc:
+            # 0.30 sends the same case as a problem+json 500 whose errors carry the cause.
+            if "policy not found" in exc.message or any("policy not found" in str(d) for d in exc.details):
                 return Policy(text="", updated_at=None)
             raise
         return Policy.from_json(doc)
 
-    async def check_policy(self, text: str) -> None:
+    async def check_policy(self, text: str) -> bool:
         """Validate ``text`` and run its ``tests`` against the live nodes, storing nothing (0.29+).
 
-        Raises PolicyRejected with Headscale's message.
+        Raises PolicyRejected with Headscale's message. Returns False, sending nothing, when the
+        server has no check (before 0.29): there :meth:`set_policy` is the only validation.
         """
+        if not (await self.features()).policy_check:
+            return False
         await self._call("POST", "/api/v1/policy/check", body={"policy": text}, policy=True)
+        return True
 
     async def set_policy(self, text: str) -> Policy:
         """Store ``text`` (HuJSON) as the policy; a refused policy raises PolicyRejected and leaves

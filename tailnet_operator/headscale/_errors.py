@@ -3,6 +3,7 @@
 ::
 
     HeadscaleError
+    ├── Unsupported                 the server's version lacks the operation (checked before sending)
     ├── TransportError              no HTTP answer came back
     │   ├── ConnectError            the connection could not be opened (refused, unreachable, DNS)
     │   ├── TLSVerificationError    the server's certificate was not trusted (wrong or missing CA bundle)
@@ -64,6 +65,20 @@ class HeadscaleError(Exception):
 
 
 # -- no HTTP answer ---------------------------------------------------------------------------
+
+
+class Unsupported(HeadscaleError):
+    """The server's Headscale version lacks this operation; nothing was sent.
+
+    ``feature`` names it, ``server`` is the server's version and ``minimum`` the first Headscale
+    minor that has it (``"0.29"``).
+    """
+
+    def __init__(self, feature: str, *, server: str, minimum: str) -> None:
+        super().__init__(f"{feature} needs Headscale {minimum} or newer; the server is {server}")
+        self.feature = feature
+        self.server = server
+        self.minimum = minimum
 
 
 class TransportError(HeadscaleError):

@@ -40,7 +40,8 @@ def raw_api_key_prefix(value: str) -> str:
     """
     if value.startswith(API_KEY_PREFIX):
         return value[len(API_KEY_PREFIX):len(API_KEY_PREFIX) + _PUBLIC_PREFIX_CHARS]
-    return value.split(".", 1)[0]
+    # Legacy keys: "abcdefg.<secret>"; 0.26/0.27 list the bare prefix, 0.28+ "abcdefg***".
+    return value.split(".", 1)[0].removesuffix("***")
 
 
 def parse_time(value: Any) -> dt.datetime | None:
@@ -150,6 +151,13 @@ class PreAuthKey:
                    acl_tags=_strings(doc.get("aclTags")))
 
 
+def _node_tags(doc: JSON) -> tuple[str, ...]:
+    """``tags`` (0.28+), or before 0.28 the tags in force: ``forcedTags`` plus ``validTags``."""
+    if "tags" in doc:
+        return _strings(doc.get("tags"))
+    return tuple(dict.fromkeys(_strings(doc.get("forcedTags")) + _strings(doc.get("validTags"))))
+
+
 @dataclass(frozen=True)
 class Node:
     """A machine in the tailnet.
@@ -188,7 +196,7 @@ class Node:
         pak = doc.get("preAuthKey")
         return cls(id=_str_id(doc.get("id")), name=str(doc.get("name") or ""),
                    given_name=str(doc.get("givenName") or ""), user=User.from_json(user) if user else None,
-                   ip_addresses=_strings(doc.get("ipAddresses")), tags=_strings(doc.get("tags")),
+                   ip_addresses=_strings(doc.get("ipAddresses")), tags=_node_tags(doc),
                    online=bool(doc.get("online")), approved_routes=_strings(doc.get("approvedRoutes")),
                    available_routes=_strings(doc.get("availableRoutes")),
                    subnet_routes=_strings(doc.get("subnetRoutes")), last_seen=parse_time(doc.get("lastSeen")),

@@ -26,7 +26,16 @@ from tailnet_operator.policy.derive import (
     derive,
 )
 from tailnet_operator.policy.hujson import PolicyParseError, canonical_text, parse_hujson, validate_structure
-from tailnet_operator.policy.render import Added, Missing, Rendered, Skipped, diff_needed, missing, render
+from tailnet_operator.policy.render import (
+    Added,
+    Missing,
+    Rendered,
+    Skipped,
+    diff_needed,
+    missing,
+    render,
+    routes_to_approve,
+)
 from tailnet_operator.policy.sites import SiteRoutes, Verdict, judge
 
 __all__ = [
@@ -54,5 +63,6 @@ __all__ = [
     "missing",
     "parse_hujson",
     "render",
+    "routes_to_approve",
     "validate_structure",
 ]

@@ -67,7 +67,7 @@ def _position(text: str, index: int) -> tuple[int, int]:
 
 def _error_at(text: str, index: int, message: str, source: str) -> PolicyParseError:
     line, column = _position(text, index)
-    source_line = text.splitlines()[line - 1] if text.strip() else ""
+    source_line = text.split("\n")[line - 1].rstrip("\r")
     pointer = f"\n  {source_line}\n  {' ' * (column - 1)}^" if source_line.strip() else ""
     return PolicyParseError(f"{source}: line {line}, column {column}: {message}{pointer}", line=line, column=column)
 
@@ -140,7 +140,61 @@ def _check_tokens(text: str, source: str) -> None:
             )
         raise _error_at(text, i, message, source)
     if first_token:
-        raise PolicyParseError(f"{source}: the policy is empty; an empty policy is written as {{}}")
+        raise _error_at(text, len(text), "the policy is empty; an empty policy is written as {}", source)
+
+
+def _key_positions(text: str) -> list[tuple[int, str, int]]:
+    """(object id, key, index) of every member name, in text order; for text that passed the token check."""
+    keys: list[tuple[int, str, int]] = []
+    stack: list[int] = []
+    opened = 0
+    pending: tuple[str, int] | None = None
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if text.startswith("//", i):
+            newline = text.find("\n", i)
+            i = len(text) if newline < 0 else newline
+            continue
+        if text.startswith("/*", i):
+            i = text.find("*/", i + 2) + 2
+            continue
+        if char == '"':
+            end = _skip_string(text, i, "policy")
+            try:
+                pending = (json.loads(text[i:end]), i)
+            except ValueError:
+                pending = None
+            i = end
+            continue
+        if char == ":" and pending is not None and stack and stack[-1] >= 0:
+            keys.append((stack[-1], pending[0], pending[1]))
+        if char == "{":
+            opened += 1
+            stack.append(opened)
+        elif char == "[":
+            stack.append(-1)
+        elif char in "}]" and stack:
+            stack.pop()
+        if char not in _WHITESPACE:
+            pending = None
+        i += 1
+    return keys
+
+
+def _duplicate_key_error(text: str, key: str, source: str) -> PolicyParseError:
+    seen: set[tuple[int, str]] = set()
+    for obj, name, index in _key_positions(text):
+        if (obj, name) in seen and name == key:
+            return _error_at(text, index, f"duplicate key {key!r} in one object; keep only one", source)
+        seen.add((obj, name))
+    return PolicyParseError(f"{source}: duplicate key {key!r} in one object; keep only one")
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
 
 
 def _object_pairs(pairs: list[tuple[str, Any]]) -> JSONObject:
@@ -148,7 +202,7 @@ def _object_pairs(pairs: list[tuple[str, Any]]) -> JSONObject:
     result: JSONObject = {}
     for key, value in pairs:
         if key in result:
-            raise PolicyParseError(f"duplicate key {key!r} in one object; keep only one")
+            raise _DuplicateKey(key)
         result[key] = value
     return result
 
@@ -199,8 +253,8 @@ def parse_hujson(text: str, *, source: str = "policy") -> JSONObject:
     _check_tokens(text, source)
     try:
         document = hjson.loads(text, object_pairs_hook=_object_pairs)
-    except PolicyParseError as exc:
-        raise PolicyParseError(f"{source}: {exc}") from exc
+    except _DuplicateKey as exc:
+        raise _duplicate_key_error(text, exc.key, source) from exc
     except hjson.HjsonDecodeError as exc:
         raise PolicyParseError(
             f"{source}: line {exc.lineno}, column {exc.colno}: {exc.msg}", line=exc.lineno, column=exc.colno

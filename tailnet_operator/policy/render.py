@@ -14,6 +14,11 @@ Rules, all in service of "the base wins and nothing is removed":
   traffic, and adding a grant would turn that into deny-all-but-this, so nothing is added (and
   the skip is reported). A grant to a DNS name is added only if ``hosts`` defines the name.
 
+* A Headscale older than 0.29 has no ``grants`` (``render(..., grants=False)``): each derived
+  grant is written as the ``acls`` entry that allows the same (``accept``, its ``src``, ``proto:
+  tcp``, ``dst`` ``<address>:<port>``), and a base that has a ``grants`` block of its own is
+  reported in ``unsupported`` (that server cannot apply it; the caller must not write it).
+
 The same check ("does the policy already give the CRs this?") drives :func:`missing`, so a
 rendered document never reports anything missing except what was skipped.
 """
@@ -23,7 +28,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -85,6 +90,10 @@ class Rendered:
     hash: str
     added: Added
     skipped: tuple[Skipped, ...] = ()
+    grants_as_acls: bool = False
+    """The server has no grants: ``added.grants`` went into ``acls`` as equivalent entries."""
+    unsupported: tuple[str, ...] = ()
+    """Blocks of the base the server cannot understand (``grants`` before Headscale 0.29)."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +163,25 @@ class _Approvals:
         return False
 
 
+def routes_to_approve(derived: Derived, tags: Iterable[str], available: Iterable[str],
+                      approved: Iterable[str]) -> list[str]:
+    """Routes a node advertises, not yet approved, that a derived approver covers for one of its tags.
+
+    What Headscale's auto-approval would have granted had the policy existed when the node
+    advertised them (it only approves on advertisement): site routes, the gateway's routes and
+    load-balancer range, egress host routes. Sorted; empty when there is nothing to replay.
+    """
+    node_tags = set(tags)
+    done = set(approved)
+    approvals = _Approvals({entry.route: entry.approvers for entry in derived.routes})
+    out = []
+    for route in sorted(set(available) - done):
+        network = _as_network(route)
+        if network is not None and any(approvals.approved(network, tag) for tag in node_tags):
+            out.append(route)
+    return out
+
+
 def _port_spec_covers(spec: str, port: int) -> bool:
     for part in spec.split(","):
         part = part.strip()
@@ -212,6 +240,12 @@ def _file_grant(index: _Index, grant: Any) -> None:
     _file(index, _member(grant, "src", []), (True, _member(grant, "dst", []), _member(grant, "ip", [])))
 
 
+def _file_acl(index: _Index, acl: Any) -> None:
+    if _member(acl, "action", "accept") != "accept" or _member(acl, "proto", "") not in ("", "tcp", "6"):
+        return  # allows nothing a derived grant needs
+    _file(index, _member(acl, "src", []), (False, _member(acl, "dst", []), ()))
+
+
 def _file(index: _Index, sources: Sequence[Any], rule: _Rule) -> None:
     for source in dict.fromkeys(s for s in sources if isinstance(s, str)):
         index.setdefault(source, []).append(rule)
@@ -225,10 +259,8 @@ class _Rules:
     those rules only, not at the thousands written for users and groups.
     """
 
-    def __init__(self, grants: list[Any], acls: Sequence[Any], hosts: Mapping[str, Any], *,
+    def __init__(self, grants: Sequence[Any], acls: Sequence[Any], hosts: Mapping[str, Any], *,
                  index: _Index | None = None) -> None:
-        self.grants = grants
-        self.acls = acls
         self.hosts = hosts
         self._index = index if index is not None else self.index_of(grants, acls)
         self._added: _Index = {}
@@ -244,15 +276,15 @@ class _Rules:
         for grant in grants:
             _file_grant(index, grant)
         for acl in acls:
-            if _member(acl, "action", "accept") != "accept" or _member(acl, "proto", "") not in ("", "tcp", "6"):
-                continue
-            _file(index, _member(acl, "src", []), (False, _member(acl, "dst", []), ()))
+            _file_acl(index, acl)
         return index
 
-    def add(self, grant: dict[str, Any]) -> None:
-        """Append ``grant`` to the policy's grants; later questions see it."""
-        self.grants.append(grant)
-        _file_grant(self._added, grant)
+    def add(self, rule: dict[str, Any], *, grant: bool) -> None:
+        """File a rule the render appended (a grant, or an ``acls`` entry); later questions see it."""
+        if grant:
+            _file_grant(self._added, rule)
+        else:
+            _file_acl(self._added, rule)
 
     def allows(self, tag: str, dst: str, port: int) -> bool:
         for source in (tag, *_TAG_SOURCES):
@@ -294,12 +326,21 @@ def _hosts_reason(names: list[str]) -> str:
 # --- render ----------------------------------------------------------------------------------
 
 
-def render(base: Mapping[str, Any], derived: Derived, *, memo: TextMemo | None = None) -> Rendered:
+def acl_entry(grant: Grant) -> dict[str, Any]:
+    """The ``acls`` entry that allows what a derived grant allows (TCP ports to its destinations)."""
+    ports = [entry.rpartition(":")[2] for entry in grant.ip]
+    return {"action": "accept", "src": list(grant.src), "proto": "tcp",
+            "dst": [f"{dst}:{port}" for dst in grant.dst for port in ports]}
+
+
+def render(base: Mapping[str, Any], derived: Derived, *, memo: TextMemo | None = None,
+           grants: bool = True) -> Rendered:
     """Append the derived entries the base lacks; see the module docstring for the rules.
 
     The result's ``document`` shares the base's objects (treat both as read-only). ``memo``, a
     :class:`TextMemo` of ``base`` (see :class:`~tailnet_operator.policy.cache.ParsedPolicies`),
-    makes the canonical text cost only what the render added.
+    makes the canonical text cost only what the render added. ``grants=False`` renders for a
+    server without grants (Headscale before 0.29).
 
     Raises PolicyParseError if a block Headscale knows has the wrong JSON type.
     """
@@ -371,25 +412,29 @@ def render(base: Mapping[str, Any], derived: Derived, *, memo: TextMemo | None =
         )
         skipped.extend(Skipped("grant", _label(g), reason) for g in derived.grants)
     elif derived.grants:
-        grants_key = find_key(doc, "grants")
-        grants: list[Any] = list(doc[grants_key]) if grants_key is not None else []
-        if grants_key is not None:
-            doc[grants_key] = grants
-        acls = _member(doc, "acls", [])
+        target = "grants" if grants else "acls"
+        target_key = find_key(doc, target)
+        # Copy on write: the list the render appends to is its own; the base's stays as it was.
+        entries: list[Any] = list(doc[target_key]) if target_key is not None else []
+        if target_key is not None:
+            doc[target_key] = entries
+        base_grants, acls = _member(doc, "grants", []), _member(doc, "acls", [])
         index = None
         if memo is not None:  # the base's own rules are filed once per base
             index = memo.cache.get("rules")
             if index is None:
-                index = memo.cache["rules"] = _Rules.index_of(grants, acls)
-        rules = _Rules(grants, acls, _member(doc, "hosts", {}), index=index)
+                index = memo.cache["rules"] = _Rules.index_of(base_grants, acls)
+        rules = _Rules(base_grants, acls, _member(doc, "hosts", {}), index=index)
         for grant in derived.grants:
             if undefined := _undefined_hosts(grant, rules.hosts):
                 skipped.append(Skipped("grant", _label(grant), _hosts_reason(undefined)))
             elif not rules.covers(grant):
-                rules.add(grant.to_json())
+                rule = grant.to_json() if grants else acl_entry(grant)
+                entries.append(rule)
+                rules.add(rule, grant=grants)
                 added_grants.append(grant)
-        if grants_key is None and added_grants:
-            doc["grants"] = grants
+        if target_key is None and added_grants:
+            doc[target] = entries
 
     text = canonical_text(doc, memo=memo)
     return Rendered(
@@ -398,6 +443,8 @@ def render(base: Mapping[str, Any], derived: Derived, *, memo: TextMemo | None =
         hash=hashlib.sha256(text.encode()).hexdigest(),
         added=Added(tuple(added_owners), tuple(added_routes), tuple(added_grants)),
         skipped=tuple(skipped),
+        grants_as_acls=not grants and bool(added_grants),
+        unsupported=() if grants or find_key(doc, "grants") is None else ("grants",),
     )
 
 

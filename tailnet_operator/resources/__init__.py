@@ -25,3 +25,23 @@ def owned_metadata(owner: dict[str, Any], *, name: str, namespace: str, tailnet:
     if annotations:
         meta["annotations"] = annotations
     return meta
+
+
+def restricted_security_context(uid: int) -> dict[str, Any]:
+    """A container that meets the ``restricted`` Pod Security level: non-root, no capabilities,
+    no privilege escalation, read-only root filesystem, the runtime's default seccomp profile."""
+    return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def restricted_pod_security_context(uid: int) -> dict[str, Any]:
+    """The pod-level half of :func:`restricted_security_context`."""
+    return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def http_probe(path: str, port: int, period: int) -> dict[str, Any]:
+    """An HTTP GET probe with the project's timeouts."""
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "timeoutSeconds": 3,
+            "failureThreshold": 3}

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from tailnet_operator.api.egress import TailnetEgress
 
-from . import MANAGED_BY, controller_reference
+from . import agent as pod
+from .agent import CA_FILE, CONFIG_DIR, HEALTH_PORT, AgentSpec
 
 __all__ = [
     "CONFIG_DIR",
@@ -40,28 +40,9 @@ Obj = dict[str, Any]
 ListenPorts = dict[tuple[str, int], int]
 """(target name, target port) -> the agent's local listen port (the Service's targetPort)."""
 
-HEALTH_PORT = 9002
-"""/healthz, /readyz, /status and /metrics of the agent."""
 FIRST_LISTEN_PORT = 10000
 """Listen ports are handed out from here, so two targets on the same port never collide."""
-CONFIG_DIR = "/etc/tailnet-agent/config"
-AUTH_DIR = "/etc/tailnet-agent/auth"
 TARGETS_FILE = "targets.json"
-CA_FILE = "ca.crt"
-AGENT_UID = 65532
-DEFAULT_RESOURCES: Obj = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
-
-
-@dataclass(frozen=True)
-class AgentSpec:
-    """Everything the agent's Deployment depends on besides the CR."""
-
-    image: str
-    control_url: str
-    auth_secret: str
-    ca_bundle: str | None = None
-    operator_labels: dict[str, str] = field(default_factory=dict)
-    """Labels of the operator's pods, admitted to the agent's health port (it reads /status)."""
 
 
 def _name(egress: TailnetEgress) -> str:
@@ -73,16 +54,13 @@ def _namespace(egress: TailnetEgress) -> str:
 
 
 def agent_labels(egress: TailnetEgress) -> dict[str, str]:
-    """The agent pod's labels: what its Services and NetworkPolicy select."""
-    return {"app.kubernetes.io/name": "tailnet-agent", "app.kubernetes.io/instance": _name(egress),
-            "app.kubernetes.io/component": "egress", "tailnet.dev/egress": _name(egress)}
+    """The agent pod's labels: what its Service(s) and NetworkPolicy select."""
+    return pod.labels("egress", _name(egress))
 
 
 def owned_metadata(owner: Obj, egress: TailnetEgress, name: str) -> Obj:
     """metadata of an object the egress owns: its labels and the CR as controller."""
-    return {"name": name, "namespace": _namespace(egress),
-            "labels": {**MANAGED_BY, **agent_labels(egress), "tailnet.dev/tailnet": egress.spec.tailnet_ref.name},
-            "ownerReferences": [controller_reference(owner)]}
+    return pod.owned_metadata(owner, name=name, labels=agent_labels(egress), tailnet=egress.spec.tailnet_ref.name)
 
 
 def agent_name(egress: TailnetEgress) -> str:
@@ -143,69 +121,16 @@ def config_map(owner: Obj, egress: TailnetEgress, ports: ListenPorts, ca_bundle:
 
 
 def _env(egress: TailnetEgress, agent: AgentSpec) -> list[Obj]:
-    env = [{"name": "AGENT_MODE", "value": "egress"},
-           {"name": "TAILNET_CONTROL_URL", "value": agent.control_url},
-           {"name": "TAILNET_HOSTNAME", "value": f"{_name(egress)}-{_namespace(egress)}"},
-           {"name": "TAILNET_AUTH_KEY_FILE", "value": f"{AUTH_DIR}/authKey"},
-           {"name": "TAILNET_TARGETS_FILE", "value": f"{CONFIG_DIR}/{TARGETS_FILE}"},
-           {"name": "TAILNET_HEALTH_ADDRESS", "value": f"0.0.0.0:{HEALTH_PORT}"},
-           {"name": "TAILNET_LOG_FORMAT", "value": "json"}]
-    if agent.ca_bundle:
-        env.append({"name": "TAILNET_CA_BUNDLE", "value": f"{CONFIG_DIR}/{CA_FILE}"})
-    return env
-
-
-def _resources(egress: TailnetEgress) -> Obj:
-    spec = egress.spec.resources
-    if spec is None or not (spec.requests or spec.limits):
-        return DEFAULT_RESOURCES
-    out: Obj = {}
-    if spec.requests:
-        out["requests"] = {k: str(v) for k, v in spec.requests.items()}
-    if spec.limits:
-        out["limits"] = {k: str(v) for k, v in spec.limits.items()}
-    return out
-
-
-def _probe(path: str, period: int) -> Obj:
-    return {"httpGet": {"path": path, "port": HEALTH_PORT}, "periodSeconds": period, "timeoutSeconds": 3,
-            "failureThreshold": 3}
-
-
-def _container(egress: TailnetEgress, agent: AgentSpec) -> Obj:
-    return {
-        "name": "agent", "image": agent.image, "imagePullPolicy": "IfNotPresent", "command": ["/tailnet-agent"],
-        "env": _env(egress, agent),
-        "ports": [{"name": "metrics", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
-        "livenessProbe": _probe("/healthz", 20), "readinessProbe": _probe("/readyz", 5),
-        "resources": _resources(egress),
-        "securityContext": {"runAsNonRoot": True, "runAsUser": AGENT_UID, "runAsGroup": AGENT_UID,
-                            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
-        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-                         {"name": "auth", "mountPath": AUTH_DIR, "readOnly": True},
-                         {"name": "tmp", "mountPath": "/tmp"}],
-    }
+    return [*pod.base_env(agent, mode="egress", hostname=f"{_name(egress)}-{_namespace(egress)}"),
+            {"name": "TAILNET_TARGETS_FILE", "value": f"{CONFIG_DIR}/{TARGETS_FILE}"},
+            *pod.common_env(agent)]
 
 
 def deployment(owner: Obj, egress: TailnetEgress, agent: AgentSpec) -> Obj:
     """One agent pod; the ConfigMap and Secret are mounted as directories so updates reach it."""
-    labels = agent_labels(egress)
-    return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": owned_metadata(owner, egress, agent_name(egress)),
-        "spec": {
-            "replicas": 1, "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": {
-                "automountServiceAccountToken": False, "enableServiceLinks": False,
-                "securityContext": {"runAsNonRoot": True, "runAsUser": AGENT_UID, "runAsGroup": AGENT_UID,
-                                    "fsGroup": AGENT_UID, "seccompProfile": {"type": "RuntimeDefault"}},
-                "containers": [_container(egress, agent)],
-                "volumes": [{"name": "config", "configMap": {"name": config_map_name(egress)}},
-                            {"name": "auth", "secret": {"secretName": agent.auth_secret}},
-                            {"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}],
-            }},
-        },
-    }
+    return pod.deployment(owned_metadata(owner, egress, agent_name(egress)), agent_labels(egress), agent,
+                          env=_env(egress, agent), config_map=config_map_name(egress),
+                          resource_spec=egress.spec.resources)
 
 
 def target_service(owner: Obj, egress: TailnetEgress, target_name: str, ports: ListenPorts) -> Obj:
@@ -221,10 +146,7 @@ def target_service(owner: Obj, egress: TailnetEgress, target_name: str, ports: L
 
 def agent_service(owner: Obj, egress: TailnetEgress) -> Obj:
     """The agent's health port as a Service: the operator reads /status there, Prometheus /metrics."""
-    return {"apiVersion": "v1", "kind": "Service", "metadata": owned_metadata(owner, egress, agent_name(egress)),
-            "spec": {"type": "ClusterIP", "selector": agent_labels(egress),
-                     "ports": [{"name": "metrics", "port": HEALTH_PORT, "protocol": "TCP",
-                                "targetPort": HEALTH_PORT}]}}
+    return pod.status_service(owned_metadata(owner, egress, agent_name(egress)), agent_labels(egress))
 
 
 def network_policy(owner: Obj, egress: TailnetEgress, ports: ListenPorts, agent: AgentSpec) -> Obj:
@@ -235,9 +157,7 @@ def network_policy(owner: Obj, egress: TailnetEgress, ports: ListenPorts, agent:
             {"key": "kubernetes.io/metadata.name", "operator": "In", "values": consumers}]}}],
         "ports": [{"protocol": "TCP", "port": port} for port in sorted(set(ports.values()))],
     }]
-    if agent.operator_labels:
-        rules.append({"from": [{"podSelector": {"matchLabels": agent.operator_labels}}],
-                      "ports": [{"protocol": "TCP", "port": HEALTH_PORT}]})
+    rules.extend(pod.health_network_policy_rule(agent))
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": owned_metadata(owner, egress, agent_name(egress)),
             "spec": {"podSelector": {"matchLabels": agent_labels(egress)}, "policyTypes": ["Ingress"],

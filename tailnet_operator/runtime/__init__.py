@@ -60,7 +60,7 @@ from .interfaces import ListerWatcher, Reader, Writer
 from .kinds import CONFIG_MAP, NAMESPACE, SECRET, SERVICE, Resource
 from .manager import Manager, ManagerOptions
 from .objects import AlreadyOwned, owner_reference, set_controller_reference
-from .predicates import GenerationChanged, LabelsChanged, Matching, Predicate
+from .predicates import FieldChanged, GenerationChanged, LabelsChanged, Matching, Predicate, any_of
 from .scheme import Scheme
 from .ssa import needs_apply
 
@@ -84,6 +84,7 @@ __all__ = [
     "EventRecorder",
     "FakeClient",
     "FakeClock",
+    "FieldChanged",
     "GenerationChanged",
     "Gone",
     "Invalid",
@@ -112,6 +113,7 @@ __all__ = [
     "WatchEvent",
     "Writer",
     "add_finalizer",
+    "any_of",
     "has_finalizer",
     "needs_apply",
     "owner_mapper",

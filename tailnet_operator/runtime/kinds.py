@@ -59,6 +59,9 @@ EVENT = Resource("events.k8s.io", "v1", "events", "Event")
 LEASE = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 DEPLOYMENT = Resource("apps", "v1", "deployments", "Deployment")
 STATEFUL_SET = Resource("apps", "v1", "statefulsets", "StatefulSet")
+POD = Resource("", "v1", "pods", "Pod")
 NETWORK_POLICY = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
+CERTIFICATE = Resource("cert-manager.io", "v1", "certificates", "Certificate")
+"""cert-manager's Certificate: its CRDs may be absent, so it is written, never watched."""
 CUSTOM_RESOURCE_DEFINITION = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions",
                                       "CustomResourceDefinition", namespaced=False)

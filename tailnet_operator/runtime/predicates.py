@@ -59,6 +59,26 @@ class AnnotationsChanged(_UpdateOnly):
     field = "annotations"
 
 
+class FieldChanged(_UpdateOnly):
+    """Updates pass only when the value at ``path`` (e.g. ``status.policy.appliedHash``) changed:
+    for watchers that care about one part of another object's status, not every status write."""
+
+    def __init__(self, *path: str) -> None:
+        self.path = path
+
+    def update(self, old: JSON, new: JSON) -> bool:
+        return _at(old, self.path) != _at(new, self.path)
+
+
+def _at(obj: JSON, path: tuple[str, ...]) -> object:
+    value: object = obj
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
 @dataclass(frozen=True)
 class And:
     predicates: tuple[Predicate, ...]

@@ -34,6 +34,13 @@ def test_tcp_and_http_exposes() -> None:
         == "tcp"
 
 
+def test_a_host_answers_to_its_further_aliases_each_once() -> None:
+    [web] = parse_exposes(_one(mode="http", hosts=[
+        {"name": "shop.apps.example", "alias": "shop", "aliases": ["Shop.Apps.Example.", "shop.corp.example"],
+         "tls": TLS}]))
+    assert web.hosts[0].names == ("shop.apps.example", "shop", "shop.corp.example")
+
+
 def test_a_changed_host_changes_the_expose() -> None:
     def web(cert: str) -> tuple[Expose, ...]:
         return parse_exposes(json.dumps([{"name": "web", "port": 443, "mode": "http",
@@ -60,6 +67,10 @@ def _one(**fields: Any) -> str:
     (_one(mode="http", hosts=[{"name": "a"}]), "TAILNET_EXPOSES_FILE: [0] (web).hosts[0].tls must be an object"),
     (_one(mode="http", hosts=[{"name": "a", "tls": TLS}, {"name": "b", "alias": "a", "tls": TLS}]),
      "TAILNET_EXPOSES_FILE: [0] (web): a names two hosts"),
+    (_one(mode="http", hosts=[{"name": "a", "tls": TLS}, {"name": "b", "aliases": ["a"], "tls": TLS}]),
+     "TAILNET_EXPOSES_FILE: [0] (web): a names two hosts"),
+    (_one(mode="http", hosts=[{"name": "a", "aliases": "b", "tls": TLS}]),
+     "TAILNET_EXPOSES_FILE: [0] (web).hosts[0].aliases must be a list of non-empty strings"),
     (_one(backend={"host": "web", "port": 80, "scheme": "https"}),
      "TAILNET_EXPOSES_FILE: [0] (web).backend.scheme must be http or https (http exposes only), got 'https'"),
     (_one(mode="http", hosts=[{"name": "a", "tls": TLS}], backend={"host": "w", "port": 80, "caFile": "/ca"}),

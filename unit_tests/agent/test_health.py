@@ -21,7 +21,7 @@ class FakeNode:
 
     @property
     def ready(self) -> bool:
-        return self.netmap is not None and self.home_region in self.derp_connections
+        return self.netmap is not None and (self.home_region in self.derp_connections or self.direct_peer_count > 0)
 
 
 async def test_readyz_follows_netmap_and_derp_and_metrics_render() -> None:
@@ -39,7 +39,8 @@ async def test_readyz_follows_netmap_and_derp_and_metrics_render() -> None:
                 assert (resp.status, await resp.text()) == (503, "not ready: no netmap from control yet\n")
             node.netmap, node.home_region = object(), 999
             async with http.get(f"{base}/readyz") as resp:
-                assert (resp.status, await resp.text()) == (503, "not ready: home DERP region 999 not connected\n")
+                expected = "not ready: home DERP region 999 not connected and no peer reached directly\n"
+                assert (resp.status, await resp.text()) == (503, expected)
             node.derp_connections[999] = object()
             node.control_connected = True
             node.counters = {"packets_in": 7, "drop_filtered": 2}

@@ -205,3 +205,21 @@ def test_unknown_spec_fields_are_rejected() -> None:
                 "routerTag": "tag:s",
             }
         )
+
+
+def _egress_with_address(address: str) -> dict[str, object]:
+    sample = next(s for s in SAMPLES if s["kind"] == "TailnetEgress")
+    spec = dict(sample["spec"])
+    spec["targets"] = [{"name": "db", "address": address, "ports": [{"port": 5432}]}]
+    return spec
+
+
+@pytest.mark.parametrize("address", ["10.20.30.4", "db.branch1.example", "db1", "1a.example", "fd00::1", "0.0.0.0"])
+def test_egress_address_accepts_ips_and_names(address: str) -> None:
+    TailnetEgressSpec.model_validate(_egress_with_address(address))
+
+
+@pytest.mark.parametrize("address", ["10.20.300.4", "10.20.30", "256.1.1.1", "1234", "10.0.0.01"])
+def test_egress_address_refuses_names_whose_labels_are_all_numeric(address: str) -> None:
+    with pytest.raises(ValidationError, match="labels are all numeric"):
+        TailnetEgressSpec.model_validate(_egress_with_address(address))

@@ -1,7 +1,7 @@
 """A Headscale API in memory, behind the real client's ``MockTransport`` seam (test tooling).
 
 It serves what the reconcilers call: ``/version``, API keys (list, create, expire), pre-auth keys
-(create, list, expire), nodes (list, get, approve routes) and the policy (get, check, put), with
+(create, list, expire), nodes (list, get, delete, approve routes) and the policy (get, check, put), with
 bearer-key authentication. Limits: no users, no policy validation beyond ``reject_policy``, and no retries
 (clients are built with ``attempts=1``).
 """
@@ -53,6 +53,8 @@ class FakeHeadscale:
     calls: list[str] = field(default_factory=list)
     """``METHOD path`` of every request, in order."""
     policy_writes: int = 0
+    version: str = VERSION
+    """What ``/version`` reports (the client adapts to it)."""
     preauth_keys: dict[str, JSON] = field(default_factory=dict)
     """id -> the pre-auth key as the API shows it (``key`` in full; ``expired`` when expired)."""
 
@@ -86,7 +88,7 @@ class FakeHeadscale:
         if f"{request.method} {path}" in self.refuse:
             return _error(*self.refuse[f"{request.method} {path}"])
         if path == "/version":
-            return _ok({"version": VERSION})
+            return _ok({"version": self.version})
         bearer = request.headers.get("Authorization", "").removeprefix("Bearer ")
         if not self.live(bearer):
             return _error(401, 16, "Unauthorized")
@@ -113,6 +115,12 @@ class FakeHeadscale:
             return _ok({"nodes": self.nodes})
         if request.method == "GET" and path.startswith("/api/v1/node/"):
             return _ok({"node": self._node(path.split("/")[4])})
+        if request.method == "DELETE" and path.startswith("/api/v1/node/"):
+            found = [n for n in self.nodes if n["id"] == path.split("/")[4]]
+            if not found:
+                return _error(404, 5, "node not found")
+            self.nodes.remove(found[0])
+            return _ok({})
         if request.method == "POST" and path.endswith("/approve_routes"):
             node = self._node(path.split("/")[4])
             node["approvedRoutes"] = list(body["routes"])

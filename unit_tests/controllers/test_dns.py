@@ -4,7 +4,7 @@ deterministic output, no write when nothing changed, and never emptied by a fail
 from __future__ import annotations
 
 from tailnet_operator.controllers.dns import DnsReconciler, parse_hosts, render_hosts
-from tailnet_operator.controllers.kinds import TAILNET_EGRESS
+from tailnet_operator.controllers.kinds import TAILNET_EGRESS, TAILNET_INGRESS
 from tailnet_operator.runtime import CONFIG_MAP, SERVICE, Applier, Request
 from tailnet_operator.types import JSON
 
@@ -28,8 +28,9 @@ def add_egress(world: World, namespace: str = NAMESPACE, name: str = "db") -> No
                      "aliases": ["ledger.example.internal", "api.ledger.example.internal"]}]}})
 
 
-def add_service(world: World, name: str, ip: str) -> None:
-    world.kube.add(SERVICE, {"metadata": {"name": name, "namespace": NAMESPACE}, "spec": {"clusterIP": ip}})
+def add_service(world: World, name: str, ip: str, egress: str = "db") -> None:
+    world.kube.add(SERVICE, {"metadata": {"name": name, "namespace": NAMESPACE,
+                                          "labels": {"tailnet.dev/egress": egress}}, "spec": {"clusterIP": ip}})
 
 
 def hosts(world: World) -> str:
@@ -85,3 +86,84 @@ async def test_egresses_outside_the_operator_namespace_add_no_names() -> None:
     await dns.reconcile(Request("", "tn"))
 
     assert parse_hosts(hosts(world)) == {}
+
+
+async def test_an_alias_outside_the_zones_is_left_out() -> None:
+    world, dns = make_world()
+    world.kube.add(TAILNET_EGRESS, {"metadata": {"name": "db", "namespace": NAMESPACE}, "spec": {
+        "tailnetRef": {"name": "tn"}, "tag": "tag:egress-db", "consumerNamespaces": ["apps"],
+        "targets": [{"name": "ledger", "address": "198.18.1.10", "ports": [{"port": 443}],
+                     "aliases": ["ledger.example.internal", "ledger.elsewhere.test", "notexample.internal"]}]}})
+    add_service(world, "ledger", "198.19.128.40")
+
+    await dns.reconcile(Request("", "tn"))
+
+    assert parse_hosts(hosts(world)) == {"ledger.example.internal": "198.19.128.40"}
+
+
+async def test_a_service_name_another_egress_holds_gives_its_alias_no_address() -> None:
+    world, dns = make_world()
+    add_egress(world)
+    add_service(world, "ledger", "198.19.128.40", egress="older")
+
+    await dns.reconcile(Request("", "tn"))
+
+    assert parse_hosts(hosts(world)) == {}
+
+
+def add_ingress(world: World, *, addresses: list[str] | None = None, name: str = "shop") -> None:
+    body: JSON = {"metadata": {"name": name, "namespace": "tenant"}, "spec": {
+        "tailnetRef": {"name": "tn"}, "tag": "tag:ingress-shop", "hostname": "shop-gw",
+        "dnsTemplate": "{hostname}.example.internal",
+        "exposes": [{"name": "web", "mode": "http", "port": 443, "backend": {"service": "web", "port": 80},
+                     "hosts": [{"name": "shop.example.com", "alias": "shop", "tls": {"secretName": "t"}}]}]}}
+    if addresses is not None:
+        body["status"] = {"node": {"id": "9", "name": "shop-gw", "addresses": addresses}}
+    if world.kube.get(TAILNET_INGRESS, name, "tenant") is None:
+        world.kube.add(TAILNET_INGRESS, body)
+    else:
+        current = world.kube.get(TAILNET_INGRESS, name, "tenant")
+        assert current is not None
+        world.kube.update(TAILNET_INGRESS, {**current, "status": body.get("status")})
+
+
+async def test_each_ingress_name_and_alias_points_at_the_ingress_nodes_ipv4_address() -> None:
+    world, dns = make_world()
+    add_ingress(world, addresses=["fd7a:115c:a1e0::9", "100.64.0.9"])
+
+    await dns.reconcile(Request("", "tn"))
+
+    assert parse_hosts(hosts(world)) == {"shop-gw.example.internal": "100.64.0.9",
+                                         "shop.example.com": "100.64.0.9", "shop.example.internal": "100.64.0.9"}
+
+
+async def test_an_ingress_without_an_address_keeps_what_answers_and_a_deleted_one_leaves() -> None:
+    world, dns = make_world()
+    add_ingress(world)
+    await dns.reconcile(Request("", "tn"))
+    assert parse_hosts(hosts(world)) == {}, "no address yet: no names"
+
+    add_ingress(world, addresses=["100.64.0.9"])
+    await dns.reconcile(Request("", "tn"))
+    add_ingress(world, addresses=[])
+    await dns.reconcile(Request("", "tn"))
+    assert parse_hosts(hosts(world))["shop.example.com"] == "100.64.0.9", "a lost address keeps the name"
+
+    await world.kube.delete(TAILNET_INGRESS, "shop", "tenant")
+    await dns.reconcile(Request("", "tn"))
+    assert parse_hosts(hosts(world)) == {}
+
+
+async def test_an_egress_alias_wins_over_the_same_ingress_name() -> None:
+    world, dns = make_world()
+    add_egress(world)
+    add_service(world, "ledger", "198.19.128.40")
+    world.kube.add(TAILNET_INGRESS, {"metadata": {"name": "ledger", "namespace": "tenant"}, "spec": {
+        "tailnetRef": {"name": "tn"}, "tag": "tag:ingress-l", "hostname": "ledger",
+        "exposes": [{"name": "web", "mode": "http", "port": 443, "backend": {"service": "web", "port": 80},
+                     "hosts": [{"name": "ledger.example.internal", "tls": {"secretName": "t"}}]}]},
+        "status": {"node": {"addresses": ["100.64.0.5"]}}})
+
+    await dns.reconcile(Request("", "tn"))
+
+    assert parse_hosts(hosts(world))["ledger.example.internal"] == "198.19.128.40"

@@ -258,3 +258,48 @@ async def test_without_a_working_key_the_egress_waits() -> None:
 
     assert (world.cond("Ready")["status"], world.cond("Ready")["reason"]) == ("Unknown", "WaitingForAccess")
     assert result.requeue_after == 10.0
+
+
+async def test_a_target_name_another_egress_holds_is_a_conflict_and_its_service_is_left_alone() -> None:
+    world = await world_with_tailnet()
+    world.add_egress("older")
+    await world.reconcile_egress("older")
+    world.add_egress("db")
+
+    await world.reconcile_egress("db")
+
+    service = world.kube.get(SERVICE, "ledger", NAMESPACE)
+    assert service is not None
+    assert service["metadata"]["ownerReferences"][0]["name"] == "older", "the first holder keeps it"
+    [entry] = world.egress_obj("db")["status"]["targets"]
+    assert entry["route"] == "Conflict" and "TailnetEgress older" in entry["message"]
+    ready = world.cond("Ready", "db")
+    assert (ready["status"], ready["reason"]) == ("False", "Conflict")
+    assert world.kube.get(DEPLOYMENT, "db-egress-agent", NAMESPACE) is not None, "the rest is still applied"
+
+
+async def test_aliases_outside_the_tailnets_zones_are_reported() -> None:
+    world = EgressWorld()
+    world.bootstrap_secret()
+    world.add_tailnet(dns={"hostsConfigMap": {"namespace": "kube-system", "name": "tailnet-hosts"},
+                           "zones": ["example.internal"]})
+    await world.reconcile_tailnet()
+    world.headscale.policy = OWNING
+    world.add_egress(targets=[{"name": "ledger", "address": "198.18.1.10", "ports": [{"port": 5432}],
+                               "aliases": ["ledger.example.internal", "ledger.corp.test"]}])
+
+    await world.reconcile_egress()
+
+    served = world.cond("AliasesServed")
+    assert (served["status"], served["reason"]) == ("False", "OutsideZones")
+    assert "ledger.corp.test" in served["message"] and "ledger.example.internal" not in served["message"]
+
+
+async def test_aliases_without_a_hosts_file_are_reported() -> None:
+    world = await world_with_tailnet()
+    world.add_egress(targets=[{"name": "ledger", "address": "198.18.1.10", "ports": [{"port": 5432}],
+                               "aliases": ["ledger.example.internal"]}])
+
+    await world.reconcile_egress()
+
+    assert world.cond("AliasesServed")["reason"] == "NoHostsFile"

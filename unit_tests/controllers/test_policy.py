@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tailnet_operator.controllers.kinds import TAILNET_EGRESS, TAILNET_SITE
+from tailnet_operator.controllers.kinds import TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_SITE
 from tailnet_operator.controllers.policy import rendered_config_map_name
 from tailnet_operator.runtime import CONFIG_MAP, SECRET
 from tailnet_operator.types import JSON
@@ -257,3 +257,65 @@ async def test_an_egress_outside_the_operator_namespace_never_reaches_the_policy
     assert "tag:egress-mine" in live
     assert "tag:egress-theirs" not in live
     assert world.events.reasons.count("EgressIgnored") == 1, "reported once per object, not per reconcile"
+
+
+async def test_the_gateway_range_and_egress_host_routes_are_replayed_too() -> None:
+    """Approvals for what the gateway advertised before its approvers existed: its load-balancer
+    range and an egress target's host route. Its site LANs are approved through TailnetSites
+    (none here), so they stay unapproved, as does anything no approver covers."""
+    world = await ready_world()
+    world.kube.add(TAILNET_GATEWAY, {
+        "metadata": {"name": "gw"},
+        "spec": {"tailnetRef": {"name": "tn"}, "tag": "tag:gw", "image": "tailscale/tailscale:v1.98.10",
+                 "siteRoutes": ["10.20.0.0/16"], "advertiseLoadBalancerRange": "198.18.200.0/24"}})
+    egress(world, "db", NAMESPACE, "tag:egress-db")
+    advertised = ["10.20.0.0/16", "198.18.200.0/24", "192.168.1.10/32", "172.16.0.0/12"]
+    world.headscale.nodes.append(router("9", "tag:gw", advertised))
+    world.headscale.nodes.append(router("10", "tag:other", ["10.20.0.0/16"]))
+
+    await world.reconcile_policy()
+
+    gateway, other = world.headscale.nodes
+    assert gateway["approvedRoutes"] == ["192.168.1.10/32", "198.18.200.0/24"]
+    assert other["approvedRoutes"] == [], "a node without an approver tag is never approved"
+
+
+ACL_BASE = """{
+  "acls": [{"action": "accept", "src": ["tag:ops"], "dst": ["tag:ops:*"]}],
+}
+"""
+
+
+async def test_before_029_derived_grants_are_written_as_acls_and_the_condition_says_so() -> None:
+    world = await ready_world(base=ACL_BASE)
+    world.headscale.version = "v0.28.0"
+    egress(world, "mine", NAMESPACE, "tag:egress-mine")
+
+    await world.reconcile_policy()
+
+    live = json.loads(world.headscale.policy)
+    assert "grants" not in live
+    assert {"action": "accept", "src": ["tag:egress-mine"], "proto": "tcp",
+            "dst": ["192.168.1.10:5432"]} in live["acls"]
+    condition = world.condition("PolicyApplied")
+    assert (condition["status"], condition["reason"]) == ("True", "AppliedWithoutGrants")
+    assert "v0.28.0 has no grants" in condition["message"] and "upgrade Headscale to 0.29" in condition["message"]
+    assert "POST /api/v1/policy/check" not in world.headscale.calls, "0.28 has no policy check"
+
+    world.clock.advance(30)
+    await world.reconcile_policy()
+    assert world.headscale.policy_writes == 1
+    assert world.condition("PolicyApplied")["reason"] == "AppliedWithoutGrants"
+
+
+async def test_before_029_a_base_with_grants_is_not_written_and_the_condition_says_what_to_do() -> None:
+    world = await ready_world()  # OPEN_BASE is a grants block
+    world.headscale.version = "v0.27.1"
+
+    await world.reconcile_policy()
+
+    condition = world.condition("PolicyApplied")
+    assert (condition["status"], condition["reason"]) == ("False", "GrantsUnsupported")
+    assert "v0.27.1" in condition["message"] and "Rewrite the base's grants as acls" in condition["message"]
+    assert world.headscale.policy_writes == 0
+    assert world.kube.get(CONFIG_MAP, rendered_config_map_name("tn"), NAMESPACE) is not None, "still published"

@@ -81,6 +81,7 @@ class Server:
 
 
 def client(server: Callable[[Request], Response], **kwargs: Any) -> HeadscaleClient:
+    kwargs.setdefault("server_version", "v0.29.2")
     return HeadscaleClient(URL, KEY, transport=MockTransport(server), backoff=0, **kwargs)
 
 

@@ -54,16 +54,20 @@ def test_what_the_fast_parse_cannot_read_goes_the_careful_way_and_is_refused(tex
         parse_hujson(text)
 
 
-def test_a_render_that_reuses_the_base_equals_one_that_does_not_and_leaves_the_base_alone() -> None:
+@pytest.mark.parametrize("grants", [True, False], ids=["grants", "grants-as-acls"])
+def test_a_render_that_reuses_the_base_equals_one_that_does_not_and_leaves_the_base_alone(grants: bool) -> None:
     cache = ParsedPolicies()
     base = cache.parse(base_policy(200), source="base", version="1")
     pristine = copy.deepcopy(base)
     derived = derive_from_objects(egresses=egresses(50), sites=sites(10))
     memo = cache.memo(base)
-    fast = render(base, derived, memo=memo)
-    again = render(base, derived, memo=memo)  # the rule index and text memo are reused
-    slow = render(copy.deepcopy(base), derived)
+    fast = render(base, derived, memo=memo, grants=grants)
+    render(base, derived, memo=memo, grants=not grants)  # the other server kind shares the memo
+    again = render(base, derived, memo=memo, grants=grants)  # the rule index and text memo are reused
+    slow = render(copy.deepcopy(base), derived, grants=grants)
     assert fast.text == slow.text == again.text
+    assert fast.grants_as_acls == slow.grants_as_acls == (not grants)
+    assert fast.unsupported == slow.unsupported
     assert fast.text == json.dumps(fast.document, indent=2, ensure_ascii=False) + "\n"
     assert len(fast.added.grants) == 50
     assert base == pristine, "a render copies what it adds to; the base is shared, never changed"

@@ -6,6 +6,7 @@ from tailnet_operator.runtime.controller import Request, owner_mapper, self_mapp
 from tailnet_operator.runtime.kinds import NAMESPACE, Resource
 from tailnet_operator.runtime.predicates import (
     AnnotationsChanged,
+    FieldChanged,
     GenerationChanged,
     LabelsChanged,
     Matching,
@@ -63,3 +64,13 @@ def test_a_cluster_scoped_owner_is_mapped_without_a_namespace() -> None:
     namespace_owned = obj(ownerReferences=[{"apiVersion": "v1", "kind": "Namespace", "name": "team-a",
                                             "uid": "1", "controller": True}])
     assert owner_mapper(NAMESPACE)(namespace_owned) == [Request("", "team-a")]
+
+
+def test_field_changed_passes_updates_of_that_one_field() -> None:
+    p = FieldChanged("status", "policy", "appliedHash")
+    before = {**obj(), "status": {"policy": {"appliedHash": "a"}, "conditions": []}}
+    assert not p.update(before, {**obj(), "status": {"policy": {"appliedHash": "a"}, "conditions": [{}]}})
+    assert p.update(before, {**obj(), "status": {"policy": {"appliedHash": "b"}}})
+    assert p.update(obj(), before), "appearing counts as a change"
+    assert not p.update(obj(), {**obj(), "status": "not a mapping"})
+    assert p.create(obj()) and p.delete(obj())

@@ -1,0 +1,301 @@
+"""In-cluster egress benchmark: the agent against a hand-built tailscaled egress pod, on the local node.
+
+Path: a client pod -> (the TailnetEgress target's Service -> the agent pod | a tailscaled pod in
+userspace networking, dialled through its SOCKS5 proxy Service) -> the tailnet (to a tailscaled
+subnet router on the node) -> a sink/source server on a site host in a network namespace. The
+tailscaled pod is what a user builds by hand: the static tailscaled of the pinned version in a
+scratch image, ``--tun=userspace-networking --socks5-server``, joined with a config file.
+
+Measured in one run: one stream and 8 parallel streams (MB/s, upload and download) in rounds that
+take both paths in turn (medians reported), connection setup (connect plus one byte echoed, p50
+and p99), the time from creating the TailnetEgress to the first byte echoed through it (the client
+polls the target's Service name through the cluster's DNS, whose cache holds a miss for up to
+5 s), and the RSS of each egress pod's processes. The client runs ``benchmarks/paths.py`` inside
+its pod; the server runs the same file on the site host.
+
+    python -m benchmarks.egress_incluster [--mib 32] [--rounds 3] [--setups 200] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from benchmarks.paths import PathResult
+from e2e.cluster import (
+    SLEEPER,
+    ClusterUnderTest,
+    PythonSession,
+    apply,
+    condition,
+    get_json,
+    install_operator_in_cluster,
+    kubectl,
+    python_pod,
+    wait_available,
+    wait_pod_running,
+)
+from e2e.operator import tailnet_object
+from hack import image
+from hack.localenv import Environment, Headscale, wait_until
+
+PATHS_SOURCE = Path(__file__).with_name("paths.py")
+SERVER_PORT = 9000
+SOCKS_PORT = 1080
+OPEN_BASE = '{"grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]}\n'
+AGENT = "agent (TailnetEgress)"
+TAILSCALED = "tailscaled userspace pod (SOCKS5)"
+EGRESS_TAG = "tag:bench-egress"
+ROUTER_TAG = "tag:bench-site"
+
+FIRST_BYTE = """
+import socket, sys, time
+sys.stdin.readline()
+while True:
+    try:
+        with socket.create_connection(({host!r}, {port}), timeout=2) as conn:
+            conn.sendall(b"E*")
+            if conn.recv(1) == b"*":
+                break
+    except OSError:
+        time.sleep(0.02)
+print(time.time(), flush=True)
+"""
+
+
+def in_pod(cluster: ClusterUnderTest, ns: str, pod: str, *args: str, timeout: float = 600) -> str:
+    """``benchmarks/paths.py`` run inside ``pod`` with ``args`` (the file goes in on stdin)."""
+    return kubectl(cluster, "-n", ns, "exec", "-i", pod, "--", "python3", "-", *args,
+                   stdin=PATHS_SOURCE.read_text(), timeout=timeout)
+
+
+def pod_rss_kib(pod_uid: str) -> int:
+    """RSS of the pod's processes (the sandbox's pause excluded), from the node's cgroups. Under
+    cgroup v1 a process is listed once per controller hierarchy, so each PID counts once."""
+    marker = pod_uid.replace("-", "_")
+    pids = {pid for procs in Path("/sys/fs/cgroup").rglob("cgroup.procs")
+            if pod_uid in str(procs) or marker in str(procs) for pid in procs.read_text().split()}
+    total = 0
+    for pid in pids:
+        proc = Path("/proc") / pid
+        try:
+            if proc.joinpath("comm").read_text().strip() == "pause":
+                continue
+            for line in proc.joinpath("status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
+def _since(start: str, moment: str | None) -> float | None:
+    """Seconds from one RFC 3339 timestamp to another (None when the second is unknown)."""
+    if not moment:
+        return None
+    return _epoch(moment) - _epoch(start)
+
+
+def _epoch(text: str) -> float:
+    return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def milestones(cluster: ClusterUnderTest, ns: str, pod: dict[str, Any]) -> dict[str, float | None]:
+    """When the egress's objects appeared, in seconds after the CR was created (1 s resolution):
+    where the time to the first byte goes."""
+    egress = get_json(cluster, "-n", ns, "tailnetegresses.tailnet.dev", "bench")
+    created = egress["metadata"]["creationTimestamp"]
+    secret = get_json(cluster, "-n", ns, "secret", "bench-auth-key")
+    service = get_json(cluster, "-n", ns, "service", "bench-site")
+    statuses = pod["status"].get("containerStatuses") or [{}]
+    started = ((statuses[0].get("state") or {}).get("running") or {}).get("startedAt")
+    ready = next((c.get("lastTransitionTime") for c in pod["status"].get("conditions") or []
+                  if c["type"] == "Ready"), None)
+    return {"pre_auth_key_secret": _since(created, secret["metadata"]["creationTimestamp"]),
+            "target_service": _since(created, service["metadata"]["creationTimestamp"]),
+            "agent_pod_created": _since(created, pod["metadata"]["creationTimestamp"]),
+            "agent_container_started": _since(created, started),
+            "agent_pod_ready": _since(created, ready)}
+
+
+def tailscaled_objects(ns: str, ref: str, headscale: Headscale, authkey: str) -> list[dict[str, Any]]:
+    """A tailscaled egress pod built by hand: config file, CA, Deployment, SOCKS5 Service."""
+    name = "bench-tailscaled"
+    config = {"Version": "alpha0", "ServerURL": headscale.url, "AuthKey": authkey, "Hostname": name,
+              "AcceptDNS": False, "AcceptRoutes": True}
+    labels = {"app": name}
+    security = {"runAsNonRoot": True, "runAsUser": 65532, "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"}}
+    return [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns},
+         "stringData": {"tailscaled.json": json.dumps(config)}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-ca", "namespace": ns},
+         "data": {"ca.crt": headscale.ca_bundle.read_text()}},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": ns},
+         "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
+             "metadata": {"labels": labels},
+             "spec": {"automountServiceAccountToken": False, "containers": [{
+                 "name": "tailscaled", "image": ref, "imagePullPolicy": "IfNotPresent",
+                 "args": ["--tun=userspace-networking", f"--socks5-server=0.0.0.0:{SOCKS_PORT}",
+                          "--statedir=/state", "--socket=/state/tailscaled.sock", "--port=0",
+                          "--no-logs-no-support", "--config=/config/tailscaled.json"],
+                 "env": [{"name": "SSL_CERT_FILE", "value": "/ca/ca.crt"},
+                         {"name": "TS_NO_LOGS_NO_SUPPORT", "value": "true"},
+                         {"name": "TS_DEBUG_OMIT_LOCAL_ADDRS", "value": "true"}],
+                 "ports": [{"containerPort": SOCKS_PORT, "name": "socks5"}],
+                 "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+                 "securityContext": security,
+                 "volumeMounts": [{"name": "state", "mountPath": "/state"}, {"name": "tmp", "mountPath": "/tmp"},
+                                  {"name": "config", "mountPath": "/config", "readOnly": True},
+                                  {"name": "ca", "mountPath": "/ca", "readOnly": True}]}],
+                 "volumes": [{"name": "state", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}},
+                             {"name": "config", "secret": {"secretName": name}},
+                             {"name": "ca", "configMap": {"name": f"{name}-ca"}}]}}}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
+         "spec": {"selector": labels, "ports": [{"port": SOCKS_PORT, "name": "socks5"}]}},
+    ]
+
+
+def egress_object(ns: str, tailnet: str, address: str, consumer: str) -> dict[str, Any]:
+    return {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetEgress",
+            "metadata": {"name": "bench", "namespace": ns},
+            "spec": {"tailnetRef": {"name": tailnet}, "tag": EGRESS_TAG, "consumerNamespaces": [consumer],
+                     "targets": [{"name": "bench-site", "address": address,
+                                  "ports": [{"port": SERVER_PORT, "name": "bench"}]}]}}
+
+
+def only_pod(cluster: ClusterUnderTest, ns: str, selector: str) -> dict[str, Any]:
+    pods = [p for p in get_json(cluster, "-n", ns, "pods", "-l", selector)["items"]
+            if not p["metadata"].get("deletionTimestamp")]
+    if len(pods) != 1:
+        raise RuntimeError(f"expected one pod for {selector}, found {len(pods)}")
+    pod: dict[str, Any] = pods[0]
+    return pod
+
+
+def run(mib: int, rounds: int, setups: int) -> dict[str, Any]:
+    with Environment() as env:
+        cluster = env.cluster()
+        project = image.project_image()
+        cluster.load_image(project)
+        tailscale = image.tailscale_image()
+        cluster.load_image(tailscale)
+        headscale = env.headscale("bench-headscale", address=cluster.host_address)
+        ns = install_operator_in_cluster(cluster, project.ref, env.root / "install")
+
+        host = env.site_host()
+        server = host.run("bench-server", [sys.executable, "-u", str(PATHS_SOURCE), "serve", host.address,
+                                           str(SERVER_PORT)])
+
+        def listening() -> bool:
+            server.check_running()
+            return "listening" in server.log_tail()
+
+        wait_until(listening, timeout=10, what="the benchmark server on the site host")
+        apply(cluster, [
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bench-bootstrap", "namespace": ns},
+             "stringData": {"apiKey": headscale.api_key}},
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bench-policy", "namespace": ns},
+             "data": {"policy.hujson": OPEN_BASE}},
+            tailnet_object("bench", headscale, ns, secret="bench-bootstrap",
+                           policy={"baseConfigMapRef": {"namespace": ns, "name": "bench-policy",
+                                                        "key": "policy.hujson"}, "mode": "Apply"}),
+            {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetSite", "metadata": {"name": "bench-site"},
+             "spec": {"tailnetRef": {"name": "bench"}, "routes": [host.subnet], "routerTag": ROUTER_TAG}},
+        ])
+        env.tailscale_node("bench-router", headscale, authkey=headscale.create_preauth_key(tags=[ROUTER_TAG]),
+                           advertise_routes=[host.subnet], site_router=True)
+        consumer = "bench-consumer"
+        apply(cluster, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": consumer}}])
+        wait_until(lambda: kubectl(cluster, "-n", consumer, "get", "serviceaccount", "default", check=False),
+                   timeout=60, what="the consumer namespace's ServiceAccount")
+        apply(cluster, [python_pod("client", consumer, project.ref, SLEEPER)])
+        wait_pod_running(cluster, consumer, "client")
+
+        # Time to first byte: the client polls the target's Service name from before the CR exists.
+        service = f"bench-site.{ns}.svc"
+        waiter = PythonSession(cluster, consumer, "client", FIRST_BYTE.format(host=service, port=SERVER_PORT))
+        try:
+            waiter.send("go")
+            created = time.time()
+            apply(cluster, [egress_object(ns, "bench", host.address, consumer)])
+            first_byte_s = float(waiter.read_line(timeout=300)) - created
+        finally:
+            waiter.close()
+        wait_available(cluster, ns, "bench-egress-agent", timeout=120)
+
+        key = headscale.create_preauth_key(tags=[EGRESS_TAG], reusable=True, ephemeral=True)
+        apply(cluster, tailscaled_objects(consumer, tailscale.ref, headscale, key))
+        wait_available(cluster, consumer, "bench-tailscaled", timeout=120)
+        socks = f"socks5:bench-tailscaled.{consumer}.svc:{SOCKS_PORT}:{host.address}:{SERVER_PORT}"
+        dials = {AGENT: f"tcp:{service}:{SERVER_PORT}", TAILSCALED: socks}
+        pods = {AGENT: only_pod(cluster, ns, "tailnet.dev/egress=bench"),
+                TAILSCALED: only_pod(cluster, consumer, "app=bench-tailscaled")}
+        results = {name: PathResult(name) for name in dials}
+        for name, dial in dials.items():
+            def connects(name: str = name, dial: str = dial) -> str:
+                return in_pod(cluster, consumer, "client", "round", name, dial, "--mib", "0", "--setups", "1",
+                              timeout=60)
+
+            wait_until(connects, timeout=120, what=f"a first connection through the {name}")
+            results[name].extra["rss_ready_kib"] = pod_rss_kib(pods[name]["metadata"]["uid"])
+        for _ in range(rounds):
+            for name, dial in dials.items():
+                one = PathResult(**json.loads(in_pod(cluster, consumer, "client", "round", name, dial,
+                                                     "--mib", str(mib))))
+                results[name].merge(one)
+        for name, dial in dials.items():
+            one = PathResult(**json.loads(in_pod(cluster, consumer, "client", "round", name, dial, "--mib", "0",
+                                                 "--setups", str(setups))))
+            results[name].merge(one)
+            results[name].extra["rss_after_kib"] = pod_rss_kib(pods[name]["metadata"]["uid"])
+            results[name].extra["restarts"] = sum(
+                c["restartCount"] for c in get_json(cluster, "-n", pods[name]["metadata"]["namespace"], "pod",
+                                                    pods[name]["metadata"]["name"])["status"]["containerStatuses"])
+        ready = condition(get_json(cluster, "-n", ns, "tailnetegresses.tailnet.dev", "bench"), "Ready")
+        return {"date": time.strftime("%Y-%m-%d"), "first_byte_s": round(first_byte_s, 2), "egress_ready": ready,
+                "first_byte_milestones_s": milestones(cluster, ns, pods[AGENT]),
+                "mib": mib, "rounds": rounds, "setups": setups,
+                "results": [asdict(r) for r in results.values()]}
+
+
+def table(doc: dict[str, Any]) -> str:
+    rows = ["| path | 1 stream up MB/s | 1 stream down MB/s | 8 streams up MB/s | 8 streams down MB/s "
+            "| setup p50 ms | setup p99 ms | pod RSS ready MiB | pod RSS after MiB |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["results"]:
+        extra = r["extra"]
+        rows.append(f"| {r['name']} | {r['one_stream_up_mbs']:.1f} | {r['one_stream_down_mbs']:.1f} | "
+                    f"{r['eight_streams_up_mbs']:.1f} | {r['eight_streams_down_mbs']:.1f} | "
+                    f"{r['setup_p50_ms']:.1f} | {r['setup_p99_ms']:.1f} | "
+                    f"{extra.get('rss_ready_kib', 0) / 1024:.1f} | {extra.get('rss_after_kib', 0) / 1024:.1f} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=32, help="MiB per throughput measurement (default 32)")
+    parser.add_argument("--rounds", type=int, default=3, help="throughput rounds; medians reported (default 3)")
+    parser.add_argument("--setups", type=int, default=200, help="connections timed for setup (default 200)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+    doc = run(args.mib, args.rounds, args.setups)
+    print(table(doc))
+    print(f"TailnetEgress created -> first byte echoed through it: {doc['first_byte_s']} s; on the way (s): "
+          + ", ".join(f"{k} {v}" for k, v in doc["first_byte_milestones_s"].items()))
+    for r in doc["results"]:
+        print(f"{r['name']}: samples " + ", ".join(f"{k}={v}" for k, v in r["samples"].items()))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

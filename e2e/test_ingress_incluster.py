@@ -1,0 +1,297 @@
+"""TailnetIngress end to end on a real node: the operator installed with ``kubectl apply -k`` runs
+an ingress agent pod (admitted under ``restricted``) in a tenant namespace; a tailscaled "laptop"
+the policy grants reaches an in-cluster Service through it: tcp by the node's MagicDNS name, https
+by the host's DNS name (the address the Tailnet's hosts file gives it) with the certificate
+cert-manager issued from a CA ClusterIssuer, HTTP/1.1 and HTTP/2. A wrong Host under a valid SNI
+gets 421; a laptop the policy does not grant cannot connect; deleting the CR expires its key,
+removes its objects and its names.
+
+The path: laptop (host, userspace tailscaled) -> its HTTP proxy (CONNECT) -> tailnet (DERP or UDP)
+-> agent pod (userspace tailnet node) -> ClusterIP -> backend pod. cert-manager's controllers
+(hack/certmanager) run on the host against the cluster's apiserver: they need no node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+
+from e2e.cluster import (
+    HTTP_SERVER,
+    ClusterUnderTest,
+    apply,
+    condition,
+    get_json,
+    kubectl,
+    namespace,
+    operator_logs,
+    python_pod,
+    wait_available,
+    wait_pod_running,
+)
+from e2e.conftest import TailscaleFactory
+from e2e.operator import tailnet_object
+from hack.https_client import Answer, request, tunnel
+from hack.localenv import CertManager, Environment, Headscale, TailscaleNode, wait_until
+from hack.localenv._pki import CertificateAuthority
+from hack.localenv.certmanager import crd_bodies
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
+
+INGRESSES = "tailnetingresses.tailnet.dev"
+TAILNETS = "tailnets.tailnet.dev"
+HOSTS = ("kube-system", "tailnet-hosts")
+ZONE = "apps.e2e.internal"
+CERT_MANAGER_NAMESPACE = "cert-manager"
+ISSUER = "tailnet-e2e-ca"
+
+
+def _base_policy(ingress_tag: str, granted: str, other: str) -> str:
+    """Only laptops with ``granted`` may reach the ingress; ``other`` exists but is granted nothing.
+    The ingress tag is owned here too: Headscale refuses a grant to a tag no one owns."""
+    return (f'{{"tagOwners": {{"{ingress_tag}": [], "{granted}": [], "{other}": []}},\n'
+            f' "grants": [{{"src": ["{granted}"], "dst": ["{ingress_tag}"], "ip": ["*"]}}]}}\n')
+
+
+@dataclass
+class IngressWorld:
+    namespace: str
+    """The operator's namespace (the Tailnet's bootstrap Secret and base policy)."""
+    tenant: str
+    tailnet: str
+    ingress: str
+    tag: str
+    hostname: str
+    ca: CertificateAuthority
+    laptop: TailscaleNode
+    stranger: TailscaleNode
+
+    @property
+    def agent(self) -> str:
+        return f"{self.ingress}-ingress-agent"
+
+    @property
+    def host_name(self) -> str:
+        return f"shop-{self.hostname}.{ZONE}"
+
+    def ingress_object(self) -> dict[str, Any]:
+        return {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetIngress",
+                "metadata": {"name": self.ingress, "namespace": self.tenant},
+                "spec": {"tailnetRef": {"name": self.tailnet}, "tag": self.tag, "hostname": self.hostname,
+                         "dnsTemplate": "{hostname}." + ZONE,
+                         "exposes": [
+                             {"name": "raw", "port": 8080, "backend": {"service": "web", "port": 8080}},
+                             {"name": "web", "mode": "http", "port": 443, "backend": {"service": "web", "port": 8080},
+                              "hosts": [{"name": self.host_name, "alias": "shop",
+                                         "tls": {"certManager": {"issuerRef": {"name": ISSUER,
+                                                                               "kind": "ClusterIssuer"}}}}]}]}}
+
+
+def _diagnose(cluster: ClusterUnderTest, world: IngressWorld, exc: BaseException) -> AssertionError:
+    status = get_json(cluster, "-n", world.tenant, INGRESSES, world.ingress).get("status")
+    agent = kubectl(cluster, "-n", world.tenant, "logs", f"deployment/{world.agent}", "--tail=40", check=False)
+    return AssertionError(f"{exc}\ningress status: {status}\nagent logs:\n{agent}\n"
+                          f"operator logs:\n{operator_logs(cluster, world.namespace)}")
+
+
+@pytest.fixture(scope="module")
+def cert_manager(cluster: ClusterUnderTest, environment: Environment) -> Iterator[CertManager]:
+    """cert-manager's CRDs in the cluster and its controllers on the host, removed afterwards."""
+    crds = yaml.safe_dump_all(crd_bodies())
+    kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=crds)
+    kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s", "crd/certificates.cert-manager.io",
+            "crd/clusterissuers.cert-manager.io", "crd/certificaterequests.cert-manager.io")
+    apply(cluster, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CERT_MANAGER_NAMESPACE}}])
+    manager = environment.cert_manager(cluster.kubeconfig, cluster_namespace=CERT_MANAGER_NAMESPACE)
+    try:
+        yield manager
+    finally:
+        manager.stop()
+        kubectl(cluster, "delete", "clusterissuer", ISSUER, "--ignore-not-found", check=False)
+        kubectl(cluster, "delete", "namespace", CERT_MANAGER_NAMESPACE, "--wait=false", check=False)
+        kubectl(cluster, "delete", "-f", "-", "--ignore-not-found", "--wait=false", stdin=crds, check=False)
+
+
+@pytest.fixture(scope="module")
+def world(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale: Headscale, project_image: Any,
+          cert_manager: CertManager, module_tailscale_nodes: TailscaleFactory,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[IngressWorld]:
+    ns = installed_operator
+    suffix = uuid.uuid4().hex[:6]
+    tailnet, ingress, hostname = f"ingress-{suffix}", f"shop-{suffix}", f"shop-{suffix}"
+    tag, granted, other = f"tag:ingress-{suffix}", f"tag:laptop-{suffix}", f"tag:stranger-{suffix}"
+    secret, base = f"{tailnet}-bootstrap", f"{tailnet}-policy"
+
+    ca = CertificateAuthority(tmp_path_factory.mktemp("issuer"), "tailnet-e2e-issuer")
+    apply(cluster, [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": ISSUER, "namespace": CERT_MANAGER_NAMESPACE},
+         "type": "kubernetes.io/tls", "data": {"tls.crt": base64.b64encode(ca.pem).decode(),
+                                               "tls.key": base64.b64encode(ca.key_pem).decode()}},
+        {"apiVersion": "cert-manager.io/v1", "kind": "ClusterIssuer", "metadata": {"name": ISSUER},
+         "spec": {"ca": {"secretName": ISSUER}}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": ns},
+         "stringData": {"apiKey": cluster_headscale.api_key}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": base, "namespace": ns},
+         "data": {"policy.hujson": _base_policy(tag, granted, other)}},
+        tailnet_object(tailnet, cluster_headscale, ns, secret=secret,
+                       policy={"baseConfigMapRef": {"namespace": ns, "name": base, "key": "policy.hujson"},
+                               "mode": "Apply"},
+                       dns={"hostsConfigMap": {"namespace": HOSTS[0], "name": HOSTS[1]}, "zones": [ZONE]}),
+    ])
+
+    def policy_applied() -> bool:
+        return condition(get_json(cluster, TAILNETS, tailnet), "PolicyApplied") == "True"
+
+    wait_until(policy_applied, timeout=120, what="the Tailnet's policy applied (it owns the laptops' tags)")
+    laptop = module_tailscale_nodes(f"laptop-{suffix}", cluster_headscale,
+                                    authkey=cluster_headscale.create_preauth_key(tags=[granted]))
+    stranger = module_tailscale_nodes(f"stranger-{suffix}", cluster_headscale,
+                                      authkey=cluster_headscale.create_preauth_key(tags=[other]))
+    try:
+        with namespace(cluster, "tenant", {"pod-security.kubernetes.io/enforce": "restricted"}) as tenant:
+            backend = python_pod("web", tenant, project_image.ref, HTTP_SERVER, labels={"app": "web"}, port=8080)
+            apply(cluster, [backend, {
+                "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": tenant},
+                "spec": {"selector": {"app": "web"}, "ports": [{"port": 8080, "targetPort": 8080}]}}, {
+                # the namespace lets the operator write its ingresses' objects (docs/reference/rbac.md)
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "tailnet-operator", "namespace": tenant},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "tailnet-operator-tenant"},
+                "subjects": [{"kind": "ServiceAccount", "name": "tailnet-operator", "namespace": ns}]}])
+            wait_pod_running(cluster, tenant, "web")
+            yield IngressWorld(ns, tenant, tailnet, ingress, tag, hostname, ca, laptop, stranger)
+            kubectl(cluster, "-n", tenant, "delete", INGRESSES, ingress, "--wait=true", "--timeout=90s", check=False)
+    finally:
+        kubectl(cluster, "delete", TAILNETS, tailnet, "--wait=true", "--timeout=60s", check=False)
+        kubectl(cluster, "-n", ns, "delete", "secret", secret, check=False)
+        kubectl(cluster, "-n", ns, "delete", "configmap", base, check=False)
+
+
+def _ready(cluster: ClusterUnderTest, world: IngressWorld) -> dict[str, Any] | None:
+    obj = get_json(cluster, "-n", world.tenant, INGRESSES, world.ingress)
+    if condition(obj, "Ready") != "True" or not (obj.get("status") or {}).get("magicDNSName"):
+        return None
+    result: dict[str, Any] = obj
+    return result
+
+
+def _hosts(cluster: ClusterUnderTest) -> dict[str, str]:
+    from tailnet_operator.controllers.dns import parse_hosts
+
+    data = get_json(cluster, "-n", HOSTS[0], "configmap", HOSTS[1]).get("data") or {}
+    return parse_hosts(data.get("hosts", ""))
+
+
+def _run(coro: Any, timeout: float = 20) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def _tcp_get(laptop: TailscaleNode, name: str, port: int, path: str) -> bytes:
+    reader, writer = await tunnel(laptop.http_proxy_port, name, port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n".encode())
+    await writer.drain()
+    data = await reader.read()
+    writer.close()
+    return data
+
+
+async def _https(laptop: TailscaleNode, address: str, ca: Path, sni: str, **kw: Any) -> Answer:
+    return await request(await tunnel(laptop.http_proxy_port, address, 443), ca=ca, sni=sni, **kw)
+
+
+def _attempt(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except (OSError, TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+        return None
+
+
+def test_a_granted_laptop_reaches_the_service_by_magic_dns_and_https_with_the_issued_certificate(
+        cluster: ClusterUnderTest, world: IngressWorld) -> None:
+    apply(cluster, [world.ingress_object()])
+    try:
+        wait_available(cluster, world.tenant, world.agent, timeout=180)
+        obj = wait_until(lambda: _ready(cluster, world), timeout=240,
+                         what="the ingress Ready (certificate issued, exposes listening)")
+    except (AssertionError, TimeoutError) as exc:
+        raise _diagnose(cluster, world, exc) from exc
+    status = obj["status"]
+    magic = status["magicDNSName"]
+    assert magic.startswith(world.hostname), status
+    assert status["dnsNames"] == [f"{world.hostname}.{ZONE}", world.host_name, f"shop.{ZONE}"]
+    web = next(e for e in status["exposes"] if e["name"] == "web")
+    assert web["hosts"][0]["alias"] == "shop" and web["hosts"][0]["certificateNotAfter"], web
+    assert all(e["listening"] for e in status["exposes"]), status["exposes"]
+
+    body = wait_until(lambda: _attempt(lambda: _run(_tcp_get(world.laptop, magic, 8080, "/by-magic-dns"))),
+                      timeout=90, what="the laptop to reach the Service through the tcp expose by MagicDNS name")
+    assert b"200 OK" in body and b"hello from web" in body, body
+
+    def named() -> dict[str, str] | None:
+        hosts = _hosts(cluster)
+        return hosts if world.host_name in hosts else None
+
+    hosts = wait_until(named, timeout=60, what="the host's name in the hosts file")
+    address = hosts[world.host_name]
+    assert address in status["node"]["addresses"] and hosts[f"shop.{ZONE}"] == address
+
+    for alpn in ("http/1.1", "h2"):
+        for sni in (world.host_name, f"shop.{ZONE}"):
+            answer = wait_until(lambda s=sni, a=alpn: _attempt(lambda: _run(  # type: ignore[misc]
+                _https(world.laptop, address, world.ca.cert_path, s, alpn=a))), timeout=60,
+                what=f"https to {sni} over {alpn}")
+            assert answer.status == 200 and answer.alpn == alpn and b"hello from web" in answer.body, answer
+            leaf = x509.load_der_x509_certificate(answer.certificate)
+            assert leaf.issuer == x509.load_pem_x509_certificate(world.ca.pem).subject
+    wrong = _run(_https(world.laptop, address, world.ca.cert_path, world.host_name, host="other.example"))
+    assert wrong.status == 421, wrong
+
+
+def test_a_laptop_the_policy_does_not_grant_cannot_connect(cluster: ClusterUnderTest, world: IngressWorld) -> None:
+    apply(cluster, [world.ingress_object()])
+    obj = wait_until(lambda: _ready(cluster, world), timeout=240, what="the ingress Ready")
+    magic = obj["status"]["magicDNSName"]
+    wait_until(lambda: _attempt(lambda: _run(_tcp_get(world.laptop, magic, 8080, "/granted"))), timeout=90,
+               what="the granted laptop to connect (so the refusal below is the policy's)")
+    for _ in range(3):
+        assert _attempt(lambda: _run(_tcp_get(world.stranger, magic, 8080, "/refused"), timeout=10)) in (None, b""), \
+            "a laptop the policy does not grant reached the ingress"
+
+
+def test_deleting_the_ingress_expires_its_key_and_removes_its_objects_and_names(
+        cluster: ClusterUnderTest, world: IngressWorld, cluster_headscale: Headscale) -> None:
+    apply(cluster, [world.ingress_object()])
+    obj = wait_until(lambda: _ready(cluster, world), timeout=240, what="the ingress Ready")
+    key_id = str(obj["status"]["preAuthKey"]["id"])
+    owned = [("deployment", world.agent), ("service", world.agent), ("networkpolicy", world.agent),
+             ("configmap", f"{world.ingress}-ingress-config"), ("secret", f"{world.ingress}-ingress-auth-key"),
+             ("certificate.cert-manager.io", f"{world.ingress}-{world.host_name}")]
+    for kind, name in owned:
+        assert kubectl(cluster, "-n", world.tenant, "get", kind, name, "-o", "name").strip(), (kind, name)
+    wait_until(lambda: world.host_name in _hosts(cluster), timeout=60, what="the names in the hosts file")
+
+    kubectl(cluster, "-n", world.tenant, "delete", INGRESSES, world.ingress, "--wait=true", "--timeout=90s")
+
+    keys = cluster_headscale.api("GET", "/api/v1/preauthkey").get("preAuthKeys") or []
+    key = next(k for k in keys if str(k["id"]) == key_id)
+    expiration = dt.datetime.fromisoformat(key["expiration"].replace("Z", "+00:00"))
+    assert expiration <= dt.datetime.now(dt.UTC), key
+
+    def gone() -> bool:
+        return all(kubectl(cluster, "-n", world.tenant, "get", kind, name, "--ignore-not-found",
+                           "-o", "name") == "" for kind, name in owned)
+
+    wait_until(gone, timeout=60, what="every object the ingress owned to be garbage collected")
+    wait_until(lambda: not {world.host_name, f"{world.hostname}.{ZONE}"} & set(_hosts(cluster)), timeout=60,
+               what="the names to leave the hosts file")

@@ -1,0 +1,311 @@
+"""The Ingress reconciler against kube-apiserver (with its garbage collector), Headscale, tailscaled
+and cert-manager's own controllers, the operator running from source; no node (no agent pod runs).
+
+A tailscaled node joins with the pre-auth key the operator minted and the ingress's hostname,
+standing in for the agent pod: Headscale then has the ingress node the DNS reconciler points
+the ingress's names at.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+
+from hack.localenv import CertManager, ControlPlane, Environment, Headscale
+from hack.localenv._pki import CertificateAuthority
+from hack.localenv.certmanager import crd_bodies
+from tailnet_agent.exposes import parse_exposes
+from tailnet_operator.api.crds import install_crds
+from tailnet_operator.controllers.dns import parse_hosts
+from tailnet_operator.controllers.kinds import TAILNET, TAILNET_INGRESS
+from tailnet_operator.runtime import config as rest_config
+from tailnet_operator.runtime.client import JSON, Client
+from tailnet_operator.runtime.errors import NotFound
+from tailnet_operator.runtime.kinds import CERTIFICATE, CONFIG_MAP, DEPLOYMENT, NAMESPACE, NETWORK_POLICY, SECRET
+from tailnet_operator.runtime.kinds import Resource as KubeResource
+
+from .conftest import TailscaleFactory
+from .operator import (
+    create_bootstrap_secret,
+    has_condition,
+    remove_tailnets,
+    running_operator,
+    tailnet_object,
+    unique,
+)
+from .polling import eventually
+
+pytestmark = pytest.mark.integration
+
+OPEN_BASE = '{"grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]}\n'
+ZONE = "apps.e2e.internal"
+TAG = "tag:ingress-shop"
+CLUSTER_ISSUER = KubeResource("cert-manager.io", "v1", "clusterissuers", "ClusterIssuer", namespaced=False)
+
+
+@dataclass
+class Scene:
+    admin: Client
+    kubeconfig: Path
+    headscale: Headscale
+    namespace: str
+    """The operator's namespace: the bootstrap Secret, the base policy and the hosts file."""
+    tenant: str
+    tailnet: str
+
+
+async def _namespace(admin: Client, prefix: str) -> str:
+    name = unique(prefix)
+    await admin.create(NAMESPACE, {"metadata": {"name": name}})
+    return name
+
+
+async def _tailnet(admin: Client, headscale: Headscale, namespace: str, *, owned_policy: bool) -> str:
+    """A Tailnet with a hosts file and (``owned_policy``) the base policy in Apply mode."""
+    tailnet = f"{namespace}-tn"
+    await create_bootstrap_secret(admin, namespace, "bootstrap", headscale.api_key)
+    spec: dict[str, Any] = {"dns": {"hostsConfigMap": {"namespace": namespace, "name": "hosts"}, "zones": [ZONE]}}
+    if owned_policy:
+        await admin.apply(CONFIG_MAP, {"metadata": {"name": "base", "namespace": namespace},
+                                       "data": {"policy.hujson": OPEN_BASE}})
+        spec["policy"] = {"baseConfigMapRef": {"namespace": namespace, "name": "base", "key": "policy.hujson"},
+                          "mode": "Apply"}
+    await admin.create(TAILNET, tailnet_object(tailnet, headscale, namespace, **spec))
+    return tailnet
+
+
+def ingress_object(name: str, namespace: str, tailnet: str, exposes: list[JSON], **spec: Any) -> JSON:
+    return {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetIngress",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"tailnetRef": {"name": tailnet}, "tag": TAG, "hostname": "shop-gw", "exposes": exposes, **spec}}
+
+
+def tls_secret(name: str, namespace: str, ca: CertificateAuthority, host: str) -> JSON:
+    pair = ca.issue(name, common_name=host, hosts=(host,))
+    return {"metadata": {"name": name, "namespace": namespace}, "type": "kubernetes.io/tls",
+            "data": {"tls.crt": base64.b64encode(pair.cert.read_bytes()).decode(),
+                     "tls.key": base64.b64encode(pair.key.read_bytes()).decode()}}
+
+
+async def _get(admin: Client, resource: KubeResource, name: str, namespace: str | None = None) -> JSON | None:
+    try:
+        return await admin.get(resource, name, namespace)
+    except NotFound:
+        return None
+
+
+async def _hosts(admin: Client, namespace: str) -> dict[str, str]:
+    cm = await _get(admin, CONFIG_MAP, "hosts", namespace)
+    return parse_hosts(((cm or {}).get("data") or {}).get("hosts", ""))
+
+
+TCP = {"name": "db", "port": 5432, "backend": {"service": "postgres", "port": 5432}}
+WEB = {"name": "web", "mode": "http", "port": 443, "backend": {"service": "web", "port": 8080},
+       "hosts": [{"name": f"shop.{ZONE}", "alias": "store", "tls": {"secretName": "shop-tls"}}]}
+
+
+@pytest.fixture
+async def scene(admin: Client, crds: ControlPlane, headscale: Headscale, operator_namespace: str
+                ) -> AsyncIterator[Scene]:
+    tenant = await _namespace(admin, "tenant")
+    try:
+        yield Scene(admin, crds.kubeconfig, headscale, operator_namespace, tenant, f"{operator_namespace}-tn")
+    finally:
+        for obj in (await admin.list(TAILNET_INGRESS, tenant)).items:
+            await admin.merge_patch(TAILNET_INGRESS, obj["metadata"]["name"], {"metadata": {"finalizers": None}},
+                                    tenant)
+        await admin.delete(NAMESPACE, tenant)
+
+
+async def test_an_ingress_gets_its_agent_objects_dns_names_and_on_deletion_loses_them_and_its_key(
+    scene: Scene, tmp_path: Path, tailscale_nodes: TailscaleFactory,
+) -> None:
+    admin, tenant = scene.admin, scene.tenant
+    ca = CertificateAuthority(tmp_path / "ca", "shop")
+    await admin.create(SECRET, tls_secret("shop-tls", tenant, ca, f"shop.{ZONE}"))
+    async with running_operator(scene.kubeconfig, scene.namespace):
+        tailnet = await _tailnet(admin, scene.headscale, scene.namespace, owned_policy=True)
+        await admin.create(TAILNET_INGRESS, ingress_object("shop", tenant, tailnet, [TCP, WEB],
+                                                           dnsTemplate="{hostname}." + ZONE))
+
+        deployment = await eventually(lambda: _get(admin, DEPLOYMENT, "shop-ingress-agent", tenant), timeout=60,
+                                      what="the agent Deployment")
+        pod = deployment["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["AGENT_MODE"] == "ingress" and env["TAILNET_HOSTNAME"] == "shop-gw"
+        certs = next(v for v in pod["volumes"] if v["name"] == "certs")
+        assert [s["secret"]["name"] for s in certs["projected"]["sources"]] == ["shop-tls"]
+        config = await admin.get(CONFIG_MAP, "shop-ingress-config", tenant)
+        db, web = parse_exposes(config["data"]["exposes.json"])
+        assert (db.backend.host, db.port) == (f"postgres.{tenant}.svc", 5432)
+        assert set(web.hosts[0].names) == {f"shop.{ZONE}", "store", f"store.{ZONE}"}
+        assert web.hosts[0].cert_file.endswith("/tls/shop-tls/tls.crt")
+        policy = await eventually(lambda: _get(admin, NETWORK_POLICY, "shop-ingress-agent", tenant), timeout=30,
+                                  what="the agent's NetworkPolicy")
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        obj = await admin.get(TAILNET_INGRESS, "shop", tenant)
+        assert "tailnet.dev/finalizer" in obj["metadata"]["finalizers"]
+        await eventually(has_condition(admin, TAILNET_INGRESS, "shop", "CertificatesReady", "True", "Present",
+                                       namespace=tenant), what="the TLS Secret found")
+        key_secret = await admin.get(SECRET, "shop-ingress-auth-key", tenant)
+        key = base64.b64decode(key_secret["data"]["authKey"]).decode()
+        key_id = key_secret["metadata"]["annotations"]["tailnet.dev/key-id"]
+        [hs_key] = [k for k in scene.headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"] if k["id"] == key_id]
+        assert hs_key["aclTags"] == [TAG] and hs_key["reusable"] and hs_key["ephemeral"]
+
+        node = tailscale_nodes("shop-gw", scene.headscale, authkey=key)  # as the agent pod would join
+        address = node.ipv4()
+        wanted = {f"shop-gw.{ZONE}": address, f"shop.{ZONE}": address, f"store.{ZONE}": address}
+        await eventually(lambda: _hosts_match(admin, scene.namespace, wanted), timeout=90,
+                         what="the ingress names in the hosts file")
+        status = (await admin.get(TAILNET_INGRESS, "shop", tenant))["status"]
+        assert address in status["node"]["addresses"]
+        assert status["dnsNames"] == [f"shop-gw.{ZONE}", f"shop.{ZONE}", f"store.{ZONE}"]
+        assert [e["name"] for e in status["exposes"]] == ["db", "web"]
+        assert status["exposes"][1]["hosts"][0]["alias"] == "store"
+
+        await admin.delete(TAILNET_INGRESS, "shop", tenant)
+        await eventually(lambda: _gone(admin, TAILNET_INGRESS, "shop", tenant), timeout=60, what="the finalizer")
+        expired = [k for k in scene.headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"]
+                   if k["id"] == hs_key["id"]]
+        assert expired and _is_expired(expired[0]), expired
+        await eventually(lambda: _gone(admin, DEPLOYMENT, "shop-ingress-agent", tenant), timeout=60,
+                         what="garbage collection of the Deployment")
+        await eventually(lambda: _hosts_without(admin, scene.namespace, wanted), timeout=60,
+                         what="the names leaving the hosts file")
+
+
+async def _hosts_match(admin: Client, namespace: str, wanted: dict[str, str]) -> bool:
+    hosts = await _hosts(admin, namespace)
+    return all(hosts.get(name) == address for name, address in wanted.items())
+
+
+async def _hosts_without(admin: Client, namespace: str, names: dict[str, str]) -> bool:
+    return not set(names) & set(await _hosts(admin, namespace))
+
+
+async def _gone(admin: Client, resource: KubeResource, name: str, namespace: str) -> bool:
+    return await _get(admin, resource, name, namespace) is None
+
+
+def _is_expired(key: JSON) -> bool:
+    from datetime import UTC, datetime
+
+    expiration = datetime.fromisoformat(str(key["expiration"]).replace("Z", "+00:00"))
+    return expiration <= datetime.now(UTC)
+
+
+async def test_a_tag_the_live_policy_does_not_own_creates_nothing(scene: Scene) -> None:
+    admin = scene.admin
+    scene.headscale.api("PUT", "/api/v1/policy", {"policy": OPEN_BASE})
+    before = len(scene.headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"])
+    async with running_operator(scene.kubeconfig, scene.namespace):
+        tailnet = await _tailnet(admin, scene.headscale, scene.namespace, owned_policy=False)
+        await admin.create(TAILNET_INGRESS, ingress_object("shop", scene.tenant, tailnet, [TCP]))
+        cond = await eventually(has_condition(admin, TAILNET_INGRESS, "shop", "Ready", "False", "TagNotOwned",
+                                              namespace=scene.tenant), timeout=60, what="TagNotOwned")
+        assert f'"{TAG}"' in cond["message"] and "tagOwners" in cond["message"]
+        assert await _get(admin, DEPLOYMENT, "shop-ingress-agent", scene.tenant) is None
+        assert len(scene.headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"]) == before
+
+
+CM_HOST = {"name": f"portal.{ZONE}", "alias": "admin",
+           "tls": {"certManager": {"issuerRef": {"name": "e2e-ca", "kind": "ClusterIssuer"}}}}
+
+
+async def test_without_cert_manager_a_host_asking_for_it_gets_a_condition_saying_so(scene: Scene) -> None:
+    admin = scene.admin
+    async with running_operator(scene.kubeconfig, scene.namespace):
+        tailnet = await _tailnet(admin, scene.headscale, scene.namespace, owned_policy=True)
+        await admin.create(TAILNET_INGRESS, ingress_object("shop", scene.tenant, tailnet,
+                                                           [TCP, {**WEB, "hosts": [CM_HOST]}]))
+        cond = await eventually(has_condition(admin, TAILNET_INGRESS, "shop", "CertificatesReady", "False",
+                                              "CertManagerNotInstalled", namespace=scene.tenant),
+                                timeout=60, what="CertManagerNotInstalled")
+        assert "install cert-manager" in cond["message"] and f"portal.{ZONE}" in cond["message"]
+        assert (await admin.get(TAILNET_INGRESS, "shop", scene.tenant))["status"]["conditions"][0]["reason"] == \
+            "CertManagerNotInstalled"
+        assert await _get(admin, DEPLOYMENT, "shop-ingress-agent", scene.tenant) is not None
+
+
+# -- with cert-manager -------------------------------------------------------------------------------
+
+
+@dataclass
+class CertManagerPlane:
+    plane: ControlPlane
+    manager: CertManager
+
+
+@pytest.fixture(scope="module")
+def cert_manager_plane(environment: Environment) -> Iterator[CertManagerPlane]:
+    """A control plane of its own (the shared one must stay without cert-manager's CRDs) with the
+    project's and cert-manager's CRDs, and cert-manager's controllers running against it."""
+    plane = environment.control_plane()
+    install_crds(plane.api_client())
+    install_crds(plane.api_client(), crd_bodies())
+    plane.request("POST", "/api/v1/namespaces", {"metadata": {"name": "cert-manager"}})
+    manager = environment.cert_manager(plane.kubeconfig, cluster_namespace="cert-manager")
+    try:
+        yield CertManagerPlane(plane, manager)
+    finally:
+        manager.stop()
+
+
+async def test_cert_manager_issues_the_hosts_certificate_from_a_ca_cluster_issuer(
+    cert_manager_plane: CertManagerPlane, headscale: Headscale, tmp_path: Path,
+) -> None:
+    plane = cert_manager_plane.plane
+    async with Client(rest_config.load(plane.kubeconfig), field_manager="test-admin") as admin:
+        namespace, tenant = await _namespace(admin, "op"), await _namespace(admin, "tenant")
+        ca = CertificateAuthority(tmp_path / "ca", "e2e-issuer")
+        await admin.apply(SECRET, {"metadata": {"name": "e2e-ca", "namespace": "cert-manager"},
+                                   "type": "kubernetes.io/tls",
+                                   "data": {"tls.crt": base64.b64encode(ca.pem).decode(),
+                                            "tls.key": base64.b64encode(ca.key_pem).decode()}})
+        await admin.apply(CLUSTER_ISSUER, {"apiVersion": "cert-manager.io/v1", "kind": "ClusterIssuer",
+                                           "metadata": {"name": "e2e-ca"}, "spec": {"ca": {"secretName": "e2e-ca"}}})
+        try:
+            async with running_operator(plane.kubeconfig, namespace):
+                tailnet = await _tailnet(admin, headscale, namespace, owned_policy=True)
+                await admin.create(TAILNET_INGRESS, ingress_object("shop", tenant, tailnet,
+                                                                   [{**WEB, "hosts": [CM_HOST]}]))
+                secret_name = f"shop-portal.{ZONE}-tls"
+                cert = await eventually(lambda: _get(admin, CERTIFICATE, f"shop-portal.{ZONE}", tenant), timeout=60,
+                                        what="the Certificate")
+                assert cert["spec"]["dnsNames"] == [f"portal.{ZONE}", f"admin.{ZONE}"]
+                assert cert["spec"]["issuerRef"] == {"name": "e2e-ca", "kind": "ClusterIssuer",
+                                                     "group": "cert-manager.io"}
+                secret = await eventually(lambda: _issued(admin, secret_name, tenant), timeout=120,
+                                          what=f"cert-manager to issue {secret_name} "
+                                               f"(log: {cert_manager_plane.manager.process.log_path})")
+                leaf = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+                assert leaf.issuer == x509.load_pem_x509_certificate(ca.pem).subject
+                sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+                assert sorted(sans.get_values_for_type(x509.DNSName)) == [f"admin.{ZONE}", f"portal.{ZONE}"]
+                await eventually(has_condition(admin, TAILNET_INGRESS, "shop", "CertificatesReady", "True", "Present",
+                                               namespace=tenant), timeout=60, what="CertificatesReady")
+                deployment = await admin.get(DEPLOYMENT, "shop-ingress-agent", tenant)
+                certs = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "certs")
+                assert [s["secret"]["name"] for s in certs["projected"]["sources"]] == [secret_name]
+                config = await admin.get(CONFIG_MAP, "shop-ingress-config", tenant)
+                [web] = parse_exposes(config["data"]["exposes.json"])
+                assert web.hosts[0].cert_file.endswith(f"/tls/{secret_name}/tls.crt")
+        finally:
+            for obj in (await admin.list(TAILNET_INGRESS, tenant)).items:
+                await admin.merge_patch(TAILNET_INGRESS, obj["metadata"]["name"],
+                                        {"metadata": {"finalizers": None}}, tenant)
+            await remove_tailnets(admin, namespace)
+            await admin.delete(NAMESPACE, tenant)
+            await admin.delete(NAMESPACE, namespace)
+
+
+async def _issued(admin: Client, name: str, namespace: str) -> JSON | None:
+    secret = await _get(admin, SECRET, name, namespace)
+    return secret if secret and (secret.get("data") or {}).get("tls.crt") else None

@@ -1,0 +1,236 @@
+"""The Ingress reconciler: one TailnetIngress (in any namespace) becomes a tailnet node exposing
+in-cluster Services.
+
+Per CR, in this order, so nothing reaches the tailnet unless the policy owns the tag:
+
+1. tag pre-check against the live policy: a tag the policy does not own is Ready=False
+   ``TagNotOwned`` with a paste-ready snippet, and nothing is created on the tailnet;
+2. the pre-auth key (:mod:`.preauth`, shared with egress through :mod:`.agents`);
+3. in the CR's namespace (which must have granted the operator the ClusterRole
+   ``tailnet-operator-tenant``, else Ready=False ``NamespaceNotGranted`` and no key is made), all
+   server-side applied and owned by the CR: the exposes ConfigMap (the agent's exposes file,
+   reloaded without a restart), the agent Deployment (``AGENT_MODE=ingress``,
+   each host's TLS Secret and each https backend's CA projected), the agent's status Service, a
+   NetworkPolicy that admits no pod but the operator, and for every ``tls.certManager`` host a
+   cert-manager ``Certificate`` for the host's name and alias names;
+4. status (:mod:`.ingress_status`): the node, ``magicDNSName``, ``dnsNames``, one entry per
+   expose from the agent's ``/status``, and the conditions.
+
+cert-manager's CRDs may be absent: the Certificate is written without a watch (its apply is
+refused with 404 then, and the hosts that asked for it say so in CertificatesReady); the Secret
+it fills is watched like any other. Deleting a CR expires its key (finalizer); garbage
+collection removes the rest, the DNS reconciler drops its names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import structlog
+from pydantic import ValidationError
+
+from tailnet_operator.api.ingress import TailnetIngress
+from tailnet_operator.api.tailnet import Tailnet
+from tailnet_operator.headscale import HeadscaleError, Node
+from tailnet_operator.policy import PolicyParseError
+from tailnet_operator.policy.adapters import derive_from_objects
+from tailnet_operator.resources import ingress as build
+from tailnet_operator.runtime import (
+    CONFIG_MAP,
+    SERVICE,
+    Resource,
+    Result,
+    Writer,
+)
+from tailnet_operator.runtime.errors import APIError, Forbidden, NotFound
+from tailnet_operator.runtime.kinds import CERTIFICATE, DEPLOYMENT, NETWORK_POLICY
+from tailnet_operator.types import JSON
+
+from .access import Deps, Problem
+from .agents import RESYNC_SECONDS, RETRY_SECONDS, AgentReconciler
+from .egress_status import AgentStatusReader, HttpAgentStatus
+from .ingress_status import CertificateIssue, Report, report
+from .kinds import TAILNET_INGRESS
+from .preauth import AuthKey
+
+__all__ = ["CONDITION_TYPES", "FIELD_MANAGER", "IngressReconciler", "IngressSettings", "secret_users", "zones_of"]
+
+log = structlog.get_logger("controllers.ingress")
+
+FIELD_MANAGER = "tailnet-operator-ingress"
+CONDITION_TYPES = ("TagOwned", "PreAuthKeyValid", "CertificatesReady", "ExposesReady")
+
+
+@dataclass(frozen=True)
+class IngressSettings:
+    """What the operator decides for every ingress agent: its image, and the operator's pods
+    (labels and namespace) that the agent's NetworkPolicy admits to its health port."""
+
+    agent_image: str
+    operator_namespace: str
+    operator_labels: dict[str, str] = field(default_factory=dict)
+    tenant_role: str = "tailnet-operator-tenant"
+    """The ClusterRole a namespace binds to let the operator write an ingress's objects there."""
+    service_account: str = "tailnet-operator"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One reconcile of one TailnetIngress."""
+
+    obj: JSON
+    ingress: TailnetIngress
+    tailnet: Tailnet
+
+    @property
+    def name(self) -> str:
+        return str(self.ingress.metadata.name)
+
+    @property
+    def namespace(self) -> str:
+        return str(self.ingress.metadata.namespace)
+
+    @property
+    def zones(self) -> list[str]:
+        return zones_of(self.tailnet)
+
+
+def zones_of(tailnet: Tailnet) -> list[str]:
+    """The Tailnet's DNS zones (none when it owns no hosts file)."""
+    return [str(z) for z in tailnet.spec.dns.zones] if tailnet.spec.dns else []
+
+
+def shared_port(ingress: TailnetIngress) -> str:
+    """Why the exposes cannot be served as they are ("" when they can): the agent gives every
+    expose a port of its own, so http exposes that share one are not served yet."""
+    seen: dict[int, str] = {}
+    for expose in ingress.spec.exposes:
+        if expose.port in seen:
+            return (f"exposes {seen[expose.port]} and {expose.name} share port {expose.port}; the agent serves "
+                    "one expose per port: put the hosts into one expose or give each expose its own port")
+        seen[expose.port] = expose.name
+    return ""
+
+
+def secret_users(obj: JSON) -> set[str]:
+    """The Secrets an ingress (as stored) reads: its hosts' TLS Secrets and its backends' CAs."""
+    try:
+        ingress = TailnetIngress.model_validate(obj)
+    except ValidationError:
+        return set()
+    cas = {e.backend.ca_secret_ref.name for e in ingress.spec.exposes if e.backend.ca_secret_ref is not None}
+    return {*build.tls_secret_names(ingress), *cas}
+
+
+class IngressReconciler(AgentReconciler):
+    """Reconciles one TailnetIngress; writes as :data:`FIELD_MANAGER` through ``writer``."""
+
+    kind = TAILNET_INGRESS
+    model = TailnetIngress
+    condition_types = CONDITION_TYPES
+
+    def __init__(self, deps: Deps, writer: Writer, settings: IngressSettings, *,
+                 agent_status: AgentStatusReader | None = None) -> None:
+        super().__init__(deps, writer, field_manager=FIELD_MANAGER)
+        self.settings = settings
+        self.agent_status = agent_status or HttpAgentStatus(service=build.agent_name)
+
+    def key_secret_name(self, name: str) -> str:
+        return build.auth_secret_name(name)
+
+    def spec_problem(self, parsed: TailnetIngress) -> tuple[str, str] | None:
+        problem = shared_port(parsed)
+        return ("PortShared", problem) if problem else None
+
+    async def reconcile_one(self, obj: JSON, parsed: TailnetIngress, tailnet: Tailnet) -> Result:
+        return await self._reconcile(Run(obj, parsed, tailnet))
+
+    async def _reconcile(self, run: Run) -> Result:
+        connection = await self.working_connection(run.obj, run.tailnet)
+        if isinstance(connection, Result):
+            return connection
+        tag = run.ingress.spec.tag
+        try:
+            async with self.access.open(connection) as hs:
+                live, _ = await hs.get_policy()
+                if snippet := self.tag_gap(live, derive_from_objects(ingresses=[run.ingress]), tag):
+                    await self.tag_not_owned(run.obj, tag, snippet)
+                    return Result(requeue_after=RESYNC_SECONDS)
+                # The exposes first: a namespace that has not let the operator in is found out
+                # before a key is made that could not be stored.
+                await self._put(CONFIG_MAP, build.config_map(run.obj, run.ingress, run.zones, self._ca(run)))
+                metadata = build.owned_metadata(run.obj, run.ingress, build.auth_secret_name(run.name))
+                key = await self.ensure_key(hs, run.obj, metadata, run.tailnet, tag)
+                nodes = await hs.list_nodes()
+                await self._apply(run, key)
+        except (HeadscaleError, PolicyParseError) as exc:
+            await self.not_ready(run.obj, "Unknown", "HeadscaleUnavailable", f"Headscale: {exc}")
+            return Result(requeue_after=RETRY_SECONDS)
+        except Forbidden as exc:
+            await self.not_ready(run.obj, "False", "NamespaceNotGranted", self._not_granted(run, exc))
+            return Result(requeue_after=RESYNC_SECONDS)
+        issues = await self._certificates(run)
+        await self._report(run, key, nodes, issues)
+        return Result(requeue_after=min(RESYNC_SECONDS, max(1.0, self.until(key.rotation_due))))
+
+    # -- objects --------------------------------------------------------------------------------
+
+    def _ca(self, run: Run) -> str | None:
+        try:
+            return self.access.endpoint(run.tailnet).ca
+        except Problem:
+            return None
+
+    def _agent(self, run: Run, key: AuthKey) -> build.AgentSpec:
+        return build.AgentSpec(image=self.settings.agent_image, control_url=key.login_url,
+                               auth_secret=build.auth_secret_name(run.name), ca_bundle=self._ca(run),
+                               operator_labels=self.settings.operator_labels)
+
+    def _not_granted(self, run: Run, exc: Forbidden) -> str:
+        settings = self.settings
+        return (f"the operator may not write in namespace {run.namespace}; nothing was created on the tailnet. "
+                f"Let it in by binding the ClusterRole {settings.tenant_role} there: kubectl -n {run.namespace} "
+                f"create rolebinding tailnet-operator --clusterrole={settings.tenant_role} "
+                f"--serviceaccount={settings.operator_namespace}:{settings.service_account} "
+                f"(kube-apiserver said: {exc})")
+
+    async def _apply(self, run: Run, key: AuthKey) -> None:
+        agent = self._agent(run, key)
+        await self._put(DEPLOYMENT, build.deployment(run.obj, run.ingress, agent))
+        await self._put(SERVICE, build.agent_service(run.obj, run.ingress))
+        await self._put(NETWORK_POLICY, build.network_policy(run.obj, run.ingress, agent,
+                                                             self.settings.operator_namespace))
+
+    async def _put(self, resource: Resource, body: JSON) -> None:
+        await self.writer.apply(resource, body, field_manager=FIELD_MANAGER)
+
+    async def _certificates(self, run: Run) -> dict[str, CertificateIssue]:
+        """Apply the Certificate of every ``tls.certManager`` host; by host name, what went wrong."""
+        issues: dict[str, CertificateIssue] = {}
+        for expose in run.ingress.spec.exposes:
+            for host in expose.hosts or []:
+                if host.tls.cert_manager is None:
+                    continue
+                try:
+                    await self._put(CERTIFICATE, build.certificate(run.obj, run.ingress, host, run.zones))
+                except NotFound:
+                    issues[host.name] = CertificateIssue(
+                        "CertManagerNotInstalled",
+                        f"{host.name} asks for a certificate from cert-manager (tls.certManager), but the "
+                        "cert-manager.io/v1 Certificate kind does not exist in this cluster: install "
+                        "cert-manager (its CRDs and controller), or give the host a kubernetes.io/tls "
+                        "Secret with tls.secretName")
+                except APIError as exc:
+                    issues[host.name] = CertificateIssue(
+                        "CertificateNotCreated", f"the Certificate for {host.name} could not be written: {exc}")
+        return issues
+
+    # -- status ---------------------------------------------------------------------------------
+
+    async def _report(self, run: Run, key: AuthKey, nodes: list[Node], issues: dict[str, CertificateIssue]) -> None:
+        agent = await self.agent_status.read(run.ingress)
+        result: Report = report(run.ingress, run.zones, agent=agent, nodes=nodes, key=key, reader=self.reader,
+                                issues=issues, dns=run.tailnet.spec.dns is not None)
+        fields: JSON = {"preAuthKey": key.status(), **result.fields}
+        conds = [*self.key_conditions(key, run.ingress.spec.tag), *result.conditions]
+        await self.status.write(TAILNET_INGRESS, run.obj, conds, fields)

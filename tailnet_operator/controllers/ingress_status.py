@@ -1,0 +1,219 @@
+"""The status of a TailnetIngress: its node, its names, its certificates and every expose.
+
+The agent's ``GET /status`` (:func:`tailnet_agent.status.ingress_status`) says, per expose,
+whether its tailnet listener is bound, whether the last probe of the backend connected, and for
+http exposes each host's certificate (``notAfter``, or why its files do not load). The cache says
+whether each host's TLS Secret exists; the reconciler says what cert-manager answered. Headscale
+gives the node when the agent cannot be asked (its pre-auth key names it).
+
+Conditions (docs/reference/status.md):
+
+* ``CertificatesReady``: every http host's Secret exists with ``tls.crt`` and ``tls.key``;
+  otherwise the first of ``CertManagerNotInstalled``, ``CertificateNotCreated``,
+  ``CertificatePending``, ``SecretMissing``, ``SecretInvalid`` (the message lists every host);
+* ``ExposesReady``: every expose listens (and its certificates load); otherwise ``NotListening``,
+  ``BackendUnreachable``, ``CertificateError``, or Unknown ``AgentStatusUnknown``;
+* ``Ready``: the first of those that is not True.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from tailnet_operator.api.ingress import Expose, TailnetIngress, VirtualHost
+from tailnet_operator.headscale import Node
+from tailnet_operator.resources import ingress as build
+from tailnet_operator.runtime import SECRET, Reader
+from tailnet_operator.types import JSON
+
+from .agents import node_status
+from .conditions import Cond, Status
+from .preauth import AuthKey
+
+__all__ = ["CertificateIssue", "ExposeState", "Report", "ingress_node", "report"]
+
+
+@dataclass(frozen=True)
+class CertificateIssue:
+    """Why a host has no usable certificate: a condition reason and a message for people."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ExposeState:
+    """One ``status.exposes`` entry."""
+
+    name: str
+    status: Status
+    reason: str
+    message: str
+    listening: bool | None = None
+    reachable: bool | None = None
+    hosts: list[JSON] = field(default_factory=list)
+
+    def entry(self) -> JSON:
+        out: JSON = {"name": self.name, "ready": self.status == "True", "message": self.message[:1024]}
+        if self.status != "True":
+            out["reason"] = self.reason
+        if self.listening is not None:
+            out["listening"] = self.listening
+        if self.reachable is not None:
+            out["backendReachable"] = self.reachable
+        if self.hosts:
+            out["hosts"] = self.hosts
+        return out
+
+
+@dataclass(frozen=True)
+class Report:
+    """Status fields (besides ``preAuthKey``) and conditions (besides TagOwned, PreAuthKeyValid)."""
+
+    fields: JSON
+    conditions: list[Cond]
+
+
+_EPOCH = datetime.min.replace(tzinfo=UTC)
+
+
+def ingress_node(ingress: TailnetIngress, key: AuthKey, agent: JSON | None, nodes: list[Node]) -> JSON | None:
+    """The agent's node: from its /status, else the Headscale node its pre-auth key registered
+    (else a node with the tag and the hostname); online and newest first."""
+    if node := node_status(agent):
+        return node
+    ids = {key.id, key.previous_id} - {""}
+    hostname = ingress.spec.hostname
+    candidates = [n for n in nodes if n.pre_auth_key_id in ids] or [
+        n for n in nodes if ingress.spec.tag in n.tags
+        and (n.given_name == hostname or n.given_name.startswith(f"{hostname}-"))]
+    if not candidates:
+        return None
+    best = max(candidates, key=lambda n: (n.online, n.created_at or _EPOCH, int(n.id) if n.id.isdigit() else 0))
+    return {"id": best.id, "name": best.given_name, "addresses": list(best.ip_addresses)}
+
+
+def _host_issue(ingress: TailnetIngress, host: VirtualHost, reader: Reader,
+                issues: dict[str, CertificateIssue]) -> CertificateIssue | None:
+    if (issue := issues.get(host.name)) is not None:
+        return issue
+    secret_name = build.host_secret_name(ingress, host)
+    secret = reader.get(SECRET, secret_name, ingress.metadata.namespace)
+    if secret is None:
+        if host.tls.cert_manager is not None:
+            return CertificateIssue("CertificatePending", (
+                f"{host.name}: waiting for cert-manager to issue the Certificate "
+                f"{build.certificate_name(ingress, host)} into the Secret {secret_name} (kubectl describe "
+                f"certificate {build.certificate_name(ingress, host)} says why it has not)"))
+        return CertificateIssue("SecretMissing", f"{host.name}: the Secret {secret_name} (tls.secretName) does "
+                                                 "not exist in this namespace")
+    data = secret.get("data") or {}
+    if not data.get("tls.crt") or not data.get("tls.key"):
+        return CertificateIssue("SecretInvalid", f"{host.name}: the Secret {secret_name} has no tls.crt and "
+                                                 "tls.key (a kubernetes.io/tls Secret is needed)")
+    return None
+
+
+def _certificate_conditions(ingress: TailnetIngress, reader: Reader,
+                            issues: dict[str, CertificateIssue]) -> Cond:
+    hosts = [h for e in ingress.spec.exposes for h in e.hosts or []]
+    if not hosts:
+        return Cond("CertificatesReady", "True", "NotNeeded", "no http expose: no certificate is needed")
+    found = [i for h in hosts if (i := _host_issue(ingress, h, reader, issues)) is not None]
+    if not found:
+        return Cond("CertificatesReady", "True", "Present",
+                    f"the TLS Secret of each of the {len(hosts)} host(s) is present")
+    return Cond("CertificatesReady", "False", found[0].reason, "; ".join(i.message for i in found))
+
+
+def _agent_entry(agent: JSON | None, name: str) -> JSON | None:
+    for entry in (agent or {}).get("exposes") or []:
+        if isinstance(entry, dict) and entry.get("name") == name:
+            return entry
+    return None
+
+
+def _agent_host(entry: JSON | None, name: str) -> JSON:
+    for host in (entry or {}).get("hosts") or []:
+        if isinstance(host, dict) and str(host.get("name") or "").lower() == name.lower():
+            return host
+    return {}
+
+
+def _hosts(ingress: TailnetIngress, expose: Expose, zones: list[str], entry: JSON | None) -> list[JSON]:
+    out = []
+    for host in expose.hosts or []:
+        item: JSON = {"name": host.name, "secretName": build.host_secret_name(ingress, host)}
+        if host.alias:
+            item["alias"] = host.alias
+            if names := build.alias_names(host, zones):
+                item["aliasNames"] = names
+        if not_after := _agent_host(entry, host.name).get("notAfter"):
+            item["certificateNotAfter"] = str(not_after)
+        out.append(item)
+    return out
+
+
+def expose_state(ingress: TailnetIngress, expose: Expose, zones: list[str], agent: JSON | None) -> ExposeState:
+    """One expose as the agent sees it (Unknown when its /status could not be read)."""
+    entry = _agent_entry(agent, expose.name)
+    hosts = _hosts(ingress, expose, zones, entry)
+    if entry is None:
+        why = "the agent does not list the expose yet" if agent is not None else \
+            "the agent's /status could not be read"
+        return ExposeState(expose.name, "Unknown", "AgentStatusUnknown", why, hosts=hosts)
+    listening = bool(entry.get("listening"))
+    reachable: Any = entry.get("reachable")
+    reachable = reachable if isinstance(reachable, bool) else None
+    backend = f"{build.backend_host(ingress, expose)}:{expose.backend.port}"
+    if not listening:
+        return ExposeState(expose.name, "False", "NotListening",
+                           f"port {expose.port} is not listening: {entry.get('message') or 'no reason given'}",
+                           listening, reachable, hosts)
+    broken = [f"{h.get('name')}: {h['error']}" for h in (entry.get("hosts") or [])
+              if isinstance(h, dict) and h.get("error")]
+    if broken:
+        return ExposeState(expose.name, "False", "CertificateError",
+                           f"the agent cannot load a certificate: {'; '.join(broken)}", listening, reachable, hosts)
+    if reachable is False:
+        return ExposeState(expose.name, "False", "BackendUnreachable",
+                           f"listening on {expose.port}, but {backend} did not answer the agent's probe: "
+                           f"{entry.get('backendError') or 'no reason given'}", listening, reachable, hosts)
+    probed = "answers" if reachable else "has not been probed yet"
+    return ExposeState(expose.name, "True", "Listening", f"listening on {expose.port}; {backend} {probed}",
+                       listening, reachable, hosts)
+
+
+def _exposes_condition(states: list[ExposeState]) -> Cond:
+    bad = [s for s in states if s.status != "True"]
+    if not bad:
+        return Cond("ExposesReady", "True", "Listening", f"all {len(states)} expose(s) are listening")
+    message = "; ".join(f"{s.name}: {s.message}" for s in bad)
+    status: Status = "Unknown" if all(s.status == "Unknown" for s in bad) else "False"
+    first = next(s for s in bad if s.status == status)
+    return Cond("ExposesReady", status, first.reason, message)
+
+
+def _ready(certificates: Cond, exposes: Cond) -> Cond:
+    for cond in (certificates, exposes):
+        if cond.status != "True":
+            return Cond("Ready", cond.status, cond.reason, cond.message)
+    return Cond("Ready", "True", "Ready", f"{exposes.message}; {certificates.message}")
+
+
+def report(ingress: TailnetIngress, zones: list[str], *, agent: JSON | None, nodes: list[Node], key: AuthKey,
+           reader: Reader, issues: dict[str, CertificateIssue], dns: bool) -> Report:
+    """Status fields and conditions of one ingress. ``dns``: the Tailnet owns a hosts file."""
+    states = [expose_state(ingress, e, zones, agent) for e in ingress.spec.exposes]
+    fields: JSON = {"exposes": [s.entry() for s in states]}
+    if node := ingress_node(ingress, key, agent, nodes):
+        fields["node"] = node
+        if agent is not None and "." in node["name"]:
+            fields["magicDNSName"] = node["name"]
+    if dns and (names := build.dns_names(ingress, zones)):
+        fields["dnsNames"] = names
+    certificates = _certificate_conditions(ingress, reader, issues)
+    exposes = _exposes_condition(states)
+    return Report(fields, [certificates, exposes, _ready(certificates, exposes)])

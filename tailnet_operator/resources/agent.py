@@ -1,0 +1,152 @@
+"""What every agent Deployment has in common, whichever CR it serves (TailnetEgress, TailnetIngress).
+
+One agent pod per CR: one container running ``/tailnet-agent`` in the mode the CR needs, under
+Pod Security ``restricted`` (non-root, read-only root filesystem, no capabilities, the runtime's
+seccomp profile, no service account token), with probes and a metrics port on its health server,
+its pre-auth key mounted from a Secret and everything it reloads mounted as directories (never
+``subPath``, whose files never update). The mode's builders add the env and volumes of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tailnet_operator.api.egress import AgentResources
+
+from . import MANAGED_BY, controller_reference, http_probe, restricted_pod_security_context, restricted_security_context
+
+__all__ = [
+    "AGENT_UID",
+    "AUTH_DIR",
+    "CONFIG_DIR",
+    "DEFAULT_RESOURCES",
+    "HEALTH_PORT",
+    "AgentSpec",
+    "base_env",
+    "common_env",
+    "deployment",
+    "health_network_policy_rule",
+    "labels",
+    "owned_metadata",
+    "status_service",
+]
+
+Obj = dict[str, Any]
+
+HEALTH_PORT = 9002
+"""/healthz, /readyz, /status and /metrics of the agent."""
+CONFIG_DIR = "/etc/tailnet-agent/config"
+AUTH_DIR = "/etc/tailnet-agent/auth"
+CA_FILE = "ca.crt"
+AGENT_UID = 65532
+DEFAULT_RESOURCES: Obj = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """Everything the agent's Deployment depends on besides the CR."""
+
+    image: str
+    control_url: str
+    auth_secret: str
+    ca_bundle: str | None = None
+    operator_labels: dict[str, str] = field(default_factory=dict)
+    """Labels of the operator's pods, admitted to the agent's health port (it reads /status)."""
+
+
+def labels(component: str, name: str) -> dict[str, str]:
+    """The labels of the agent pod of the ``component`` (egress, ingress) CR ``name``: what its
+    Services and NetworkPolicy select."""
+    return {"app.kubernetes.io/name": "tailnet-agent", "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/component": component, f"tailnet.dev/{component}": name}
+
+
+def owned_metadata(owner: Obj, *, name: str, labels: dict[str, str], tailnet: str) -> Obj:
+    """metadata of an object an agent's CR owns, beside the CR: its labels and the CR as controller."""
+    return {"name": name, "namespace": owner["metadata"]["namespace"],
+            "labels": {**MANAGED_BY, **labels, "tailnet.dev/tailnet": tailnet},
+            "ownerReferences": [controller_reference(owner)]}
+
+
+def base_env(agent: AgentSpec, *, mode: str, hostname: str) -> list[Obj]:
+    """The variables every agent needs; the CA bundle is the ConfigMap's ``ca.crt`` when set."""
+    env = [{"name": "AGENT_MODE", "value": mode},
+           {"name": "TAILNET_CONTROL_URL", "value": agent.control_url},
+           {"name": "TAILNET_HOSTNAME", "value": hostname},
+           {"name": "TAILNET_AUTH_KEY_FILE", "value": f"{AUTH_DIR}/authKey"}]
+    return env
+
+
+def common_env(agent: AgentSpec) -> list[Obj]:
+    """The variables after the mode's own: health address, log format and the CA bundle."""
+    env = [{"name": "TAILNET_HEALTH_ADDRESS", "value": f"0.0.0.0:{HEALTH_PORT}"},
+           {"name": "TAILNET_LOG_FORMAT", "value": "json"}]
+    if agent.ca_bundle:
+        env.append({"name": "TAILNET_CA_BUNDLE", "value": f"{CONFIG_DIR}/{CA_FILE}"})
+    return env
+
+
+def resources(spec: AgentResources | None) -> Obj:
+    if spec is None or not (spec.requests or spec.limits):
+        return DEFAULT_RESOURCES
+    out: Obj = {}
+    if spec.requests:
+        out["requests"] = {k: str(v) for k, v in spec.requests.items()}
+    if spec.limits:
+        out["limits"] = {k: str(v) for k, v in spec.limits.items()}
+    return out
+
+
+def deployment(metadata: Obj, labels: dict[str, str], agent: AgentSpec, *, env: list[Obj], config_map: str,
+               resource_spec: AgentResources | None = None, volumes: list[Obj] | None = None,
+               mounts: list[Obj] | None = None) -> Obj:
+    """One agent pod: the ConfigMap at :data:`CONFIG_DIR`, the key Secret at :data:`AUTH_DIR`, a
+    small ``/tmp``, plus ``volumes``/``mounts`` of the mode (all read-only directories)."""
+    container = {
+        "name": "agent", "image": agent.image, "imagePullPolicy": "IfNotPresent", "command": ["/tailnet-agent"],
+        "env": env,
+        "ports": [{"name": "metrics", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
+        "livenessProbe": http_probe("/healthz", HEALTH_PORT, 20),
+        "readinessProbe": http_probe("/readyz", HEALTH_PORT, 5),
+        "resources": resources(resource_spec),
+        "securityContext": restricted_security_context(AGENT_UID),
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+                         {"name": "auth", "mountPath": AUTH_DIR, "readOnly": True},
+                         *(mounts or []),
+                         {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata,
+        "spec": {
+            "replicas": 1, "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": {
+                "automountServiceAccountToken": False, "enableServiceLinks": False,
+                "securityContext": restricted_pod_security_context(AGENT_UID),
+                "containers": [container],
+                "volumes": [{"name": "config", "configMap": {"name": config_map}},
+                            {"name": "auth", "secret": {"secretName": agent.auth_secret}},
+                            *(volumes or []),
+                            {"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}],
+            }},
+        },
+    }
+
+
+def status_service(metadata: Obj, labels: dict[str, str]) -> Obj:
+    """The agent's health port as a Service: the operator reads /status there, Prometheus /metrics."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata,
+            "spec": {"type": "ClusterIP", "selector": labels,
+                     "ports": [{"name": "metrics", "port": HEALTH_PORT, "protocol": "TCP",
+                                "targetPort": HEALTH_PORT}]}}
+
+
+def health_network_policy_rule(agent: AgentSpec, operator_namespace: str | None = None) -> list[Obj]:
+    """The ingress rule that admits the operator's pods to the health port (none without labels);
+    ``operator_namespace`` when the agent runs in another namespace than the operator."""
+    if not agent.operator_labels:
+        return []
+    peer: Obj = {"podSelector": {"matchLabels": agent.operator_labels}}
+    if operator_namespace:
+        peer["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}}
+    return [{"from": [peer], "ports": [{"protocol": "TCP", "port": HEALTH_PORT}]}]

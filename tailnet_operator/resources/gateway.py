@@ -1,0 +1,397 @@
+"""Pure builders of what one TailnetGateway creates: desired state in, manifest dicts out.
+
+Everything lives in the gateway namespace (``Router.namespace``), which must admit the
+``privileged`` Pod Security level: the router is a kernel-mode tailscaled (a TUN device, the
+``NET_ADMIN`` capability and an init container that turns IP forwarding on), the one privileged
+component of the product. The CoreDNS next to it meets ``restricted``.
+
+The objects carry labels, not ownerReferences: the garbage collector must never remove the
+router with its TailnetGateway (``deletionPolicy: Retain`` leaves it running), so the Gateway
+reconciler deletes them itself under ``deletionPolicy: Delete``.
+
+The router runs tailscaled from the tailscale image (``ROUTER_SCRIPT``): it keeps its state
+(machine and node keys, profile) in the state Secret through its Kubernetes state store
+(``--state=kube:<secret>``), so a pod that is deleted comes back as the same node. The
+StatefulSet's update strategy is ``OnDelete``: a changed template (image, routes) reaches the pod
+only when a person deletes it; the operator never does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from tailnet_operator.api.gateway import TailnetGateway
+
+from . import MANAGED_BY, http_probe, restricted_pod_security_context, restricted_security_context
+
+__all__ = [
+    "DNS_HEALTH_PORT",
+    "DNS_PORT",
+    "DNS_READY_PORT",
+    "KEY_IDS_ANNOTATION",
+    "OWNER_UID_ANNOTATION",
+    "STATE_SECRET_ANNOTATION",
+    "TEMPLATE_HASH_ANNOTATION",
+    "WIREGUARD_PORT",
+    "Router",
+    "advertised_routes",
+    "auth_key_metadata",
+    "auth_key_secret",
+    "auth_key_secret_name",
+    "config_map",
+    "corefile",
+    "dns_deployment",
+    "dns_labels",
+    "dns_name",
+    "dns_service",
+    "gateway_labels",
+    "host_route",
+    "key_ids",
+    "pod_name",
+    "router_labels",
+    "router_name",
+    "router_service",
+    "state_secret",
+    "state_secret_name",
+    "stateful_set",
+    "template_hash",
+]
+
+Obj = dict[str, Any]
+
+DNS_PORT = 1053
+"""CoreDNS listens on an unprivileged port (no NET_BIND_SERVICE); its Service maps 53 to it."""
+DNS_HEALTH_PORT = 8080
+DNS_READY_PORT = 8181
+DNS_UID = 65532
+WIREGUARD_PORT = 41641
+CONFIG_DIR = "/etc/coredns"
+CA_DIR = "/etc/tailnet-gateway/ca"
+COREFILE = "Corefile"
+HOSTS = "hosts"
+CA_FILE = "ca.crt"
+TUN = "/dev/net/tun"
+SOA_TTL = 30
+
+TEMPLATE_HASH_ANNOTATION = "tailnet.dev/template-hash"
+"""On the pod template: what the pod was started from; compared with the desired template."""
+OWNER_UID_ANNOTATION = "tailnet.dev/gateway-uid"
+"""On the state Secret: the uid of the TailnetGateway that created it (anything else is not adopted)."""
+STATE_SECRET_ANNOTATION = "tailnet.dev/state-of"
+"""On the state Secret: which gateway's router keeps its state there, for people."""
+KEY_IDS_ANNOTATION = "tailnet.dev/pre-auth-key-ids"
+"""On the state Secret: every pre-auth key minted for this router (a node registered with any of
+them is the router, even if a rotation replaced that key meanwhile)."""
+
+
+@dataclass(frozen=True)
+class Router:
+    """What the router's objects depend on besides the TailnetGateway."""
+
+    namespace: str
+    """The gateway namespace (Pod Security ``privileged``)."""
+    tailnet: str
+    control_url: str
+    service_account: str
+    """The router pod's ServiceAccount: may read and write the state Secrets (the chart makes it)."""
+    routes: tuple[str, ...] = ()
+    ca_bundle: str | None = None
+
+
+def _name(gateway: TailnetGateway) -> str:
+    return str(gateway.metadata.name)
+
+
+def router_name(gateway: TailnetGateway) -> str:
+    """The StatefulSet and its headless Service."""
+    return f"{_name(gateway)}-gateway"
+
+
+def pod_name(gateway: TailnetGateway) -> str:
+    return f"{router_name(gateway)}-0"
+
+
+def state_secret_name(gateway: TailnetGateway) -> str:
+    return f"{router_name(gateway)}-state"
+
+
+def auth_key_secret_name(name: str) -> str:
+    """The pre-auth key's Secret of the gateway ``name`` (by name: a gateway being deleted may not parse)."""
+    return f"{name}-gateway-auth-key"
+
+
+def auth_key_secret(gateway: TailnetGateway) -> str:
+    return auth_key_secret_name(_name(gateway))
+
+
+def dns_name(gateway: TailnetGateway) -> str:
+    """The CoreDNS Deployment, its Service and its ConfigMap."""
+    return f"{router_name(gateway)}-dns"
+
+
+def gateway_labels(gateway: TailnetGateway) -> dict[str, str]:
+    """On every object of the gateway: the Gateway reconciler's watches map them back by these."""
+    return {**MANAGED_BY, "app.kubernetes.io/name": "tailnet-gateway", "app.kubernetes.io/instance": _name(gateway),
+            "tailnet.dev/gateway": _name(gateway), "tailnet.dev/tailnet": gateway.spec.tailnet_ref.name}
+
+
+def router_labels(gateway: TailnetGateway) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "tailnet-gateway", "app.kubernetes.io/instance": _name(gateway),
+            "app.kubernetes.io/component": "router"}
+
+
+def dns_labels(gateway: TailnetGateway) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "tailnet-gateway", "app.kubernetes.io/instance": _name(gateway),
+            "app.kubernetes.io/component": "dns"}
+
+
+def _metadata(gateway: TailnetGateway, name: str, namespace: str, component: str,
+              annotations: dict[str, str] | None = None) -> Obj:
+    meta: Obj = {"name": name, "namespace": namespace,
+                 "labels": {**gateway_labels(gateway), "app.kubernetes.io/component": component}}
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+def auth_key_metadata(gateway: TailnetGateway, namespace: str) -> Obj:
+    """metadata of the pre-auth key's Secret (the key keeper adds its annotations)."""
+    return _metadata(gateway, auth_key_secret(gateway), namespace, "router")
+
+
+# -- routes ---------------------------------------------------------------------------------------
+
+
+def advertised_routes(gateway: TailnetGateway, egress_addresses: Iterable[str],
+                      dns_address: str | None = None) -> tuple[str, ...]:
+    """What the router advertises: ``siteRoutes``, ``advertiseLoadBalancerRange``, a host route
+    for every egress target given by IP (names are skipped) and for the CoreDNS Service; sorted,
+    without duplicates, so equal input gives an equal pod template."""
+    nets: set[ipaddress.IPv4Network | ipaddress.IPv6Network] = set()
+    for route in [*(gateway.spec.site_routes or []), gateway.spec.advertise_load_balancer_range]:
+        if route:
+            nets.add(ipaddress.ip_network(route, strict=False))
+    for address in [*egress_addresses, dns_address or ""]:
+        if route := host_route(address):
+            nets.add(ipaddress.ip_network(route))
+    return tuple(str(n) for n in sorted(nets, key=lambda n: (n.version, n.network_address, n.prefixlen)))
+
+
+def key_ids(state: Obj | None) -> set[str]:
+    """The pre-auth key ids the state Secret records."""
+    notes = ((state or {}).get("metadata") or {}).get("annotations") or {}
+    return {i for i in str(notes.get(KEY_IDS_ANNOTATION, "")).split(",") if i}
+
+
+def host_route(address: str) -> str:
+    """``address`` as a /32 (or /128) route; "" when it is not an IP address (a DNS name)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return ""
+    return f"{ip}/{ip.max_prefixlen}"
+
+
+# -- the router -----------------------------------------------------------------------------------
+
+
+def state_secret(gateway: TailnetGateway, namespace: str, owner_uid: str, key_ids: Iterable[str] = ()) -> Obj:
+    """The Secret tailscaled's Kubernetes state store fills: created empty, once; afterwards the
+    operator only adds key ids to its annotations (the data is tailscaled's)."""
+    notes = {OWNER_UID_ANNOTATION: owner_uid, STATE_SECRET_ANNOTATION: f"TailnetGateway {_name(gateway)}"}
+    if ids := sorted(set(key_ids), key=lambda i: (len(i), i)):
+        notes[KEY_IDS_ANNOTATION] = ",".join(ids)
+    return {"apiVersion": "v1", "kind": "Secret",
+            "metadata": _metadata(gateway, state_secret_name(gateway), namespace, "router", notes),
+            "type": "Opaque"}
+
+
+FORWARDING_SCRIPT = ("echo 1 > /proc/sys/net/ipv4/ip_forward && "
+                     "{ echo 1 > /proc/sys/net/ipv6/conf/all/forwarding || true; }")
+"""The init container's: IP forwarding on in the pod's network namespace (no sysctl binary needed)."""
+
+ROUTER_SCRIPT = """\
+set -eu
+sock=/tmp/tailscaled.sock
+mkdir -p /tmp/tailscale
+tailscaled --state="kube:${TS_KUBE_SECRET}" --statedir=/tmp/tailscale --socket="$sock" &
+pid=$!
+trap 'kill -TERM "$pid"; wait "$pid"' TERM INT
+until [ -S "$sock" ]; do kill -0 "$pid"; sleep 0.2; done
+tailscale --socket="$sock" up --login-server="$TS_LOGIN_SERVER" --hostname="$TS_HOSTNAME" \\
+  --advertise-routes="$TS_ROUTES" --accept-dns=false --timeout=120s ${TS_AUTHKEY:+--authkey="$TS_AUTHKEY"}
+wait "$pid"
+"""
+"""The router's entry point: tailscaled in kernel mode with its state in the state Secret
+(``--state=kube:<secret>``, tailscaled's Kubernetes state store, through the pod's ServiceAccount),
+then ``tailscale up`` with the login server, hostname and routes. A first start logs in with the
+pre-auth key; a restart finds the node's keys in the Secret and comes back as the same node (with
+no key at all: the key is expired and its Secret deleted once the node registered)."""
+
+
+def _router_env(gateway: TailnetGateway, router: Router) -> list[Obj]:
+    env: list[Obj] = [
+        {"name": "TS_KUBE_SECRET", "value": state_secret_name(gateway)},
+        {"name": "TS_AUTHKEY", "valueFrom": {"secretKeyRef": {"name": auth_key_secret(gateway), "key": "authKey",
+                                                              "optional": True}}},
+        {"name": "TS_LOGIN_SERVER", "value": router.control_url},
+        {"name": "TS_HOSTNAME", "value": router_name(gateway)},
+        {"name": "TS_ROUTES", "value": ",".join(router.routes)},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+    ]
+    if router.ca_bundle:
+        env.append({"name": "SSL_CERT_FILE", "value": f"{CA_DIR}/{CA_FILE}"})
+    return env
+
+
+def _pod_template(gateway: TailnetGateway, router: Router) -> Obj:
+    image = gateway.spec.image
+    mounts: list[Obj] = [{"name": "tun", "mountPath": TUN}]
+    volumes: list[Obj] = [{"name": "tun", "hostPath": {"path": TUN, "type": "CharDevice"}}]
+    if router.ca_bundle:
+        mounts.append({"name": "ca", "mountPath": CA_DIR, "readOnly": True})
+        volumes.append({"name": "ca", "configMap": {"name": router_name(gateway),
+                                                    "items": [{"key": CA_FILE, "path": CA_FILE}]}})
+    return {
+        "metadata": {"labels": {**gateway_labels(gateway), **router_labels(gateway)}},
+        "spec": {
+            "serviceAccountName": router.service_account,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 10,
+            "initContainers": [{
+                "name": "sysctl", "image": image, "imagePullPolicy": "IfNotPresent",
+                "command": ["/bin/sh", "-c", FORWARDING_SCRIPT],
+                "securityContext": {"privileged": True},
+                "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}},
+            }],
+            "containers": [{
+                "name": "tailscale", "image": image, "imagePullPolicy": "IfNotPresent",
+                "command": ["/bin/sh", "-c", ROUTER_SCRIPT],
+                "env": _router_env(gateway, router),
+                "ports": [{"name": "wireguard", "containerPort": WIREGUARD_PORT, "protocol": "UDP"}],
+                "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}},
+                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}},
+                "volumeMounts": mounts,
+            }],
+            "volumes": volumes,
+        },
+    }
+
+
+def template_hash(template: Obj) -> str:
+    """A digest of a pod template (without its own hash annotation): equal templates, equal hashes."""
+    body = json.loads(json.dumps(template))
+    meta = body.get("metadata") or {}
+    notes = meta.pop("annotations", None) or {}
+    notes.pop(TEMPLATE_HASH_ANNOTATION, None)
+    if notes:
+        meta["annotations"] = notes
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def stateful_set(gateway: TailnetGateway, router: Router) -> Obj:
+    """One kernel-mode router pod, ``OnDelete``: a template change waits for a person's restart."""
+    template = _pod_template(gateway, router)
+    template["metadata"]["annotations"] = {TEMPLATE_HASH_ANNOTATION: template_hash(template)}
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": _metadata(gateway, router_name(gateway), router.namespace, "router"),
+        "spec": {
+            "replicas": 1, "serviceName": router_name(gateway),
+            "selector": {"matchLabels": router_labels(gateway)},
+            "updateStrategy": {"type": "OnDelete"},
+            "template": template,
+        },
+    }
+
+
+def router_service(gateway: TailnetGateway, router: Router) -> Obj:
+    """The StatefulSet's governing headless Service (stable pod DNS name)."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _metadata(gateway, router_name(gateway), router.namespace, "router"),
+            "spec": {"clusterIP": "None", "selector": router_labels(gateway), "publishNotReadyAddresses": True,
+                     "ports": [{"name": "wireguard", "port": WIREGUARD_PORT, "protocol": "UDP",
+                                "targetPort": WIREGUARD_PORT}]}}
+
+
+# -- the zone -------------------------------------------------------------------------------------
+
+
+def corefile(zone: str) -> str:
+    """Serve ``zone`` authoritatively from the hosts file: names in it answer, every other name
+    of the zone is NXDOMAIN with the zone's SOA; nothing is forwarded anywhere."""
+    z = zone.lower().rstrip(".")
+    soa = f"{z}. {SOA_TTL} IN SOA ns.{z}. hostmaster.{z}. 1 7200 1800 86400 {SOA_TTL}"
+    return (f"{z}:{DNS_PORT} {{\n"
+            "    errors\n"
+            f"    health :{DNS_HEALTH_PORT}\n"
+            f"    ready :{DNS_READY_PORT}\n"
+            "    reload 10s\n"
+            f"    hosts {CONFIG_DIR}/{HOSTS} {z} {{\n"
+            f"        ttl {SOA_TTL}\n"
+            "        reload 5s\n"
+            "        fallthrough\n"
+            "    }\n"
+            f"    template ANY ANY {z} {{\n"
+            "        rcode NXDOMAIN\n"
+            f"        authority \"{soa}\"\n"
+            "    }\n"
+            "}\n")
+
+
+def config_map(gateway: TailnetGateway, router: Router, hosts: str) -> Obj:
+    """``<gateway>-gateway``: the CA bundle the router trusts Headscale with (when there is one)
+    and, with ``spec.dns``, the Corefile and a copy of the Tailnet's hosts file (a pod mounts only
+    ConfigMaps of its own namespace)."""
+    data: dict[str, str] = {}
+    if gateway.spec.dns:
+        data = {COREFILE: corefile(gateway.spec.dns.zone), HOSTS: hosts}
+    if router.ca_bundle:
+        data[CA_FILE] = router.ca_bundle
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _metadata(gateway, router_name(gateway), router.namespace, "router"), "data": data}
+
+
+def dns_deployment(gateway: TailnetGateway, router: Router) -> Obj:
+    assert gateway.spec.dns is not None
+    labels = dns_labels(gateway)
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _metadata(gateway, dns_name(gateway), router.namespace, "dns"),
+        "spec": {
+            "replicas": 1, "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": {**gateway_labels(gateway), **labels}}, "spec": {
+                "automountServiceAccountToken": False, "enableServiceLinks": False,
+                "securityContext": restricted_pod_security_context(DNS_UID),
+                "containers": [{
+                    "name": "coredns", "image": gateway.spec.dns.image, "imagePullPolicy": "IfNotPresent",
+                    "args": ["-conf", f"{CONFIG_DIR}/{COREFILE}"],
+                    "ports": [{"name": "dns", "containerPort": DNS_PORT, "protocol": "UDP"},
+                              {"name": "dns-tcp", "containerPort": DNS_PORT, "protocol": "TCP"}],
+                    "livenessProbe": http_probe("/health", DNS_HEALTH_PORT, 10),
+                    "readinessProbe": http_probe("/ready", DNS_READY_PORT, 5),
+                    "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
+                    "securityContext": restricted_security_context(DNS_UID),
+                    "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+                }],
+                "volumes": [{"name": "config", "configMap": {
+                    "name": router_name(gateway),
+                    "items": [{"key": COREFILE, "path": COREFILE}, {"key": HOSTS, "path": HOSTS}]}}],
+            }},
+        },
+    }
+
+
+def dns_service(gateway: TailnetGateway, router: Router) -> Obj:
+    """Port 53 of the zone's nameserver; its ClusterIP is what the router advertises as a /32."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _metadata(gateway, dns_name(gateway), router.namespace, "dns"),
+            "spec": {"type": "ClusterIP", "selector": dns_labels(gateway),
+                     "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": DNS_PORT},
+                               {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": DNS_PORT}]}}

@@ -1,0 +1,242 @@
+"""Pure builders of what one TailnetIngress owns: desired state in, manifest dicts out.
+
+The agent runs in the CR's namespace with ``AGENT_MODE=ingress``. Its exposes live in a mounted
+ConfigMap in the agent's exposes-file format (:mod:`tailnet_agent.exposes`), which the agent
+reloads, so adding, changing or removing an expose never restarts the pod. Every host's TLS
+Secret (its own ``tls.secretName``, or the one cert-manager fills for ``tls.certManager``) and
+every https backend's CA are projected into one directory; kubelet updates projected files in
+place and the agent reloads a certificate whose files change, so a renewed certificate reaches
+new connections without a restart. The Secrets are optional in the projection: a certificate
+cert-manager has not issued yet does not keep the pod (and its tcp exposes) from starting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from tailnet_operator.api.ingress import Expose, TailnetIngress, VirtualHost, render_dns_template
+
+from . import agent as pod
+from .agent import CONFIG_DIR, AgentSpec
+
+__all__ = [
+    "CERTS_DIR",
+    "EXPOSES_FILE",
+    "AgentSpec",
+    "agent_labels",
+    "agent_name",
+    "agent_service",
+    "alias_names",
+    "auth_secret_name",
+    "backend_host",
+    "certificate",
+    "certificate_name",
+    "config_map",
+    "config_map_name",
+    "deployment",
+    "dns_names",
+    "exposes_document",
+    "host_secret_name",
+    "network_policy",
+    "owned_metadata",
+    "tls_secret_names",
+]
+
+Obj = dict[str, Any]
+
+EXPOSES_FILE = "exposes.json"
+CERTS_DIR = "/etc/tailnet-agent/certs"
+_MAX_NAME = 253
+
+
+def _name(ingress: TailnetIngress) -> str:
+    return str(ingress.metadata.name)
+
+
+def _namespace(ingress: TailnetIngress) -> str:
+    return str(ingress.metadata.namespace)
+
+
+def agent_labels(ingress: TailnetIngress) -> dict[str, str]:
+    """The agent pod's labels: what its Service(s) and NetworkPolicy select."""
+    return pod.labels("ingress", _name(ingress))
+
+
+def owned_metadata(owner: Obj, ingress: TailnetIngress, name: str) -> Obj:
+    """metadata of an object the ingress owns: its labels and the CR as controller."""
+    return pod.owned_metadata(owner, name=name, labels=agent_labels(ingress), tailnet=ingress.spec.tailnet_ref.name)
+
+
+def agent_name(ingress: TailnetIngress) -> str:
+    return f"{_name(ingress)}-ingress-agent"
+
+
+def config_map_name(ingress: TailnetIngress) -> str:
+    return f"{_name(ingress)}-ingress-config"
+
+
+def auth_secret_name(name: str) -> str:
+    """The pre-auth key's Secret (in the ingress's namespace)."""
+    return f"{name}-ingress-auth-key"
+
+
+def _bounded(name: str, suffix: str = "") -> str:
+    """``name + suffix`` as an object name: cut with a hash of the whole when it is too long."""
+    if len(name) + len(suffix) <= _MAX_NAME:
+        return name + suffix
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return f"{name[:_MAX_NAME - len(suffix) - 11].rstrip('.-')}-{digest}{suffix}"
+
+
+def certificate_name(ingress: TailnetIngress, host: VirtualHost) -> str:
+    """The cert-manager Certificate of a ``tls.certManager`` host: ``<ingress>-<host name>``."""
+    return _bounded(f"{_name(ingress)}-{host.name.lower()}")
+
+
+def host_secret_name(ingress: TailnetIngress, host: VirtualHost) -> str:
+    """The TLS Secret of a host: its ``tls.secretName``, or ``<certificate>-tls`` for cert-manager."""
+    if host.tls.secret_name:
+        return host.tls.secret_name
+    return _bounded(f"{_name(ingress)}-{host.name.lower()}", "-tls")
+
+
+def _hosts(ingress: TailnetIngress) -> list[VirtualHost]:
+    return [h for e in ingress.spec.exposes for h in e.hosts or []]
+
+
+def tls_secret_names(ingress: TailnetIngress) -> list[str]:
+    """Every host's TLS Secret, in spec order, each once."""
+    return list(dict.fromkeys(host_secret_name(ingress, h) for h in _hosts(ingress)))
+
+
+def alias_names(host: VirtualHost, zones: list[str]) -> list[str]:
+    """The alias under each of the Tailnet's DNS zones (none without an alias or zones)."""
+    if not host.alias:
+        return []
+    return [f"{host.alias}.{zone.lower().rstrip('.')}" for zone in zones]
+
+
+def node_dns_name(ingress: TailnetIngress) -> str | None:
+    """The node's name under your zone, from ``dnsTemplate`` (None without a template)."""
+    if not ingress.spec.dns_template:
+        return None
+    return render_dns_template(ingress.spec.dns_template, hostname=ingress.spec.hostname,
+                               name=_name(ingress), namespace=_namespace(ingress)).lower().rstrip(".")
+
+
+def dns_names(ingress: TailnetIngress, zones: list[str]) -> list[str]:
+    """Every name the hosts file points at the ingress node: the node's ``dnsTemplate`` name, each
+    host's name and its alias under each zone; in that order, each once."""
+    names = [n for n in [node_dns_name(ingress)] if n]
+    for host in _hosts(ingress):
+        names += [host.name.lower().rstrip("."), *alias_names(host, zones)]
+    return list(dict.fromkeys(names))
+
+
+def backend_host(ingress: TailnetIngress, expose: Expose) -> str:
+    return f"{expose.backend.service}.{_namespace(ingress)}.svc"
+
+
+def _tls_dir(secret: str) -> str:
+    return f"tls/{secret}"
+
+
+def _ca_path(expose: Expose) -> str:
+    return f"ca/{expose.name}/ca.crt"
+
+
+def _expose_entry(ingress: TailnetIngress, expose: Expose, zones: list[str]) -> Obj:
+    backend: Obj = {"host": backend_host(ingress, expose), "port": expose.backend.port}
+    entry: Obj = {"name": expose.name, "port": expose.port, "backend": backend}
+    if expose.mode == "tcp":
+        return entry
+    entry["mode"] = "http"
+    backend["scheme"] = expose.backend.scheme
+    if expose.backend.ca_secret_ref is not None:
+        backend["caFile"] = f"{CERTS_DIR}/{_ca_path(expose)}"
+    hosts = []
+    for host in expose.hosts or []:
+        secret_dir = f"{CERTS_DIR}/{_tls_dir(host_secret_name(ingress, host))}"
+        item: Obj = {"name": host.name.lower(),
+                     "tls": {"certFile": f"{secret_dir}/tls.crt", "keyFile": f"{secret_dir}/tls.key"}}
+        if host.alias:
+            item["alias"] = host.alias
+            if fqdns := alias_names(host, zones):
+                item["aliases"] = fqdns
+        hosts.append(item)
+    entry["hosts"] = hosts
+    return entry
+
+
+def exposes_document(ingress: TailnetIngress, zones: list[str]) -> str:
+    """The agent's exposes file (tailnet_agent.exposes), stable for equal input."""
+    doc = [_expose_entry(ingress, e, zones) for e in ingress.spec.exposes]
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+# -- objects --------------------------------------------------------------------------------------
+
+
+def config_map(owner: Obj, ingress: TailnetIngress, zones: list[str], ca_bundle: str | None) -> Obj:
+    data = {EXPOSES_FILE: exposes_document(ingress, zones)}
+    if ca_bundle:
+        data[pod.CA_FILE] = ca_bundle
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": owned_metadata(owner, ingress, config_map_name(ingress)), "data": data}
+
+
+def _certs_volume(ingress: TailnetIngress) -> Obj | None:
+    """One projected volume: each host's TLS Secret and each https backend's CA (all optional)."""
+    sources: list[Obj] = [
+        {"secret": {"name": secret, "optional": True,
+                    "items": [{"key": "tls.crt", "path": f"{_tls_dir(secret)}/tls.crt"},
+                              {"key": "tls.key", "path": f"{_tls_dir(secret)}/tls.key"}]}}
+        for secret in tls_secret_names(ingress)]
+    for expose in ingress.spec.exposes:
+        if (ref := expose.backend.ca_secret_ref) is not None:
+            sources.append({"secret": {"name": ref.name, "optional": True,
+                                       "items": [{"key": ref.key, "path": _ca_path(expose)}]}})
+    if not sources:
+        return None
+    return {"name": "certs", "projected": {"defaultMode": 0o440, "sources": sources}}
+
+
+def deployment(owner: Obj, ingress: TailnetIngress, agent: AgentSpec) -> Obj:
+    """One agent pod; the exposes, the key and the certificates are mounted directories."""
+    env = [*pod.base_env(agent, mode="ingress", hostname=ingress.spec.hostname),
+           {"name": "TAILNET_EXPOSES_FILE", "value": f"{CONFIG_DIR}/{EXPOSES_FILE}"},
+           *pod.common_env(agent)]
+    certs = _certs_volume(ingress)
+    return pod.deployment(owned_metadata(owner, ingress, agent_name(ingress)), agent_labels(ingress), agent,
+                          env=env, config_map=config_map_name(ingress),
+                          volumes=[certs] if certs else [],
+                          mounts=[{"name": "certs", "mountPath": CERTS_DIR, "readOnly": True}] if certs else [])
+
+
+def agent_service(owner: Obj, ingress: TailnetIngress) -> Obj:
+    """The agent's health port: the operator reads /status there, Prometheus /metrics."""
+    return pod.status_service(owned_metadata(owner, ingress, agent_name(ingress)), agent_labels(ingress))
+
+
+def network_policy(owner: Obj, ingress: TailnetIngress, agent: AgentSpec, operator_namespace: str) -> Obj:
+    """No pod reaches the agent but the operator (its health port): ingress traffic arrives over
+    the tailnet, through connections the agent itself opened to DERP or its peers. Egress stays
+    open: the agent dials its backends' Services, Headscale and DERP, wherever those are."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": owned_metadata(owner, ingress, agent_name(ingress)),
+            "spec": {"podSelector": {"matchLabels": agent_labels(ingress)}, "policyTypes": ["Ingress"],
+                     "ingress": pod.health_network_policy_rule(agent, operator_namespace)}}
+
+
+def certificate(owner: Obj, ingress: TailnetIngress, host: VirtualHost, zones: list[str]) -> Obj:
+    """The cert-manager Certificate of a ``tls.certManager`` host: its name and alias names."""
+    assert host.tls.cert_manager is not None
+    issuer = host.tls.cert_manager.issuer_ref
+    return {"apiVersion": "cert-manager.io/v1", "kind": "Certificate",
+            "metadata": owned_metadata(owner, ingress, certificate_name(ingress, host)),
+            "spec": {"secretName": host_secret_name(ingress, host),
+                     "dnsNames": list(dict.fromkeys([host.name.lower(), *alias_names(host, zones)])),
+                     "issuerRef": {"name": issuer.name, "kind": issuer.kind, "group": issuer.group},
+                     "privateKey": {"rotationPolicy": "Always"}}}

@@ -1,0 +1,114 @@
+"""The pure builders of a TailnetGateway's objects: routes, the router StatefulSet, the zone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tailnet_operator.api.gateway import TailnetGateway
+from tailnet_operator.resources import gateway as build
+
+ROUTER = build.Router(namespace="tailnet-gateway", tailnet="tn", control_url="https://hs.example:443",
+                      service_account="tailnet-gateway", routes=("10.96.0.53/32", "192.168.10.0/24"))
+
+
+def gateway(**spec: Any) -> TailnetGateway:
+    body = {"tailnetRef": {"name": "tn"}, "tag": "tag:gateway", "image": "tailscale/tailscale:v1.98.10",
+            "dns": {"zone": "corp.example", "image": "coredns/coredns:1.12.1"}, **spec}
+    return TailnetGateway.model_validate({"metadata": {"name": "edge"}, "spec": body})
+
+
+def container(sts: dict[str, Any]) -> dict[str, Any]:
+    return sts["spec"]["template"]["spec"]["containers"][0]  # type: ignore[no-any-return]
+
+
+def test_routes_are_sorted_deduplicated_and_names_are_skipped() -> None:
+    gw = gateway(siteRoutes=["192.168.10.0/24", "10.1.0.0/16"], advertiseLoadBalancerRange="10.250.0.0/24")
+    routes = build.advertised_routes(gw, ["198.18.1.10", "db.corp.example", "198.18.1.10", "fd00::5"], "10.96.0.53")
+    assert routes == ("10.1.0.0/16", "10.96.0.53/32", "10.250.0.0/24", "192.168.10.0/24", "198.18.1.10/32",
+                      "fd00::5/128")
+    assert build.advertised_routes(gateway(), [], None) == ()
+    assert build.host_route("not-an-ip") == ""
+
+
+def test_the_router_is_one_kernel_mode_pod_with_its_state_in_the_secret_and_on_delete_updates() -> None:
+    sts = build.stateful_set(gateway(), ROUTER)
+    spec = sts["spec"]
+    assert spec["replicas"] == 1 and spec["updateStrategy"] == {"type": "OnDelete"}
+    assert spec["serviceName"] == "edge-gateway" and "ownerReferences" not in sts["metadata"]
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "tailnet-gateway"
+    assert pod["initContainers"][0]["securityContext"] == {"privileged": True}
+    assert "echo 1 > /proc/sys/net/ipv4/ip_forward" in pod["initContainers"][0]["command"][2]
+    main = container(sts)
+    assert main["image"] == "tailscale/tailscale:v1.98.10"
+    assert main["securityContext"]["capabilities"]["add"] == ["NET_ADMIN"]
+    assert {"name": "tun", "hostPath": {"path": "/dev/net/tun", "type": "CharDevice"}} in pod["volumes"]
+    env = {e["name"]: e for e in main["env"]}
+    assert env["TS_KUBE_SECRET"]["value"] == "edge-gateway-state"
+    assert env["TS_ROUTES"]["value"] == "10.96.0.53/32,192.168.10.0/24"
+    assert env["TS_LOGIN_SERVER"]["value"] == "https://hs.example:443"
+    script = main["command"][2]
+    assert 'tailscaled --state="kube:${TS_KUBE_SECRET}"' in script and "--tun=userspace" not in script
+    assert '--advertise-routes="$TS_ROUTES"' in script and '${TS_AUTHKEY:+--authkey="$TS_AUTHKEY"}' in script
+    assert env["TS_AUTHKEY"]["valueFrom"]["secretKeyRef"] == {"name": "edge-gateway-auth-key", "key": "authKey",
+                                                              "optional": True}
+    assert "SSL_CERT_FILE" not in env
+
+
+def test_the_template_hash_follows_image_and_routes_only() -> None:
+    base = build.stateful_set(gateway(), ROUTER)
+    same = build.stateful_set(gateway(), ROUTER)
+    image = build.stateful_set(gateway(image="tailscale/tailscale:v1.98.11"), ROUTER)
+    routes = build.stateful_set(gateway(), build.Router(**{**ROUTER.__dict__, "routes": ("10.96.0.53/32",)}))
+    digest = [s["spec"]["template"]["metadata"]["annotations"][build.TEMPLATE_HASH_ANNOTATION]
+              for s in (base, same, image, routes)]
+    assert digest[0] == digest[1] and len({digest[0], digest[2], digest[3]}) == 3
+    assert build.template_hash(base["spec"]["template"]) == digest[0]
+
+
+def test_a_ca_bundle_is_mounted_from_the_config_map_and_trusted() -> None:
+    router = build.Router(**{**ROUTER.__dict__, "ca_bundle": "-----BEGIN CERTIFICATE-----\n"})
+    sts = build.stateful_set(gateway(), router)
+    env = {e["name"]: e.get("value") for e in container(sts)["env"]}
+    assert env["SSL_CERT_FILE"] == "/etc/tailnet-gateway/ca/ca.crt"
+    cm = build.config_map(gateway(), router, "")
+    assert cm["data"]["ca.crt"].startswith("-----BEGIN")
+
+
+def test_the_corefile_serves_the_zone_authoritatively_from_the_hosts_file() -> None:
+    text = build.corefile("Corp.Example.")
+    assert text.startswith("corp.example:1053 {")
+    assert "hosts /etc/coredns/hosts corp.example {" in text
+    assert "template ANY ANY corp.example {\n        rcode NXDOMAIN" in text
+    assert "SOA ns.corp.example. hostmaster.corp.example." in text
+    assert "forward" not in text
+
+
+def test_the_config_map_copies_the_hosts_file_and_is_empty_without_dns() -> None:
+    cm = build.config_map(gateway(), ROUTER, "10.0.0.1 a.corp.example\n")
+    assert cm["data"]["hosts"] == "10.0.0.1 a.corp.example\n" and "Corefile" in cm["data"]
+    assert build.config_map(gateway(dns=None), ROUTER, "x")["data"] == {}
+
+
+def test_coredns_meets_the_restricted_level_and_listens_unprivileged() -> None:
+    dep = build.dns_deployment(gateway(), ROUTER)
+    pod = dep["spec"]["template"]["spec"]
+    sc = pod["containers"][0]["securityContext"]
+    assert sc["runAsNonRoot"] and sc["capabilities"] == {"drop": ["ALL"]} and not sc["allowPrivilegeEscalation"]
+    assert pod["automountServiceAccountToken"] is False
+    assert {p["containerPort"] for p in pod["containers"][0]["ports"]} == {build.DNS_PORT}
+    svc = build.dns_service(gateway(), ROUTER)
+    assert [(p["port"], p["protocol"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
+        (53, "UDP", build.DNS_PORT), (53, "TCP", build.DNS_PORT)]
+
+
+def test_every_object_carries_the_gateway_labels() -> None:
+    gw = gateway()
+    objects = [build.stateful_set(gw, ROUTER), build.router_service(gw, ROUTER), build.dns_service(gw, ROUTER),
+               build.dns_deployment(gw, ROUTER), build.config_map(gw, ROUTER, ""),
+               build.state_secret(gw, "tailnet-gateway", "uid-1")]
+    pods = [o["spec"]["template"] for o in objects[:4:3]]
+    for obj in objects + pods:
+        labels = obj["metadata"]["labels"]
+        assert labels["tailnet.dev/gateway"] == "edge" and labels["app.kubernetes.io/managed-by"] == "tailnet-operator"
+        assert obj in pods or obj["metadata"]["namespace"] == "tailnet-gateway"

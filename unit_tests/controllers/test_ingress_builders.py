@@ -1,0 +1,150 @@
+"""The pure builders of an ingress's objects: the agent pod passes Pod Security `restricted`, the
+exposes file is what the agent parses, TLS Secrets and CAs are projected, the pod template does not
+depend on the exposes' ports or backends, cert-manager Certificates name the host and its aliases,
+and DNS names follow the template and the zones."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tailnet_agent.exposes import parse_exposes
+from tailnet_operator.api.ingress import TailnetIngress
+from tailnet_operator.resources import agent as pod
+from tailnet_operator.resources import egress as egress_build
+from tailnet_operator.resources import ingress as build
+
+OWNER = {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetIngress",
+         "metadata": {"name": "shop", "namespace": "tenant", "uid": "u-1"}}
+AGENT = build.AgentSpec(image="img:1", control_url="https://hs.test", auth_secret="shop-ingress-auth-key",
+                        ca_bundle="-----BEGIN CERTIFICATE-----\n", operator_labels={"app": "op"})
+ZONES = ["apps.example.internal", "corp.example.internal"]
+
+DB = {"name": "db", "port": 5432, "backend": {"service": "postgres", "port": 5432}}
+WEB = {"name": "web", "mode": "http", "port": 443,
+       "backend": {"service": "web", "port": 8443, "scheme": "https", "caSecretRef": {"name": "web-ca", "key": "ca"}},
+       "hosts": [{"name": "shop.apps.example.internal", "alias": "shop", "tls": {"secretName": "shop-tls"}},
+                 {"name": "admin.apps.example.internal",
+                  "tls": {"certManager": {"issuerRef": {"name": "ca", "kind": "ClusterIssuer"}}}}]}
+
+
+def ingress(exposes: list[dict[str, Any]], **spec: Any) -> TailnetIngress:
+    return TailnetIngress.model_validate({**OWNER, "spec": {
+        "tailnetRef": {"name": "tn"}, "tag": "tag:ingress-shop", "hostname": "shop-gw",
+        "exposes": exposes, **spec}})
+
+
+def test_the_agent_pod_passes_the_restricted_pod_security_standard() -> None:
+    spec = build.deployment(OWNER, ingress([DB, WEB]), AGENT)["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    sc, pod_sc = container["securityContext"], spec["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["runAsNonRoot"] is True and pod_sc["runAsNonRoot"]
+    assert sc["seccompProfile"]["type"] == pod_sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert not any(spec.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
+    assert {k for v in spec["volumes"] for k in v if k != "name"} <= {"configMap", "secret", "emptyDir", "projected"}
+    assert spec["automountServiceAccountToken"] is False and len(spec["containers"]) == 1
+
+
+def test_the_agent_container_runs_in_ingress_mode_with_its_files_probes_and_metrics() -> None:
+    container = build.deployment(OWNER, ingress([DB]), AGENT)["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["AGENT_MODE"] == "ingress" and env["TAILNET_HOSTNAME"] == "shop-gw"
+    assert env["TAILNET_EXPOSES_FILE"] == f"{pod.CONFIG_DIR}/exposes.json"
+    assert env["TAILNET_CA_BUNDLE"].startswith(pod.CONFIG_DIR) and env["TAILNET_AUTH_KEY_FILE"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": pod.HEALTH_PORT}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": pod.HEALTH_PORT}
+    assert container["ports"] == [{"name": "metrics", "containerPort": pod.HEALTH_PORT, "protocol": "TCP"}]
+    assert all("subPath" not in m for m in container["volumeMounts"]), "subPath mounts never update"
+    assert not any(v["name"] == "certs" for v in build.deployment(OWNER, ingress([DB]), AGENT)["spec"]["template"][
+        "spec"]["volumes"]), "a tcp-only ingress mounts no certificates"
+
+
+def test_every_tls_secret_and_backend_ca_is_projected_optionally_where_the_exposes_file_points() -> None:
+    obj = ingress([DB, WEB])
+    spec = build.deployment(OWNER, obj, AGENT)["spec"]["template"]["spec"]
+    [certs] = [v for v in spec["volumes"] if v["name"] == "certs"]
+    sources = {s["secret"]["name"]: s["secret"] for s in certs["projected"]["sources"]}
+    assert set(sources) == {"shop-tls", "shop-admin.apps.example.internal-tls", "web-ca"}
+    assert all(s["optional"] for s in sources.values()), "an unissued certificate must not block the pod"
+    paths = {i["path"] for s in sources.values() for i in s["items"]}
+    doc = json.loads(build.exposes_document(obj, ZONES))
+    web = next(e for e in doc if e["name"] == "web")
+    files = [h["tls"][k] for h in web["hosts"] for k in ("certFile", "keyFile")] + [web["backend"]["caFile"]]
+    assert {f.removeprefix(build.CERTS_DIR + "/") for f in files} == paths
+    assert sources["web-ca"]["items"] == [{"key": "ca", "path": "ca/web/ca.crt"}]
+    mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "certs")
+    assert mount == {"name": "certs", "mountPath": build.CERTS_DIR, "readOnly": True}
+
+
+def test_the_exposes_file_is_what_the_agent_parses() -> None:
+    [db, web] = parse_exposes(build.exposes_document(ingress([DB, WEB]), ZONES))
+    assert (db.mode, db.port, db.backend.host, db.backend.port) == ("tcp", 5432, "postgres.tenant.svc", 5432)
+    assert (web.mode, web.port, web.backend.scheme) == ("http", 443, "https")
+    assert web.backend.host == "web.tenant.svc" and web.backend.ca_file == f"{build.CERTS_DIR}/ca/web/ca.crt"
+    shop = web.hosts[0]
+    assert set(shop.names) == {"shop.apps.example.internal", "shop", "shop.corp.example.internal"}
+    assert shop.cert_file == f"{build.CERTS_DIR}/tls/shop-tls/tls.crt"
+    assert build.exposes_document(ingress([DB, WEB]), ZONES) == build.exposes_document(ingress([DB, WEB]), ZONES)
+
+
+def test_the_pod_template_does_not_depend_on_ports_or_backends() -> None:
+    one = build.deployment(OWNER, ingress([DB, WEB]), AGENT)
+    moved = {**DB, "port": 6543, "backend": {"service": "other", "port": 1}}
+    two = build.deployment(OWNER, ingress([moved, WEB]), AGENT)
+    assert one["spec"]["template"] == two["spec"]["template"]
+
+
+def test_a_cert_manager_host_gets_a_certificate_for_its_name_and_aliases_from_its_issuer() -> None:
+    obj = ingress([{**WEB, "hosts": [{"name": "shop.apps.example.internal", "alias": "shop",
+                                     "tls": {"certManager": {"issuerRef": {"name": "ca", "kind": "ClusterIssuer"}}}}]}])
+    host = obj.spec.exposes[0].hosts[0]  # type: ignore[index]
+    cert = build.certificate(OWNER, obj, host, ZONES)
+    assert cert["apiVersion"] == "cert-manager.io/v1" and cert["kind"] == "Certificate"
+    assert cert["metadata"]["name"] == "shop-shop.apps.example.internal"
+    assert cert["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert cert["spec"]["dnsNames"] == ["shop.apps.example.internal", "shop.corp.example.internal"]
+    assert cert["spec"]["issuerRef"] == {"name": "ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    assert cert["spec"]["secretName"] == build.host_secret_name(obj, host) == "shop-shop.apps.example.internal-tls"
+
+
+def test_long_names_are_cut_to_a_valid_length_and_stay_distinct() -> None:
+    long = "a" * 60 + "." + "b" * 60 + "." + "c" * 60 + "." + "d" * 60
+    tls = {"certManager": {"issuerRef": {"name": "ca"}}}
+    one = ingress([{**WEB, "hosts": [{"name": long, "tls": tls}]}])
+    two = ingress([{**WEB, "hosts": [{"name": long[:-1] + "e", "tls": tls}]}])
+    names = [build.host_secret_name(i, i.spec.exposes[0].hosts[0]) for i in (one, two)]  # type: ignore[index]
+    assert all(len(n) <= 253 and n.endswith("-tls") for n in names) and names[0] != names[1]
+
+
+def test_dns_names_are_the_template_name_then_each_host_and_its_aliases() -> None:
+    obj = ingress([DB, WEB], dnsTemplate="{hostname}.{namespace}.apps.example.internal")
+    assert build.dns_names(obj, ZONES) == ["shop-gw.tenant.apps.example.internal", "shop.apps.example.internal",
+                                           "shop.corp.example.internal", "admin.apps.example.internal"]
+    assert build.dns_names(ingress([DB]), ZONES) == [], "no template, no hosts: no names"
+
+
+def test_the_network_policy_admits_only_the_operator_from_its_namespace_and_leaves_egress_open() -> None:
+    policy = build.network_policy(OWNER, ingress([DB, WEB]), AGENT, "tailnet-system")
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"], "the agent must reach backends, Headscale and DERP"
+    [rule] = spec["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": pod.HEALTH_PORT}]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {"app": "op"}},
+                             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tailnet-system"}}}]
+    bare = build.network_policy(OWNER, ingress([DB]), build.AgentSpec("img", "https://hs", "s"), "tailnet-system")
+    assert bare["spec"]["ingress"] == [], "without the operator's labels nothing is admitted"
+
+
+def test_egress_and_ingress_agents_share_one_pod_shape() -> None:
+    from tailnet_operator.api.egress import TailnetEgress
+
+    egress = TailnetEgress.model_validate({**OWNER, "kind": "TailnetEgress", "spec": {
+        "tailnetRef": {"name": "tn"}, "tag": "tag:e", "consumerNamespaces": ["a"],
+        "targets": [{"name": "t", "address": "198.18.1.1", "ports": [{"port": 1}]}]}})
+    e = egress_build.deployment(OWNER, egress, AGENT)["spec"]["template"]["spec"]
+    i = build.deployment(OWNER, ingress([DB]), AGENT)["spec"]["template"]["spec"]
+    for key in ("securityContext", "automountServiceAccountToken", "enableServiceLinks"):
+        assert e[key] == i[key]
+    for key in ("securityContext", "livenessProbe", "readinessProbe", "ports", "resources", "command"):
+        assert e["containers"][0][key] == i["containers"][0][key]
