@@ -17,7 +17,7 @@ help:
 	@echo "make binaries   build and cache etcd, kube-apiserver, Headscale and tailscaled"
 	@echo "make e2e        the end-to-end suite against a kind cluster (needs Docker)"
 	@echo "make fuzz       the fuzz targets at length: 10^6 inputs per Rust target, hypothesis at 2000 examples per property"
-	@echo "make bench      egress throughput and setup time: agent vs tailscaled, on loopback and in the cluster (docs/benchmarks.md)"
+	@echo "make bench      egress (agent vs tailscaled, loopback and in-cluster); runtime vs kopf vs controller-runtime; big cluster; policy (docs/benchmarks.md)"
 	@echo "make interop    the interop slice for every Headscale and tailscale version in range (docs/compatibility.md)"
 
 prereqs:
@@ -84,9 +84,15 @@ fuzz: $(VENV)/.native
 	cd native && TAILNET_FUZZ_CASES=$(FUZZ_CASES) cargo test --release --quiet fuzz_ -- --nocapture --test-threads=1
 	TAILNET_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(VENV)/bin/pytest -q -p no:cacheprovider unit_tests/fuzz unit_tests/agent/fuzz
 
+# BEFORE=DIR also measures an unpacked earlier tree in the big-cluster benchmark (e.g. git archive main).
 bench: $(VENV)/.native binaries
 	$(PY) -m benchmarks.egress --json _artifacts/bench-egress.json
 	$(PY) -m benchmarks.egress_incluster --json _artifacts/bench-egress-incluster.json
+	$(PY) -m benchmarks.runtime --json _artifacts/bench-runtime.json --doc docs/benchmarks.md
+	$(PY) -m benchmarks.bigcluster --json _artifacts/bench-bigcluster.json --doc docs/benchmarks.md \
+	  $(if $(BEFORE),--before $(BEFORE))
+	$(PY) -m benchmarks.policy --json _artifacts/bench-policy.json --doc docs/benchmarks.md
+	$(PY) -m benchmarks.policy_live --json _artifacts/bench-policy-live.json --doc docs/benchmarks.md
 
 # Every Headscale of the range with the newest tailscale, every tailscale with the newest Headscale;
 # builds missing versions first and writes the results table into docs/compatibility.md.

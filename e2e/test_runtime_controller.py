@@ -433,3 +433,40 @@ async def test_manager_serves_probes_and_controller_runtime_metrics(
     finally:
         manager.stop()
         await asyncio.wait_for(task, 30)
+
+
+async def test_a_burst_of_changes_on_many_objects_costs_exactly_two_writes_each(
+    control_plane: ControlPlane, admin: Client, namespace: str
+) -> None:
+    """Churn: every Widget changed at once while 8 workers reconcile. A reconcile woken by the
+    event of its own ConfigMap (or status) write must find the cache already holding that write,
+    so each change costs its ConfigMap and its status and nothing more."""
+    registry = CollectorRegistry()
+    count = 30
+
+    async def all_settled(value: str) -> bool:
+        items = (await admin.list(WIDGET, namespace)).items
+        return len(items) == count and all(
+            (o.get("status") or {}).get("observedGeneration") == o["metadata"]["generation"]
+            and (o.get("status") or {}).get("value") == value for o in items)
+
+    async def quiet(manager: Manager, reconciler: WidgetReconciler) -> None:
+        async def idle() -> bool:
+            return all(c.queue.len() == 0 for c in manager.controllers) and reconciler.in_flight == 0
+
+        for _ in range(2):
+            await eventually(idle, what="the queue to drain")
+            await asyncio.sleep(0.5)
+
+    async with running_manager(control_plane.kubeconfig, registry=registry, namespace=namespace,
+                               workers=8) as (manager, reconciler):
+        await asyncio.gather(*(admin.create(WIDGET, widget(f"w{i}", namespace, "one")) for i in range(count)))
+        await eventually(lambda: all_settled("one"), what="all created and settled")
+        await quiet(manager, reconciler)
+        assert writes(registry) == 2 * count, "creating a Widget writes its ConfigMap and its status"
+
+        await asyncio.gather(*(admin.merge_patch(WIDGET, f"w{i}", {"spec": {"value": "two"}}, namespace)
+                               for i in range(count)))
+        await eventually(lambda: all_settled("two"), what="every change settled")
+        await quiet(manager, reconciler)
+        assert writes(registry) == 4 * count, "each change: one ConfigMap and one status write, no more"

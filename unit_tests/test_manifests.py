@@ -409,10 +409,10 @@ def test_kinds_of_the_controllers_not_written_yet_are_not_granted() -> None:
         "the operator reads its own Pod (for its image), watches the router pods, deletes them only with Delete"
 
 
-def test_secrets_are_written_only_in_the_operator_namespace_and_never_read_one_by_one() -> None:
+def test_secrets_are_written_only_in_the_operator_namespace() -> None:
     secrets = [g for g in granted() if g[1] == "" and g[2] == "secrets"]
-    assert {g[3] for g in secrets if g[0] == "cluster"} == {"list", "watch"}
-    assert {(g[0], g[3]) for g in secrets if g[3] not in ("list", "watch")} == {
+    assert {g[3] for g in secrets if g[0] == "cluster"} == {"get", "list", "watch"}
+    assert {(g[0], g[3]) for g in secrets if g[3] not in ("get", "list", "watch")} == {
         (NAMESPACE, "create"), (NAMESPACE, "patch"),
         (GATEWAY_NAMESPACE, "create"), (GATEWAY_NAMESPACE, "patch"), (GATEWAY_NAMESPACE, "delete")}
 
@@ -423,7 +423,10 @@ def _registered_informers(scope: str | None = None) -> set[tuple[str, str]]:
     manager = Manager(RestConfig(host="https://127.0.0.1:1"), ManagerOptions())
     setup(manager, namespace=NAMESPACE, events=EventRecorder(manager.client, reporting_instance="test"))
     keys = list(manager.cache._informers)
-    assert {namespace for _, namespace, _ in keys} <= {None, GATEWAY_NAMESPACE}, "an informer elsewhere"
+    assert {namespace for _, namespace, _ in keys} <= {None, NAMESPACE, GATEWAY_NAMESPACE}, "an informer elsewhere"
+    whole = {(resource.plural, namespace) for resource, namespace, _ in keys if namespace == NAMESPACE}
+    assert whole == {("secrets", NAMESPACE), ("configmaps", NAMESPACE)}, \
+        "only Secrets and ConfigMaps are cached whole in the operator's namespace (and by metadata elsewhere)"
     return {(resource.group, resource.plural) for resource, namespace, _ in keys if namespace == scope}
 
 

@@ -47,11 +47,11 @@ from tailnet_operator.policy import (
     diff_needed,
     judge,
     missing,
-    parse_hujson,
     render,
     routes_to_approve,
 )
 from tailnet_operator.policy.adapters import derive_from_objects
+from tailnet_operator.policy.cache import ParsedPolicies
 from tailnet_operator.resources import owned_metadata
 from tailnet_operator.runtime import CONFIG_MAP, Request, Resource, Result, Writer
 from tailnet_operator.types import JSON
@@ -109,6 +109,11 @@ class PolicyReconciler:
         self.status = StatusWriter(writer, deps.clock, field_manager=FIELD_MANAGER)
         self._ignored: set[str] = set()
         """uids of TailnetEgresses outside the operator's namespace already reported."""
+        self._policies = ParsedPolicies()
+        """Parsed base and live policies: the base by its ConfigMap's uid and resourceVersion, the
+        live text by itself (the render written last is remembered, so reading it back is free)."""
+        self._models: dict[tuple[str, str], BaseModel] = {}
+        """Parsed CRs by (uid, resourceVersion): a reconcile validates only the objects that changed."""
 
     @property
     def namespace(self) -> str:
@@ -151,18 +156,38 @@ class PolicyReconciler:
 
     def _inputs(self, tailnet: Tailnet) -> Inputs:
         name = name_of(tailnet)
-        sites = _parsed(TailnetSite, self._mine(TAILNET_SITE, name))
+        seen: set[tuple[str, str]] = set()
+        sites = self._parsed(TailnetSite, self._mine(TAILNET_SITE, name), seen)
         verdicts = judge([SiteRoutes(name_of(s), _created(getattr(s.metadata, 'creationTimestamp', '')),
                                      tuple(str(r) for r in s.spec.routes)) for s in sites],
                          [str(r) for r in tailnet.spec.reserved_networks or []])
-        egresses = _parsed(TailnetEgress, [e for e in self._mine(TAILNET_EGRESS, name)
-                                           if e["metadata"].get("namespace") == self.namespace])
-        ingresses = _parsed(TailnetIngress, self._mine(TAILNET_INGRESS, name))
-        gateways = _parsed(TailnetGateway, self._mine(TAILNET_GATEWAY, name))
+        egresses = self._parsed(TailnetEgress, [e for e in self._mine(TAILNET_EGRESS, name)
+                                                if e["metadata"].get("namespace") == self.namespace], seen)
+        ingresses = self._parsed(TailnetIngress, self._mine(TAILNET_INGRESS, name), seen)
+        gateways = self._parsed(TailnetGateway, self._mine(TAILNET_GATEWAY, name), seen)
+        if len(self._models) > 2 * len(seen) + 64:
+            self._models = {k: v for k, v in self._models.items() if k in seen}
         derived = derive_from_objects(
             egresses=egresses, ingresses=ingresses, gateways=gateways,
             sites=[s for s in sites if not verdicts[name_of(s)].blocked])
         return Inputs(derived, sites, verdicts)
+
+    def _parsed(self, model: type[M], objects: list[JSON], seen: set[tuple[str, str]]) -> list[M]:
+        """:func:`_parsed`, validating only the objects not seen at this resourceVersion before."""
+        out: list[M] = []
+        for obj in objects:
+            meta = obj["metadata"]
+            key = (str(meta.get("uid") or meta.get("name")), str(meta.get("resourceVersion") or ""))
+            hit = self._models.get(key) if key[1] else None
+            if isinstance(hit, model):
+                out.append(hit)
+            else:
+                parsed = _parsed(model, [obj])
+                if parsed and key[1]:
+                    self._models[key] = parsed[0]
+                out += parsed
+            seen.add(key)
+        return out
 
     async def _report_foreign_egresses(self, tailnet: JSON, name: str) -> None:
         """Log and record, once per object, each TailnetEgress outside the operator's namespace.
@@ -187,7 +212,7 @@ class PolicyReconciler:
 
     async def _report_missing(self, run: Run, live_text: str) -> None:
         try:
-            live = parse_hujson(live_text, source="the live policy") if live_text.strip() else {}
+            live = self._policies.parse(live_text, source="the live policy") if live_text.strip() else {}
         except PolicyParseError as exc:
             await self._tailnet_status(run, Cond("PolicyApplied", "Unknown", "LivePolicyUnreadable", str(exc)))
             return
@@ -217,12 +242,14 @@ class PolicyReconciler:
                 f"the base policy ConfigMap {ref.namespace}/{ref.name} {what}; nothing was rendered or written"))
             return False
         try:
-            base = parse_hujson(base_cm["data"][ref.key], source=f"ConfigMap {ref.namespace}/{ref.name}")
+            meta = base_cm["metadata"]
+            base = self._policies.parse(base_cm["data"][ref.key], source=f"ConfigMap {ref.namespace}/{ref.name}",
+                                        version=f"{meta.get('uid')}/{meta.get('resourceVersion')}/{ref.key}")
         except PolicyParseError as exc:
             await self._tailnet_status(run, Cond("PolicyApplied", "False", "BasePolicyInvalid", str(exc)))
             return False
         features = await hs.features()
-        rendered = render(base, run.inputs.derived, grants=features.grants)
+        rendered = render(base, run.inputs.derived, memo=self._policies.memo(base), grants=features.grants)
         await self._publish(run, rendered.text, rendered.hash)
         policy_status: dict[str, Any] = {"renderedHash": rendered.hash,
                                          "renderedConfigMap": rendered_config_map_name(run.name)}
@@ -244,7 +271,7 @@ class PolicyReconciler:
                 f"mode Render: the render is in ConfigMap {self.namespace}/{policy_status['renderedConfigMap']}; "
                 "set spec.policy.mode to Apply to write it to Headscale"), policy_status)
             return False
-        if live_text.strip() and not diff_needed(live_text, rendered):
+        if live_text.strip() and not diff_needed(live_text, rendered, parsed=self._policies):
             policy_status["appliedHash"] = rendered.hash
             await self._tailnet_status(run, Cond(
                 "PolicyApplied", "True", applied_reason,
@@ -254,6 +281,7 @@ class PolicyReconciler:
         try:
             await hs.check_policy(rendered.text)
             await hs.set_policy(rendered.text)
+            self._policies.remember(rendered.text, rendered.document, source="live policy")
         except PolicyRejected as exc:
             previous = ((run.obj.get("status") or {}).get("policy") or {}).get("appliedHash")
             if previous:

@@ -173,6 +173,10 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
     """
     cache = manager.cache
     cache.scheme = cache.scheme.with_models(MODELS)
+    # Secrets and ConfigMaps whole in the operator's namespace, by metadata elsewhere: a Tailnet
+    # may name one in any namespace, but the bodies of a big cluster's others are never held.
+    for resource in (SECRET, CONFIG_MAP):
+        cache.cache_by_metadata(resource, namespace=namespace)
     for resource in (TAILNET_SITE, TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY):
         cache.add_indexer(resource, TAILNET_INDEX, tailnet_ref_index)
     cache.informer(TAILNET)

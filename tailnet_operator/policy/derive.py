@@ -28,6 +28,7 @@ Decisions (see the package docstring for the list the docs record):
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -131,6 +132,10 @@ class Derived:
 # --- derivation ------------------------------------------------------------------------------
 
 
+PARSE_CACHE_SIZE = 1 << 16
+"""Addresses and networks remembered parsed (ipaddress parses in pure Python)."""
+
+
 def check_tag(tag: str) -> str:
     """Headscale's own rule (grpcv1 validateTag): ``tag:`` prefix, lower case, no spaces."""
     if not tag.startswith("tag:") or len(tag) == len("tag:") or tag != tag.lower() or any(c.isspace() for c in tag):
@@ -146,12 +151,14 @@ def _check_owner(owner: str) -> str:
     raise ValueError(f"{owner!r} cannot own a tag: use a user (name@), a group:... or a tag:...")
 
 
+@functools.lru_cache(maxsize=PARSE_CACHE_SIZE)
 def route_key(route: str) -> tuple[int, int, int]:
     """Sort key for CIDRs: IPv4 before IPv6, then by address, wider prefixes first."""
     network = ipaddress.ip_network(route)
     return (network.version, int(network.network_address), network.prefixlen)
 
 
+@functools.lru_cache(maxsize=PARSE_CACHE_SIZE)
 def _network(route: str) -> str:
     try:
         network = ipaddress.ip_network(route, strict=True)
@@ -166,8 +173,10 @@ def _check_port(port: int) -> int:
     return port
 
 
+@functools.lru_cache(maxsize=PARSE_CACHE_SIZE)
 def parse_address(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """The IP address ``address`` spells, or None for a DNS name."""
+    """The IP address ``address`` spells, or None for a DNS name (memoized: the same few
+    thousand addresses come back on every render)."""
     try:
         return ipaddress.ip_address(address)
     except ValueError:

@@ -25,17 +25,27 @@ rendered document never reports anything missing except what was skipped.
 
 from __future__ import annotations
 
-import copy
+import functools
 import hashlib
 import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tailnet_operator.policy.derive import Derived, Grant, IPNetwork, RouteApproval, TagOwner, parse_address
+from tailnet_operator.policy.cache import ParsedPolicies
+from tailnet_operator.policy.derive import (
+    PARSE_CACHE_SIZE,
+    Derived,
+    Grant,
+    IPNetwork,
+    RouteApproval,
+    TagOwner,
+    parse_address,
+)
 from tailnet_operator.policy.hujson import (
     JSONObject,
     PolicyParseError,
+    TextMemo,
     canonical_text,
     find_key,
     parse_hujson,
@@ -114,26 +124,43 @@ def _member(obj: Mapping[str, Any], name: str, default: Any) -> Any:
 
 
 def _as_network(text: Any) -> IPNetwork | None:
-    if not isinstance(text, str):
-        return None
+    return _network_of(text) if isinstance(text, str) else None
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_SIZE)
+def _network_of(text: str) -> IPNetwork | None:
     try:
         return ipaddress.ip_network(text.strip("[]"), strict=False)
     except ValueError:
         return None
 
 
-def _approved(routes: Mapping[str, Any], route: IPNetwork, approver: str) -> bool:
-    """Whether some route key equal to or containing ``route`` lists ``approver`` (Headscale's rule)."""
-    for key, approvers in routes.items():
+class _Approvals:
+    """``autoApprovers.routes`` by network, for "does some key equal to or containing this route
+    list this approver?" (Headscale's rule) without walking every key for every route."""
+
+    def __init__(self, routes: Mapping[str, Any]) -> None:
+        self._by_network: dict[IPNetwork, list[Any]] = {}
+        self._lengths: dict[int, set[int]] = {4: set(), 6: set()}
+        for key, approvers in routes.items():
+            self.add(key, approvers)
+
+    def add(self, key: str, approvers: Any) -> None:
         network = _as_network(key)
-        if (
-            network is not None
-            and network.version == route.version
-            and approver in approvers
-            and route.subnet_of(network)  # type: ignore[arg-type]
-        ):
-            return True
-    return False
+        if network is not None:
+            self._by_network.setdefault(network, []).append(approvers)
+            self._lengths[network.version].add(network.prefixlen)
+
+    def approved(self, route: IPNetwork, approver: str) -> bool:
+        bits = route.max_prefixlen
+        address = int(route.network_address)
+        for length in self._lengths[route.version]:
+            if length > route.prefixlen:
+                continue
+            supernet = ipaddress.ip_network((address >> (bits - length) << (bits - length), length))
+            if any(approver in approvers for approvers in self._by_network.get(supernet, ())):
+                return True
+        return False
 
 
 def routes_to_approve(derived: Derived, tags: Iterable[str], available: Iterable[str],
@@ -146,11 +173,11 @@ def routes_to_approve(derived: Derived, tags: Iterable[str], available: Iterable
     """
     node_tags = set(tags)
     done = set(approved)
-    routes = {entry.route: entry.approvers for entry in derived.routes}
+    approvals = _Approvals({entry.route: entry.approvers for entry in derived.routes})
     out = []
     for route in sorted(set(available) - done):
         network = _as_network(route)
-        if network is not None and any(_approved(routes, network, tag) for tag in node_tags):
+        if network is not None and any(approvals.approved(network, tag) for tag in node_tags):
             out.append(route)
     return out
 
@@ -198,37 +225,78 @@ def _dst_covers(entry: str, dst: str, hosts: Mapping[str, Any]) -> bool:
     return network is not None and network.version == address.version and address in network
 
 
-@dataclass(frozen=True)
-class _Rules:
-    """The parts of a policy that decide whether a grant is already given."""
+_TAG_SOURCES = ("*", "autogroup:tagged")
+"""Source entries that match every tagged node (besides the tag itself)."""
 
-    grants: Sequence[Any]
-    acls: Sequence[Any]
-    hosts: Mapping[str, Any]
+
+_Rule = tuple[bool, Sequence[Any], Sequence[Any]]
+"""(is a grant, dst entries, ip entries) of one rule that can allow traffic."""
+_Index = dict[str, list[_Rule]]
+
+
+def _file_grant(index: _Index, grant: Any) -> None:
+    if find_key(grant, "via") is not None:
+        return  # restricted to particular routers: not a general allowance
+    _file(index, _member(grant, "src", []), (True, _member(grant, "dst", []), _member(grant, "ip", [])))
+
+
+def _file_acl(index: _Index, acl: Any) -> None:
+    if _member(acl, "action", "accept") != "accept" or _member(acl, "proto", "") not in ("", "tcp", "6"):
+        return  # allows nothing a derived grant needs
+    _file(index, _member(acl, "src", []), (False, _member(acl, "dst", []), ()))
+
+
+def _file(index: _Index, sources: Sequence[Any], rule: _Rule) -> None:
+    for source in dict.fromkeys(s for s in sources if isinstance(s, str)):
+        index.setdefault(source, []).append(rule)
+
+
+class _Rules:
+    """The parts of a policy that decide whether a grant is already given.
+
+    Rules are filed by source entry: only a rule whose ``src`` names the tag, ``*`` or
+    ``autogroup:tagged`` can allow a tagged node anything, so a question about one tag looks at
+    those rules only, not at the thousands written for users and groups.
+    """
+
+    def __init__(self, grants: Sequence[Any], acls: Sequence[Any], hosts: Mapping[str, Any], *,
+                 index: _Index | None = None) -> None:
+        self.hosts = hosts
+        self._index = index if index is not None else self.index_of(grants, acls)
+        self._added: _Index = {}
 
     @classmethod
     def of(cls, doc: Mapping[str, Any]) -> _Rules:
         return cls(_member(doc, "grants", []), _member(doc, "acls", []), _member(doc, "hosts", {}))
 
+    @staticmethod
+    def index_of(grants: Sequence[Any], acls: Sequence[Any]) -> _Index:
+        """The rules filed by source entry (read-only once built: a render of one base reuses it)."""
+        index: _Index = {}
+        for grant in grants:
+            _file_grant(index, grant)
+        for acl in acls:
+            _file_acl(index, acl)
+        return index
+
+    def add(self, rule: dict[str, Any], *, grant: bool) -> None:
+        """File a rule the render appended (a grant, or an ``acls`` entry); later questions see it."""
+        if grant:
+            _file_grant(self._added, rule)
+        else:
+            _file_acl(self._added, rule)
+
     def allows(self, tag: str, dst: str, port: int) -> bool:
-        for grant in self.grants:
-            if find_key(grant, "via") is not None:
-                continue  # restricted to particular routers: not a general allowance
-            if (
-                _src_covers(_member(grant, "src", []), tag)
-                and any(_dst_covers(d, dst, self.hosts) for d in _member(grant, "dst", []))
-                and _ip_covers(_member(grant, "ip", []), port)
-            ):
-                return True
-        for acl in self.acls:
-            if _member(acl, "action", "accept") != "accept" or _member(acl, "proto", "") not in ("", "tcp", "6"):
-                continue
-            if not _src_covers(_member(acl, "src", []), tag):
-                continue
-            for entry in _member(acl, "dst", []):
-                alias, _, ports = entry.rpartition(":")
-                if _dst_covers(alias.strip("[]"), dst, self.hosts) and _port_spec_covers(ports, port):
-                    return True
+        for source in (tag, *_TAG_SOURCES):
+            for is_grant, destinations, ip in (*self._index.get(source, ()), *self._added.get(source, ())):
+                if is_grant:
+                    if any(_dst_covers(d, dst, self.hosts) for d in destinations) and _ip_covers(ip, port):
+                        return True
+                    continue
+                for entry in destinations:
+                    alias, _, ports = entry.rpartition(":")
+                    if _dst_covers(alias.strip("[]"), dst, self.hosts) and _port_spec_covers(ports, port):
+                        return True
         return False
 
     def covers(self, grant: Grant) -> bool:
@@ -265,19 +333,33 @@ def acl_entry(grant: Grant) -> dict[str, Any]:
             "dst": [f"{dst}:{port}" for dst in grant.dst for port in ports]}
 
 
-def render(base: Mapping[str, Any], derived: Derived, *, grants: bool = True) -> Rendered:
+def render(base: Mapping[str, Any], derived: Derived, *, memo: TextMemo | None = None,
+           grants: bool = True) -> Rendered:
     """Append the derived entries the base lacks; see the module docstring for the rules.
 
-    ``grants=False`` renders for a server without grants (Headscale before 0.29).
+    The result's ``document`` shares the base's objects (treat both as read-only). ``memo``, a
+    :class:`TextMemo` of ``base`` (see :class:`~tailnet_operator.policy.cache.ParsedPolicies`),
+    makes the canonical text cost only what the render added. ``grants=False`` renders for a
+    server without grants (Headscale before 0.29).
 
     Raises PolicyParseError if a block Headscale knows has the wrong JSON type.
     """
-    validate_structure(base, source="base policy")
-    doc: JSONObject = copy.deepcopy(dict(base))
+    if memo is None:
+        validate_structure(base, source="base policy")
+    elif memo.document is not base:
+        raise ValueError("the text memo is of another document than this base")
+    elif not memo.cache.get("valid"):
+        validate_structure(base, source="base policy")
+        memo.cache["valid"] = True
+    # Copy on write: the render shares every object of the base it does not add to (the base
+    # is read-only), so rendering costs what is added, and a memo of the base's text applies.
+    doc: JSONObject = dict(base)
     skipped: list[Skipped] = []
 
     owners_key = find_key(doc, "tagOwners")
-    owners: JSONObject = doc[owners_key] if owners_key is not None else {}
+    owners: JSONObject = dict(doc[owners_key]) if owners_key is not None else {}
+    if owners_key is not None:
+        doc[owners_key] = owners
     added_owners = [entry for entry in derived.tag_owners if entry.tag not in owners]
     for entry in added_owners:
         owners[entry.tag] = list(entry.owners)
@@ -285,14 +367,20 @@ def render(base: Mapping[str, Any], derived: Derived, *, grants: bool = True) ->
         doc["tagOwners"] = owners
 
     approvers_key = find_key(doc, "autoApprovers")
-    auto: JSONObject = doc[approvers_key] if approvers_key is not None else {}
+    auto: JSONObject = dict(doc[approvers_key]) if approvers_key is not None else {}
+    if approvers_key is not None:
+        doc[approvers_key] = auto
     routes_key = find_key(auto, "routes")
-    routes: JSONObject = auto[routes_key] if routes_key is not None else {}
+    routes: JSONObject = dict(auto[routes_key]) if routes_key is not None else {}
+    if routes_key is not None:
+        auto[routes_key] = routes
     listed = {net: key for key in routes if (net := _as_network(key)) is not None}
+    approvals = _Approvals(routes)
     added_routes: list[RouteApproval] = []
     for approval in derived.routes:
-        network = ipaddress.ip_network(approval.route)
-        lacking = tuple(a for a in approval.approvers if not _approved(routes, network, a))
+        network = _network_of(approval.route)
+        assert network is not None  # derived routes are CIDRs
+        lacking = tuple(a for a in approval.approvers if not approvals.approved(network, a))
         if not lacking:
             continue
         if network in listed:
@@ -307,6 +395,7 @@ def render(base: Mapping[str, Any], derived: Derived, *, grants: bool = True) ->
             )
             continue
         routes[approval.route] = list(lacking)
+        approvals.add(approval.route, routes[approval.route])
         listed[network] = approval.route
         added_routes.append(RouteApproval(approval.route, lacking))
     if added_routes:
@@ -325,18 +414,29 @@ def render(base: Mapping[str, Any], derived: Derived, *, grants: bool = True) ->
     elif derived.grants:
         target = "grants" if grants else "acls"
         target_key = find_key(doc, target)
-        entries: list[Any] = doc[target_key] if target_key is not None else []
-        rules = _Rules(_member(doc, "grants", []), _member(doc, "acls", []), _member(doc, "hosts", {}))
+        # Copy on write: the list the render appends to is its own; the base's stays as it was.
+        entries: list[Any] = list(doc[target_key]) if target_key is not None else []
+        if target_key is not None:
+            doc[target_key] = entries
+        base_grants, acls = _member(doc, "grants", []), _member(doc, "acls", [])
+        index = None
+        if memo is not None:  # the base's own rules are filed once per base
+            index = memo.cache.get("rules")
+            if index is None:
+                index = memo.cache["rules"] = _Rules.index_of(base_grants, acls)
+        rules = _Rules(base_grants, acls, _member(doc, "hosts", {}), index=index)
         for grant in derived.grants:
             if undefined := _undefined_hosts(grant, rules.hosts):
                 skipped.append(Skipped("grant", _label(grant), _hosts_reason(undefined)))
             elif not rules.covers(grant):
-                entries.append(grant.to_json() if grants else acl_entry(grant))
+                rule = grant.to_json() if grants else acl_entry(grant)
+                entries.append(rule)
+                rules.add(rule, grant=grants)
                 added_grants.append(grant)
         if target_key is None and added_grants:
             doc[target] = entries
 
-    text = canonical_text(doc)
+    text = canonical_text(doc, memo=memo)
     return Rendered(
         text=text,
         document=doc,
@@ -380,9 +480,11 @@ def missing(live: str | Mapping[str, Any] | None, derived: Derived) -> Missing:
     tag_owners = tuple(entry for entry in derived.tag_owners if entry.tag not in owners)
     lacking_routes: list[RouteApproval] = []
     listed = {net: key for key in routes if (net := _as_network(key)) is not None}
+    approvals = _Approvals(routes)
     for approval in derived.routes:
-        network = ipaddress.ip_network(approval.route)
-        lacking = tuple(a for a in approval.approvers if not _approved(routes, network, a))
+        network = _network_of(approval.route)
+        assert network is not None  # derived routes are CIDRs
+        lacking = tuple(a for a in approval.approvers if not approvals.approved(network, a))
         if lacking:
             lacking_routes.append(RouteApproval(approval.route, lacking))
             if network in listed:
@@ -425,6 +527,8 @@ def _snippet(
 
 def _same(a: Any, b: Any) -> bool:
     """JSON equality: key order and formatting do not matter, but true is not 1."""
+    if a is b:
+        return True  # shared with the base (renders of one base share its objects)
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b
     if isinstance(a, dict) and isinstance(b, dict):
@@ -436,14 +540,21 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def diff_needed(live: str | Mapping[str, Any] | None, rendered: Rendered) -> bool:
+def diff_needed(live: str | Mapping[str, Any] | None, rendered: Rendered, *,
+                parsed: ParsedPolicies | None = None) -> bool:
     """Whether writing ``rendered`` would change the live policy's meaning-bearing data.
 
     Comments, formatting and key order alone never cause a write (every PUT adds a DB row in
     Headscale). A live text that cannot be parsed counts as different: the render replaces it.
+    ``parsed`` reuses the document of a live text seen (or written) before.
     """
+    if isinstance(live, str) and live == rendered.text:
+        return False  # the live policy is this very render (the steady state)
     try:
-        doc = _live_document(live)
+        if parsed is not None and isinstance(live, str) and live.strip():
+            doc = parsed.parse(live, source="live policy")
+        else:
+            doc = _live_document(live)
     except PolicyParseError:
         return True
     if live is None or (isinstance(live, str) and not live.strip()):

@@ -36,7 +36,7 @@ is the engine behind these names.
 from tailnet_operator.types import JSON
 
 from .apply import Applier
-from .cache import SharedCache
+from .cache import NotYetCached, SharedCache
 from .client import Client, ObjectList, WatchEvent
 from .clock import Clock, FakeClock, RealClock
 from .config import RestConfig
@@ -96,6 +96,7 @@ __all__ = [
     "Mapper",
     "Matching",
     "NotFound",
+    "NotYetCached",
     "ObjectList",
     "Predicate",
     "Reader",

@@ -30,6 +30,11 @@ DEFAULT_TIMEOUT = 30.0
 """Seconds a non-watch request may take from start to end."""
 
 DEFAULT_PAGE_SIZE = 500
+
+METADATA_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+"""Accept headers that ask the apiserver for objects' metadata only (what controller-runtime's
+metadata client sends); the body of a Secret or ConfigMap never crosses the wire."""
 """Objects per page of a list, as client-go's pager."""
 
 MIN_WATCH_TIMEOUT = 300.0
@@ -132,8 +137,10 @@ class Client:
 
     async def list(self, resource: Resource, namespace: str | None = None, *,
                    label_selector: str | None = None, field_selector: str | None = None,
-                   page_size: int = DEFAULT_PAGE_SIZE, resource_version: str | None = None) -> ObjectList:
-        """All objects, fetched in pages of ``page_size`` (0: one unpaged request)."""
+                   page_size: int = DEFAULT_PAGE_SIZE, resource_version: str | None = None,
+                   metadata_only: bool = False) -> ObjectList:
+        """All objects, fetched in pages of ``page_size`` (0: one unpaged request); with
+        ``metadata_only`` the server sends each object's metadata only (PartialObjectMetadata)."""
         params: dict[str, str] = {}
         if label_selector:
             params["labelSelector"] = label_selector
@@ -145,7 +152,8 @@ class Client:
             params["resourceVersion"] = resource_version
         items: list[JSON] = []
         while True:
-            page = await self.request("GET", resource.path(namespace), params=params)
+            page = await self.request("GET", resource.path(namespace), params=params,
+                                      accept=METADATA_LIST_ACCEPT if metadata_only else None)
             items += page.get("items") or []
             meta = page.get("metadata", {})
             token = meta.get("continue")
@@ -156,8 +164,10 @@ class Client:
     async def watch(self, resource: Resource, namespace: str | None = None, *, resource_version: str,
                     label_selector: str | None = None, field_selector: str | None = None,
                     timeout_seconds: float | None = None, bookmarks: bool = True,
-                    inactivity_timeout: float = WATCH_INACTIVITY_TIMEOUT) -> AsyncIterator[WatchEvent]:
-        """Stream events after ``resource_version`` until the server ends the watch.
+                    inactivity_timeout: float = WATCH_INACTIVITY_TIMEOUT,
+                    metadata_only: bool = False) -> AsyncIterator[WatchEvent]:
+        """Stream events after ``resource_version`` until the server ends the watch (objects as
+        metadata only with ``metadata_only``).
 
         Raises :class:`Gone` when the version is too old (the caller relists) and
         :class:`TransportError` when the stream breaks or stays silent longer than
@@ -173,7 +183,8 @@ class Client:
         if field_selector:
             params["fieldSelector"] = field_selector
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout, sock_read=inactivity_timeout)
-        async with self._open("GET", resource.path(namespace), params=params, timeout=timeout) as resp:
+        async with self._open("GET", resource.path(namespace), params=params, timeout=timeout,
+                              accept=METADATA_ACCEPT if metadata_only else None) as resp:
             try:
                 async for line in _lines(resp.content):
                     event = json.loads(line)
@@ -234,11 +245,11 @@ class Client:
 
     async def request(self, method: str, path: str, *, body: Any = None,
                       params: Mapping[str, str] | None = None,
-                      content_type: str = "application/json") -> JSON:
+                      content_type: str = "application/json", accept: str | None = None) -> JSON:
         """Send one request and decode the JSON answer; failures raise KubeError subclasses."""
         timeout = aiohttp.ClientTimeout(total=self._timeout)
         async with self._open(method, path, body=body, params=params, content_type=content_type,
-                              timeout=timeout) as resp:
+                              timeout=timeout, accept=accept) as resp:
             try:
                 payload = await resp.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
@@ -248,11 +259,13 @@ class Client:
 
     def _open(self, method: str, path: str, *, timeout: aiohttp.ClientTimeout, body: Any = None,
               params: Mapping[str, str] | None = None,
-              content_type: str = "application/json") -> _Response:
+              content_type: str = "application/json", accept: str | None = None) -> _Response:
         if self._session is None:
             raise KubeError("the client is not open: use 'async with Client(...)'")
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": content_type} if data is not None else {}
+        if accept:
+            headers["Accept"] = accept
         return _Response(self, method, self.config.host + path, params=params, data=data,
                          headers=headers, timeout=timeout)
 

@@ -25,7 +25,7 @@ import structlog
 
 from tailnet_operator.types import JSON
 
-from .cache import SharedCache
+from .cache import NotYetCached, SharedCache
 from .clock import Clock, RealClock
 from .informer import DeletedFinalStateUnknown
 from .kinds import Resource
@@ -266,6 +266,9 @@ class Controller:
                 result = await self._reconcile(request)
             except asyncio.CancelledError:
                 raise
+            except NotYetCached as pending:
+                outcome = "requeue"
+                self._cache.when_fetched(pending, lambda: self.queue.add(request))
             except TerminalError as exc:
                 self.queue.forget(request)
                 self._count_error(terminal=True)

@@ -264,6 +264,12 @@ class _ListerWatcher:
     def __init__(self, fake: FakeClient) -> None:
         self._fake = fake
 
+    async def get(self, resource: Resource, name: str, namespace: str | None = None) -> JSON:
+        obj = self._fake._get_raw(resource, name, namespace)
+        if obj is None:
+            raise NotFound(404, "NotFound", f"{resource.kind} {name} not found")
+        return copy.deepcopy(obj)
+
     async def list(self, resource: Resource, namespace: str | None = None, *,
                    label_selector: str | None = None) -> ObjectList:
         return await self._fake.list_objects(resource, namespace, label_selector=label_selector)

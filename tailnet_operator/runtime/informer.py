@@ -19,7 +19,7 @@ Objects in the store are shared with every reader: treat them as read-only.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,7 +28,7 @@ import structlog
 from tailnet_agent.backoff import Backoff
 from tailnet_operator.types import JSON
 
-from .client import WATCH_INACTIVITY_TIMEOUT
+from .client import WATCH_INACTIVITY_TIMEOUT, Client, ObjectList, WatchEvent
 from .clock import Clock, RealClock
 from .errors import Gone, KubeError
 from .interfaces import ListerWatcher
@@ -88,6 +88,51 @@ class EventHandler(Protocol):
     def on_update(self, old: JSON, new: JSON) -> None: ...
 
     def on_delete(self, obj: JSON | DeletedFinalStateUnknown) -> None: ...
+
+
+METADATA_FIELDS = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
+                   "deletionTimestamp", "labels", "ownerReferences", "finalizers")
+"""What a metadata-only informer keeps of each object (no annotations, no managedFields)."""
+
+
+def metadata_of(obj: JSON) -> JSON:
+    """``obj`` reduced to the metadata a metadata-only informer keeps."""
+    meta = obj.get("metadata") or {}
+    return {"apiVersion": obj.get("apiVersion", ""), "kind": obj.get("kind", ""),
+            "metadata": {k: meta[k] for k in METADATA_FIELDS if k in meta}}
+
+
+class MetadataOnly:
+    """A :class:`~.interfaces.ListerWatcher` of objects' metadata only: the API server sends
+    PartialObjectMetadata (when ``inner`` supports ``metadata_only``, as the REST client does) and
+    each object is reduced with :func:`metadata_of`, so bodies (a Secret's data, a ConfigMap's)
+    are never held."""
+
+    def __init__(self, inner: ListerWatcher) -> None:
+        self.inner = inner
+
+    async def list(self, resource: Resource, namespace: str | None = None, *,
+                   label_selector: str | None = None) -> ObjectList:
+        if isinstance(self.inner, Client):
+            result = await self.inner.list(resource, namespace, label_selector=label_selector, metadata_only=True)
+        else:
+            result = await self.inner.list(resource, namespace, label_selector=label_selector)
+        result.items = [metadata_of(o) for o in result.items]
+        return result
+
+    async def watch(self, resource: Resource, namespace: str | None = None, *, resource_version: str,
+                    label_selector: str | None = None,
+                    inactivity_timeout: float = WATCH_INACTIVITY_TIMEOUT) -> AsyncIterator[WatchEvent]:
+        if isinstance(self.inner, Client):
+            events = self.inner.watch(resource, namespace, resource_version=resource_version,
+                                      label_selector=label_selector, inactivity_timeout=inactivity_timeout,
+                                      metadata_only=True)
+        else:
+            events = self.inner.watch(resource, namespace, resource_version=resource_version,
+                                      label_selector=label_selector, inactivity_timeout=inactivity_timeout)
+        async for event in events:
+            obj = event.object
+            yield WatchEvent(event.type, obj if event.type == "BOOKMARK" else metadata_of(obj))
 
 
 # -- Store ---------------------------------------------------------------------------------------
