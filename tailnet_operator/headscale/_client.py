@@ -208,13 +208,17 @@ class HeadscaleClient:
         try:
             doc = await self._call("GET", "/version", auth=False)
         except NotFound:
-            return ""
-        return str(doc.get("version") or "")
+            reported = ""
+        else:
+            reported = str(doc.get("version") or "")
+        self._features = ServerFeatures.from_reported(reported)  # what features() would ask again
+        return reported
 
     async def features(self) -> ServerFeatures:
         """What this server's API offers (by its version; asked once, then cached)."""
         if self._features is None:
-            self._features = ServerFeatures.from_reported(await self.version())
+            await self.version()
+        assert self._features is not None
         return self._features
 
     async def _require(self, feature: str, minimum: tuple[int, int]) -> None:

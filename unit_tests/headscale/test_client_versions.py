@@ -211,3 +211,12 @@ def test_nodes_before_028_carry_forced_and_valid_tags() -> None:
                           "invalidTags": ["tag:c"]})
     assert old.tags == ("tag:a", "tag:b")
     assert Node.from_json({"id": "1", "tags": ["tag:x"], "forcedTags": ["tag:a"]}).tags == ("tag:x",)
+
+
+async def test_the_version_asked_once_also_answers_what_the_server_offers() -> None:
+    fake = Fake("v0.28.0", {})
+    async with client(fake) as hs:
+        assert await hs.version() == "v0.28.0"
+        assert not (await hs.features()).grants
+        await hs.features()
+    assert len(fake.calls("GET", "/version")) == 1
