@@ -28,6 +28,7 @@ from typing import Any
 
 from benchmarks.paths import PathResult
 from e2e.cluster import (
+    OPEN_BASE,
     SLEEPER,
     ClusterUnderTest,
     PythonSession,
@@ -47,7 +48,6 @@ from hack.localenv import Environment, Headscale, wait_until
 PATHS_SOURCE = Path(__file__).with_name("paths.py")
 SERVER_PORT = 9000
 SOCKS_PORT = 1080
-OPEN_BASE = '{"grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]}\n'
 AGENT = "agent (TailnetEgress)"
 TAILSCALED = "tailscaled userspace pod (SOCKS5)"
 EGRESS_TAG = "tag:bench-egress"

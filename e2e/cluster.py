@@ -28,6 +28,18 @@ EXTERNAL_KUBECONFIG = "TAILNET_E2E_KUBECONFIG"
 """Set by ``make e2e``: run the cluster tests against this cluster (kind) instead of the local node."""
 
 
+TAILNETS = "tailnets.tailnet.dev"
+EGRESSES = "tailnetegresses.tailnet.dev"
+INGRESSES = "tailnetingresses.tailnet.dev"
+SITES = "tailnetsites.tailnet.dev"
+GATEWAYS = "tailnetgateways.tailnet.dev"
+"""The kinds as ``kubectl`` names them."""
+HOSTS = ("kube-system", "tailnet-hosts")
+"""The CoreDNS hosts ConfigMap the cluster's DNS serves (namespace, name)."""
+OPEN_BASE = '{"grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]}\n'
+"""A base policy that lets everyone reach everything; the operator adds owners and approvers."""
+
+
 class Image(Protocol):
     @property
     def ref(self) -> str: ...

@@ -19,7 +19,12 @@ from typing import Any
 import pytest
 
 from e2e.cluster import (
+    EGRESSES,
+    HOSTS,
+    OPEN_BASE,
+    SITES,
     SLEEPER,
+    TAILNETS,
     ClusterUnderTest,
     apply,
     condition,
@@ -40,12 +45,7 @@ from hack.localenv import Headscale, SiteHost, TailscaleNode, wait_until
 # The first test also waits for the node, the image and the operator (the session fixtures).
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
 
-EGRESSES = "tailnetegresses.tailnet.dev"
-TAILNETS = "tailnets.tailnet.dev"
-SITES = "tailnetsites.tailnet.dev"
-HOSTS = ("kube-system", "tailnet-hosts")
 ZONE = "branch.e2e.internal"
-OPEN_BASE = '{"grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]}\n'
 
 
 @dataclass

@@ -28,7 +28,11 @@ from typing import Any
 import pytest
 
 from e2e.cluster import (
+    GATEWAYS,
     HTTP_SERVER,
+    OPEN_BASE,
+    SITES,
+    TAILNETS,
     ClusterUnderTest,
     apply,
     condition,
@@ -45,12 +49,8 @@ from hack.localenv import Headscale, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
 
-GATEWAYS = "tailnetgateways.tailnet.dev"
-TAILNETS = "tailnets.tailnet.dev"
-SITES = "tailnetsites.tailnet.dev"
 GATEWAY_NAMESPACE = "tailnet-gateway"
 ZONE = "gw.e2e.internal"
-OPEN_BASE = '{"grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]}\n'
 
 
 @dataclass

@@ -27,7 +27,10 @@ import yaml
 from cryptography import x509
 
 from e2e.cluster import (
+    HOSTS,
     HTTP_SERVER,
+    INGRESSES,
+    TAILNETS,
     ClusterUnderTest,
     apply,
     condition,
@@ -48,9 +51,6 @@ from hack.localenv.certmanager import crd_bodies
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
 
-INGRESSES = "tailnetingresses.tailnet.dev"
-TAILNETS = "tailnets.tailnet.dev"
-HOSTS = ("kube-system", "tailnet-hosts")
 ZONE = "apps.e2e.internal"
 CERT_MANAGER_NAMESPACE = "cert-manager"
 ISSUER = "tailnet-e2e-ca"

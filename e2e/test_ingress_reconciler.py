@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
+from e2e.cluster import OPEN_BASE
 from hack.localenv import CertManager, ControlPlane, Environment, Headscale
 from hack.localenv._pki import CertificateAuthority
 from hack.localenv.certmanager import crd_bodies
@@ -43,7 +44,6 @@ from .polling import eventually
 
 pytestmark = pytest.mark.integration
 
-OPEN_BASE = '{"grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]}\n'
 ZONE = "apps.e2e.internal"
 TAG = "tag:ingress-shop"
 CLUSTER_ISSUER = KubeResource("cert-manager.io", "v1", "clusterissuers", "ClusterIssuer", namespaced=False)
