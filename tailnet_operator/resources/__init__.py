@@ -15,11 +15,13 @@ def controller_reference(owner: dict[str, Any]) -> dict[str, Any]:
 
 
 def owned_metadata(owner: dict[str, Any], *, name: str, namespace: str, tailnet: str,
-                   annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    """metadata for an object a Tailnet's reconciler owns: labels, owner and optional annotations."""
+                   annotations: dict[str, str] | None = None,
+                   labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """metadata for an object a reconciler owns: labels (``labels`` added to the common ones),
+    ``owner`` as controller and optional annotations."""
     meta: dict[str, Any] = {
         "name": name, "namespace": namespace,
-        "labels": {**MANAGED_BY, "tailnet.dev/tailnet": tailnet},
+        "labels": {**MANAGED_BY, **(labels or {}), "tailnet.dev/tailnet": tailnet},
         "ownerReferences": [controller_reference(owner)],
     }
     if annotations:

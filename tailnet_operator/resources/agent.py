@@ -14,7 +14,8 @@ from typing import Any
 
 from tailnet_operator.api.egress import AgentResources
 
-from . import MANAGED_BY, controller_reference, http_probe, restricted_pod_security_context, restricted_security_context
+from . import http_probe, restricted_pod_security_context, restricted_security_context
+from . import owned_metadata as shared_owned_metadata
 
 __all__ = [
     "AGENT_UID",
@@ -66,9 +67,8 @@ def labels(component: str, name: str) -> dict[str, str]:
 
 def owned_metadata(owner: Obj, *, name: str, labels: dict[str, str], tailnet: str) -> Obj:
     """metadata of an object an agent's CR owns, beside the CR: its labels and the CR as controller."""
-    return {"name": name, "namespace": owner["metadata"]["namespace"],
-            "labels": {**MANAGED_BY, **labels, "tailnet.dev/tailnet": tailnet},
-            "ownerReferences": [controller_reference(owner)]}
+    return shared_owned_metadata(owner, name=name, namespace=owner["metadata"]["namespace"], tailnet=tailnet,
+                                 labels=labels)
 
 
 def base_env(agent: AgentSpec, *, mode: str, hostname: str) -> list[Obj]:
