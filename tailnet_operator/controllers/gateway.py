@@ -67,6 +67,9 @@ FIELD_MANAGER = "tailnet-operator-gateway"
 RECEIPTS_FIELD_MANAGER = "tailnet-operator-gateway-receipts"
 """Receipts are applied once by their own manager, so no later status write can drop them."""
 WAIT_SECONDS = 2.0
+SETTLING_SECONDS = 5.0
+"""How soon a gateway whose routes are not all advertised and approved looks again: approval comes
+from the Policy reconciler or a person, neither of which the gateway watches."""
 CONDITION_TYPES = ("Registered", "RestartPending", "RoutesApproved", "SplitDNS", "TagOwned")
 
 
@@ -214,8 +217,7 @@ class GatewayReconciler(AgentReconciler):
         await self._delete(SECRET, build.auth_key_secret(run.gateway))
         await self.events.normal(run.obj, "Registered",
                                  f"router node {node.id} ({node.name}) registered; receipts written", action="Register")
-        await self._report(run, hs, node, applied)
-        return Result(requeue_after=RESYNC_SECONDS)
+        return await self._report(run, hs, node, applied)
 
     async def _state_not_ours(self, run: Run) -> Result:
         ref = f"{self.namespace}/{build.state_secret_name(run.gateway)}"
@@ -252,8 +254,7 @@ class GatewayReconciler(AgentReconciler):
             return await self._not_registered(run, "StateSecretGone", message)
         applied = await self._apply(run)
         node = await self._approve_dns_route(hs, node, applied.dns_address)
-        await self._report(run, hs, node, applied)
-        return Result(requeue_after=RESYNC_SECONDS)
+        return await self._report(run, hs, node, applied)
 
     async def _approve_dns_route(self, hs: HeadscaleClient, node: Node, address: str) -> Node:
         """The CoreDNS /32 is the gateway's own route: approved on its node once advertised."""
@@ -330,7 +331,8 @@ class GatewayReconciler(AgentReconciler):
 
     # -- status ---------------------------------------------------------------------------------
 
-    async def _report(self, run: Run, hs: HeadscaleClient, node: Node, applied: Applied) -> None:
+    async def _report(self, run: Run, hs: HeadscaleClient, node: Node, applied: Applied) -> Result:
+        """Write the status; look again soon while routes wait for advertisement or approval."""
         registered = Cond("Registered", "True", "Registered",
                           f"router node {node.id} ({node.name}) is in Headscale with the receipts' identity")
         if node.online:
@@ -339,11 +341,13 @@ class GatewayReconciler(AgentReconciler):
         else:
             pod = f"{self.namespace}/{build.pod_name(run.gateway)}"
             ready = Cond("Ready", "False", "NodeOffline", f"router node {node.id} is offline; see the pod {pod}")
-        conds = [ready, registered, self._restart_condition(run, applied), _routes_condition(applied, node),
-                 self.tag_owned(run.gateway.spec.tag)]
+        restart, routes = self._restart_condition(run, applied), _routes_condition(applied, node)
+        conds = [ready, registered, restart, routes, self.tag_owned(run.gateway.spec.tag)]
         if split := _split_dns_condition(run, applied):
             conds.append(split)
         await self._write(run, conds, self._fields(run, node, applied))
+        settling = routes.status != "True" and restart.status != "True"  # a pending restart waits for a person
+        return Result(requeue_after=SETTLING_SECONDS if settling else RESYNC_SECONDS)
 
     def _restart_condition(self, run: Run, applied: Applied) -> Cond:
         pod = self.reader.get(POD, build.pod_name(run.gateway), self.namespace)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tailnet_operator.controllers.gateway import GatewayReconciler, GatewaySettings
+from tailnet_operator.controllers.agents import RESYNC_SECONDS
+from tailnet_operator.controllers.gateway import SETTLING_SECONDS, GatewayReconciler, GatewaySettings
 from tailnet_operator.controllers.kinds import TAILNET_EGRESS, TAILNET_GATEWAY
 from tailnet_operator.runtime import CONFIG_MAP, FINALIZER, SECRET, SERVICE, Applier, Request, Result
 from tailnet_operator.runtime.kinds import DEPLOYMENT, POD, STATEFUL_SET
@@ -364,6 +365,33 @@ async def test_a_new_site_route_reaches_the_template_and_is_not_advertised_until
     assert "192.168.20.0/24" in str(sts["spec"]["template"]["spec"]["containers"][0]["env"])
     routes = world.cond("RoutesApproved")
     assert (routes["status"], routes["reason"]) == ("False", "NotAdvertised") and "192.168.20.0/24" in routes["message"]
+
+
+async def test_a_route_waiting_for_approval_is_looked_at_again_soon_and_then_at_the_resync() -> None:
+    world = await created_world()
+    node = world.register()
+    node["approvedRoutes"] = []  # the site route waits for the Policy reconciler's approval
+    world.pod_from_template()
+
+    waiting = await world.reconcile_gateway()
+    assert world.cond("RoutesApproved")["reason"] == "NotApproved"
+    assert waiting.requeue_after == SETTLING_SECONDS
+
+    node["approvedRoutes"] = list(node["availableRoutes"])
+    settled = await world.reconcile_gateway()
+    assert world.cond("RoutesApproved")["status"] == "True"
+    assert settled.requeue_after == RESYNC_SECONDS
+
+
+async def test_a_route_waiting_for_a_restart_does_not_poll() -> None:
+    world = await registered_world()
+    world.pod_from_template()
+    world.edit_spec(siteRoutes=["192.168.10.0/24", "192.168.20.0/24"])
+
+    result = await world.reconcile_gateway()
+
+    assert world.cond("RestartPending")["status"] == "True"
+    assert result.requeue_after == RESYNC_SECONDS
 
 
 async def test_the_hosts_file_follows_into_the_zone() -> None:
