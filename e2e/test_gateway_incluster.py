@@ -14,22 +14,35 @@ The router image is ``hack.image.router_image()``: the project's Debian base plu
 tailscaled and tailscale, because the local node pulls nothing from registries (the
 tailscale/tailscale image a user runs has the same two programs and a shell).
 
-Split DNS through Headscale is not exercised: it is Headscale's configuration file, fixed when
-the session's Headscale starts (docs/gateway.md).
+The module runs its own Headscale (on the cluster's host address, as the session's), because split
+DNS is Headscale's configuration file: once the gateway's CoreDNS has its address, the test writes
+``dns.nameservers.split`` for the zone and restarts Headscale, as its operator would. A laptop that
+accepts DNS then resolves an egress alias and an ingress name of the zone through tailscaled's
+resolver (``tailscale dns query``), which sends the query over the tailnet to the gateway's CoreDNS.
+MetalLB's controller (the allocator only) gives a Service of type LoadBalancer an address of
+``advertiseLoadBalancerRange``; the laptop reaches it through the router, where kube-proxy routes
+the address to the Service's endpoints.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import ipaddress
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import yaml
 
 from e2e.cluster import (
+    EGRESSES,
     GATEWAYS,
     HTTP_SERVER,
+    INGRESSES,
     OPEN_BASE,
     SITES,
     TAILNETS,
@@ -45,12 +58,14 @@ from e2e.cluster import (
 )
 from e2e.conftest import TailscaleFactory
 from e2e.operator import tailnet_object
-from hack.localenv import Headscale, wait_until
+from hack.localenv import Environment, Headscale, TailscaleNode, metallb, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 GATEWAY_NAMESPACE = "tailnet-gateway"
 ZONE = "gw.e2e.internal"
+LB_RANGE = "198.19.200.0/29"
+"""Inside the test ranges (198.18.0.0/15), apart from the node's pod and Service ranges."""
 
 
 @dataclass
@@ -64,10 +79,13 @@ class GatewayWorld:
     server_ip: str
     router_image: str
     dns_image: str
+    hosts: str
+    """The Tailnet's hosts ConfigMap (in kube-system), which the gateway copies into its zone."""
 
     def gateway_object(self, **spec: Any) -> dict[str, Any]:
         body = {"tailnetRef": {"name": self.tailnet}, "tag": self.tag, "image": self.router_image,
-                "siteRoutes": [f"{self.server_ip}/32"], "dns": {"zone": ZONE, "image": self.dns_image}, **spec}
+                "siteRoutes": [f"{self.server_ip}/32"], "advertiseLoadBalancerRange": LB_RANGE,
+                "dns": {"zone": ZONE, "image": self.dns_image}, **spec}
         return {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetGateway", "metadata": {"name": self.gateway},
                 "spec": body}
 
@@ -85,8 +103,35 @@ def _diagnose(cluster: ClusterUnderTest, world: GatewayWorld, exc: Exception) ->
 
 
 @pytest.fixture(scope="module")
+def cluster_headscale(environment: Environment, cluster: ClusterUnderTest) -> Iterator[Headscale]:
+    """This module's own Headscale: its split DNS configuration changes (and it restarts) mid-module."""
+    server = environment.headscale(f"gw-headscale-{uuid.uuid4().hex[:4]}", address=cluster.host_address)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def load_balancer(cluster: ClusterUnderTest, environment: Environment) -> Iterator[None]:
+    """MetalLB's CRDs, its controller on the host and a pool of LB_RANGE; removed afterwards."""
+    crds = yaml.safe_dump_all(metallb.crd_bodies())
+    kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=crds)
+    kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s", "crd/ipaddresspools.metallb.io")
+    apply(cluster, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": metallb.NAMESPACE}}])
+    apply(cluster, [metallb.address_pool("gateway-range", LB_RANGE)])
+    allocator = environment.metallb(cluster.kubeconfig)
+    try:
+        yield
+    finally:
+        allocator.stop()
+        kubectl(cluster, "delete", "namespace", metallb.NAMESPACE, "--wait=false", check=False)
+        kubectl(cluster, "delete", "-f", "-", "--ignore-not-found", "--wait=false", stdin=crds, check=False)
+
+
+@pytest.fixture(scope="module")
 def world(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale: Headscale,
-          project_image: Any) -> Iterator[GatewayWorld]:
+          project_image: Any, load_balancer: None) -> Iterator[GatewayWorld]:
     from hack import image
 
     router, coredns = image.router_image(), image.coredns_image()
@@ -109,13 +154,19 @@ def world(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale:
     ])
     try:
         with namespace(cluster, "lan") as server_ns:
-            apply(cluster, [python_pod("server", server_ns, project_image.ref, HTTP_SERVER, port=8080)])
+            apply(cluster, [python_pod("server", server_ns, project_image.ref, HTTP_SERVER, port=8080,
+                                       labels={"app": "server"}),
+                            {"apiVersion": "v1", "kind": "Service",
+                             "metadata": {"name": "server", "namespace": server_ns},
+                             "spec": {"type": "LoadBalancer", "selector": {"app": "server"},
+                                      "ports": [{"port": 8080, "targetPort": 8080}]}}])
             wait_pod_running(cluster, server_ns, "server")
             server_ip = get_json(cluster, "-n", server_ns, "pod", "server")["status"]["podIP"]
             apply(cluster, [{"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetSite", "metadata": {"name": site},
                              "spec": {"tailnetRef": {"name": tailnet}, "routes": [f"{server_ip}/32"],
                                       "routerTag": tag}}])
-            yield GatewayWorld(ns, tailnet, gateway, tag, site, server_ns, server_ip, router.ref, coredns.ref)
+            yield GatewayWorld(ns, tailnet, gateway, tag, site, server_ns, server_ip, router.ref, coredns.ref,
+                               hosts)
     finally:
         kubectl(cluster, "patch", GATEWAYS, gateway, "--type=merge", "-p",
                 '{"spec": {"deletionPolicy": "Delete"}}', check=False)
@@ -196,6 +247,35 @@ def test_the_kernel_mode_router_registers_once_and_a_deleted_pod_comes_back_as_t
     assert _receipts(cluster, world) == receipts
 
 
+def test_a_new_site_route_waits_for_a_person_to_restart_the_pod_then_is_advertised(
+        cluster: ClusterUnderTest, world: GatewayWorld, cluster_headscale: Headscale) -> None:
+    wait_until(lambda: _ready_running(cluster, world), timeout=240, what="the gateway Ready")
+    before = wait_until(lambda: _pod_uid_ready(cluster, world), timeout=120, what="the router pod Ready")
+    added = "198.18.251.0/24"
+    routes = [f"{world.server_ip}/32", added]
+    kubectl(cluster, "patch", GATEWAYS, world.gateway, "--type=merge", "-p",
+            json.dumps({"spec": {"siteRoutes": routes}}))
+    wait_until(lambda: _condition_of(cluster, world, "RestartPending") == ("True", "TemplateChanged"), timeout=60,
+               what="RestartPending True after the route change")
+    assert _pod_uid_ready(cluster, world) == before, "the operator never restarts the router"
+    assert added not in _tagged(cluster_headscale, world.tag)[0]["availableRoutes"]
+
+    kubectl(cluster, "-n", GATEWAY_NAMESPACE, "delete", "pod", world.pod, "--wait=true", "--timeout=60s")
+    try:
+        wait_until(lambda: added in _tagged(cluster_headscale, world.tag)[0]["availableRoutes"], timeout=180,
+                   what=f"the restarted router to advertise {added}")
+        wait_until(lambda: _condition_of(cluster, world, "RestartPending") == ("False", "UpToDate"), timeout=60,
+                   what="RestartPending False once the pod runs the template")
+    except TimeoutError as exc:
+        raise _diagnose(cluster, world, exc) from exc
+
+
+def _condition_of(cluster: ClusterUnderTest, world: GatewayWorld, kind: str) -> tuple[str, str] | None:
+    conditions = (_gateway(cluster, world).get("status") or {}).get("conditions") or []
+    found = next((c for c in conditions if c["type"] == kind), None)
+    return (found["status"], found["reason"]) if found else None
+
+
 def test_a_laptop_reaches_the_lan_behind_the_router(
         cluster: ClusterUnderTest, world: GatewayWorld, cluster_headscale: Headscale,
         module_tailscale_nodes: TailscaleFactory) -> None:
@@ -221,6 +301,109 @@ def test_a_laptop_reaches_the_lan_behind_the_router(
 
     status = wait_until(approved_status, timeout=60, what=f"the gateway's status to list {route} as approved")
     assert status["dns"]["zone"] == ZONE and status["dns"]["serverAddress"]
+
+
+def test_a_laptop_reaches_a_load_balancer_address_and_resolves_the_zone_by_split_dns(
+        cluster: ClusterUnderTest, world: GatewayWorld, cluster_headscale: Headscale,
+        module_tailscale_nodes: TailscaleFactory) -> None:
+    wait_until(lambda: _ready_running(cluster, world), timeout=240, what="the gateway Ready")
+    lb_ip = wait_until(lambda: _load_balancer_ip(cluster, world), timeout=60,
+                       what="MetalLB to give the LoadBalancer Service an address")
+    assert ipaddress.ip_address(lb_ip) in ipaddress.ip_network(LB_RANGE)
+    status = wait_until(lambda: _status_approving(cluster, world, LB_RANGE), timeout=60,
+                        what=f"the gateway's status to list {LB_RANGE} as approved")
+    dns_address = status["dns"]["serverAddress"]
+
+    user = cluster_headscale.create_user(f"dns-laptop-{uuid.uuid4().hex[:6]}")
+    laptop = module_tailscale_nodes("gw-dns-laptop", cluster_headscale,
+                                    authkey=cluster_headscale.create_preauth_key(user_id=user["id"]),
+                                    accept_routes=True)
+    body = wait_until(lambda: _fetch(laptop.http_proxy, f"http://{lb_ip}:8080/"), timeout=120,
+                      what=f"the laptop to reach the LoadBalancer address {lb_ip} through the router")
+    assert body == "hello from server"
+
+    with _named_objects(cluster, world) as (alias, ingress_name):
+        hosts = wait_until(lambda: _hosts_with(cluster, world, alias, ingress_name), timeout=180,
+                           what=f"{alias} and {ingress_name} in the Tailnet's hosts file")
+        cluster_headscale.set_split_dns({ZONE: [dns_address]})  # restarts Headscale: the nodes reconnect
+        laptop.set("--accept-dns=true")
+        for name in (alias, ingress_name):
+            try:
+                answer = wait_until(functools.partial(_resolves, laptop, name, hosts[name]), timeout=240,
+                                    what=f"the laptop to resolve {name} through split DNS")
+            except TimeoutError as exc:
+                raise _diagnose_zone(cluster, world, exc) from exc
+            assert dns_address in answer, f"answered by the gateway's CoreDNS {dns_address}: {answer}"
+
+
+def _diagnose_zone(cluster: ClusterUnderTest, world: GatewayWorld, exc: Exception) -> AssertionError:
+    zone = get_json(cluster, "-n", GATEWAY_NAMESPACE, "configmap", f"{world.gateway}-gateway").get("data") or {}
+    logs = kubectl(cluster, "-n", GATEWAY_NAMESPACE, "logs", f"deployment/{world.gateway}-gateway-dns", "--tail=40",
+                   check=False)
+    return AssertionError(f"{exc}\nthe zone's hosts file:\n{zone.get('hosts')}\nCoreDNS logs:\n{logs}\n"
+                          f"operator logs:\n{operator_logs(cluster, world.namespace)}")
+
+
+def _load_balancer_ip(cluster: ClusterUnderTest, world: GatewayWorld) -> str | None:
+    service = get_json(cluster, "-n", world.server_ns, "service", "server")
+    ingress = ((service.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+    return str(ingress[0]["ip"]) if ingress and ingress[0].get("ip") else None
+
+
+def _status_approving(cluster: ClusterUnderTest, world: GatewayWorld, route: str) -> dict[str, Any] | None:
+    status: dict[str, Any] = _gateway(cluster, world).get("status") or {}
+    return status if route in ((status.get("routes") or {}).get("approved") or []) else None
+
+
+@contextlib.contextmanager
+def _named_objects(cluster: ClusterUnderTest, world: GatewayWorld) -> Iterator[tuple[str, str]]:
+    """An egress whose target has an alias in the zone and an ingress whose DNS name is in the zone;
+    yields the two names. The egress target is never dialled (the address is inside the test ranges)."""
+    suffix = uuid.uuid4().hex[:6]
+    egress, ingress, alias = f"db-{suffix}", f"shop-{suffix}", f"db-{suffix}.{ZONE}"
+    with namespace(cluster, "tenant", {"pod-security.kubernetes.io/enforce": "restricted"}) as tenant:
+        apply(cluster, [
+            {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetEgress",
+             "metadata": {"name": egress, "namespace": world.namespace},
+             "spec": {"tailnetRef": {"name": world.tailnet}, "tag": f"tag:egress-{suffix}",
+                      "consumerNamespaces": [tenant],
+                      "targets": [{"name": "db", "address": "198.18.250.1", "ports": [{"port": 5432}],
+                                   "aliases": [alias]}]}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": "tailnet-operator", "namespace": tenant},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                         "name": "tailnet-operator-tenant"},
+             "subjects": [{"kind": "ServiceAccount", "name": "tailnet-operator", "namespace": world.namespace}]},
+            {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetIngress",
+             "metadata": {"name": ingress, "namespace": tenant},
+             "spec": {"tailnetRef": {"name": world.tailnet}, "tag": f"tag:ingress-{suffix}", "hostname": ingress,
+                      "dnsTemplate": "{hostname}." + ZONE,
+                      "exposes": [{"name": "raw", "port": 8080, "backend": {"service": "web", "port": 8080}}]}},
+        ])
+        try:
+            yield alias, f"{ingress}.{ZONE}"
+        finally:
+            kubectl(cluster, "-n", tenant, "delete", INGRESSES, ingress, "--wait=true", "--timeout=90s", check=False)
+            kubectl(cluster, "-n", world.namespace, "delete", EGRESSES, egress, "--wait=true", "--timeout=90s",
+                    check=False)
+
+
+def _hosts_with(cluster: ClusterUnderTest, world: GatewayWorld, *names: str) -> dict[str, str] | None:
+    """``{name: address}`` of the hosts file once it holds every name of ``names``."""
+    from tailnet_operator.controllers.dns import parse_hosts
+
+    data = get_json(cluster, "-n", "kube-system", "configmap", world.hosts).get("data") or {}
+    hosts = parse_hosts(data.get("hosts", ""))
+    return hosts if all(name in hosts for name in names) else None
+
+
+def _resolves(laptop: TailscaleNode, name: str, address: str) -> str:
+    """``tailscale dns query``'s answer when it gives ``address`` for ``name`` (else the answer is
+    raised, so that a timeout shows the last one)."""
+    answer = laptop.cli("dns", "query", name, "A")
+    if address not in answer:
+        raise AssertionError(f"{name} not answered with {address}:\n{answer}")
+    return answer
 
 
 def test_delete_leaves_no_pod_secret_or_node(

@@ -129,8 +129,10 @@ PROMETHEUS = Component("prometheus", versions.PROMETHEUS, ("prometheus", "promto
                        x_version="github.com/prometheus/common/version.Version")
 CERT_MANAGER = Component("cert-manager", versions.CERT_MANAGER, ("cert-manager-controller",),
                          "github.com/cert-manager/cert-manager", (".",), main="certmanager")
+METALLB = Component("metallb", versions.METALLB, ("metallb-controller",), "go.universe.tf/metallb",
+                    ("go.universe.tf/metallb/controller",))
 COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE, CONTAINERD, RUNC, CNI_PLUGINS, COREDNS, KIND, CYCLONUS, HELM,
-              CERT_MANAGER, PROMETHEUS)
+              CERT_MANAGER, PROMETHEUS, METALLB)
 
 _MIN_GO = (1, 26)
 
@@ -292,6 +294,15 @@ def _build_packages(go: str, component: Component, work: Path, ldflags: str, *, 
 
 def _throwaway_module(go: str, workdir: Path) -> None:
     _run([go, "mod", "init", "local/testbinaries"], cwd=workdir)
+
+
+def module_dir(module: str, version: str) -> Path:
+    """The unpacked files of ``module@v<version>`` in Go's module cache (downloaded when missing):
+    where tests read a component's own manifests, such as its CRDs."""
+    go = require_go()
+    with tempfile.TemporaryDirectory(prefix="module-") as tmp:
+        info = json.loads(_run([go, "mod", "download", "-json", f"{module}@v{version}"], cwd=Path(tmp)))
+    return Path(info["Dir"])
 
 
 def _module_gomod(go: str, module: str, version: str, cwd: Path) -> str:

@@ -36,6 +36,9 @@ CYCLONUS = "0.5.6"
 # cert-manager's certificates and issuer controllers (a test-only main, hack/certmanager/main.go)
 # issue certificates for TailnetIngress hosts in the tests.
 CERT_MANAGER = "1.19.1"
+# MetalLB's controller (its IP allocator only: no speaker, the gateway advertises the range) gives
+# Services of type LoadBalancer an address of a TailnetGateway's advertiseLoadBalancerRange in the tests.
+METALLB = "0.15.2"
 # Helm renders manifests/install from the chart (python -m hack.render_install) and installs it in tests.
 HELM = "3.22.0"
 # Prometheus 3 (its Go module is tagged v0.<minor>.<patch>): rules are checked and unit-tested with

@@ -28,6 +28,7 @@ from ._process import (
 from .certmanager import CertManager
 from .controlplane import ControlPlane
 from .headscale import Headscale, HeadscaleError
+from .metallb import MetalLB
 from .netns import ROUTER_UID, SiteHost, netns_available
 from .node import Cluster
 from .tailscale import TailscaleNode
@@ -43,6 +44,7 @@ __all__ = [
     "Headscale",
     "HeadscaleError",
     "ManagedProcess",
+    "MetalLB",
     "SiteHost",
     "TailscaleNode",
     "free_port",
@@ -108,6 +110,12 @@ class Environment:
                               run_id=self.run_id)
         self._owned.append(manager)
         return manager.start()
+
+    def metallb(self, kubeconfig: Path) -> MetalLB:
+        """MetalLB's controller against the apiserver of ``kubeconfig`` (CRDs installed by the caller)."""
+        allocator = MetalLB(kubeconfig, log_dir=self.log_dir, run_id=self.run_id)
+        self._owned.append(allocator)
+        return allocator.start()
 
     def cluster(self) -> Cluster:
         """A single-node cluster (needs root); one per machine at a time."""

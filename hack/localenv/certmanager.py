@@ -8,10 +8,6 @@ webhook: objects are neither defaulted nor validated by cert-manager, which the 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +22,10 @@ __all__ = ["CertManager", "crd_bodies"]
 MODULE = "github.com/cert-manager/cert-manager"
 
 
-def _module_dir() -> Path:
-    go = binaries.require_go()
-    with tempfile.TemporaryDirectory(prefix="cert-manager-crds-") as tmp:
-        out = subprocess.run([go, "mod", "download", "-json", f"{MODULE}@v{versions.CERT_MANAGER}"], cwd=tmp,
-                             capture_output=True, text=True, check=True,
-                             env={**os.environ, "GOFLAGS": "-mod=mod", "GOWORK": "off"}).stdout
-    return Path(json.loads(out)["Dir"])
-
-
 def crd_bodies() -> list[dict[str, Any]]:
     """cert-manager's CRDs of the pinned version (``deploy/crds`` of its module)."""
     bodies = []
-    for path in sorted((_module_dir() / "deploy" / "crds").glob("*.yaml")):
+    for path in sorted((binaries.module_dir(MODULE, versions.CERT_MANAGER) / "deploy" / "crds").glob("*.yaml")):
         bodies += [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
     return bodies
 

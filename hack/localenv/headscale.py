@@ -44,6 +44,8 @@ class Headscale:
         self.workdir = workdir
         self.extra_records = list(extra_records or ())
         """``dns.extra_records`` (``{"name", "type", "value"}``): tailnet DNS names that are not nodes."""
+        self.split_dns: dict[str, list[str]] = {}
+        """``dns.nameservers.split``: a zone's nameservers, which clients reach over the tailnet."""
         self.name = name
         self.address = address
         self.port = free_port()
@@ -72,6 +74,7 @@ class Headscale:
         self.workdir.mkdir(parents=True, exist_ok=True)
         serving = self.ca.issue(f"{self.name}-serving", common_name="headscale",
                                 hosts=tuple(dict.fromkeys(("127.0.0.1", "localhost", self.address))))
+        self._serving = serving
         self.config_path.write_text(yaml.safe_dump(self._config(serving.cert, serving.key)))
         self.process.start()
         wait_until(self._healthy, timeout=START_TIMEOUT, what=f"{self.name} /health")
@@ -83,6 +86,13 @@ class Headscale:
         self.process.stop()
         self.process.start()
         wait_until(self._healthy, timeout=START_TIMEOUT, what=f"{self.name} /health")
+
+    def set_split_dns(self, split: dict[str, list[str]]) -> None:
+        """Send each zone's queries to its nameservers: Headscale reads DNS settings only from its
+        configuration file, so this rewrites the file and restarts (as its operator would)."""
+        self.split_dns = {zone: list(servers) for zone, servers in split.items()}
+        self.config_path.write_text(yaml.safe_dump(self._config(self._serving.cert, self._serving.key)))
+        self.restart()
 
     def stop(self) -> None:
         self.process.stop()
@@ -179,7 +189,7 @@ class Headscale:
                                                       "write_ahead_log": True}},
             "policy": {"mode": "database"},
             "dns": {"magic_dns": True, "base_domain": "tailnet.test", "override_local_dns": False,
-                    "nameservers": {"global": []}, "extra_records": self.extra_records},
+                    "nameservers": {"global": [], "split": self.split_dns}, "extra_records": self.extra_records},
             "node": {"ephemeral": {"inactivity_timeout": "70s"}},
             "log": {"level": "info", "format": "text"},
             "logtail": {"enabled": False},

@@ -54,7 +54,7 @@ from tailnet_operator.types import JSON
 from .access import Deps, NoAccess, Problem
 from .agents import RESYNC_SECONDS, RETRY_SECONDS, AgentReconciler
 from .conditions import Cond, rfc3339
-from .dns import HOSTS_KEY
+from .dns import HOSTS_KEY, in_zone, parse_hosts
 from .kinds import TAILNET_EGRESS, TAILNET_GATEWAY
 from .policy import TAILNET_INDEX
 from .preauth import AuthKey
@@ -278,7 +278,7 @@ class GatewayReconciler(AgentReconciler):
         """Apply the ConfigMap, CoreDNS and the router; the StatefulSet waits for CoreDNS's address,
         which is one of its routes (so its template does not change right after creation)."""
         router = self._router(run)
-        await self._put(CONFIG_MAP, build.config_map(run.gateway, router, self._hosts(run)))
+        await self._put(CONFIG_MAP, build.config_map(run.gateway, router, self._zone_entries(run)))
         address = ""
         if run.gateway.spec.dns is not None:
             await self._put(DEPLOYMENT, build.dns_deployment(run.gateway, router))
@@ -295,13 +295,15 @@ class GatewayReconciler(AgentReconciler):
         return Applied(routes, address, sts["spec"]["template"]["metadata"]["annotations"][
             build.TEMPLATE_HASH_ANNOTATION], router=True)
 
-    def _hosts(self, run: Run) -> str:
-        dns = run.tailnet.spec.dns
-        if dns is None:
-            return ""
+    def _zone_entries(self, run: Run) -> dict[str, str]:
+        """The names of the Tailnet's hosts file that are in the gateway's zone."""
+        dns, zone = run.tailnet.spec.dns, run.gateway.spec.dns
+        if dns is None or zone is None:
+            return {}
         ref = dns.hosts_config_map
         current = self.reader.get(CONFIG_MAP, ref.name, ref.namespace)
-        return str(((current or {}).get("data") or {}).get(HOSTS_KEY, ""))
+        hosts = parse_hosts(str(((current or {}).get("data") or {}).get(HOSTS_KEY, "")))
+        return {name: address for name, address in hosts.items() if in_zone(name, zone.zone)}
 
     def _egress_addresses(self, run: Run) -> list[str]:
         """Target addresses of the operator namespace's egresses of this Tailnet (names are skipped

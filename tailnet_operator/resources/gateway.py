@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +73,7 @@ WIREGUARD_PORT = 41641
 CONFIG_DIR = "/etc/coredns"
 CA_DIR = "/etc/tailnet-gateway/ca"
 COREFILE = "Corefile"
-HOSTS = "hosts"
+ZONE_FILE = "zone.db"
 CA_FILE = "ca.crt"
 TUN = "/dev/net/tun"
 SOA_TTL = 30
@@ -323,35 +323,54 @@ def router_service(gateway: TailnetGateway, router: Router) -> Obj:
 # -- the zone -------------------------------------------------------------------------------------
 
 
-def corefile(zone: str) -> str:
-    """Serve ``zone`` authoritatively from the hosts file: names in it answer, every other name
-    of the zone is NXDOMAIN with the zone's SOA; nothing is forwarded anywhere."""
-    z = zone.lower().rstrip(".")
-    soa = f"{z}. {SOA_TTL} IN SOA ns.{z}. hostmaster.{z}. 1 7200 1800 86400 {SOA_TTL}"
-    return (f"{z}:{DNS_PORT} {{\n"
+def corefile(zone: str, *, directory: str = CONFIG_DIR, port: int = DNS_PORT, health_port: int = DNS_HEALTH_PORT,
+             ready_port: int = DNS_READY_PORT) -> str:
+    """Serve ``zone`` authoritatively from its zone file: names in it answer, every other name of
+    the zone is NXDOMAIN with the zone's SOA; nothing is forwarded anywhere.
+
+    The ``file`` plugin, not ``hosts``: ``hosts`` has no SOA, so it can only answer a missing name
+    with SERVFAIL or pass it on, and CoreDNS orders plugins by its build, not by the Corefile (a
+    ``template`` that answers NXDOMAIN runs before ``hosts`` and would hide every name).
+    """
+    z = _zone(zone)
+    return (f"{z}:{port} {{\n"
             "    errors\n"
-            f"    health :{DNS_HEALTH_PORT}\n"
-            f"    ready :{DNS_READY_PORT}\n"
+            f"    health :{health_port}\n"
+            f"    ready :{ready_port}\n"
             "    reload 10s\n"
-            f"    hosts {CONFIG_DIR}/{HOSTS} {z} {{\n"
-            f"        ttl {SOA_TTL}\n"
+            f"    file {directory}/{ZONE_FILE} {z} {{\n"
             "        reload 5s\n"
-            "        fallthrough\n"
-            "    }\n"
-            f"    template ANY ANY {z} {{\n"
-            "        rcode NXDOMAIN\n"
-            f"        authority \"{soa}\"\n"
             "    }\n"
             "}\n")
 
 
-def config_map(gateway: TailnetGateway, router: Router, hosts: str) -> Obj:
+def zone_file(zone: str, entries: Mapping[str, str]) -> str:
+    """The zone's records for ``{name: address}`` (names of the zone; A or AAAA by the address).
+
+    Deterministic: sorted records, and an SOA serial derived from them, so CoreDNS (which reloads
+    when the serial differs) picks up every change and an unchanged file is byte for byte the same.
+    """
+    z = _zone(zone)
+    names = {name.lower().rstrip("."): address for name, address in entries.items()}
+    records = "".join(
+        f"{name}. {SOA_TTL} IN {'AAAA' if ipaddress.ip_address(address).version == 6 else 'A'} {address}\n"
+        for name, address in sorted(names.items()))
+    serial = int.from_bytes(hashlib.sha256(records.encode()).digest()[:4], "big") % 0xFFFFFFFF + 1
+    return (f"$ORIGIN {z}.\n"
+            f"@ {SOA_TTL} IN SOA ns.{z}. hostmaster.{z}. {serial} 7200 1800 86400 {SOA_TTL}\n" + records)
+
+
+def _zone(zone: str) -> str:
+    return zone.lower().rstrip(".")
+
+
+def config_map(gateway: TailnetGateway, router: Router, entries: Mapping[str, str]) -> Obj:
     """``<gateway>-gateway``: the CA bundle the router trusts Headscale with (when there is one)
-    and, with ``spec.dns``, the Corefile and a copy of the Tailnet's hosts file (a pod mounts only
-    ConfigMaps of its own namespace)."""
+    and, with ``spec.dns``, the Corefile and the zone file made from the Tailnet's hosts file
+    (``entries``: its names of the zone; a pod mounts only ConfigMaps of its own namespace)."""
     data: dict[str, str] = {}
     if gateway.spec.dns:
-        data = {COREFILE: corefile(gateway.spec.dns.zone), HOSTS: hosts}
+        data = {COREFILE: corefile(gateway.spec.dns.zone), ZONE_FILE: zone_file(gateway.spec.dns.zone, entries)}
     if router.ca_bundle:
         data[CA_FILE] = router.ca_bundle
     return {"apiVersion": "v1", "kind": "ConfigMap",
@@ -382,7 +401,7 @@ def dns_deployment(gateway: TailnetGateway, router: Router) -> Obj:
                 }],
                 "volumes": [{"name": "config", "configMap": {
                     "name": router_name(gateway),
-                    "items": [{"key": COREFILE, "path": COREFILE}, {"key": HOSTS, "path": HOSTS}]}}],
+                    "items": [{"key": COREFILE, "path": COREFILE}, {"key": ZONE_FILE, "path": ZONE_FILE}]}}],
             }},
         },
     }

@@ -159,7 +159,8 @@ async def test_unsuspending_mints_a_single_use_key_and_creates_the_router_and_th
     assert env["TS_ROUTES"] == "10.96.0.53/32,10.250.0.0/24,192.168.10.0/24"
     assert env["TS_KUBE_SECRET"] == "edge-gateway-state"
     zone = world.kube.get(CONFIG_MAP, "edge-gateway", GW_NS)
-    assert zone is not None and zone["data"]["hosts"] == HOSTS and "corp.example:1053" in zone["data"]["Corefile"]
+    assert zone is not None and "db.corp.example. 30 IN A 10.96.7.7" in zone["data"]["zone.db"]
+    assert "corp.example:1053" in zone["data"]["Corefile"]
     for resource, name in ((DEPLOYMENT, "edge-gateway-dns"), (SERVICE, "edge-gateway"), (SERVICE, "edge-gateway-dns")):
         assert world.kube.get(resource, name, GW_NS) is not None, (resource, name)
     assert FINALIZER in world.obj()["metadata"]["finalizers"]
@@ -403,7 +404,7 @@ async def test_the_hosts_file_follows_into_the_zone() -> None:
     await world.reconcile_gateway()
 
     zone = world.kube.get(CONFIG_MAP, "edge-gateway", GW_NS)
-    assert zone is not None and "api.corp.example" in zone["data"]["hosts"]
+    assert zone is not None and "api.corp.example. 30 IN A 10.96.8.8" in zone["data"]["zone.db"]
 
 
 async def test_suspending_after_creation_keeps_everything() -> None:

@@ -71,23 +71,33 @@ def test_a_ca_bundle_is_mounted_from_the_config_map_and_trusted() -> None:
     sts = build.stateful_set(gateway(), router)
     env = {e["name"]: e.get("value") for e in container(sts)["env"]}
     assert env["SSL_CERT_FILE"] == "/etc/tailnet-gateway/ca/ca.crt"
-    cm = build.config_map(gateway(), router, "")
+    cm = build.config_map(gateway(), router, {})
     assert cm["data"]["ca.crt"].startswith("-----BEGIN")
 
 
-def test_the_corefile_serves_the_zone_authoritatively_from_the_hosts_file() -> None:
+def test_the_corefile_serves_the_zone_authoritatively_from_its_zone_file() -> None:
     text = build.corefile("Corp.Example.")
     assert text.startswith("corp.example:1053 {")
-    assert "hosts /etc/coredns/hosts corp.example {" in text
-    assert "template ANY ANY corp.example {\n        rcode NXDOMAIN" in text
-    assert "SOA ns.corp.example. hostmaster.corp.example." in text
-    assert "forward" not in text
+    assert "file /etc/coredns/zone.db corp.example {" in text
+    assert "hosts" not in text and "template" not in text and "forward" not in text
 
 
-def test_the_config_map_copies_the_hosts_file_and_is_empty_without_dns() -> None:
-    cm = build.config_map(gateway(), ROUTER, "10.0.0.1 a.corp.example\n")
-    assert cm["data"]["hosts"] == "10.0.0.1 a.corp.example\n" and "Corefile" in cm["data"]
-    assert build.config_map(gateway(dns=None), ROUTER, "x")["data"] == {}
+def test_the_zone_file_has_the_soa_and_one_record_per_name_and_a_serial_that_follows_the_records() -> None:
+    text = build.zone_file("corp.example", {"db.corp.example": "10.0.0.1", "V6.Corp.Example.": "fd00::1"})
+    lines = text.splitlines()
+    assert lines[0] == "$ORIGIN corp.example."
+    assert lines[1].startswith("@ 30 IN SOA ns.corp.example. hostmaster.corp.example. ")
+    assert lines[2:] == ["db.corp.example. 30 IN A 10.0.0.1", "v6.corp.example. 30 IN AAAA fd00::1"]
+    serial = lines[1].split()[6]
+    assert build.zone_file("corp.example", {"v6.corp.example": "fd00::1", "db.corp.example": "10.0.0.1"}) == text
+    changed = build.zone_file("corp.example", {"db.corp.example": "10.0.0.2"}).splitlines()[1].split()[6]
+    assert changed != serial and 1 <= int(serial) <= 0xFFFFFFFF
+
+
+def test_the_config_map_holds_the_zone_and_is_empty_without_dns() -> None:
+    cm = build.config_map(gateway(), ROUTER, {"a.corp.example": "10.0.0.1"})
+    assert "a.corp.example. 30 IN A 10.0.0.1" in cm["data"]["zone.db"] and "Corefile" in cm["data"]
+    assert build.config_map(gateway(dns=None), ROUTER, {"x": "10.0.0.1"})["data"] == {}
 
 
 def test_coredns_meets_the_restricted_level_and_listens_unprivileged() -> None:
@@ -105,7 +115,7 @@ def test_coredns_meets_the_restricted_level_and_listens_unprivileged() -> None:
 def test_every_object_carries_the_gateway_labels() -> None:
     gw = gateway()
     objects = [build.stateful_set(gw, ROUTER), build.router_service(gw, ROUTER), build.dns_service(gw, ROUTER),
-               build.dns_deployment(gw, ROUTER), build.config_map(gw, ROUTER, ""),
+               build.dns_deployment(gw, ROUTER), build.config_map(gw, ROUTER, {}),
                build.state_secret(gw, "tailnet-gateway", "uid-1")]
     pods = [o["spec"]["template"] for o in objects[:4:3]]
     for obj in objects + pods:
