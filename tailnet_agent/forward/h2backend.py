@@ -99,7 +99,7 @@ class _Connection:
 
     @property
     def has_room(self) -> bool:
-        return not self.closed and len(self.exchanges) < self.h2.remote_settings.max_concurrent_streams
+        return not self.closed and self.h2.open_outbound_streams < self.h2.remote_settings.max_concurrent_streams
 
     def flush(self) -> None:
         if not self.closed and (data := self.h2.data_to_send()):

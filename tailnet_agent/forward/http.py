@@ -368,6 +368,13 @@ class HttpPort:
         for task in self._tasks:
             task.cancel()
 
+    async def drain(self) -> None:
+        """Wait for the connections still being handshaken after the last lease went."""
+        if tasks := [t for t in self._tasks if t is not asyncio.current_task()]:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+
     def protocol(self) -> asyncio.Protocol:
         """The listener's protocol factory: hold the connection, serve it in a task of the port."""
         held = _Held()

@@ -103,10 +103,11 @@ class Ingress:
             finally:
                 if port.services.get(expose.name) is service:
                     del port.services[expose.name]
-                if port.idle and self.ports.get(expose.port) is port:
-                    del self.ports[expose.port]
                 if self.services.get(expose.name) is service:
                     del self.services[expose.name]
+                if port.idle and self.ports.get(expose.port) is port:
+                    del self.ports[expose.port]
+                    await port.drain()
 
 
 def _unused(mapping: PortMapping) -> Connection:
