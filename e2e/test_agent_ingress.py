@@ -284,8 +284,8 @@ async def test_grpc_over_h2_with_trailers_sni_across_exposes_and_identity_header
         headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path) -> None:
     """A user's laptop calls, through the agent: a gRPC-style method on an h2c backend and on an h2
     backend over verified TLS (trailers both ways); two http exposes on one port, each chosen by
-    SNI; the backends see who calls (Tailnet-* headers from the netmap), never what the client
-    claimed."""
+    SNI; the backends see who calls (Tailnet-* headers from the netmap: the user, or a tagged
+    caller's tags), never what the client claimed."""
     ca = CertificateAuthority(tmp_path / "pki", "ingress")
     pairs = {name: ca.issue(name.split(".")[0], common_name=name, hosts=(name,))
              for name in ("grpc.example.test", "shop.example.test", "blog.example.test")}
@@ -351,6 +351,14 @@ async def test_grpc_over_h2_with_trailers_sni_across_exposes_and_identity_header
                 wrong = await ask(laptop, agent, ports["web"], ca.cert_path, "shop.example.test", alpn="h2",
                                   host="blog.example.test")
                 assert wrong.status == 421, wrong
+
+                tagged = tailscale_nodes("ts-ci-grpc", headscale, authkey=key)  # a tagged caller: no user
+                await wait_peer_sees(tagged, "ingress-grpc")
+                answer = await ask(tagged, agent, ports["web"], ca.cert_path, "blog.example.test", headers=spoofed)
+                headers = json.loads(answer.body)["headers"]
+                assert headers["tailnet-node-tags"] == TAG, headers
+                assert headers["tailnet-node-name"] == str(tagged.status()["Self"]["DNSName"]).rstrip(".")
+                assert "tailnet-user-login" not in headers and "tailnet-user-name" not in headers
                 document = await agent.status()
                 assert {e["name"]: e["listening"] for e in document["exposes"]} == {
                     "grpc": True, "grpcs": True, "shop": True, "blog": True}
