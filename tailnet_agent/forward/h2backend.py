@@ -34,6 +34,10 @@ import structlog
 log = structlog.get_logger("agent.http")
 
 CHUNK = 64 << 10
+STREAM_WINDOW = 1 << 20
+"""How much of one response may be in flight before its reader takes it (RFC default: 64 KiB)."""
+CONNECTION_WINDOW = 16 << 20
+"""The same for all streams of a connection together, so one slow reader does not stall the rest."""
 Headers = list[tuple[str, str]]
 
 
@@ -92,8 +96,12 @@ class _Connection:
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        codes = h2.settings.SettingCodes
+        self.h2.local_settings = h2.settings.Settings(client=True, initial_values={
+            codes.MAX_CONCURRENT_STREAMS: 100, codes.MAX_HEADER_LIST_SIZE: self.h2.DEFAULT_MAX_HEADER_LIST_SIZE,
+            codes.ENABLE_PUSH: 0, codes.INITIAL_WINDOW_SIZE: STREAM_WINDOW})
         self.h2.initiate_connection()
-        self.h2.update_settings({h2.settings.SettingCodes.ENABLE_PUSH: 0})
+        self.h2.increment_flow_control_window(CONNECTION_WINDOW - 65535)
         self.flush()
         self.task = asyncio.create_task(self._read(), name=f"h2-backend-{self.name}")
 

@@ -353,6 +353,9 @@ async def test_grpc_over_h2c_and_h2_over_tls_keeps_trailers_both_ways(ca: Certif
                 h1 = await ask(expose.port, ca, "a.example.test", alpn="http/1.1", method="POST", path="/y",
                                body=grpc_frame(b"over http/1.1"), headers=GRPC_HEADERS)
                 assert h1.status == 200 and said(h1)["message"] == "over http/1.1", "trailers dropped, body kept"
+            big = "y" * 300000  # the answer is larger than HTTP/2's default 64 KiB window
+            answer = await grpc_call(plain.port, ca, "a.example.test", big.encode())
+            assert said(answer)["message"] == big and answer.trailers["grpc-status"] == "0"
             many = await asyncio.gather(*(grpc_call(plain.port, ca, "a.example.test", b"m%d" % i) for i in range(20)))
             assert sorted(said(m)["message"] for m in many) == sorted(f"m{i}" for i in range(20))
             assert h2c.connections == 1, "the streams share one backend connection"
@@ -411,9 +414,13 @@ async def test_http_exposes_sharing_a_port_are_chosen_by_sni(ca: CertificateAuth
                     assert json.loads(answer.body)["path"] == f"/{sni}"
             wrong = await ask(listen, ca, "a.example.test", alpn="h2", host="b.example.test")
             assert wrong.status == 421, "a connection stays with the expose its SNI chose"
-            no_sni = await request(await asyncio.open_connection("127.0.0.1", listen), ca=ca.cert_path,
-                                   sni="a.example.test")  # (the SNI-less default is the first expose's host)
-            assert no_sni.status == 200
+            unnamed = ssl.create_default_context(cafile=str(ca.cert_path))
+            unnamed.check_hostname = False
+            no_sni = await asyncio.open_connection("127.0.0.1", listen, ssl=unnamed, server_hostname="")
+            assert subject_names(no_sni[1].get_extra_info("ssl_object").getpeercert(binary_form=True)) == [
+                "a.example.test", "a"], "no SNI: the first host of the first expose on the port"
+            assert (await keep_alive_get(no_sni, "a"))["path"] == "/again"
+            no_sni[1].close()
 
             tls = ssl.create_default_context(cafile=str(ca.cert_path))
             kept = await asyncio.open_connection("127.0.0.1", listen, ssl=tls, server_hostname="a.example.test")
