@@ -5,7 +5,8 @@ stream ended: ``:status 200``, ``content-type: application/grpc``, one length-pr
 whose payload is JSON ``{"path", "headers", "trailers", "message"}`` (what the backend saw: the
 request headers, the request trailers, the request's messages concatenated, as text), then the
 trailers ``grpc-status: 0`` and ``grpc-message: echoed`` (or what the request header
-``x-want-status`` asks for). Tests only.
+``x-want-status`` asks for; with ``x-trailers-only`` the answer is one HEADERS frame with END_STREAM
+carrying them, gRPC's "trailers-only" response). Tests only.
 """
 
 from __future__ import annotations
@@ -108,6 +109,10 @@ def _answer(conn: h2.connection.H2Connection, stream_id: int, call: _Call) -> No
     payload = json.dumps({"path": call.headers.get(":path"), "headers": call.headers, "trailers": call.trailers,
                           "message": message}).encode()
     status = call.headers.get("x-want-status", "0")
+    if call.headers.get("x-trailers-only"):  # an error answer in one HEADERS frame, as gRPC servers send
+        conn.send_headers(stream_id, [(":status", "200"), ("content-type", "application/grpc"),
+                                      ("grpc-status", status), ("grpc-message", "trailers only")], end_stream=True)
+        return
     conn.send_headers(stream_id, [(":status", "200"), ("content-type", "application/grpc")])
     framed = grpc_frame(payload)  # small: within the initial window
     for i in range(0, len(framed), conn.max_outbound_frame_size):

@@ -25,6 +25,8 @@ class Answer:
     """The server's leaf certificate (DER)."""
     trailers: dict[str, str] = field(default_factory=dict)
     """HTTP/2 response trailers."""
+    headers_only: bool = False
+    """HTTP/2: the response was one HEADERS frame with END_STREAM."""
 
 
 def client_context(ca: Path, alpn: str) -> ssl.SSLContext:
@@ -116,6 +118,7 @@ async def _h2(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: 
                 headers = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
                            for k, v in event.headers or ()}
                 answer.status, answer.headers = int(headers.pop(":status")), headers
+                answer.headers_only = event.stream_ended is not None
             elif isinstance(event, h2.events.TrailersReceived):
                 answer.trailers = {(k.decode() if isinstance(k, bytes) else k):
                                    (v.decode() if isinstance(v, bytes) else v) for k, v in event.headers or ()}

@@ -54,6 +54,8 @@ class _Exchange:
     body: asyncio.Queue[tuple[bytes, int] | BaseException | None] = field(default_factory=asyncio.Queue)
     trailers: Headers = field(default_factory=list)
     ended: bool = False
+    headers_only: bool = False
+    """The response was its HEADERS frame alone (END_STREAM on it: gRPC's "trailers-only")."""
 
 
 class H2Response:
@@ -70,6 +72,11 @@ class H2Response:
     def trailers(self) -> Headers:
         """The response's trailers (complete once :meth:`body` is exhausted)."""
         return self._exchange.trailers
+
+    @property
+    def headers_only(self) -> bool:
+        """The response ended with its headers: no body, no trailers."""
+        return self._exchange.headers_only
 
     async def body(self) -> AsyncIterator[bytes]:
         """The DATA of the stream; its flow-control window is given back as each chunk is taken."""
@@ -141,6 +148,7 @@ class _Connection:
         if isinstance(event, h2.events.ResponseReceived) and exchange is not None:
             headers = [(str(k), str(v)) for k, v in event.headers or ()]
             status = next((v for k, v in headers if k == ":status"), "502")
+            exchange.headers_only = event.stream_ended is not None
             if not exchange.head.done():
                 exchange.head.set_result((int(status), [(k, v) for k, v in headers if not k.startswith(":")]))
         elif isinstance(event, h2.events.DataReceived) and exchange is not None:

@@ -436,6 +436,10 @@ class Upstream(Protocol):
     @property
     def trailers(self) -> Headers: ...
 
+    @property
+    def headers_only(self) -> bool:
+        """The response ended with its headers (to be passed on as one HEADERS frame)."""
+
     def body(self) -> AsyncIterator[bytes]: ...
 
 
@@ -446,6 +450,7 @@ class _Http1Response:
         self.status, self.reason = response.status, response.reason or ""
         self.trailers: Headers = []
         self.headers = list(response.headers.items())
+        self.headers_only = False
         self._response = response
 
     async def body(self) -> AsyncIterator[bytes]:
@@ -612,8 +617,11 @@ class HttpService:
                 async with self._upstream(pseudo.get(":method", "GET"), authority, pseudo.get(":path", "/"),
                                           forwarded, body, lambda: trailer_headers(stream.trailers)) as upstream:
                     out = [(k.lower(), v) for k, v in response_headers(upstream.headers)]
-                    await h2c.respond(stream.id, upstream.status, out, upstream.body(),
-                                      lambda: trailer_headers(upstream.trailers))
+                    if upstream.headers_only:  # gRPC's trailers-only answer stays one HEADERS frame
+                        await h2c.respond(stream.id, upstream.status, out, [], end_with_headers=True)
+                    else:
+                        await h2c.respond(stream.id, upstream.status, out, upstream.body(),
+                                          lambda: trailer_headers(upstream.trailers))
             except BadGateway as exc:
                 await h2c.respond(stream.id, 502, [("content-type", "text/plain; charset=utf-8")],
                                   [f"{exc}\n".encode()])
@@ -727,9 +735,12 @@ class _H2:
             self.flush()
 
     async def respond(self, stream_id: int, status: int, headers: Headers, body: Any,
-                      trailers: Callable[[], Headers] = list) -> None:
+                      trailers: Callable[[], Headers] = list, *, end_with_headers: bool = False) -> None:
         """Headers, the body within the stream's window, then trailers (if any) or END_STREAM."""
-        self.conn.send_headers(stream_id, [(":status", str(status)), *headers])
+        self.conn.send_headers(stream_id, [(":status", str(status)), *headers], end_stream=end_with_headers)
+        if end_with_headers:
+            self.flush()
+            return
         self.flush()
         async for chunk in _aiter(body):
             view = memoryview(chunk)

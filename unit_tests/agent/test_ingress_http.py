@@ -349,7 +349,11 @@ async def test_grpc_over_h2c_and_h2_over_tls_keeps_trailers_both_ways(ca: Certif
                 assert seen["headers"][":authority"] == "a.example.test" and "host" not in seen["headers"]
                 failing = await ask(expose.port, ca, "a.example.test", alpn="h2", method="POST", path="/x",
                                     body=grpc_frame(b"x"), headers=(*GRPC_HEADERS, ("x-want-status", "13")))
-                assert failing.trailers["grpc-status"] == "13"
+                assert failing.trailers["grpc-status"] == "13" and not failing.headers_only
+                only = await ask(expose.port, ca, "a.example.test", alpn="h2", method="POST", path="/x",
+                                 body=grpc_frame(b"x"), headers=(*GRPC_HEADERS, ("x-want-status", "5"),
+                                                                 ("x-trailers-only", "1")))
+                assert only.headers_only and only.headers["grpc-status"] == "5" and only.body == b"", only
                 h1 = await ask(expose.port, ca, "a.example.test", alpn="http/1.1", method="POST", path="/y",
                                body=grpc_frame(b"over http/1.1"), headers=GRPC_HEADERS)
                 assert h1.status == 200 and said(h1)["message"] == "over http/1.1", "trailers dropped, body kept"
