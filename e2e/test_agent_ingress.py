@@ -1,4 +1,6 @@
-"""The agent's ingress mode against a real Headscale v0.29.2 and a tailscaled v1.98 "laptop".
+"""The agent's ingress mode against a real Headscale v0.29.2 and a tailscaled v1.98 "laptop":
+tcp and http exposes, certificates by SNI and their rotation, gRPC-style HTTP/2 to h2c and h2
+backends with trailers, http exposes sharing a port, and the caller's identity headers.
 
 The laptop reaches the agent's tailnet address through its HTTP proxy (CONNECT); the backends
 are servers on 127.0.0.1 (in a cluster: the exposes' Services). The agent is assembled as
@@ -13,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +29,7 @@ from e2e.conftest import TailscaleFactory
 from e2e.polling import eventually
 from e2e.test_agent_egress import TAG, read_all, wait_peer_sees
 from e2e.test_agent_targets import fetch_status, running, write_like_kubelet
+from hack.grpc_echo import GrpcEcho, grpc_frame, grpc_messages
 from hack.https_client import Answer, request, tunnel
 from hack.localenv import Headscale, TailscaleNode, free_port
 from hack.localenv._pki import CertificateAuthority
@@ -244,3 +248,120 @@ async def test_http_expose_sni_certificates_h1_h2_421_and_rotation(
 def _not_after(answer: Answer) -> str:
     when = x509.load_der_x509_certificate(answer.certificate).not_valid_after_utc
     return when.isoformat().replace("+00:00", "Z")
+
+
+BACKEND_NAME = web.AppKey("backend_name", str)
+
+
+async def identity_echo(request: web.Request) -> web.Response:
+    """What the backend was told: its name (which expose's backend this is), path and headers."""
+    return web.json_response({"backend": request.app[BACKEND_NAME], "path": request.path,
+                              "headers": {k.lower(): v for k, v in request.headers.items()}})
+
+
+@contextlib.asynccontextmanager
+async def named_backend(name: str) -> AsyncIterator[int]:
+    app = web.Application()
+    app[BACKEND_NAME] = name
+    app.router.add_route("*", "/{tail:.*}", identity_echo)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield port
+    finally:
+        await runner.cleanup()
+
+
+def http_expose(name: str, port: int, backend: dict[str, Any], *hosts: tuple[str, Any]) -> dict[str, Any]:
+    return {"name": name, "port": port, "mode": "http", "backend": {"host": "127.0.0.1", **backend},
+            "hosts": [{"name": host, "tls": {"certFile": str(pair.cert), "keyFile": str(pair.key)}}
+                      for host, pair in hosts]}
+
+
+async def test_grpc_over_h2_with_trailers_sni_across_exposes_and_identity_headers(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path) -> None:
+    """A user's laptop calls, through the agent: a gRPC-style method on an h2c backend and on an h2
+    backend over verified TLS (trailers both ways); two http exposes on one port, each chosen by
+    SNI; the backends see who calls (Tailnet-* headers from the netmap: the user, or a tagged
+    caller's tags), never what the client claimed."""
+    ca = CertificateAuthority(tmp_path / "pki", "ingress")
+    pairs = {name: ca.issue(name.split(".")[0], common_name=name, hosts=(name,))
+             for name in ("grpc.example.test", "shop.example.test", "blog.example.test")}
+    app_pair = ca.issue("grpc-app", common_name="grpc.internal", hosts=("grpc.internal",))
+    app_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    app_tls.load_cert_chain(app_pair.cert, app_pair.key)
+    h2c, h2s = await GrpcEcho.start(), await GrpcEcho.start(app_tls)
+
+    user = headscale.api("POST", "/api/v1/user", {"name": "alice", "displayName": "Alice Ünal",
+                                                  "email": "alice@example.test"})["user"]
+    laptop = tailscale_nodes("ts-laptop-grpc", headscale,
+                             authkey=headscale.create_preauth_key(user_id=str(user["id"]), ephemeral=True))
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    ports = {"grpc": free_port(), "grpcs": free_port(), "web": free_port()}
+    grpc_host = ("grpc.example.test", pairs["grpc.example.test"])
+    try:
+        async with named_backend("shop") as shop_port, named_backend("blog") as blog_port:
+            exposes = [
+                http_expose("grpc", ports["grpc"], {"port": h2c.port, "protocol": "h2"}, grpc_host),
+                http_expose("grpcs", ports["grpcs"], {"port": h2s.port, "protocol": "h2", "scheme": "https",
+                                                      "caFile": str(ca.cert_path), "serverName": "grpc.internal"},
+                            grpc_host),
+                http_expose("shop", ports["web"], {"port": shop_port}, ("shop.example.test",
+                                                                        pairs["shop.example.test"])),
+                http_expose("blog", ports["web"], {"port": blog_port}, ("blog.example.test",
+                                                                        pairs["blog.example.test"]))]
+            async with ingress_agent(headscale, "ingress-grpc", key, tmp_path, exposes) as agent:
+                await wait_peer_sees(laptop, "ingress-grpc")
+                laptop_name = str(laptop.status()["Self"]["DNSName"]).rstrip(".")
+                spoofed = (("Tailnet-User-Login", "root@evil.test"), ("Tailnet-Node-Tags", "tag:admin"))
+
+                for expose, scheme in (("grpc", "http"), ("grpcs", "https")):
+                    answer = await ask(laptop, agent, ports[expose], ca.cert_path, "grpc.example.test", alpn="h2",
+                                       method="POST", path="/echo.Echo/Say", body=grpc_frame(b"hello " + b"x" * 40000),
+                                       headers=(("content-type", "application/grpc"), ("te", "trailers"), *spoofed),
+                                       trailers=(("x-request-checksum", "c0ffee"),))
+                    assert (answer.status, answer.alpn) == (200, "h2"), answer
+                    assert answer.headers["content-type"] == "application/grpc"
+                    assert answer.trailers == {"grpc-status": "0", "grpc-message": "echoed"}, answer
+                    [message] = grpc_messages(answer.body)
+                    seen = json.loads(message)
+                    assert seen["message"] == "hello " + "x" * 40000 and seen["path"] == "/echo.Echo/Say"
+                    assert seen["trailers"] == {"x-request-checksum": "c0ffee"}
+                    headers = seen["headers"]
+                    assert (headers[":scheme"], headers[":authority"], headers["te"]) == (
+                        scheme, "grpc.example.test", "trailers")
+                    assert headers["tailnet-user-login"] == "alice@example.test", headers
+                    assert headers["tailnet-node-name"] == laptop_name and "tailnet-node-tags" not in headers
+
+                for sni, name in (("shop.example.test", "shop"), ("blog.example.test", "blog")):
+                    for alpn in ("http/1.1", "h2"):
+                        answer = await ask(laptop, agent, ports["web"], ca.cert_path, sni, alpn=alpn, path=f"/{alpn}",
+                                           headers=spoofed)
+                        assert (answer.status, answer.alpn) == (200, alpn), answer
+                        assert dns_names(answer) == [sni]
+                        seen = json.loads(answer.body)
+                        assert (seen["backend"], seen["path"]) == (name, f"/{alpn}")
+                        headers = seen["headers"]
+                        assert headers["tailnet-user-login"] == "alice@example.test"
+                        assert headers["tailnet-user-name"] == "=?utf-8?q?Alice_=C3=9Cnal?="
+                        assert headers["tailnet-node-name"] == laptop_name
+                        assert "tailnet-node-tags" not in headers and headers["x-forwarded-for"] == laptop.ipv4()
+                wrong = await ask(laptop, agent, ports["web"], ca.cert_path, "shop.example.test", alpn="h2",
+                                  host="blog.example.test")
+                assert wrong.status == 421, wrong
+
+                tagged = tailscale_nodes("ts-ci-grpc", headscale, authkey=key)  # a tagged caller: no user
+                await wait_peer_sees(tagged, "ingress-grpc")
+                answer = await ask(tagged, agent, ports["web"], ca.cert_path, "blog.example.test", headers=spoofed)
+                headers = json.loads(answer.body)["headers"]
+                assert headers["tailnet-node-tags"] == TAG, headers
+                assert headers["tailnet-node-name"] == str(tagged.status()["Self"]["DNSName"]).rstrip(".")
+                assert "tailnet-user-login" not in headers and "tailnet-user-name" not in headers
+                document = await agent.status()
+                assert {e["name"]: e["listening"] for e in document["exposes"]} == {
+                    "grpc": True, "grpcs": True, "shop": True, "blog": True}
+    finally:
+        h2c.close()
+        h2s.close()

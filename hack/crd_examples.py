@@ -179,6 +179,12 @@ INVALID_EXAMPLES: tuple[InvalidExample, ...] = (
         "spec.exposes[1].backend",
         _set("spec.exposes.1.backend.scheme", "https"),
     ),
+    InvalidExample(
+        "in-tcp-h2",
+        "TailnetIngress",
+        "spec.exposes[1].backend",
+        _set("spec.exposes.1.backend.protocol", "h2"),
+    ),
     InvalidExample("in-port-clash", "TailnetIngress", "spec.exposes", _set("spec.exposes.1.port", 443)),
     InvalidExample(
         "in-template", "TailnetIngress", "spec.dnsTemplate", _set("spec.dnsTemplate", "{hostname}..example")

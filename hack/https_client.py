@@ -23,6 +23,10 @@ class Answer:
     alpn: str | None = None
     certificate: bytes = b""
     """The server's leaf certificate (DER)."""
+    trailers: dict[str, str] = field(default_factory=dict)
+    """HTTP/2 response trailers."""
+    headers_only: bool = False
+    """HTTP/2: the response was one HEADERS frame with END_STREAM."""
 
 
 def client_context(ca: Path, alpn: str) -> ssl.SSLContext:
@@ -44,17 +48,19 @@ async def tunnel(proxy_port: int, ip: str, port: int) -> tuple[asyncio.StreamRea
 
 async def request(stream: tuple[asyncio.StreamReader, asyncio.StreamWriter], *, ca: Path, sni: str,
                   alpn: str = "http/1.1", host: str | None = None, method: str = "GET", path: str = "/",
-                  body: bytes = b"") -> Answer:
-    """TLS to ``sni`` over ``stream`` (verified against ``ca``), then one request for ``host``."""
+                  body: bytes = b"", headers: tuple[tuple[str, str], ...] = (),
+                  trailers: tuple[tuple[str, str], ...] = ()) -> Answer:
+    """TLS to ``sni`` over ``stream`` (verified against ``ca``), then one request for ``host``
+    with extra ``headers`` and (HTTP/2 only, after the body) ``trailers``."""
     reader, writer = stream
     await writer.start_tls(client_context(ca, alpn), server_hostname=sni)
     sslobj = writer.get_extra_info("ssl_object")
     certificate = sslobj.getpeercert(binary_form=True) or b""
     try:
         if sslobj.selected_alpn_protocol() == "h2":
-            answer = await _h2(reader, writer, host or sni, method, path, body)
+            answer = await _h2(reader, writer, host or sni, method, path, body, headers, trailers)
         else:
-            answer = await _http1(reader, writer, host or sni, method, path, body)
+            answer = await _http1(reader, writer, host or sni, method, path, body, headers)
     finally:
         writer.close()
     answer.alpn, answer.certificate = sslobj.selected_alpn_protocol(), certificate
@@ -62,8 +68,9 @@ async def request(stream: tuple[asyncio.StreamReader, asyncio.StreamWriter], *, 
 
 
 async def _http1(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, method: str, path: str,
-                 body: bytes) -> Answer:
-    writer.write(f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n"
+                 body: bytes, extra: tuple[tuple[str, str], ...] = ()) -> Answer:
+    fields = "".join(f"{k}: {v}\r\n" for k, v in extra)
+    writer.write(f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n{fields}"
                  "Connection: close\r\n\r\n".encode() + body)
     head = (await reader.readuntil(b"\r\n\r\n")).decode()
     lines = head.split("\r\n")
@@ -82,20 +89,26 @@ async def _http1(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hos
 
 
 async def _h2(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, method: str, path: str,
-              body: bytes) -> Answer:
+              body: bytes, extra: tuple[tuple[str, str], ...] = (),
+              trailers: tuple[tuple[str, str], ...] = ()) -> Answer:
     conn = h2.connection.H2Connection()
     conn.initiate_connection()
     stream_id = conn.get_next_available_stream_id()
     conn.send_headers(stream_id, [(":method", method), (":path", path), (":scheme", "https"),
-                                  (":authority", host)], end_stream=not body)
+                                  (":authority", host), *((k.lower(), v) for k, v in extra)],
+                      end_stream=not body and not trailers)
     pending = memoryview(body)
+    trailers_due = bool(trailers)
     answer = Answer(0)
     chunks: list[bytes] = []
     done = False
     while not done:
         while pending and (room := min(conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size)):
-            conn.send_data(stream_id, pending[:room].tobytes(), end_stream=len(pending) <= room)
+            conn.send_data(stream_id, pending[:room].tobytes(), end_stream=len(pending) <= room and not trailers)
             pending = pending[room:]
+        if trailers_due and not pending:
+            conn.send_headers(stream_id, list(trailers), end_stream=True)
+            trailers_due = False
         writer.write(conn.data_to_send())
         data = await reader.read(1 << 16)
         if not data:
@@ -105,6 +118,10 @@ async def _h2(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: 
                 headers = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
                            for k, v in event.headers or ()}
                 answer.status, answer.headers = int(headers.pop(":status")), headers
+                answer.headers_only = event.stream_ended is not None
+            elif isinstance(event, h2.events.TrailersReceived):
+                answer.trailers = {(k.decode() if isinstance(k, bytes) else k):
+                                   (v.decode() if isinstance(v, bytes) else v) for k, v in event.headers or ()}
             elif isinstance(event, h2.events.DataReceived):
                 chunks.append(event.data or b"")
                 conn.acknowledge_received_data(event.flow_controlled_length or 0, stream_id)

@@ -10,13 +10,17 @@ A JSON list; every problem is a :class:`~tailnet_agent.config.ConfigError` namin
                  "tls": {"certFile": "/etc/tailnet/tls/shop/tls.crt",
                          "keyFile": "/etc/tailnet/tls/shop/tls.key"}}]}]
 
-* ``port``: the tailnet port the agent listens on; unique across exposes.
+* ``port``: the tailnet port the agent listens on. http exposes may share a port (the host named
+  in SNI chooses the expose; a name may then belong to one host of them only); a tcp expose
+  needs a port of its own.
 * ``mode``: ``tcp`` (default; ``l4`` is the same) copies bytes both ways with half-close;
   ``http`` terminates TLS with the certificate of the host the client names in SNI and proxies
   HTTP/1.1 and HTTP/2 requests (:mod:`tailnet_agent.forward.http`).
 * ``backend``: ``host`` (an in-cluster Service name or an IP) and ``port``. For http, ``scheme``
   ``http`` (default) or ``https``: HTTPS to the app is always verified, against ``caFile`` (PEM)
-  when given, else the system roots, for ``serverName`` (default ``host``).
+  when given, else the system roots, for ``serverName`` (default ``host``). ``protocol``
+  ``http1`` (default) or ``h2``: HTTP/2 to the app, with prior knowledge (h2c) over ``http``, with
+  ALPN ``h2`` over ``https``; trailers are kept (gRPC).
 * ``hosts`` (http only, at least one): a virtual host's ``name``, an optional short ``alias``
   and optional further ``aliases`` (e.g. the alias under each DNS zone; all are accepted as SNI
   and Host), and ``tls.certFile``/``tls.keyFile`` (mounted PEM files,
@@ -34,6 +38,8 @@ from tailnet_agent.config import ConfigError, PortMapping
 NAME = "TAILNET_EXPOSES_FILE"
 TCP = "tcp"
 HTTP = "http"
+HTTP1 = "http1"
+H2 = "h2"
 _MODES = {"tcp": TCP, "l4": TCP, "http": HTTP}
 
 
@@ -47,6 +53,8 @@ class Backend:
     """PEM CAs that verify an https backend; None: the system roots."""
     server_name: str | None = None
     """The name an https backend's certificate must carry; None: ``host``."""
+    protocol: str = HTTP1
+    """``http1`` or ``h2`` (http exposes only): the HTTP version spoken to the backend."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,8 +123,11 @@ def _backend(raw: Any, where: str, mode: str) -> Backend:
     server_name = _text(item, "serverName", where, required=False)
     if scheme == "http" and (ca_file or server_name):
         raise ConfigError(f"{NAME}: {where}: caFile and serverName go with scheme https")
+    protocol = item.get("protocol", HTTP1)
+    if protocol not in (HTTP1, H2) or (mode == TCP and "protocol" in item):
+        raise ConfigError(f"{NAME}: {where}.protocol must be http1 or h2 (http exposes only), got {protocol!r}")
     return Backend(host=host, port=_port(item.get("port"), f"{where}.port"), scheme=scheme, ca_file=ca_file,
-                   server_name=server_name)
+                   server_name=server_name, protocol=protocol)
 
 
 def _host(raw: Any, where: str) -> VirtualHost:
@@ -143,7 +154,9 @@ def parse_exposes(text: str) -> tuple[Expose, ...]:
     if not isinstance(doc, list) or not doc:
         raise ConfigError(f"{NAME} must be a non-empty JSON list of exposes")
     exposes: list[Expose] = []
-    ports: dict[int, str] = {}
+    ports: dict[int, Expose] = {}
+    names: dict[tuple[int, str], str] = {}
+    """(port, SNI name) -> the expose that answers to it."""
     for i, raw in enumerate(doc):
         item = _object(raw, f"[{i}]")
         label = _text(item, "name", f"[{i}]")
@@ -155,9 +168,9 @@ def parse_exposes(text: str) -> tuple[Expose, ...]:
         if mode is None:
             raise ConfigError(f"{NAME}: {where}.mode must be tcp or http, got {item.get('mode')!r}")
         port = _port(item.get("port"), f"{where}.port")
-        if port in ports:
-            raise ConfigError(f"{NAME}: port {port} is used by both {ports[port]} and {label}")
-        ports[port] = label
+        if (other := ports.get(port)) is not None and TCP in (mode, other.mode):
+            raise ConfigError(f"{NAME}: port {port} is used by both {other.name} and {label}; only http exposes "
+                              "may share a port")
         backend = _backend(item.get("backend"), f"{where}.backend", mode)
         raw_hosts = item.get("hosts", [])
         if mode == TCP and raw_hosts:
@@ -171,5 +184,10 @@ def parse_exposes(text: str) -> tuple[Expose, ...]:
                 if name in seen:
                     raise ConfigError(f"{NAME}: {where}: {name} names two hosts")
                 seen.add(name)
-        exposes.append(Expose(name=label, port=port, backend=backend, mode=mode, hosts=hosts))
+                if (owner := names.get((port, name))) is not None:
+                    raise ConfigError(f"{NAME}: {where}: {name} is a host of {owner} too, on the same port {port}")
+                names[(port, name)] = label
+        expose = Expose(name=label, port=port, backend=backend, mode=mode, hosts=hosts)
+        ports.setdefault(port, expose)
+        exposes.append(expose)
     return tuple(exposes)

@@ -9,6 +9,7 @@ updatePeersStateFromResponse`` and ``tailcfg.MapResponse``'s field docs:
 * a non-empty ``Peers`` replaces every peer; otherwise ``PeersRemoved`` (ids), then
   ``PeersChanged`` (whole nodes by id), then ``OnlineChange``, then ``PeersChangedPatch``
   (patches for unknown ids are ignored);
+* ``UserProfiles`` hold new or changed profiles only: they are merged by id, never cleared;
 * ``PacketFilter`` (non-null) is the filter named ``"base"``; ``PacketFilters`` maps names to
   rules, a null value deletes that name and the key ``"*"`` with null clears all first.
 
@@ -70,6 +71,9 @@ class Node:
     expired: bool = False
     cap: int = 0
     hostname: str = ""
+    user: int = 0
+    """``User``: the id of the owning user's profile (Headscale gives tagged nodes its
+    tagged-devices user; their identity is their tags)."""
 
     @property
     def routable_ips(self) -> tuple[IPNetwork, ...]:
@@ -90,6 +94,7 @@ class Node:
             capabilities=tuple(str(c) for c in caps), key_expiry=str(doc.get("KeyExpiry") or ""),
             expired=bool(doc.get("Expired")), cap=int(doc.get("Cap") or 0),
             hostname=str(hostinfo.get("Hostname") or "") if isinstance(hostinfo, Mapping) else "",
+            user=int(doc.get("User") or 0),
         )
 
     def patched(self, patch: Mapping[str, Any]) -> Node:
@@ -207,6 +212,20 @@ class DNSConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class UserProfile:
+    """A ``tailcfg.UserProfile``: who owns nodes (``Node.user`` is its id)."""
+
+    id: int
+    login_name: str = ""
+    display_name: str = ""
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> UserProfile:
+        return cls(id=int(doc.get("ID") or 0), login_name=str(doc.get("LoginName") or ""),
+                   display_name=str(doc.get("DisplayName") or ""))
+
+
+@dataclass(frozen=True, kw_only=True)
 class NetMap:
     """One consistent view of the tailnet, as of the last applied MapResponse."""
 
@@ -216,6 +235,8 @@ class NetMap:
     packet_filters: Mapping[str, tuple[FilterRule, ...]] = field(default_factory=dict)
     dns: DNSConfig = field(default_factory=DNSConfig)
     domain: str = ""
+    user_profiles: Mapping[int, UserProfile] = field(default_factory=dict)
+    """By id; each response's ``UserProfiles`` adds to or replaces these (new or changed only)."""
 
     @property
     def packet_filter(self) -> tuple[FilterRule, ...]:
@@ -224,6 +245,15 @@ class NetMap:
 
     def peer_by_key(self, node_key: str) -> Node | None:
         return next((p for p in self.peers.values() if p.key == node_key), None)
+
+    def peer_by_address(self, ip: str) -> Node | None:
+        """The peer whose own tailnet address ``ip`` is (not one it routes for), if any."""
+        try:
+            address = ipaddress.ip_address(ip)
+        except ValueError:
+            return None
+        return next((p for p in self.peers.values() if any(
+            net.prefixlen == net.max_prefixlen and net.network_address == address for net in p.addresses)), None)
 
 
 class MalformedMap(ValueError):
@@ -271,6 +301,10 @@ def _apply(current: NetMap | None, resp: Mapping[str, Any]) -> NetMap | None:
         changes["dns"] = DNSConfig.from_json(resp["DNSConfig"])
     if resp.get("Domain"):
         changes["domain"] = str(resp["Domain"])
+    if profiles := resp.get("UserProfiles"):
+        items = profiles.values() if isinstance(profiles, Mapping) else profiles
+        changes["user_profiles"] = {**base.user_profiles,
+                                    **{p.id: p for p in (UserProfile.from_json(doc) for doc in items if doc)}}
     filters = _apply_filters(base.packet_filters, resp)
     if filters is not None:
         changes["packet_filters"] = filters

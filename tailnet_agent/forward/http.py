@@ -1,15 +1,25 @@
-"""The http expose: TLS terminated on the agent, HTTP/1.1 and HTTP/2 to clients, HTTP/1.1 to the app.
+"""The http expose: TLS terminated on the agent, HTTP/1.1 and HTTP/2 to clients and to the app.
 
-Each accepted tailnet connection is paused until :meth:`HttpService.serve` runs ``loop.start_tls``:
-the :class:`CertificateStore` picks the certificate of the host named in SNI (``sni_callback``; an
-unknown name is refused with ``unrecognized_name``, no SNI means the expose's first host). The host
-so chosen binds the connection: a request whose Host (or ``:authority``) is not that host's name or
-alias gets 421 Misdirected Request. ALPN ``h2`` is served with the ``h2`` library, anything else by
-aiohttp's HTTP/1.1 server protocol. Requests go to the backend with an aiohttp client over HTTP/1.1,
-or HTTPS verified against the expose's CA file (or the system roots) for its server name, with
-hop-by-hop headers dropped and X-Forwarded-For/-Proto/-Host set (what the client sent in those is
-replaced). A backend that cannot be reached, or whose certificate does not verify, gives 502 and a
-log line naming why.
+The http exposes on one tailnet port share its listener (:class:`HttpPort`). Each accepted
+tailnet connection is paused until :meth:`HttpPort.serve` runs ``loop.start_tls``: the SNI
+callback finds the host named in SNI among the hosts of every http expose on that port and
+switches to its certificate (an unknown name is refused with ``unrecognized_name``; no SNI means
+the first host of the first of those exposes in the file). The host so chosen binds the
+connection to its expose (:class:`HttpService`): a request whose Host (or ``:authority``) is not
+that host's name or alias gets 421 Misdirected Request. ALPN ``h2`` is served with the ``h2``
+library, anything else by aiohttp's HTTP/1.1 server protocol.
+
+Requests go to the backend over HTTP/1.1 with an aiohttp client (``protocol: http1``) or over
+HTTP/2 (``protocol: h2``: h2c with prior knowledge for ``scheme: http``, h2 over TLS for
+``https``; :mod:`.h2backend`); HTTPS to the app is verified against the expose's CA file (or the
+system roots) for its server name, always. Hop-by-hop headers are dropped,
+X-Forwarded-For/-Proto/-Host set, and the caller's identity from the netmap is sent in the
+``Tailnet-*`` headers (:func:`identity_headers`); what the client sent in any of those is
+replaced. Trailers cross only where both sides are HTTP/2 (gRPC): an HTTP/2 client's request
+trailers reach an h2 backend, an h2 backend's response trailers reach an HTTP/2 client; HTTP/1.1
+on either side drops them (aiohttp reads and writes none). A backend that cannot be reached, or
+whose certificate does not verify, gives 502 and a log line naming why; one that fails after the
+response began resets the stream (HTTP/2) or aborts the connection (HTTP/1.1).
 
 Certificates are read again when their files change (checked, by ``stat``, before each handshake and
 for ``/status``): new handshakes get the new certificate, open connections keep theirs. A file that
@@ -20,26 +30,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.charset
 import os
 import ssl
-from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
 import structlog
 from aiohttp import web
 from cryptography import x509
 
-from tailnet_agent.config import PortMapping
-from tailnet_agent.exposes import Expose, VirtualHost
+from tailnet_agent.control.netmap import NetMap
+from tailnet_agent.exposes import H2, Expose, VirtualHost
 
-from .egress import Connection
+from .egress import Closable
+from .h2backend import BackendError, H2Backend
 
 log = structlog.get_logger("agent.http")
 
@@ -48,6 +61,11 @@ CHUNK = 64 << 10
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade", "http2-settings"})
 FORWARDED = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "forwarded"})
+IDENTITY_PREFIX = "tailnet-"
+"""Headers the agent owns: any the client sends is dropped before the agent's own are added."""
+USER_LOGIN, USER_NAME = "Tailnet-User-Login", "Tailnet-User-Name"
+NODE_NAME, NODE_TAGS = "Tailnet-Node-Name", "Tailnet-Node-Tags"
+Headers = list[tuple[str, str]]
 
 
 # -- pure header handling -------------------------------------------------------------------------
@@ -67,21 +85,83 @@ def misdirected(host: VirtualHost, authority: str | None) -> bool:
     return host_of(authority) not in host.names
 
 
-def request_headers(headers: Iterable[tuple[str, str]], *, client: str, authority: str) -> list[tuple[str, str]]:
-    """Headers for the backend: hop-by-hop (and those ``Connection`` names) and the client's
-    forwarding headers dropped; Host kept; X-Forwarded-For/-Proto/-Host set."""
+@dataclass(frozen=True)
+class Identity:
+    """Who is calling, from the netmap: the peer node and its owner (a user, or its tags)."""
+
+    node_name: str
+    tags: tuple[str, ...] = ()
+    login_name: str | None = None
+    display_name: str | None = None
+
+
+def identify(netmap: NetMap | None, ip: str) -> Identity | None:
+    """The peer whose tailnet address ``ip`` is; None when the netmap has no such peer."""
+    peer = netmap.peer_by_address(ip) if netmap is not None else None
+    if peer is None or netmap is None:
+        return None
+    name = peer.name.rstrip(".") or peer.hostname
+    if peer.tags:
+        return Identity(node_name=name, tags=peer.tags)
+    profile = netmap.user_profiles.get(peer.user)
+    return Identity(node_name=name, login_name=profile.login_name if profile else None,
+                    display_name=profile.display_name if profile else None)
+
+
+def header_value(text: str) -> str:
+    """``text`` as a header value: printable ASCII as is, anything else RFC 2047 Q-encoded UTF-8
+    (as ``tailscale serve`` encodes its identity headers)."""
+    if all(c == "\t" or " " <= c <= "~" for c in text):
+        return text
+    charset = email.charset.Charset("utf-8")
+    charset.header_encoding = email.charset.QP
+    return charset.header_encode(text)
+
+
+def identity_headers(identity: Identity | None) -> Headers:
+    """``Tailnet-Node-Name`` always; ``Tailnet-Node-Tags`` (comma-separated) for a tagged node, else
+    ``Tailnet-User-Login`` and ``Tailnet-User-Name`` when the netmap has the owner's profile."""
+    if identity is None:
+        return []
+    out = [(NODE_NAME, header_value(identity.node_name))]
+    if identity.tags:
+        return [*out, (NODE_TAGS, header_value(",".join(identity.tags)))]
+    if identity.login_name:
+        out.append((USER_LOGIN, header_value(identity.login_name)))
+    if identity.display_name:
+        out.append((USER_NAME, header_value(identity.display_name)))
+    return out
+
+
+def wants_trailers(headers: Iterable[tuple[str, str]]) -> bool:
+    """The client said ``TE: trailers`` (gRPC does; it is the only TE value HTTP/2 allows)."""
+    return any(k.lower() == "te" and "trailers" in {t.strip().lower() for t in v.split(",")} for k, v in headers)
+
+
+def request_headers(headers: Iterable[tuple[str, str]], *, client: str, authority: str,
+                    identity: Identity | None = None, trailers: bool = False) -> Headers:
+    """Headers for the backend: hop-by-hop (and those ``Connection`` names), the client's
+    forwarding headers and any ``Tailnet-*`` header dropped; Host kept; X-Forwarded-For/-Proto/-Host
+    and the identity headers set; ``TE: trailers`` kept when ``trailers`` (an HTTP/2 backend)."""
     items = [(k, v) for k, v in headers if not k.startswith(":")]
     named = {t.strip().lower() for k, v in items if k.lower() == "connection" for t in v.split(",")}
-    out = [(k, v) for k, v in items if k.lower() not in HOP_BY_HOP | FORWARDED | named | {"host"}]
-    return [("Host", authority), *out, ("X-Forwarded-For", client), ("X-Forwarded-Proto", "https"),
-            ("X-Forwarded-Host", authority)]
+    te = [("te", "trailers")] if trailers and wants_trailers(items) else []
+    out = [(k, v) for k, v in items if k.lower() not in HOP_BY_HOP | FORWARDED | named | {"host"}
+           and not k.lower().startswith(IDENTITY_PREFIX)]
+    return [("Host", authority), *out, *te, ("X-Forwarded-For", client), ("X-Forwarded-Proto", "https"),
+            ("X-Forwarded-Host", authority), *identity_headers(identity)]
 
 
-def response_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+def response_headers(headers: Iterable[tuple[str, str]]) -> Headers:
     """The backend's response headers without hop-by-hop ones."""
     items = list(headers)
     named = {t.strip().lower() for k, v in items if k.lower() == "connection" for t in v.split(",")}
     return [(k, v) for k, v in items if k.lower() not in HOP_BY_HOP | named]
+
+
+def trailer_headers(headers: Iterable[tuple[str, str]]) -> Headers:
+    """Trailers as they may be forwarded: no pseudo-headers, no hop-by-hop fields, lower-case names."""
+    return [(k.lower(), v) for k, v in headers if not k.startswith(":") and k.lower() not in HOP_BY_HOP]
 
 
 # -- certificates ---------------------------------------------------------------------------------
@@ -137,22 +217,13 @@ class CertificateStore:
         return [{"name": h.name, "alias": h.alias, "error": self._loaded[h.name].error,
                  "notAfter": _iso(self._loaded[h.name].not_after)} for h in self.hosts]
 
-    def sni(self, sslobj: ssl.SSLObject, server_name: str | None, _: ssl.SSLContext) -> int | None:
-        """``sni_callback``: switch to the named host's context and remember the host on ``sslobj``."""
-        host = self._by_name.get(server_name.lower().rstrip(".")) if server_name else self.hosts[0]
-        if host is None:
-            return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
-        context = self._loaded[host.name].context
-        if context is None:
-            return ssl.ALERT_DESCRIPTION_INTERNAL_ERROR
-        sslobj.context = context
-        sslobj.virtual_host = host  # type: ignore[attr-defined]
-        return None
+    def host(self, name: str) -> VirtualHost | None:
+        """The host that answers to ``name`` (lower-case, no trailing dot)."""
+        return self._by_name.get(name)
 
-    def listener_context(self) -> ssl.SSLContext:
-        context = server_context()
-        context.sni_callback = self.sni
-        return context
+    def context(self, host: VirtualHost) -> ssl.SSLContext | None:
+        """The host's TLS context; None while none could be loaded."""
+        return self._loaded[host.name].context
 
 
 def server_context() -> ssl.SSLContext:
@@ -222,33 +293,95 @@ class _Http1(web.Server):
             end.set_result(None)
 
 
-class HttpService:
-    """One http expose while it listens: certificates, the backend client, the HTTP servers."""
+Bind = Callable[[Callable[[], asyncio.Protocol], int], Any]
+"""Opens the real listener of a port (awaitable; raises OSError when it cannot bind)."""
 
-    def __init__(self, expose: Expose) -> None:
-        self.expose = expose
-        self.certs = CertificateStore(expose.hosts)
-        self.tls = self.certs.listener_context()
-        backend = expose.backend
-        self.base = f"{backend.scheme}://{backend.host}:{backend.port}"
-        self.backend_tls: ssl.SSLContext | None = None
-        if backend.scheme == "https":
-            self.backend_tls = ssl.create_default_context(cafile=backend.ca_file)  # verified, always
-        self.client: aiohttp.ClientSession | None = None
-        self.http1 = _Http1(self._http1_request)
 
-    async def __aenter__(self) -> HttpService:
-        self.client = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(
-            total=None, sock_connect=10), connector=aiohttp.TCPConnector(ssl=self.backend_tls or True))
-        return self
+class HttpPort:
+    """The tailnet listener of one port, shared by the http exposes on it: SNI picks the host and
+    with it the expose whose :class:`HttpService` serves the connection.
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self.client is not None:
-            await self.client.close()
+    Each expose on the port holds a lease (:meth:`lease`, the forwarder's ``listen``): the
+    listener is bound with the first and closed with the last. A connection being handshaken is
+    a task of the port; once it belongs to an expose it is one of that service's connections and
+    ends when that expose stops (its siblings' connections stay).
+    """
 
-    def accept(self, mapping: PortMapping) -> Connection:
+    def __init__(self, port: int, order: Callable[[], Iterable[str]] | None = None) -> None:
+        self.port = port
+        self.services: dict[str, HttpService] = {}
+        """The http exposes on the port, by name."""
+        self._order = order
+        self._listener: Closable | None = None
+        self._leases = 0
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.context = server_context()
+        self.context.sni_callback = self.sni
+
+    @property
+    def idle(self) -> bool:
+        return not self.services and not self._leases
+
+    def ordered(self) -> list[HttpService]:
+        """The services in the order of the exposes file (else in the order they started)."""
+        names = [n for n in self._order() if n in self.services] if self._order else []
+        return [self.services[n] for n in dict.fromkeys([*names, *self.services])]
+
+    def route(self, server_name: str | None) -> tuple[HttpService, VirtualHost] | None:
+        services = self.ordered()
+        if not server_name:
+            return (services[0], services[0].expose.hosts[0]) if services else None
+        name = server_name.lower().rstrip(".")
+        for service in services:
+            if (host := service.certs.host(name)) is not None:
+                return service, host
+        return None
+
+    def sni(self, sslobj: ssl.SSLObject, server_name: str | None, _: ssl.SSLContext) -> int | None:
+        """``sni_callback``: switch to the named host's context; remember host and expose on ``sslobj``."""
+        found = self.route(server_name)
+        if found is None:
+            return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME
+        service, host = found
+        context = service.certs.context(host)
+        if context is None:
+            return ssl.ALERT_DESCRIPTION_INTERNAL_ERROR
+        sslobj.context = context
+        sslobj.virtual_host = host  # type: ignore[attr-defined]
+        sslobj.http_service = service  # type: ignore[attr-defined]
+        return None
+
+    async def lease(self, bind: Bind) -> Closable:
+        async with self._lock:
+            if self._listener is None:
+                self._listener = await bind(self.protocol, self.port)
+            self._leases += 1
+        return _Lease(self)
+
+    def release(self) -> None:
+        self._leases -= 1
+        if self._leases > 0 or self._listener is None:
+            return
+        self._listener.close()
+        self._listener = None
+        for task in self._tasks:
+            task.cancel()
+
+    async def drain(self) -> None:
+        """Wait for the connections still being handshaken after the last lease went."""
+        if tasks := [t for t in self._tasks if t is not asyncio.current_task()]:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+
+    def protocol(self) -> asyncio.Protocol:
+        """The listener's protocol factory: hold the connection, serve it in a task of the port."""
         held = _Held()
-        return held, self.serve(held), held.abort
+        task = asyncio.get_running_loop().create_task(self.serve(held), name=f"https-{self.port}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return held
 
     async def serve(self, held: _Held) -> None:
         """One connection: handshake, then HTTP/2 or HTTP/1.1 until it ends; a failure ends it alone."""
@@ -259,34 +392,141 @@ class HttpService:
         try:
             await self._serve(transport)
         except Exception:
-            log.exception("https connection failed", expose=self.expose.name)
+            log.exception("https connection failed", port=self.port)
         finally:
             transport.abort()  # a no-op after a clean close
 
     async def _serve(self, transport: asyncio.Transport) -> None:
         loop = asyncio.get_running_loop()
         client = str((transport.get_extra_info("peername") or ("?",))[0])
-        self.certs.refresh()
+        for service in self.ordered():
+            service.certs.refresh()
         try:
             pending = _Pending()
-            tls = await loop.start_tls(transport, pending, self.tls, server_side=True,
+            tls = await loop.start_tls(transport, pending, self.context, server_side=True,
                                        ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
         except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
-            log.info("TLS handshake failed", expose=self.expose.name, client=client, error=str(exc) or repr(exc))
+            log.info("TLS handshake failed", port=self.port, client=client, error=str(exc) or repr(exc))
             return
         assert tls is not None
         sslobj = tls.get_extra_info("ssl_object")
-        host: VirtualHost = sslobj.virtual_host
-        if sslobj.selected_alpn_protocol() == "h2":
-            reader = asyncio.StreamReader(limit=1 << 20)
-            protocol: asyncio.Protocol = asyncio.StreamReaderProtocol(reader)
-            _hand_over(tls, pending, protocol)
-            await self._serve_h2(reader, asyncio.StreamWriter(tls, protocol, reader, loop), host, client)
+        chosen: HttpService = sslobj.http_service
+        if self.services.get(chosen.expose.name) is not chosen:
+            return  # its expose stopped during the handshake
+        await chosen.serve_connection(tls, pending, sslobj.virtual_host, client)
+
+
+class _Lease:
+    def __init__(self, port: HttpPort) -> None:
+        self._port: HttpPort | None = port
+
+    def close(self) -> None:
+        port, self._port = self._port, None
+        if port is not None:
+            port.release()
+
+
+class Upstream(Protocol):
+    """A backend's response, whichever protocol brought it."""
+
+    status: int
+    reason: str
+    headers: Headers
+
+    @property
+    def trailers(self) -> Headers: ...
+
+    @property
+    def headers_only(self) -> bool:
+        """The response ended with its headers (to be passed on as one HEADERS frame)."""
+
+    def body(self) -> AsyncIterator[bytes]: ...
+
+
+class _Http1Response:
+    """aiohttp's response as an :class:`Upstream` (HTTP/1.1 brings no trailers here)."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.status, self.reason = response.status, response.reason or ""
+        self.trailers: Headers = []
+        self.headers = list(response.headers.items())
+        self.headers_only = False
+        self._response = response
+
+    async def body(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.content.iter_chunked(CHUNK):
+                yield chunk
+        except (aiohttp.ClientError, OSError) as exc:
+            raise BackendError(str(exc) or type(exc).__name__) from exc
+
+
+Whois = Callable[[str], Identity | None]
+
+
+class HttpService:
+    """One http expose while it listens: certificates, the backend client, the requests."""
+
+    def __init__(self, expose: Expose, whois: Whois | None = None) -> None:
+        self.expose = expose
+        self.whois = whois or (lambda ip: None)
+        self.certs = CertificateStore(expose.hosts)
+        backend = expose.backend
+        self.base = f"{backend.scheme}://{backend.host}:{backend.port}"
+        self.backend_tls: ssl.SSLContext | None = None
+        if backend.scheme == "https":
+            self.backend_tls = ssl.create_default_context(cafile=backend.ca_file)  # verified, always
+            if backend.protocol == H2:
+                self.backend_tls.set_alpn_protocols(["h2"])
+        self.client: aiohttp.ClientSession | None = None
+        self.h2: H2Backend | None = None
+        self.http1 = _Http1(self._http1_request)
+        self.connections: set[asyncio.Task[Any]] = set()
+        """The tasks serving this expose's client connections (cancelled when it stops)."""
+
+    async def __aenter__(self) -> HttpService:
+        backend = self.expose.backend
+        if backend.protocol == H2:
+            self.h2 = H2Backend(backend.host, backend.port, tls=self.backend_tls,
+                                server_name=backend.server_name or backend.host)
         else:
-            handler = self.http1()
-            end = self.http1.ends[handler] = loop.create_future()
-            _hand_over(tls, pending, handler)
-            await end
+            self.client = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=10), connector=aiohttp.TCPConnector(ssl=self.backend_tls or True))
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        tasks = [t for t in self.connections if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        if self.client is not None:
+            await self.client.close()
+        if self.h2 is not None:
+            await self.h2.close()
+
+    async def serve_connection(self, tls: asyncio.Transport, pending: _Pending, host: VirtualHost,
+                               client: str) -> None:
+        """A TLS connection whose SNI chose one of this expose's hosts, until it ends."""
+        task = asyncio.current_task()
+        assert task is not None
+        self.connections.add(task)
+        try:
+            loop = asyncio.get_running_loop()
+            identity = self.whois(client)
+            if tls.get_extra_info("ssl_object").selected_alpn_protocol() == "h2":
+                reader = asyncio.StreamReader(limit=1 << 20)
+                protocol: asyncio.Protocol = asyncio.StreamReaderProtocol(reader)
+                _hand_over(tls, pending, protocol)
+                await self._serve_h2(reader, asyncio.StreamWriter(tls, protocol, reader, loop), host, client,
+                                     identity)
+            else:
+                handler = self.http1()
+                end = self.http1.ends[handler] = loop.create_future()
+                _hand_over(tls, pending, handler)
+                await end
+        finally:
+            self.connections.discard(task)
 
     # -- HTTP/1.1 --
 
@@ -296,17 +536,25 @@ class HttpService:
         authority = request.headers.get("Host", "")
         if misdirected(host, authority):
             return web.Response(status=421, text=_misdirected_text(host, authority))
-        headers = request_headers(request.headers.items(), client=request.remote or "", authority=authority)
-        body = request.content if request.body_exists else None
+        client = request.remote or ""
+        headers = request_headers(request.headers.items(), client=client, authority=authority,
+                                  identity=self.whois(client), trailers=self.h2 is not None)
+        body = request.content.iter_chunked(CHUNK) if request.body_exists else None
         try:
-            async with self._upstream(request.method, request.rel_url.raw_path_qs, headers, body) as upstream:
-                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-                for key, value in response_headers(upstream.headers.items()):
+            async with self._upstream(request.method, authority, request.rel_url.raw_path_qs, headers, body,
+                                      list) as upstream:
+                response = web.StreamResponse(status=upstream.status, reason=upstream.reason or None)
+                for key, value in response_headers(upstream.headers):
                     response.headers.add(key, value)
                 await response.prepare(request)
-                async for chunk in upstream.content.iter_chunked(CHUNK):
-                    await response.write(chunk)
-                await response.write_eof()
+                try:
+                    async for chunk in upstream.body():
+                        await response.write(chunk)
+                except BackendError as exc:
+                    log.warning("backend failed during the response", expose=self.expose.name, error=str(exc))
+                    request.transport.abort()  # the client must not take a cut body for a whole one
+                    return response
+                await response.write_eof()  # HTTP/1.1 clients get no trailers (aiohttp writes none)
                 return response
         except BadGateway as exc:
             return web.Response(status=502, text=f"{exc}\n")
@@ -314,7 +562,7 @@ class HttpService:
     # -- HTTP/2 --
 
     async def _serve_h2(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: VirtualHost,
-                        client: str) -> None:
+                        client: str, identity: Identity | None) -> None:
         h2c = _H2(writer)
         h2c.conn.initiate_connection()
         h2c.flush()
@@ -326,19 +574,22 @@ class HttpService:
                     except h2.exceptions.ProtocolError:
                         break
                     for event in events:
+                        stream = h2c.streams.get(getattr(event, "stream_id", None) or 0)
                         if isinstance(event, h2.events.RequestReceived) and event.stream_id is not None:
                             stream = h2c.streams[event.stream_id] = _H2Stream(event.stream_id)
                             stream.ended = event.stream_ended is not None
                             stream.task = tg.create_task(self._h2_request(h2c, stream, list(event.headers or ()),
-                                                                          host, client))
-                        elif isinstance(event, h2.events.DataReceived) and event.stream_id in h2c.streams:
-                            h2c.streams[event.stream_id].body.put_nowait((event.data or b"",
-                                                                          event.flow_controlled_length or 0))
-                        elif isinstance(event, h2.events.StreamEnded) and event.stream_id in h2c.streams:
-                            h2c.streams[event.stream_id].body.put_nowait(None)
-                        elif isinstance(event, h2.events.StreamReset) and event.stream_id in h2c.streams:
-                            if (task := h2c.streams.pop(event.stream_id).task) is not None:
-                                task.cancel()
+                                                                          host, client, identity))
+                        elif isinstance(event, h2.events.DataReceived) and stream is not None:
+                            stream.body.put_nowait((event.data or b"", event.flow_controlled_length or 0))
+                        elif isinstance(event, h2.events.TrailersReceived) and stream is not None:
+                            stream.trailers.extend((_text(k), _text(v)) for k, v in event.headers or ())
+                        elif isinstance(event, h2.events.StreamEnded) and stream is not None:
+                            stream.body.put_nowait(None)
+                        elif isinstance(event, h2.events.StreamReset) and stream is not None:
+                            del h2c.streams[stream.id]
+                            if stream.task is not None:
+                                stream.task.cancel()
                         elif isinstance(event, h2.events.ConnectionTerminated):
                             return
                         h2c.windows_changed()
@@ -350,7 +601,7 @@ class HttpService:
                 writer.transport.abort()
 
     async def _h2_request(self, h2c: _H2, stream: _H2Stream, raw: list[tuple[Any, Any]], host: VirtualHost,
-                          client: str) -> None:
+                          client: str, identity: Identity | None) -> None:
         headers = [(_text(k), _text(v)) for k, v in raw]
         pseudo = dict(h for h in headers if h[0].startswith(":"))
         authority = pseudo.get(":authority") or next((v for k, v in headers if k == "host"), "")
@@ -359,16 +610,24 @@ class HttpService:
                 await h2c.respond(stream.id, 421, [("content-type", "text/plain; charset=utf-8")],
                                   [_misdirected_text(host, authority).encode()])
                 return
-            forwarded = request_headers(headers, client=client, authority=authority)
+            forwarded = request_headers(headers, client=client, authority=authority, identity=identity,
+                                        trailers=self.h2 is not None)
             body = None if stream.ended else h2c.body(stream)
             try:
-                async with self._upstream(pseudo.get(":method", "GET"), pseudo.get(":path", "/"), forwarded,
-                                          body) as upstream:
-                    out = [(k.lower(), v) for k, v in response_headers(upstream.headers.items())]
-                    await h2c.respond(stream.id, upstream.status, out, upstream.content.iter_chunked(CHUNK))
+                async with self._upstream(pseudo.get(":method", "GET"), authority, pseudo.get(":path", "/"),
+                                          forwarded, body, lambda: trailer_headers(stream.trailers)) as upstream:
+                    out = [(k.lower(), v) for k, v in response_headers(upstream.headers)]
+                    if upstream.headers_only:  # gRPC's trailers-only answer stays one HEADERS frame
+                        await h2c.respond(stream.id, upstream.status, out, [], end_with_headers=True)
+                    else:
+                        await h2c.respond(stream.id, upstream.status, out, upstream.body(),
+                                          lambda: trailer_headers(upstream.trailers))
             except BadGateway as exc:
                 await h2c.respond(stream.id, 502, [("content-type", "text/plain; charset=utf-8")],
                                   [f"{exc}\n".encode()])
+            except BackendError as exc:  # after the response began: the client must see it fail
+                log.warning("backend failed during the response", expose=self.expose.name, error=str(exc))
+                h2c.reset(stream.id)
         except (h2.exceptions.StreamClosedError, ConnectionError):
             pass
         finally:
@@ -377,22 +636,38 @@ class HttpService:
     # -- the backend --
 
     @contextlib.asynccontextmanager
-    async def _upstream(self, method: str, path: str, headers: list[tuple[str, str]], body: Any,
-                        ) -> AsyncIterator[aiohttp.ClientResponse]:
-        assert self.client is not None
+    async def _upstream(self, method: str, authority: str, path: str, headers: Headers,
+                        body: AsyncIterator[bytes] | None, trailers: Callable[[], Headers],
+                        ) -> AsyncIterator[Upstream]:
+        """The backend's response once its head arrived; BadGateway when there is none."""
         backend = self.expose.backend
+        if self.h2 is not None:
+            h2_headers = [(k, v) for k, v in headers if k.lower() != "host"]  # :authority carries it
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    response = await stack.enter_async_context(
+                        self.h2.request(method, authority, path, h2_headers, body, trailers))
+                except BackendError as exc:
+                    raise self._bad_gateway(str(exc)) from None
+                yield response
+            return
+        assert self.client is not None
         extra: dict[str, Any] = {}
         if backend.scheme == "https":
             extra["server_hostname"] = backend.server_name or backend.host
         try:
-            response = await self.client.request(method, self.base + path, headers=headers, data=body,
-                                                 allow_redirects=False, **extra)
+            answer = await self.client.request(method, self.base + path, headers=headers, data=body,
+                                               allow_redirects=False, **extra)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            message = f"backend {backend.host}:{backend.port} failed: {str(exc) or type(exc).__name__}"
-            log.warning("bad gateway", expose=self.expose.name, error=message)
-            raise BadGateway(message) from None
-        async with response:
-            yield response
+            raise self._bad_gateway(str(exc) or type(exc).__name__) from None
+        async with answer:
+            yield _Http1Response(answer)
+
+    def _bad_gateway(self, error: str) -> BadGateway:
+        backend = self.expose.backend
+        message = f"backend {backend.host}:{backend.port} failed: {error}"
+        log.warning("bad gateway", expose=self.expose.name, error=message)
+        return BadGateway(message)
 
 
 class BadGateway(Exception):
@@ -421,6 +696,8 @@ class _H2Stream:
     id: int
     ended: bool = False
     task: asyncio.Task[None] | None = None
+    trailers: Headers = field(default_factory=list)
+    """The request's trailers (complete once its body ended)."""
 
     def __post_init__(self) -> None:
         self.body: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
@@ -452,8 +729,18 @@ class _H2:
             self.flush()
             yield data
 
-    async def respond(self, stream_id: int, status: int, headers: list[tuple[str, str]], body: Any) -> None:
-        self.conn.send_headers(stream_id, [(":status", str(status)), *headers])
+    def reset(self, stream_id: int) -> None:
+        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            self.flush()
+
+    async def respond(self, stream_id: int, status: int, headers: Headers, body: Any,
+                      trailers: Callable[[], Headers] = list, *, end_with_headers: bool = False) -> None:
+        """Headers, the body within the stream's window, then trailers (if any) or END_STREAM."""
+        self.conn.send_headers(stream_id, [(":status", str(status)), *headers], end_stream=end_with_headers)
+        if end_with_headers:
+            self.flush()
+            return
         self.flush()
         async for chunk in _aiter(body):
             view = memoryview(chunk)
@@ -466,7 +753,10 @@ class _H2:
                 self.flush()
                 view = view[room:]
             await self.writer.drain()
-        self.conn.end_stream(stream_id)
+        if extra := trailers():
+            self.conn.send_headers(stream_id, extra, end_stream=True)
+        else:
+            self.conn.end_stream(stream_id)
         self.flush()
 
 

@@ -5,7 +5,10 @@ by name keep the connections of unchanged exposes), with the listeners on the ta
 (:meth:`Node.listen <tailnet_agent.node.Node.listen>`; the packet filter decides who connects)
 and the dials local (:class:`LocalDialer`). A tcp expose splices each connection to its backend
 with half-close; an http expose's connections are served by an
-:class:`~tailnet_agent.forward.http.HttpService` that lives as long as the expose listens.
+:class:`~tailnet_agent.forward.http.HttpService` that lives as long as the expose listens, on the
+listener of its port (:class:`~tailnet_agent.forward.http.HttpPort`), which the http exposes on one
+port share: SNI picks the expose. The caller's identity for the ``Tailnet-*`` headers comes from the
+node's netmap (the peer whose address the connection comes from).
 """
 
 from __future__ import annotations
@@ -15,16 +18,22 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
+from tailnet_agent.config import PortMapping
+from tailnet_agent.control.netmap import NetMap
 from tailnet_agent.exposes import HTTP, Expose
 from tailnet_agent.health import AgentMetrics
 from tailnet_agent.probe import Prober
 
-from .egress import Accept, Closable, Forwarder
-from .http import HttpService
+from .egress import Accept, Closable, Connection, Forwarder
+from .http import HttpPort, HttpService, Identity, identify
 
 
 class Listener(Protocol):
     """Where the exposes listen (:class:`tailnet_agent.node.Node` fits)."""
+
+    @property
+    def netmap(self) -> NetMap | None:
+        """The node's view of the tailnet: who a peer address belongs to."""
 
     async def wait_ready(self) -> None: ...
 
@@ -56,22 +65,51 @@ class Ingress:
         self.node = node
         self.services: dict[str, HttpService] = {}
         """The running http exposes by name (their certificates are on ``/status``)."""
+        self.ports: dict[int, HttpPort] = {}
+        """The listeners of the ports http exposes are on."""
         self.forwarder = Forwarder(LocalDialer(), exposes, dial_timeout=dial_timeout, metrics=metrics,
                                    prober=prober, listen=self._listen, session=self._session, kind="ingress")
 
-    async def _listen(self, factory: Callable[[], asyncio.Protocol], port: int) -> Closable:
+    def whois(self, ip: str) -> Identity | None:
+        return identify(self.node.netmap, ip)
+
+    async def _bind(self, factory: Callable[[], asyncio.Protocol], port: int) -> Closable:
         await self.node.wait_ready()
         return await self.node.listen(factory, port)
+
+    async def _listen(self, factory: Callable[[], asyncio.Protocol], port: int) -> Closable:
+        """A tcp expose's own listener, or a lease on the shared listener of an http port (the
+        session registered the expose there first)."""
+        if (shared := self.ports.get(port)) is not None:
+            return await shared.lease(self._bind)
+        return await self._bind(factory, port)
+
+    def _order(self) -> list[str]:
+        return [e.name for e in self.forwarder.targets]
 
     @contextlib.asynccontextmanager
     async def _session(self, expose: Expose) -> AsyncIterator[Accept | None]:
         if expose.mode != HTTP:
             yield None
             return
-        async with HttpService(expose) as service:
+        async with HttpService(expose, self.whois) as service:
+            port = self.ports.get(expose.port)
+            if port is None:
+                port = self.ports[expose.port] = HttpPort(expose.port, self._order)
+            port.services[expose.name] = service
             self.services[expose.name] = service
             try:
-                yield service.accept
+                yield _unused
             finally:
+                if port.services.get(expose.name) is service:
+                    del port.services[expose.name]
                 if self.services.get(expose.name) is service:
                     del self.services[expose.name]
+                if port.idle and self.ports.get(expose.port) is port:
+                    del self.ports[expose.port]
+                    await port.drain()
+
+
+def _unused(mapping: PortMapping) -> Connection:
+    """An http expose's connections are accepted by its port's listener, never by the forwarder."""
+    raise RuntimeError(f"port {mapping.listen} is served by its HttpPort")

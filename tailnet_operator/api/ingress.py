@@ -117,6 +117,14 @@ class Backend(ApiModel):
         default=None,
         description="https only: verify the backend against this CA instead of the system roots.",
     )
+    protocol: Literal["http1", "h2"] = Field(
+        default="http1",
+        description=(
+            "http mode only: the HTTP version spoken to the backend. h2 is HTTP/2, with prior knowledge "
+            "(h2c) over scheme http and negotiated by ALPN over https, with trailers kept (gRPC). "
+            "Defaults to http1."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -132,8 +140,9 @@ _EXPOSE_RULES = (
         ".hosts",
     ),
     cel(
-        "self.mode == 'http' || (self.backend.scheme == 'http' && !has(self.backend.caSecretRef))",
-        "backend.scheme https and backend.caSecretRef need mode http",
+        "self.mode == 'http' || (self.backend.scheme == 'http' && !has(self.backend.caSecretRef)"
+        " && self.backend.protocol == 'http1')",
+        "backend.scheme https, backend.caSecretRef and backend.protocol h2 need mode http",
         ".backend",
     ),
 )
@@ -166,8 +175,10 @@ class Expose(ApiModel):
         has_hosts = bool(self.hosts)
         if (self.mode == "http") != has_hosts:
             raise ValueError("hosts: hosts is required for mode http and not allowed for mode tcp")
-        if self.mode == "tcp" and (self.backend.scheme != "http" or self.backend.ca_secret_ref is not None):
-            raise ValueError("backend: backend.scheme https and backend.caSecretRef need mode http")
+        if self.mode == "tcp" and (self.backend.scheme != "http" or self.backend.ca_secret_ref is not None
+                                   or self.backend.protocol != "http1"):
+            raise ValueError(
+                "backend: backend.scheme https, backend.caSecretRef and backend.protocol h2 need mode http")
         if self.hosts and (dups := duplicates([h.name for h in self.hosts])):
             raise ValueError(f"hosts: duplicate host {dups}")
         return self

@@ -411,7 +411,7 @@ def object_status(facts: Facts) -> Report:
                 "NamespaceNotGranted": f"bind the tenant ClusterRole in namespace {obj['metadata'].get('namespace')}: "
                                        "the message holds the kubectl create rolebinding command "
                                        "(docs/reference/rbac.md)",
-                "PortShared": "put the hosts into one expose or give each expose its own port"}
+                "HostNameClash": "give one of the hosts another alias, or move its expose to another port"}
         report.find(reason, str(ready.get("message", "")),
                     hint.get(reason, f"kubectl describe {kind.lower()} {name}; see docs/troubleshooting"))
     ref = ((obj.get("spec") or {}).get("tailnetRef") or {}).get("name")

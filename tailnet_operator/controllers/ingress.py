@@ -102,15 +102,23 @@ def zones_of(tailnet: Tailnet) -> list[str]:
     return [str(z) for z in tailnet.spec.dns.zones] if tailnet.spec.dns else []
 
 
-def shared_port(ingress: TailnetIngress) -> str:
-    """Why the exposes cannot be served as they are ("" when they can): the agent gives every
-    expose a port of its own, so http exposes that share one are not served yet."""
-    seen: dict[int, str] = {}
+def name_clash(ingress: TailnetIngress, zones: list[str]) -> str:
+    """Why the exposes cannot be served as they are ("" when they can): the http exposes on one
+    port are chosen by the name the client sends in SNI, so each name (a host's name, its alias and
+    the alias under each zone) may belong to one host of them only."""
+    owners: dict[tuple[int, str], str] = {}
     for expose in ingress.spec.exposes:
-        if expose.port in seen:
-            return (f"exposes {seen[expose.port]} and {expose.name} share port {expose.port}; the agent serves "
-                    "one expose per port: put the hosts into one expose or give each expose its own port")
-        seen[expose.port] = expose.name
+        for host in expose.hosts or []:
+            names = [host.name.lower().rstrip("."), *([host.alias.lower()] if host.alias else []),
+                     *build.alias_names(host, zones)]
+            for name in dict.fromkeys(names):
+                key = (expose.port, name)
+                where = f"host {host.name} of expose {expose.name}"
+                if key in owners:
+                    return (f"{name} names both {owners[key]} and {where} on port {expose.port}: SNI could not "
+                            "choose between them; give one of the hosts another alias or move its expose to "
+                            "another port")
+                owners[key] = where
     return ""
 
 
@@ -141,8 +149,9 @@ class IngressReconciler(AgentReconciler):
         return build.auth_secret_name(name)
 
     def spec_problem(self, parsed: TailnetIngress) -> tuple[str, str] | None:
-        problem = shared_port(parsed)
-        return ("PortShared", problem) if problem else None
+        tailnet = self.reader.get(Tailnet, parsed.spec.tailnet_ref.name)
+        problem = name_clash(parsed, zones_of(tailnet) if tailnet is not None else [])
+        return ("HostNameClash", problem) if problem else None
 
     async def reconcile_one(self, obj: JSON, parsed: TailnetIngress, tailnet: Tailnet) -> Result:
         return await self._reconcile(Run(obj, parsed, tailnet))

@@ -154,6 +154,8 @@ def _expose_entry(ingress: TailnetIngress, expose: Expose, zones: list[str]) -> 
         return entry
     entry["mode"] = "http"
     backend["scheme"] = expose.backend.scheme
+    if expose.backend.protocol != "http1":
+        backend["protocol"] = expose.backend.protocol
     if expose.backend.ca_secret_ref is not None:
         backend["caFile"] = f"{CERTS_DIR}/{_ca_path(expose)}"
     hosts = []

@@ -51,6 +51,19 @@ def test_a_changed_host_changes_the_expose() -> None:
     assert [e.name for e in diff_targets(web("/a"), web("/b")).changed] == ["web"]
 
 
+def _http(name: str, port: int, host: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "port": port, "mode": "http", "backend": {"host": "h", "port": 80},
+            "hosts": [{"name": host, "tls": TLS, **extra}]}
+
+
+def test_http_exposes_may_share_a_port_and_speak_h2_to_the_backend() -> None:
+    a = {**_http("a", 443, "a.example"), "backend": {"host": "grpc", "port": 50051, "protocol": "h2"}}
+    doc = [a, _http("b", 443, "b.example", alias="a"), _http("c", 8443, "a.example")]
+    first, second, _ = parse_exposes(json.dumps(doc))
+    assert (first.port, second.port) == (443, 443)
+    assert first.backend == Backend(host="grpc", port=50051, protocol="h2") and second.backend.protocol == "http1"
+
+
 def _one(**fields: Any) -> str:
     expose = {"name": "web", "port": 443, "backend": {"host": "web", "port": 80}, **fields}
     return json.dumps([expose])
@@ -77,7 +90,15 @@ def _one(**fields: Any) -> str:
      "TAILNET_EXPOSES_FILE: [0] (web).backend: caFile and serverName go with scheme https"),
     (json.dumps([{"name": "a", "port": 1, "backend": {"host": "h", "port": 2}},
                  {"name": "b", "port": 1, "backend": {"host": "h", "port": 3}}]),
-     "TAILNET_EXPOSES_FILE: port 1 is used by both a and b"),
+     "TAILNET_EXPOSES_FILE: port 1 is used by both a and b; only http exposes may share a port"),
+    (json.dumps([_http("a", 1, "x"), {"name": "b", "port": 1, "backend": {"host": "h", "port": 3}}]),
+     "TAILNET_EXPOSES_FILE: port 1 is used by both a and b; only http exposes may share a port"),
+    (json.dumps([_http("a", 1, "x"), _http("b", 1, "y", alias="x")]),
+     "TAILNET_EXPOSES_FILE: [1] (b): x is a host of a too, on the same port 1"),
+    (_one(backend={"host": "web", "port": 80, "protocol": "h2"}),
+     "TAILNET_EXPOSES_FILE: [0] (web).backend.protocol must be http1 or h2 (http exposes only), got 'h2'"),
+    (_one(mode="http", hosts=[{"name": "a", "tls": TLS}], backend={"host": "w", "port": 80, "protocol": "h3"}),
+     "TAILNET_EXPOSES_FILE: [0] (web).backend.protocol must be http1 or h2 (http exposes only), got 'h3'"),
 ])
 def test_errors_name_the_entry(text: str, error: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -1,6 +1,8 @@
-"""The http expose end to end on loopback: SNI picks the certificate, Host is bound to it (421),
-HTTP/1.1 and HTTP/2 to clients, forwarding headers, a verified HTTPS backend (502 with a wrong CA),
-a certificate replaced on disk served to new handshakes, and a tcp expose with half-close."""
+"""The http expose end to end on loopback: SNI picks the certificate (and, on a port shared by
+several http exposes, the expose), Host is bound to it (421), HTTP/1.1 and HTTP/2 to clients,
+forwarding and identity headers, a verified HTTPS backend (502 with a wrong CA), HTTP/2 backends
+(h2c and h2 over TLS) with trailers both ways, a certificate replaced on disk served to new
+handshakes, and a tcp expose with half-close."""
 
 from __future__ import annotations
 
@@ -16,17 +18,32 @@ import pytest
 from aiohttp import web
 from cryptography import x509
 
+from hack.grpc_echo import GrpcEcho, grpc_frame, grpc_messages
 from hack.https_client import Answer, request
 from hack.localenv import free_port
 from hack.localenv._pki import CertificateAuthority
+from tailnet_agent.control import netmap as nm
 from tailnet_agent.exposes import Backend, Expose, VirtualHost
 from tailnet_agent.forward.egress import Closable
-from tailnet_agent.forward.http import host_of, misdirected, request_headers, response_headers
+from tailnet_agent.forward.http import (
+    Identity,
+    header_value,
+    host_of,
+    identify,
+    identity_headers,
+    misdirected,
+    request_headers,
+    response_headers,
+    trailer_headers,
+)
 from tailnet_agent.forward.ingress import Ingress
 
 
 class LoopbackNode:
-    """Listens on 127.0.0.1 instead of the tailnet."""
+    """Listens on 127.0.0.1 instead of the tailnet; ``netmap`` says who 127.0.0.1 is (or nobody)."""
+
+    def __init__(self, netmap: nm.NetMap | None = None) -> None:
+        self.netmap = netmap
 
     async def wait_ready(self) -> None:
         pass
@@ -36,8 +53,8 @@ class LoopbackNode:
 
 
 @contextlib.asynccontextmanager
-async def running(exposes: tuple[Expose, ...]) -> AsyncIterator[Ingress]:
-    ingress = Ingress(LoopbackNode(), exposes)
+async def running(exposes: tuple[Expose, ...], netmap: nm.NetMap | None = None) -> AsyncIterator[Ingress]:
+    ingress = Ingress(LoopbackNode(netmap), exposes)
     task = asyncio.create_task(ingress.forwarder.run())
     try:
         await asyncio.wait([task, asyncio.create_task(ingress.forwarder.listening.wait())],
@@ -210,3 +227,221 @@ async def test_tcp_expose_keeps_half_close() -> None:
         writer.close()
         assert ingress.forwarder.is_listening("db")
     server.close()
+
+
+# -- identity headers -----------------------------------------------------------------------------
+
+def tailnet(*peers: dict[str, Any]) -> nm.NetMap:
+    def node(node_id: int, ip: str, **extra: Any) -> dict[str, Any]:
+        return {"ID": node_id, "Name": f"n{node_id}.tailnet.test.", "Key": f"nodekey:{node_id:064x}",
+                "Addresses": [f"{ip}/32"], **extra}
+    netmap = nm.apply(None, {"Node": node(1, "100.64.0.1"), "Peers": [node(**p) for p in peers],
+                             "UserProfiles": [{"ID": 7, "LoginName": "alice@example.com", "DisplayName": "Alice Ünal"},
+                                              {"ID": 9, "LoginName": "tagged-devices"}]})
+    assert netmap is not None
+    return netmap
+
+
+def test_identity_from_the_netmap_user_or_tags() -> None:
+    netmap = tailnet({"node_id": 2, "ip": "100.64.0.2", "User": 7},
+                     {"node_id": 3, "ip": "100.64.0.3", "User": 9, "Tags": ["tag:ci", "tag:build"]},
+                     {"node_id": 4, "ip": "100.64.0.4", "User": 99})
+    assert identify(netmap, "100.64.0.2") == Identity(node_name="n2.tailnet.test", login_name="alice@example.com",
+                                                      display_name="Alice Ünal")
+    assert identify(netmap, "100.64.0.3") == Identity(node_name="n3.tailnet.test", tags=("tag:ci", "tag:build"))
+    assert identify(netmap, "100.64.0.4") == Identity(node_name="n4.tailnet.test"), "no profile: the node alone"
+    assert identify(netmap, "100.64.0.5") is None and identify(None, "100.64.0.2") is None
+    assert identity_headers(identify(netmap, "100.64.0.2")) == [
+        ("Tailnet-Node-Name", "n2.tailnet.test"), ("Tailnet-User-Login", "alice@example.com"),
+        ("Tailnet-User-Name", "=?utf-8?q?Alice_=C3=9Cnal?=")]
+    assert identity_headers(identify(netmap, "100.64.0.3")) == [
+        ("Tailnet-Node-Name", "n3.tailnet.test"), ("Tailnet-Node-Tags", "tag:ci,tag:build")]
+    assert identity_headers(None) == []
+
+
+def test_header_values_are_ascii_or_q_encoded() -> None:
+    assert header_value("bob@example.com") == "bob@example.com"
+    assert header_value("a\r\nX-Evil: 1") == "=?utf-8?q?a=0D=0AX-Evil=3A_1?="
+    assert "\n" not in header_value("é\n")
+
+
+def test_spoofed_identity_headers_are_dropped_and_ours_set() -> None:
+    sent = [("Host", "shop"), ("Tailnet-User-Login", "root@evil"), ("tailnet-node-tags", "tag:admin"),
+            ("TAILNET-Anything", "x"), ("Accept", "*/*")]
+    me = Identity(node_name="laptop.tailnet.test", login_name="bob@example.com", display_name="Bob")
+    assert request_headers(sent, client="100.64.0.9", authority="shop", identity=me) == [
+        ("Host", "shop"), ("Accept", "*/*"), ("X-Forwarded-For", "100.64.0.9"), ("X-Forwarded-Proto", "https"),
+        ("X-Forwarded-Host", "shop"), ("Tailnet-Node-Name", "laptop.tailnet.test"),
+        ("Tailnet-User-Login", "bob@example.com"), ("Tailnet-User-Name", "Bob")]
+    assert [k for k, _ in request_headers(sent, client="1.2.3.4", authority="shop")] == [
+        "Host", "Accept", "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host"], "unknown caller: none"
+
+
+def test_te_trailers_goes_only_to_an_http2_backend_and_trailers_are_cleaned() -> None:
+    sent = [("content-type", "application/grpc"), ("te", "trailers")]
+    assert ("te", "trailers") in request_headers(sent, client="c", authority="a", trailers=True)
+    assert all(k != "te" for k, _ in request_headers(sent, client="c", authority="a"))
+    assert all(k != "te" for k, _ in request_headers([("te", "gzip")], client="c", authority="a", trailers=True))
+    assert trailer_headers([("Grpc-Status", "0"), (":status", "200"), ("connection", "x"), ("x-t", "1")]) == [
+        ("grpc-status", "0"), ("x-t", "1")]
+
+
+async def test_identity_headers_reach_the_backend_and_spoofed_ones_do_not(ca: CertificateAuthority) -> None:
+    netmap = tailnet({"node_id": 2, "ip": "127.0.0.1", "User": 7})
+    a = vhost(ca, "a.example.test")
+    async with backend() as port:
+        expose = Expose(name="web", port=free_port(), mode="http", backend=Backend(host="127.0.0.1", port=port),
+                        hosts=(a,))
+        async with running((expose,), netmap):
+            for alpn in ("http/1.1", "h2"):
+                answer = await ask(expose.port, ca, "a.example.test", alpn=alpn, headers=(
+                    ("Tailnet-User-Login", "root@evil"), ("Tailnet-Node-Tags", "tag:admin")))
+                seen = json.loads(answer.body)["headers"]
+                assert seen["tailnet-user-login"] == "alice@example.com", alpn
+                assert seen["tailnet-user-name"] == "=?utf-8?q?Alice_=C3=9Cnal?="
+                assert seen["tailnet-node-name"] == "n2.tailnet.test"
+                assert "tailnet-node-tags" not in seen
+
+
+# -- HTTP/2 backends and trailers -----------------------------------------------------------------
+
+GRPC_HEADERS = (("content-type", "application/grpc"), ("te", "trailers"))
+
+
+async def grpc_call(port: int, ca: CertificateAuthority, sni: str, message: bytes, **kw: Any) -> Answer:
+    return await ask(port, ca, sni, alpn="h2", method="POST", path="/echo.Echo/Say", body=grpc_frame(message),
+                     headers=GRPC_HEADERS, **kw)
+
+
+def said(answer: Answer) -> dict[str, Any]:
+    [message] = grpc_messages(answer.body)
+    seen: dict[str, Any] = json.loads(message)
+    return seen
+
+
+async def test_grpc_over_h2c_and_h2_over_tls_keeps_trailers_both_ways(ca: CertificateAuthority,
+                                                                       tmp_path: Path) -> None:
+    a = vhost(ca, "a.example.test")
+    app_pair = ca.issue("grpc-app", common_name="grpc.internal", hosts=("grpc.internal",))
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(app_pair.cert, app_pair.key)
+    other = CertificateAuthority(tmp_path / "other", "other")
+    h2c, h2s = await GrpcEcho.start(), await GrpcEcho.start(tls)
+    try:
+        plain = Expose(name="plain", port=free_port(), mode="http", hosts=(a,),
+                       backend=Backend(host="127.0.0.1", port=h2c.port, protocol="h2"))
+        secure = Expose(name="secure", port=free_port(), mode="http", hosts=(a,), backend=Backend(
+            host="127.0.0.1", port=h2s.port, scheme="https", ca_file=str(ca.cert_path), server_name="grpc.internal",
+            protocol="h2"))
+        wrong_ca = Expose(name="wrong", port=free_port(), mode="http", hosts=(a,), backend=Backend(
+            host="127.0.0.1", port=h2s.port, scheme="https", ca_file=str(other.cert_path),
+            server_name="grpc.internal", protocol="h2"))
+        async with running((plain, secure, wrong_ca)):
+            for expose, scheme in ((plain, "http"), (secure, "https")):
+                answer = await grpc_call(expose.port, ca, "a.example.test", b"hello",
+                                         trailers=(("x-checksum", "abc"),))
+                assert (answer.status, answer.headers["content-type"]) == (200, "application/grpc"), answer
+                assert answer.trailers == {"grpc-status": "0", "grpc-message": "echoed"}, answer
+                seen = said(answer)
+                assert seen["message"] == "hello" and seen["path"] == "/echo.Echo/Say"
+                assert seen["trailers"] == {"x-checksum": "abc"}, "the request's trailers reached the backend"
+                assert seen["headers"]["te"] == "trailers" and seen["headers"][":scheme"] == scheme
+                assert seen["headers"][":authority"] == "a.example.test" and "host" not in seen["headers"]
+                failing = await ask(expose.port, ca, "a.example.test", alpn="h2", method="POST", path="/x",
+                                    body=grpc_frame(b"x"), headers=(*GRPC_HEADERS, ("x-want-status", "13")))
+                assert failing.trailers["grpc-status"] == "13" and not failing.headers_only
+                only = await ask(expose.port, ca, "a.example.test", alpn="h2", method="POST", path="/x",
+                                 body=grpc_frame(b"x"), headers=(*GRPC_HEADERS, ("x-want-status", "5"),
+                                                                 ("x-trailers-only", "1")))
+                assert only.headers_only and only.headers["grpc-status"] == "5" and only.body == b"", only
+                h1 = await ask(expose.port, ca, "a.example.test", alpn="http/1.1", method="POST", path="/y",
+                               body=grpc_frame(b"over http/1.1"), headers=GRPC_HEADERS)
+                assert h1.status == 200 and said(h1)["message"] == "over http/1.1", "trailers dropped, body kept"
+            big = "y" * 300000  # the answer is larger than HTTP/2's default 64 KiB window
+            answer = await grpc_call(plain.port, ca, "a.example.test", big.encode())
+            assert said(answer)["message"] == big and answer.trailers["grpc-status"] == "0"
+            many = await asyncio.gather(*(grpc_call(plain.port, ca, "a.example.test", b"m%d" % i) for i in range(20)))
+            assert sorted(said(m)["message"] for m in many) == sorted(f"m{i}" for i in range(20))
+            assert h2c.connections == 1, "the streams share one backend connection"
+            bad = await grpc_call(wrong_ca.port, ca, "a.example.test", b"x")
+            assert bad.status == 502 and b"certificate verify failed" in bad.body, bad
+    finally:
+        h2c.close()
+        h2s.close()
+
+
+async def test_an_h2_backend_that_does_not_speak_h2_is_a_bad_gateway(ca: CertificateAuthority) -> None:
+    a = vhost(ca, "a.example.test")
+    app_pair = ca.issue("app", common_name="app.internal", hosts=("app.internal",))
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(app_pair.cert, app_pair.key)
+    async with backend(tls) as port:  # aiohttp: HTTP/1.1 only, no ALPN h2
+        expose = Expose(name="web", port=free_port(), mode="http", hosts=(a,), backend=Backend(
+            host="127.0.0.1", port=port, scheme="https", ca_file=str(ca.cert_path), server_name="app.internal",
+            protocol="h2"))
+        async with running((expose,)):
+            answer = await ask(expose.port, ca, "a.example.test", alpn="h2")
+            assert answer.status == 502 and b"did not negotiate HTTP/2" in answer.body, answer
+    async with backend() as port:
+        expose = Expose(name="web", port=free_port(), mode="http", hosts=(a,),
+                        backend=Backend(host="127.0.0.1", port=port, protocol="h2"))
+        async with running((expose,)):
+            answer = await ask(expose.port, ca, "a.example.test", alpn="h2")
+            assert answer.status == 502, answer
+
+
+# -- several http exposes on one port -------------------------------------------------------------
+
+async def keep_alive_get(stream: tuple[asyncio.StreamReader, asyncio.StreamWriter], host: str) -> dict[str, Any]:
+    reader, writer = stream
+    writer.write(f"GET /again HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    head = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
+    length = int(head.split("content-length:")[1].split("\r\n")[0])
+    seen: dict[str, Any] = json.loads(await reader.readexactly(length))
+    return seen
+
+
+async def test_http_exposes_sharing_a_port_are_chosen_by_sni(ca: CertificateAuthority) -> None:
+    a, b = vhost(ca, "a.example.test", "a"), vhost(ca, "b.example.test")
+    async with backend() as port_a, backend() as port_b:
+        listen = free_port()
+        first = Expose(name="first", port=listen, mode="http", hosts=(a,),
+                       backend=Backend(host="127.0.0.1", port=port_a))
+        second = Expose(name="second", port=listen, mode="http", hosts=(b,),
+                        backend=Backend(host="127.0.0.1", port=port_b, protocol="http1"))
+        async with running((first, second)) as ingress:
+            assert ingress.forwarder.is_listening("first") and ingress.forwarder.is_listening("second")
+            for sni, names in (("a", ["a.example.test", "a"]), ("b.example.test", ["b.example.test"])):
+                for alpn in ("http/1.1", "h2"):
+                    answer = await ask(listen, ca, sni, alpn=alpn, path=f"/{sni}")
+                    assert answer.status == 200 and subject_names(answer.certificate) == names, answer
+                    assert json.loads(answer.body)["path"] == f"/{sni}"
+            wrong = await ask(listen, ca, "a.example.test", alpn="h2", host="b.example.test")
+            assert wrong.status == 421, "a connection stays with the expose its SNI chose"
+            unnamed = ssl.create_default_context(cafile=str(ca.cert_path))
+            unnamed.check_hostname = False
+            no_sni = await asyncio.open_connection("127.0.0.1", listen, ssl=unnamed, server_hostname="")
+            assert subject_names(no_sni[1].get_extra_info("ssl_object").getpeercert(binary_form=True)) == [
+                "a.example.test", "a"], "no SNI: the first host of the first expose on the port"
+            assert (await keep_alive_get(no_sni, "a"))["path"] == "/again"
+            no_sni[1].close()
+
+            tls = ssl.create_default_context(cafile=str(ca.cert_path))
+            kept = await asyncio.open_connection("127.0.0.1", listen, ssl=tls, server_hostname="a.example.test")
+            assert (await keep_alive_get(kept, "a.example.test"))["path"] == "/again"
+            held_b = await asyncio.open_connection("127.0.0.1", listen, ssl=tls, server_hostname="b.example.test")
+            assert (await keep_alive_get(held_b, "b.example.test"))["path"] == "/again"
+
+            await ingress.forwarder.apply((first,))  # second leaves the shared port
+            assert ingress.forwarder.is_listening("first") and set(ingress.services) == {"first"}
+            assert (await keep_alive_get(kept, "a.example.test"))["path"] == "/again", "its sibling's connection stays"
+            assert await asyncio.wait_for(held_b[0].read(), 10) == b"", "the removed expose's connection ended"
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                await ask(listen, ca, "b.example.test")
+            assert (await ask(listen, ca, "a.example.test")).status == 200
+
+            await ingress.forwarder.apply((second,))  # the last lease goes and the port is bound again
+            assert (await ask(listen, ca, "b.example.test")).status == 200
+            assert await asyncio.wait_for(kept[0].read(), 10) == b""
+            kept[1].close()
+            held_b[1].close()

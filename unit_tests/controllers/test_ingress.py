@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -325,15 +326,31 @@ async def test_a_steady_ingress_writes_nothing() -> None:
     assert world.kube.writes == writes
 
 
-async def test_http_exposes_sharing_a_port_are_refused_with_the_reason() -> None:
+async def test_http_exposes_sharing_a_port_are_served_and_a_shared_name_is_refused() -> None:
     world = await world_with_tailnet()
-    other = {**WEB, "name": "api", "hosts": [{"name": "api.apps.example.internal", "tls": {"secretName": "a"}}]}
+    other = {**WEB, "name": "api", "backend": {"service": "api", "port": 50051, "protocol": "h2"},
+             "hosts": [{"name": "api.apps.example.internal", "alias": "api", "tls": {"secretName": "a"}}]}
     world.add_ingress(exposes=[WEB, other])
 
     await world.reconcile_ingress()
 
+    assert world.cond("Ready")["reason"] != "HostNameClash"
+    config = world.kube.get(CONFIG_MAP, "shop-ingress-config", TENANT)
+    assert config is not None
+    exposes = json.loads(config["data"]["exposes.json"])
+    assert [(e["name"], e["port"]) for e in exposes] == [("web", WEB["port"]), ("api", WEB["port"])]
+    assert exposes[1]["backend"]["protocol"] == "h2" and "protocol" not in exposes[0]["backend"]
+
+
+async def test_a_name_shared_by_two_hosts_on_one_port_is_refused_with_the_reason() -> None:
+    world = await world_with_tailnet()
+    clash = {**WEB, "name": "api", "hosts": [{"name": "api.apps.example.internal", "alias": "shop",
+                                              "tls": {"secretName": "a"}}]}
+    world.add_ingress(exposes=[WEB, clash])
+    await world.reconcile_ingress()
     ready = world.cond("Ready")
-    assert (ready["status"], ready["reason"]) == ("False", "PortShared") and "web and api" in ready["message"]
+    assert (ready["status"], ready["reason"]) == ("False", "HostNameClash"), ready
+    assert "expose web" in ready["message"] and "expose api" in ready["message"]
     assert world.headscale.preauth_keys == {}
 
 

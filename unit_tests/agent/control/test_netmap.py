@@ -145,3 +145,18 @@ def test_map_frames_reject_garbage() -> None:
         MapFrameDecoder().feed(struct.pack("<I", 1 << 30))
     with pytest.raises(ProtocolViolation):
         MapFrameDecoder().feed(struct.pack("<I", 4) + b"\x28\xb5\x2f\xfd")  # a zstd frame
+
+
+def test_user_profiles_are_merged_by_id_and_peers_found_by_address() -> None:
+    m = nm.apply(None, {**FULL, "Peers": [node(2, 2, User=7), node(3, 3, User=8, Tags=["tag:ci"])],
+                        "UserProfiles": [{"ID": 7, "LoginName": "alice@example.com", "DisplayName": "Alice"},
+                                         {"ID": 8, "LoginName": "tagged-devices", "DisplayName": "Tagged"}]})
+    assert m is not None and m.peers[2].user == 7
+    assert m.user_profiles[7] == nm.UserProfile(id=7, login_name="alice@example.com", display_name="Alice")
+    later = nm.apply(m, {"UserProfiles": [{"ID": 7, "LoginName": "alice@example.com", "DisplayName": "Alice B"}]})
+    assert later is not None and later.user_profiles[7].display_name == "Alice B" and 8 in later.user_profiles
+    unchanged = nm.apply(later, {"PeersRemoved": [3]})
+    assert unchanged is not None and set(unchanged.user_profiles) == {7, 8}, "absent profiles stay"
+    assert later.peer_by_address("100.64.0.3") == later.peers[3]
+    assert later.peer_by_address("fd7a:115c:a1e0::2") == later.peers[2]
+    assert later.peer_by_address("100.64.0.9") is None and later.peer_by_address("not an ip") is None
