@@ -23,7 +23,7 @@ The load client is a separate process (standard library asyncio, verified TLS ag
 ALPN http/1.1); the backend is aiohttp in its own process. Everything runs on loopback; nothing
 leaves the machine.
 
-    python -m benchmarks.ingress_serve [--seconds 8] [--rounds 2] [--mib 32] [--json results.json]
+    python -m benchmarks.ingress_serve [--seconds 6] [--rounds 3] [--mib 32] [--json results.json]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import ssl
 import statistics
 import subprocess
@@ -54,6 +55,7 @@ NAME = "web.bench.test"
 BODY = b"x" * 256
 CONCURRENCY = (1, 32)
 AGENT, SERVE = "bench-ingress", "bench-serve"
+CPU_COLUMNS = ("load client", "laptop tailscaled", "agent", "serve tailscaled", "backend")
 
 
 # -- the backend (its own process) --------------------------------------------------------------
@@ -164,6 +166,8 @@ class HttpPath:
     host: str
     tls: bool
     runs: dict[int, list[Load]] = field(default_factory=dict)
+    cpu: dict[int, list[dict[str, float]]] = field(default_factory=dict)
+    """Per run: CPU milliseconds per request of each process on the path."""
 
     def median(self, clients: int, column: str) -> float:
         return float(statistics.median(float(getattr(load, column)) for load in self.runs.get(clients, [])))
@@ -255,6 +259,93 @@ async def until_direct_tailscaled(laptop: TailscaleNode, hostname: str, dial: pa
     raise RuntimeError(f"no direct path from the laptop to {hostname} within {timeout:.0f} s")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds of this process's reaped children (the load clients)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measured_load(path: HttpPath, clients: int, seconds: float, ca: Path, pids: dict[str, int]) -> Load:
+    """One load measurement of ``path``, with the CPU each process in ``pids`` and the client spent."""
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    client_before = children_cpu_seconds()
+    result = run_load(path.dial, clients=clients, seconds=seconds, host=path.host,
+                      ca=ca if path.tls else None, sni=NAME if path.tls else None)
+    spent = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    spent["load client"] = children_cpu_seconds() - client_before
+    path.runs.setdefault(clients, []).append(result)
+    path.cpu.setdefault(clients, []).append(
+        {name: round(value * 1000 / max(result.requests, 1), 3) for name, value in spent.items()})
+    return result
+
+
+async def until_reachable(dial: paths.Dial, timeout: float = 60.0) -> None:
+    """Retry a small upload until the path carries it (the peer's netmap and listeners settle)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await upload(dial, 1024)
+            return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+def serve_https_probe(serve: TailscaleNode, ca: CertificateAuthority, dial: paths.Dial, backend_port: int,
+                      ) -> dict[str, Any]:
+    """What ``tailscale serve --https`` does here with a certificate from the test CA for the node's own
+    MagicDNS name placed where its cert store reads (``<statedir>/certs/<name>.crt`` and ``.key``).
+
+    Run after the measurements: it replaces the node's serve configuration. The CLI is tried first;
+    if it refuses, the same configuration is set with ``tailscale serve set-raw``. Then one TLS
+    handshake from the laptop, verified against the CA, and the node's log line that explains it.
+    """
+    from hack import binaries
+
+    name = str(serve.status()["Self"]["DNSName"]).rstrip(".")
+    pair = ca.issue("serve-node", common_name=name, hosts=(name,))
+    certs = serve.workdir / "state" / "certs"
+    certs.mkdir(parents=True, exist_ok=True)
+    (certs / f"{name}.crt").write_bytes(pair.cert.read_bytes())
+    (certs / f"{name}.key").write_bytes(pair.key.read_bytes())
+    (certs / f"{name}.key").chmod(0o600)
+    outcome: dict[str, Any] = {"dns_name": name}
+    try:
+        serve.cli("serve", "--bg", "--https=443", f"http://127.0.0.1:{backend_port}", timeout=20)
+        outcome["cli"] = "accepted"
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        outcome["cli"] = str(exc).splitlines()[0][:300]
+        config = {"TCP": {"443": {"HTTPS": True}},
+                  "Web": {f"{name}:443": {"Handlers": {"/": {"Proxy": f"http://127.0.0.1:{backend_port}"}}}}}
+        raw = subprocess.run([str(binaries.binary("tailscale")), f"--socket={serve.socket}", "serve", "set-raw"],
+                             input=json.dumps(config), capture_output=True, text=True, timeout=20, check=False)
+        outcome["set_raw"] = "accepted" if raw.returncode == 0 else raw.stderr.strip()[:300]
+
+    async def handshake() -> str:
+        context = ssl.create_default_context(cafile=str(ca.cert_path))
+        _reader, writer = await dial()
+        try:
+            await asyncio.wait_for(writer.start_tls(context, server_hostname=name), 30)
+            return "TLS handshake completed"
+        except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            writer.close()
+
+    outcome["handshake"] = asyncio.run(handshake())
+    log = serve.process.log_path.read_text(errors="replace") if serve.process.log_path.exists() else ""
+    outcome["tailscaled_log"] = [line[:300] for line in log.splitlines()
+                                 if "TLS" in line or "cert" in line.lower()][-3:]
+    return outcome
+
+
 def loadavg() -> list[float]:
     return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
 
@@ -269,7 +360,7 @@ def run(*, seconds: float, rounds: int, mib: int) -> dict[str, Any]:
         ca = CertificateAuthority(pki, "bench-ingress")
         ca.issue("web", common_name=NAME, hosts=(NAME,))
         python = sys.executable
-        stack.enter_context(process([python, "-m", "benchmarks.ingress_serve", "backend", str(ports["http"]),
+        backend = stack.enter_context(process([python, "-m", "benchmarks.ingress_serve", "backend", str(ports["http"]),
                                      str(ports["https"]), str(pki / "web.crt"), str(pki / "web.key")],
                                     env.log_dir / "backend.log"))
         stack.enter_context(process([python, "-m", "benchmarks.paths", "serve", "127.0.0.1", str(ports["bulk"])],
@@ -296,18 +387,20 @@ def run(*, seconds: float, rounds: int, mib: int) -> dict[str, Any]:
                  paths.socks5_dialer("127.0.0.1", laptop.socks5_port, serve_ip, 9000))]
 
         async def direct_paths() -> None:
+            for _, dial in bulk:
+                await until_reachable(dial)
             await until_direct(bulk[0][1], f"http://{health}/metrics")
             await until_direct_tailscaled(laptop, SERVE, bulk[1][1])
 
         asyncio.run(direct_paths())
         measured = http_paths(laptop.socks5_port, agent_ip, serve_ip, ports)
+        pids = {"laptop tailscaled": laptop.process.pid or 0, "agent": agent.pid,
+                "serve tailscaled": serve.process.pid or 0, "backend": backend.pid}
         load_before = loadavg()
         for round_ in range(rounds):
             for path in measured:
                 for clients in CONCURRENCY:
-                    result = run_load(path.dial, clients=clients, seconds=seconds, host=path.host,
-                                      ca=ca.cert_path if path.tls else None, sni=NAME if path.tls else None)
-                    path.runs.setdefault(clients, []).append(result)
+                    result = measured_load(path, clients, seconds, ca.cert_path, pids)
                     print(f"round {round_ + 1} {path.name} c={clients}: {result.rps:.0f} req/s "
                           f"p50 {result.p50_ms:.2f} ms p99 {result.p99_ms:.2f} ms", flush=True)
 
@@ -320,11 +413,14 @@ def run(*, seconds: float, rounds: int, mib: int) -> dict[str, Any]:
 
         asyncio.run(bulk_rounds())
         load_after = loadavg()
+        https_probe = serve_https_probe(serve, ca, paths.socks5_dialer("127.0.0.1", laptop.socks5_port, serve_ip, 443),
+                                        ports["http"])
+        print(f"tailscale serve --https with a certificate in its cert store: {https_probe}", flush=True)
         agent_rss = rss_kib(agent.pid)
         serve_rss = rss_kib(serve.process.pid or 0)
     return {"http": [asdict(p) for p in measured], "bulk": [asdict(r) for r, _ in bulk],
             "loadavg_before": load_before, "loadavg_after": load_after, "cpus": os.cpu_count(),
-            "rss_after_kib": {AGENT: agent_rss, SERVE: serve_rss},
+            "rss_after_kib": {AGENT: agent_rss, SERVE: serve_rss}, "serve_https_probe": https_probe,
             "settings": {"seconds": seconds, "rounds": rounds, "mib": mib, "body_bytes": len(BODY)}}
 
 
@@ -345,6 +441,12 @@ def tables(doc: dict[str, Any]) -> str:
         cells = [f"{path.median(c, 'rps'):.0f} | {path.median(c, 'p50_ms'):.2f} | {path.median(c, 'p99_ms'):.2f}"
                  for c in CONCURRENCY]
         rows.append(f"| {path.name} | " + " | ".join(cells) + " |")
+    rows += ["", "| path, 32 clients: CPU ms per request | " + " | ".join(CPU_COLUMNS) + " | sum |",
+             "|---|" + "---|" * (len(CPU_COLUMNS) + 1)]
+    for raw in doc["http"]:
+        runs = raw["cpu"].get("32") or raw["cpu"].get(32) or []
+        medians = [statistics.median(run.get(name, 0.0) for run in runs) if runs else 0.0 for name in CPU_COLUMNS]
+        rows.append(f"| {raw['name']} | " + " | ".join(f"{m:.3f}" for m in medians) + f" | {sum(medians):.3f} |")
     rows += ["", "| tcp expose, bulk | 1 stream up MB/s | 1 stream down MB/s | 8 streams up MB/s "
              "| 8 streams down MB/s |", "|---|---|---|---|---|"]
     for r in doc["bulk"]:
@@ -368,8 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     client.add_argument("--host", required=True)
     client.add_argument("--ca", type=Path, default=None, help="TLS, verified against this CA")
     client.add_argument("--sni", default=None)
-    parser.add_argument("--seconds", type=float, default=8.0, help="seconds per load measurement (default 8)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds over every path; medians reported (default 2)")
+    parser.add_argument("--seconds", type=float, default=6.0, help="seconds per load measurement (default 6)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over every path; medians reported (default 3)")
     parser.add_argument("--mib", type=int, default=32, help="MiB per bulk measurement (default 32)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
@@ -386,12 +488,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asdict(result)))
         return 0
     doc = run(seconds=args.seconds, rounds=args.rounds, mib=args.mib)
-    print(tables(doc))
-    print(f"load average before {doc['loadavg_before']}, after {doc['loadavg_after']} on {doc['cpus']} CPUs; "
-          f"RSS after: {doc['rss_after_kib']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    print(tables(doc))
+    print(f"load average before {doc['loadavg_before']}, after {doc['loadavg_after']} on {doc['cpus']} CPUs; "
+          f"RSS after: {doc['rss_after_kib']}")
     return 0
 
 
