@@ -13,11 +13,14 @@ Why not ``tailscale serve --https`` with the same certificate: every TLS termina
 tailscaled 1.98 (``--https``, ``--tls-terminated-tcp``) takes its certificate from
 ``LocalBackend.GetCertPEM``, which first requires the domain to be one of the netmap's
 ``DNS.CertDomains`` ("your Tailscale account does not support getting TLS certs" otherwise), and
-Headscale 0.29.2 sends none; the cert directory is only read after that check. So the HTTPS rows
-compare the agent terminating TLS with the test certificate against ``tailscale serve --tcp``
-passing TLS through to a backend that terminates it with the same certificate (and the agent's tcp
-expose doing the same), and ``tailscale serve --http`` is measured as the plain-HTTP reverse proxy
-it can be here. Two rows without the tailnet give the ceiling of the load client and the backend.
+Headscale 0.29.2 sends none; the cert directory is only read after that check (each run checks
+this on the real binaries after the measurements: :func:`serve_https_probe`). So HTTPS with the
+same certificate is compared with TLS passed through: the agent's tcp expose against
+``tailscale serve --tcp``, both to a backend that terminates TLS with it; the agent's http expose
+(TLS at the agent) has no tailscaled counterpart here; ``tailscale serve --http`` is measured as the
+plain-HTTP reverse proxy it can be, beside the agent's tcp expose to the same clear backend. Two
+rows without the tailnet give the ceiling of the load client and the backend. Each measurement
+also records the CPU time per request of every process on the path (the laptop's proxy included).
 
 The load client is a separate process (standard library asyncio, verified TLS against the test CA,
 ALPN http/1.1); the backend is aiohttp in its own process. Everything runs on loopback; nothing
