@@ -17,7 +17,7 @@ help:
 	@echo "make binaries   build and cache etcd, kube-apiserver, Headscale and tailscaled"
 	@echo "make e2e        the end-to-end suite against a kind cluster (needs Docker)"
 	@echo "make fuzz       the fuzz targets at length: 10^6 inputs per Rust target, hypothesis at 2000 examples per property"
-	@echo "make bench      egress (agent vs tailscaled, loopback and in-cluster); runtime vs kopf vs controller-runtime; big cluster; policy (docs/benchmarks.md)"
+	@echo "make bench      egress (agent vs tailscaled, loopback and in-cluster); ingress vs tailscale serve; runtime vs kopf vs controller-runtime; big cluster; policy (docs/benchmarks.md)"
 	@echo "make interop    the interop slice for every Headscale and tailscale version in range (docs/compatibility.md)"
 
 prereqs:
@@ -88,6 +88,7 @@ fuzz: $(VENV)/.native
 bench: $(VENV)/.native binaries
 	$(PY) -m benchmarks.egress --json _artifacts/bench-egress.json
 	$(PY) -m benchmarks.egress_incluster --json _artifacts/bench-egress-incluster.json
+	$(PY) -m benchmarks.ingress_serve --json _artifacts/bench-ingress-serve.json
 	$(PY) -m benchmarks.runtime --json _artifacts/bench-runtime.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.bigcluster --json _artifacts/bench-bigcluster.json --doc docs/benchmarks.md \
 	  $(if $(BEFORE),--before $(BEFORE))
