@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from e2e.cluster import (
 )
 from e2e.conftest import TailscaleFactory
 from e2e.operator import tailnet_object
+from hack.grpc_echo import grpc_frame, grpc_messages
 from hack.https_client import Answer, request, tunnel
 from hack.localenv import CertManager, Environment, Headscale, TailscaleNode, wait_until
 from hack.localenv._pki import CertificateAuthority
@@ -52,6 +54,17 @@ from hack.localenv.certmanager import crd_bodies
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 ZONE = "apps.e2e.internal"
+GRPC_PORT = 50051
+GRPC_SERVER = (Path(__file__).parent.parent / "hack" / "grpc_echo.py").read_text() + f"""
+
+async def _serve_forever() -> None:
+    await GrpcEcho.start(host="0.0.0.0", port={GRPC_PORT})
+    await asyncio.Event().wait()
+
+
+asyncio.run(_serve_forever())
+"""
+"""hack/grpc_echo.py run as a pod's script (it needs only the standard library and h2, which the image has)."""
 CERT_MANAGER_NAMESPACE = "cert-manager"
 ISSUER = "tailnet-e2e-ca"
 
@@ -75,6 +88,8 @@ class IngressWorld:
     ca: CertificateAuthority
     laptop: TailscaleNode
     stranger: TailscaleNode
+    laptop_tag: str
+    """The laptop's tag (what the backend learns from ``Tailnet-Node-Tags``)."""
 
     @property
     def agent(self) -> str:
@@ -83,6 +98,10 @@ class IngressWorld:
     @property
     def host_name(self) -> str:
         return f"shop-{self.hostname}.{ZONE}"
+
+    @property
+    def grpc_name(self) -> str:
+        return f"grpc-{self.hostname}.{ZONE}"
 
     def ingress_object(self) -> dict[str, Any]:
         return {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetIngress",
@@ -93,6 +112,12 @@ class IngressWorld:
                              {"name": "raw", "port": 8080, "backend": {"service": "web", "port": 8080}},
                              {"name": "web", "mode": "http", "port": 443, "backend": {"service": "web", "port": 8080},
                               "hosts": [{"name": self.host_name, "alias": "shop",
+                                         "tls": {"certManager": {"issuerRef": {"name": ISSUER,
+                                                                               "kind": "ClusterIssuer"}}}}]},
+                             # a second http expose on the same port, chosen by SNI, to an h2c backend
+                             {"name": "grpc", "mode": "http", "port": 443,
+                              "backend": {"service": "grpc", "port": GRPC_PORT, "protocol": "h2"},
+                              "hosts": [{"name": self.grpc_name,
                                          "tls": {"certManager": {"issuerRef": {"name": ISSUER,
                                                                                "kind": "ClusterIssuer"}}}}]}]}}
 
@@ -160,7 +185,10 @@ def world(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale:
     try:
         with namespace(cluster, "tenant", {"pod-security.kubernetes.io/enforce": "restricted"}) as tenant:
             backend = python_pod("web", tenant, project_image.ref, HTTP_SERVER, labels={"app": "web"}, port=8080)
-            apply(cluster, [backend, {
+            grpc = python_pod("grpc", tenant, project_image.ref, GRPC_SERVER, labels={"app": "grpc"}, port=GRPC_PORT)
+            apply(cluster, [backend, grpc, {
+                "apiVersion": "v1", "kind": "Service", "metadata": {"name": "grpc", "namespace": tenant},
+                "spec": {"selector": {"app": "grpc"}, "ports": [{"port": GRPC_PORT, "targetPort": GRPC_PORT}]}}, {
                 "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": tenant},
                 "spec": {"selector": {"app": "web"}, "ports": [{"port": 8080, "targetPort": 8080}]}}, {
                 # the namespace lets the operator write its ingresses' objects (docs/reference/rbac.md)
@@ -170,7 +198,8 @@ def world(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale:
                             "name": "tailnet-operator-tenant"},
                 "subjects": [{"kind": "ServiceAccount", "name": "tailnet-operator", "namespace": ns}]}])
             wait_pod_running(cluster, tenant, "web")
-            yield IngressWorld(ns, tenant, tailnet, ingress, tag, hostname, ca, laptop, stranger)
+            wait_pod_running(cluster, tenant, "grpc")
+            yield IngressWorld(ns, tenant, tailnet, ingress, tag, hostname, ca, laptop, stranger, granted)
             kubectl(cluster, "-n", tenant, "delete", INGRESSES, ingress, "--wait=true", "--timeout=90s", check=False)
     finally:
         kubectl(cluster, "delete", TAILNETS, tailnet, "--wait=true", "--timeout=60s", check=False)
@@ -229,7 +258,8 @@ def test_a_granted_laptop_reaches_the_service_by_magic_dns_and_https_with_the_is
     status = obj["status"]
     magic = status["magicDNSName"]
     assert magic.startswith(world.hostname), status
-    assert status["dnsNames"] == [f"{world.hostname}.{ZONE}", world.host_name, f"shop.{ZONE}"]
+    assert sorted(status["dnsNames"]) == sorted([f"{world.hostname}.{ZONE}", world.host_name, f"shop.{ZONE}",
+                                                 world.grpc_name])
     web = next(e for e in status["exposes"] if e["name"] == "web")
     assert web["hosts"][0]["alias"] == "shop" and web["hosts"][0]["certificateNotAfter"], web
     assert all(e["listening"] for e in status["exposes"]), status["exposes"]
@@ -256,6 +286,20 @@ def test_a_granted_laptop_reaches_the_service_by_magic_dns_and_https_with_the_is
             assert leaf.issuer == x509.load_pem_x509_certificate(world.ca.pem).subject
     wrong = _run(_https(world.laptop, address, world.ca.cert_path, world.host_name, host="other.example"))
     assert wrong.status == 421, wrong
+
+    # gRPC-style HTTP/2 with trailers, through the second http expose of port 443 (chosen by SNI)
+    call = wait_until(lambda: _attempt(lambda: _run(_https(
+        world.laptop, address, world.ca.cert_path, world.grpc_name, alpn="h2", method="POST",
+        path="/echo.Echo/Say", body=grpc_frame(b"hello over the tailnet"),
+        headers=(("content-type", "application/grpc"), ("te", "trailers"), ("tailnet-user-login", "mallory")),
+        trailers=(("x-checksum", "42"),)))), timeout=60, what="a gRPC-style call to the h2c backend")
+    assert call.status == 200 and call.alpn == "h2", call
+    assert call.trailers == {"grpc-status": "0", "grpc-message": "echoed"}, call
+    [message] = grpc_messages(call.body)
+    seen = json.loads(message)
+    assert seen["message"] == "hello over the tailnet" and seen["trailers"] == {"x-checksum": "42"}, seen
+    assert seen["headers"].get("tailnet-node-tags") == world.laptop_tag, seen["headers"]
+    assert "tailnet-user-login" not in seen["headers"], "a header the client sent is not passed on"
 
 
 def test_a_laptop_the_policy_does_not_grant_cannot_connect(cluster: ClusterUnderTest, world: IngressWorld) -> None:

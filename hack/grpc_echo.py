@@ -59,11 +59,11 @@ class GrpcEcho:
         """Why connections ended abnormally."""
 
     @classmethod
-    async def start(cls, tls: ssl.SSLContext | None = None) -> GrpcEcho:
+    async def start(cls, tls: ssl.SSLContext | None = None, *, host: str = "127.0.0.1", port: int = 0) -> GrpcEcho:
         echo = cls()
         if tls is not None:
             tls.set_alpn_protocols(["h2"])
-        echo.server = await asyncio.start_server(echo._serve, "127.0.0.1", 0, ssl=tls)
+        echo.server = await asyncio.start_server(echo._serve, host, port, ssl=tls)
         return echo
 
     @property
