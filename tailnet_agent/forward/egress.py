@@ -8,7 +8,9 @@ read from yet), the node waits (at most ``dial_timeout`` seconds) until it is re
 ``address:port`` over the tailnet, and then copies both ways with half-close
 (:class:`~tailnet_agent.forward.splice.Splice`, protocol to protocol). A failed dial resets the local
 connection (the client sees ECONNRESET, as with a plain proxy) and is counted by reason. Every
-connection runs as a task of its target's TaskGroup, inside the forwarder's.
+connection runs as a task of its target's TaskGroup, inside the forwarder's. When an egress client
+half-closes while the reply still flows, a second, idle connection to the target (the pin) is
+opened before its EOF goes on and closed once the connection ends (:meth:`Forwarder._pin`).
 
 Targets change while the agent runs (:meth:`EgressForwarder.apply`, fed by
 :class:`~tailnet_agent.targets.TargetsWatcher`): new targets get listeners, removed ones lose
