@@ -62,7 +62,7 @@ async def test_pin_is_open_before_the_eof_reaches_the_target_and_closed_after() 
     srv.close()
 
 
-async def test_no_pin_when_disabled_or_when_the_reply_ended_first() -> None:
+async def test_no_pin_when_disabled() -> None:
     server = Server()
     srv = await asyncio.start_server(server.handle, "127.0.0.1", 0)
     port, listen = int(srv.sockets[0].getsockname()[1]), free_port()
