@@ -574,10 +574,7 @@ async def _echo_through(port: int, size: int, *, half_close: bool, idle: float =
 
 @pytest.mark.parametrize("half_close", [
     False,
-    pytest.param(True, marks=pytest.mark.skip(
-        reason="known bug (issue 11): after the client's EOF the router's userspace netstack stops sending with "
-               "data queued while the agent's receive window is open (seen after the window reached zero); "
-               "1 in 2 to 7 rounds of 16 MiB")),
+    True,
 ])
 async def test_echo_through_a_subnet_router_after_the_client_half_closes(
         headscale: Headscale, tailscale_nodes: TailscaleFactory, site_host: Callable[[], SiteHost],

@@ -267,10 +267,6 @@ print(received, digest.hexdigest() == hashlib.sha256(data).hexdigest())
 
 
 
-@pytest.mark.skip(reason="known bug (issue 11, docs/agent.md 'Known issues'): when the client half-closes while "
-                         "the echo is still flowing back, a tailscaled userspace subnet router stops sending with "
-                         "data queued and the agent's window open; reproduced on the host tier by "
-                         "e2e/test_agent_egress.py::test_echo_through_a_subnet_router_after_the_client_half_closes")
 def test_sixteen_mebibytes_each_way_arrive_intact_and_half_close_is_honoured(
         cluster: ClusterUnderTest, world: EgressWorld) -> None:
     first = world.target("site-web", 8080, f"web.{ZONE}")

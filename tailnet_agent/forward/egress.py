@@ -8,7 +8,9 @@ read from yet), the node waits (at most ``dial_timeout`` seconds) until it is re
 ``address:port`` over the tailnet, and then copies both ways with half-close
 (:class:`~tailnet_agent.forward.splice.Splice`, protocol to protocol). A failed dial resets the local
 connection (the client sees ECONNRESET, as with a plain proxy) and is counted by reason. Every
-connection runs as a task of its target's TaskGroup, inside the forwarder's.
+connection runs as a task of its target's TaskGroup, inside the forwarder's. When an egress client
+half-closes while the reply still flows, a second, idle connection to the target (the pin) is
+opened before its EOF goes on and closed once the connection ends (:meth:`Forwarder._pin`).
 
 Targets change while the agent runs (:meth:`EgressForwarder.apply`, fed by
 :class:`~tailnet_agent.targets.TargetsWatcher`): new targets get listeners, removed ones lose
@@ -89,7 +91,7 @@ class Forwarder(Generic[F]):
     def __init__(self, node: Dialer, targets: tuple[F, ...], *, bind_address: str = "0.0.0.0",
                  dial_timeout: float = 30.0, metrics: AgentMetrics | None = None,
                  prober: Prober | None = None, listen: Listen | None = None, session: Session | None = None,
-                 kind: str = "egress") -> None:
+                 kind: str = "egress", pin_half_closed: bool | None = None) -> None:
         self.node = node
         self.targets = targets
         """The targets in force (in the order of the file)."""
@@ -102,6 +104,9 @@ class Forwarder(Generic[F]):
         self.session = session
         self.kind = kind
         """``egress`` or ``ingress``: the log lines' and task names' prefix."""
+        self.pin_half_closed = kind == "egress" if pin_half_closed is None else pin_half_closed
+        """Hold a second, idle connection to the target while a half-closed one drains (egress
+        default; see :meth:`_pin`)."""
         self.listening = asyncio.Event()
         """Set once every listener of the first targets is bound."""
         self.listen_errors: dict[str, str] = {}
@@ -237,6 +242,7 @@ class Forwarder(Generic[F]):
         active = m.active.labels(target.name)
         active.inc()
         client = splice.a.transport.get_extra_info("peername") if splice.a.transport else None
+        pins = _Pins()
         try:
             try:
                 async with asyncio.timeout(self.dial_timeout):
@@ -251,6 +257,8 @@ class Forwarder(Generic[F]):
                             client=client, reason=reason, error=message)
                 splice.abort()
                 return
+            if self.pin_half_closed:
+                splice.eof_gate = lambda: self._pin(target, mapping, pins)
             splice.join()
             try:
                 await splice.done
@@ -265,8 +273,52 @@ class Forwarder(Generic[F]):
             raise
         finally:
             active.dec()
+            pins.close()
             if splice.done.done() and not splice.done.cancelled():
                 splice.done.exception()  # retrieved: an early failure is not "never retrieved"
 
+    async def _pin(self, target: F, mapping: PortMapping, pins: _Pins) -> None:
+        """Dial a second connection to the target and keep it (in ``pins``) until the first ends.
+
+        Called when the client half-closes, before its EOF goes over the tailnet. A tailscaled
+        subnet router in userspace networking (1.98) removes the LAN address from its netstack
+        as soon as its last forwarder for that address returns, which happens once both
+        directions reached EOF even while the reply's tail is still queued in its TCP endpoint
+        (the agent's window was closed): every later segment of that endpoint then fails to
+        send and the reply is cut. The router counts forwarders per address, so an idle second
+        connection to the same address keeps it until the first connection has drained.
+        A failed dial only costs the protection: the EOF goes on either way."""
+        try:
+            async with asyncio.timeout(min(self.dial_timeout, PIN_DIAL_TIMEOUT)):
+                transport, _ = await self.node.create_connection(asyncio.Protocol, target.address, mapping.port,
+                                                                 timeout=min(self.dial_timeout, PIN_DIAL_TIMEOUT))
+        except (OSError, TimeoutError) as exc:
+            log.debug(f"{self.kind} half-close pin not opened", target=target.name, error=str(exc) or repr(exc))
+            return
+        pins.add(transport)
+
+
+class _Pins:
+    """A connection's half-close pins: closed with it (one dialled after it ended is closed at once)."""
+
+    def __init__(self) -> None:
+        self._transports: list[asyncio.Transport] = []
+        self._closed = False
+
+    def add(self, transport: asyncio.Transport) -> None:
+        if self._closed:
+            transport.close()
+        else:
+            self._transports.append(transport)
+
+    def close(self) -> None:
+        self._closed = True
+        for transport in self._transports:
+            transport.close()
+        self._transports.clear()
+
+
+PIN_DIAL_TIMEOUT = 5.0
+"""Seconds the half-close pin may take to connect before the EOF is passed on without it."""
 
 EgressForwarder = Forwarder[Target]

@@ -9,12 +9,15 @@ other is aborted and :attr:`Splice.done` raises the error.
 
 ``a`` may be attached before ``b`` exists (an accepted client while its upstream is being dialled):
 it does not read until :meth:`Splice.join` is called.
+
+:attr:`Splice.eof_gate` (optional) is awaited before ``a``'s EOF is passed on to ``b`` while ``b``
+has not reached EOF itself (egress opens its half-close pin there).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 Count = Callable[[int], None]
 
@@ -92,6 +95,9 @@ class Splice:
         self.a.other, self.b.other = self.b, self.a
         self.joined = False
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.eof_gate: Callable[[], Awaitable[None]] | None = None
+        """Awaited before ``a``'s EOF goes to ``b`` (only while ``b`` still sends); must not raise."""
+        self._gate: asyncio.Task[None] | None = None
 
     def join(self) -> None:
         """Both ends are connected: start copying (and pass on an EOF that came early)."""
@@ -108,11 +114,16 @@ class Splice:
                 end.transport.resume_reading()
 
     def abort(self) -> None:
+        if self._gate is not None:
+            self._gate.cancel()
         for end in (self.a, self.b):
             if end.transport is not None:
                 end.transport.abort()
 
     def forward_eof(self, end: _End) -> None:
+        if end is self.a and self.eof_gate is not None and self._gate is None and not self.b.eof:
+            self._gate = asyncio.get_running_loop().create_task(self._forward_eof_after_gate(self.eof_gate))
+            return
         out = end.other.transport
         if out is not None and not end.other.lost and out.can_write_eof() and not out.is_closing():
             try:
@@ -126,6 +137,13 @@ class Splice:
             for side in (self.a, self.b):
                 if side.transport is not None:
                     side.transport.close()  # flushes what is still queued first
+
+    async def _forward_eof_after_gate(self, gate: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await gate()
+        finally:
+            if not self.done.done():
+                self.forward_eof(self.a)
 
     def end_lost(self, end: _End, exc: Exception | None) -> None:
         other = end.other

@@ -58,3 +58,44 @@ async def test_bytes_read_before_the_join_reach_the_other_end_and_reading_pauses
     assert upstream.eof_written
     splice.b.data_received(b"HTTP/1.0 200 OK\r\n")
     assert client.written == [b"HTTP/1.0 200 OK\r\n"]
+
+
+async def test_the_eof_gate_runs_before_the_clients_eof_goes_upstream() -> None:
+    splice = Splice()
+    client, upstream = FakeTransport(), FakeTransport()
+    opened = asyncio.Event()
+    release = asyncio.Event()
+
+    async def gate() -> None:
+        opened.set()
+        await release.wait()
+
+    splice.eof_gate = gate
+    splice.a.connection_made(client)
+    splice.b.connection_made(upstream)
+    splice.join()
+    splice.a.eof_received()
+    await asyncio.wait_for(opened.wait(), 5)
+    assert not upstream.eof_written, "held while the gate runs"
+    release.set()
+    for _ in range(100):
+        if upstream.eof_written:
+            break
+        await asyncio.sleep(0.01)
+    assert upstream.eof_written
+
+
+async def test_no_eof_gate_once_upstream_has_ended() -> None:
+    splice = Splice()
+    client, upstream = FakeTransport(), FakeTransport()
+
+    async def gate() -> None:
+        raise AssertionError("not called")
+
+    splice.eof_gate = gate
+    splice.a.connection_made(client)
+    splice.b.connection_made(upstream)
+    splice.join()
+    splice.b.eof_received()
+    splice.a.eof_received()
+    assert upstream.eof_written and client.eof_written
