@@ -144,12 +144,16 @@ RESTRICTED_CONTAINER: dict[str, Any] = {
 }
 
 
+VENV_PYTHON = "/opt/venv/bin/python"
+"""The image's Python with the project's dependencies (``python3`` is Debian's, with the standard library only)."""
+
+
 def python_pod(name: str, ns: str, image: str, script: str, *, labels: dict[str, str] | None = None,
-               port: int | None = None) -> dict[str, Any]:
+               port: int | None = None, python: str = "python3") -> dict[str, Any]:
     """A pod of the project's image running a Python script (the image has no shell tools)."""
     container: dict[str, Any] = {
         "name": "main", "image": image, "imagePullPolicy": "IfNotPresent",
-        "command": ["python3", "-c", textwrap.dedent(script)], "securityContext": RESTRICTED_CONTAINER,
+        "command": [python, "-c", textwrap.dedent(script)], "securityContext": RESTRICTED_CONTAINER,
     }
     if port is not None:
         container["ports"] = [{"containerPort": port}]

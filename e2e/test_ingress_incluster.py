@@ -32,6 +32,7 @@ from e2e.cluster import (
     HTTP_SERVER,
     INGRESSES,
     TAILNETS,
+    VENV_PYTHON,
     ClusterUnderTest,
     apply,
     condition,
@@ -64,7 +65,7 @@ async def _serve_forever() -> None:
 
 asyncio.run(_serve_forever())
 """
-"""hack/grpc_echo.py run as a pod's script (it needs only the standard library and h2, which the image has)."""
+"""hack/grpc_echo.py run as a pod's script (it needs the standard library and h2, which the image's venv has)."""
 CERT_MANAGER_NAMESPACE = "cert-manager"
 ISSUER = "tailnet-e2e-ca"
 
@@ -185,7 +186,8 @@ def world(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale:
     try:
         with namespace(cluster, "tenant", {"pod-security.kubernetes.io/enforce": "restricted"}) as tenant:
             backend = python_pod("web", tenant, project_image.ref, HTTP_SERVER, labels={"app": "web"}, port=8080)
-            grpc = python_pod("grpc", tenant, project_image.ref, GRPC_SERVER, labels={"app": "grpc"}, port=GRPC_PORT)
+            grpc = python_pod("grpc", tenant, project_image.ref, GRPC_SERVER, labels={"app": "grpc"}, port=GRPC_PORT,
+                              python=VENV_PYTHON)
             apply(cluster, [backend, grpc, {
                 "apiVersion": "v1", "kind": "Service", "metadata": {"name": "grpc", "namespace": tenant},
                 "spec": {"selector": {"app": "grpc"}, "ports": [{"port": GRPC_PORT, "targetPort": GRPC_PORT}]}}, {
