@@ -1,4 +1,5 @@
-"""Reading and writing Headscale policy documents (HuJSON in, canonical JSON out).
+"""Reading and writing Headscale policy documents (HuJSON in; canonical JSON out where there is
+no base text to patch, see :mod:`~tailnet_operator.policy.patch` for the render that keeps it).
 
 HuJSON is JSON plus ``//`` and ``/* */`` comments and trailing commas. The hjson package parses
 a superset of that: quoteless strings, unquoted keys, ``#`` comments, single quotes and a

@@ -8,6 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tailnet_operator.api.crds import load_samples
+from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.policy import (
     EgressInput,
     EgressTarget,
@@ -19,6 +21,7 @@ from tailnet_operator.policy import (
     parse_hujson,
     render,
 )
+from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.policy.hujson import TextMemo
 from tailnet_operator.policy.patch import MARKER, Layout
 
@@ -230,3 +233,16 @@ def test_the_patched_text_parses_to_the_render(
         assert (again.text, again.hash) == (patched.text, patched.hash)
     second = render(document, derived, grants=grants, text=patched.text)
     assert second.text == patched.text and second.added.empty
+
+
+def test_the_adapters_name_each_object_by_kind_namespace_and_name() -> None:
+    sample = next(s for s in load_samples() if s["kind"] == "TailnetEgress")
+    sample["metadata"] = {"name": "billing", "namespace": "payments"}
+    egress = TailnetEgress.model_validate(sample)
+    derived = derive_from_objects(egresses=[egress])
+    text = '{"grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]}'
+    rendered = render(parse_hujson(text), derived, text=text)
+    assert rendered.added.grants
+    marker_line = f"{MARKER} derived from TailnetEgress payments/billing"
+    assert rendered.text.count(marker_line + "\n") == (
+        len(rendered.added.tag_owners) + len(rendered.added.routes) + len(rendered.added.grants))
