@@ -56,6 +56,9 @@ class Layout:
         self.text = text.removeprefix("\ufeff")
         self.root = self._scan(self.text)
         self.unit = self._indent_unit()
+        first_line = self.text.find("\n")
+        self.newline = "\r\n" if first_line > 0 and self.text[first_line - 1] == "\r" else "\n"
+        """The base's line ending (that of its first line), used for every inserted line."""
 
     @staticmethod
     def _scan(text: str) -> Block:
@@ -231,12 +234,13 @@ class Patch:
         inner = _indent_at(text, block.first) if own_line else outer + unit
         if block.last_end >= 0 and not block.comma:
             self._insert(block.last_end, ",")
-        separator = "\n" + inner
-        body = "".join(inner + separator.join(entry.lines) + ",\n" for entry in entries)
+        newline = self.layout.newline
+        separator = newline + inner
+        body = "".join(inner + separator.join(entry.lines) + "," + newline for entry in entries)
         if _starts_line(text, block.close):
             self._insert(_line_start(text, block.close), body)
         else:
-            self._insert(block.close, "\n" + body + outer)
+            self._insert(block.close, newline + body + outer)
 
     def text(self) -> str:
         base = self.layout.text
@@ -247,4 +251,4 @@ class Patch:
             at = index
         parts.append(base[at:])
         out = "".join(parts)
-        return out if out.endswith("\n") else out + "\n"
+        return out if out.endswith("\n") else out + self.layout.newline

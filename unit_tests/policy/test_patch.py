@@ -193,7 +193,8 @@ def hujson_texts(draw: st.DrawFn, document: dict[str, Any]) -> str:
 
     head = draw(st.sampled_from(["", "// the policy\n", "/* policy */ "]))
     tail = draw(st.sampled_from(["", "\n", "\n// end\n"]))
-    return head + emit(document, 0) + tail
+    newline = draw(st.sampled_from(["\n", "\r\n"]))  # (strings hold no raw line breaks)
+    return (head + emit(document, 0) + tail).replace("\n", newline)
 
 
 def _subsequence(short: str, long: str) -> bool:
@@ -223,6 +224,8 @@ def test_the_patched_text_parses_to_the_render(
 
     # Only insertions: every byte of the base (comments included) is there, in order.
     assert _subsequence(text, patched.text)
+    if "\r\n" in text.split("\n", 1)[0] + "\n" and "\n" in text:  # a CRLF text stays CRLF
+        assert "\n" not in patched.text.replace("\r\n", "")
     added = len(patched.added.tag_owners) + len(patched.added.routes) + len(patched.added.grants)
     assert patched.text.count(f"{MARKER} derived") == added
 
