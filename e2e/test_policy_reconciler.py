@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from hack.localenv import ControlPlane, Headscale, SiteHost
+from hack.localenv import ControlPlane, Headscale, HeadscaleError, SiteHost
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_SITE
 from tailnet_operator.controllers.policy import rendered_config_map_name
+from tailnet_operator.policy import parse_hujson
 from tailnet_operator.runtime.client import JSON, Client
 from tailnet_operator.runtime.errors import NotFound
 from tailnet_operator.runtime.kinds import CONFIG_MAP
@@ -102,7 +103,7 @@ async def test_a_route_advertised_before_its_site_existed_is_approved_and_carrie
 
         node = headscale.node_by_name("branch-router")
         assert node is not None and host.subnet in node["approvedRoutes"]
-        live = json.loads(headscale.api("GET", "/api/v1/policy")["policy"])
+        live = parse_hujson(headscale.api("GET", "/api/v1/policy")["policy"])
         assert live["autoApprovers"]["routes"][host.subnet] == [tag]
         status = (await admin.get(TAILNET_SITE, site))["status"]
         assert status["routers"] == [{"node": "branch-router", "advertised": [host.subnet],
@@ -116,6 +117,93 @@ async def test_a_route_advertised_before_its_site_existed_is_approved_and_carrie
                                 what="the laptop to reach the host behind the router")
         assert body == f"hello from {host.address}:8080 path /through-the-site\n"
         assert router.sees("laptop")
+
+
+COMMENTED_BASE = """// The platform team's policy: read this before editing.
+{
+  "tagOwners": {
+    "tag:site-ours": [] // the lab's router
+  },
+  /* Who may reach what. */
+  "RULES": [
+    RULE, // everyone, for now
+  ],
+  // Routers: the operator adds its own approvals below ours.
+  "autoApprovers": {
+    "routes": {
+      "10.99.0.0/16": ["tag:site-ours"], // the lab, approved by hand
+    },
+  },
+}
+"""
+
+
+def _subsequence(short: str, long: str) -> bool:
+    chars = iter(long)
+    return all(char in chars for char in short)
+
+
+async def test_the_live_policy_keeps_the_base_comments_and_marks_what_the_operator_added(
+    admin: Client, control_plane: ControlPlane, headscale: Headscale, namespace: str
+) -> None:
+    tailnet, first, second = f"{namespace}-tn", unique("first"), unique("second")
+    grants = headscale.minor >= (0, 29)
+    base = COMMENTED_BASE.replace("RULES", "grants" if grants else "acls").replace(
+        "RULE", '{"src": ["*"], "dst": ["*"], "ip": ["*"]}' if grants else
+        '{"action": "accept", "src": ["*"], "dst": ["*:*"]}')
+    await create_bootstrap_secret(admin, namespace, "bootstrap", headscale.api_key)
+    policy = await base_policy(admin, namespace, base)
+
+    def live() -> str:
+        return str(headscale.api("GET", "/api/v1/policy")["policy"])
+
+    def live_with(text: str) -> Callable[[], Awaitable[str | None]]:
+        async def check() -> str | None:
+            try:
+                current = live()
+            except HeadscaleError:  # no policy stored yet
+                return None
+            return current if text in current else None
+        return check
+
+    async with running_operator(control_plane.kubeconfig, namespace):
+        await admin.create(TAILNET, tailnet_object(tailnet, headscale, namespace, policy={**policy, "mode": "Apply"}))
+        await admin.create(TAILNET_SITE, site_object(first, tailnet, ["192.168.81.0/24"], "tag:site-first"))
+        text = await eventually(live_with(f"// tailnet-operator: derived from TailnetSite {first}\n"), timeout=60,
+                                what="the live policy with the first site's entries")
+        # Headscale stored the render as written: the base byte for byte, the operator's entries inserted.
+        assert _subsequence(base, text)
+        assert text.startswith("// The platform team's policy: read this before editing.\n{\n"
+                               '  "tagOwners": {\n    "tag:site-ours": [], // the lab\'s router\n')
+        assert '"10.99.0.0/16": ["tag:site-ours"], // the lab, approved by hand\n' in text
+        rendered = await admin.get(CONFIG_MAP, rendered_config_map_name(tailnet), namespace)
+        assert rendered["data"]["policy.hujson"] == text
+        document = parse_hujson(text)
+        assert document["autoApprovers"]["routes"]["192.168.81.0/24"] == ["tag:site-first"]
+        assert document["tagOwners"]["tag:site-first"] == []
+        await eventually(has_condition(admin, TAILNET, tailnet, "PolicyApplied", "True", "Applied"), timeout=60,
+                         what="PolicyApplied")
+
+        # Another site: its entries are inserted after the first site's; everything before stays.
+        await admin.create(TAILNET_SITE, site_object(second, tailnet, ["192.168.82.0/24"], "tag:site-second"))
+        text = await eventually(live_with(f"// tailnet-operator: derived from TailnetSite {second}\n"), timeout=60,
+                                what="the live policy with the second site's entries")
+        assert _subsequence(base, text)
+        assert text.index(f"TailnetSite {first}\n") < text.index(f"TailnetSite {second}\n")
+
+        # A comment-only change of the base is published but not written: Headscale compares nothing,
+        # the operator compares data, and the data is the same.
+        updated = str(headscale.api("GET", "/api/v1/policy")["updatedAt"])
+        await base_policy(admin, namespace, base.replace("read this before editing", "edited by Alice"))
+
+        async def republished() -> str | None:
+            cm = await admin.get(CONFIG_MAP, rendered_config_map_name(tailnet), namespace)
+            published = str(cm["data"]["policy.hujson"])
+            return published if "edited by Alice" in published else None
+
+        await eventually(republished, timeout=60, what="the render of the edited base published")
+        assert live() == text
+        assert str(headscale.api("GET", "/api/v1/policy")["updatedAt"]) == updated
 
 
 def _try(fn: Callable[[], str]) -> str | None:

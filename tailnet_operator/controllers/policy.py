@@ -4,10 +4,13 @@ One reconcile per Tailnet:
 
 * Without ``spec.policy`` it only reads the live policy and reports, in ``status.policy``, what
   the CRs need and the policy lacks, as a snippet a person can paste.
-* With it, it parses the base HuJSON, appends what the CRs derive (base wins, nothing removed),
-  publishes the render in the ConfigMap ``<tailnet>-policy`` and, in Apply mode, writes it when
-  the live policy differs. Headscale checks the document (including the base's own ``tests``)
-  before storing it, so a rejected render never becomes active; its message goes to status.
+* With it, it parses the base HuJSON, appends what the CRs derive (base wins, nothing removed)
+  by inserting them into the base's own text (its comments and layout kept, each entry under a
+  ``// tailnet-operator: derived from ...`` comment), publishes the render in the ConfigMap
+  ``<tailnet>-policy`` and, in Apply mode, writes it when the live policy differs (compared as
+  data: comments and layout alone never cause a write). Headscale checks the document
+  (including the base's own ``tests``) before storing it, so a rejected render never becomes
+  active; its message goes to status.
 * A Headscale older than 0.29 has no grants: the derived grants are rendered as equivalent
   ``acls`` entries and PolicyApplied says so (reason AppliedWithoutGrants); a base with a
   ``grants`` block of its own is not written at all (reason GrantsUnsupported, with what to do).
@@ -241,15 +244,17 @@ class PolicyReconciler:
                 "PolicyApplied", "False", "BasePolicyMissing",
                 f"the base policy ConfigMap {ref.namespace}/{ref.name} {what}; nothing was rendered or written"))
             return False
+        base_text = base_cm["data"][ref.key]
         try:
             meta = base_cm["metadata"]
-            base = self._policies.parse(base_cm["data"][ref.key], source=f"ConfigMap {ref.namespace}/{ref.name}",
+            base = self._policies.parse(base_text, source=f"ConfigMap {ref.namespace}/{ref.name}",
                                         version=f"{meta.get('uid')}/{meta.get('resourceVersion')}/{ref.key}")
         except PolicyParseError as exc:
             await self._tailnet_status(run, Cond("PolicyApplied", "False", "BasePolicyInvalid", str(exc)))
             return False
         features = await hs.features()
-        rendered = render(base, run.inputs.derived, memo=self._policies.memo(base), grants=features.grants)
+        rendered = render(base, run.inputs.derived, memo=self._policies.memo(base), grants=features.grants,
+                          text=base_text)
         await self._publish(run, rendered.text, rendered.hash)
         policy_status: dict[str, Any] = {"renderedHash": rendered.hash,
                                          "renderedConfigMap": rendered_config_map_name(run.name)}

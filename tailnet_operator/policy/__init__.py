@@ -7,7 +7,9 @@ these functions and writes the results. Decisions worth knowing (details in each
   (quoteless strings, unquoted keys, ``#`` comments, single quotes) are rejected with a position.
 * Derived tags are owned by nobody (``[]``) unless ``owners`` says otherwise; the operator's
   tag-only pre-auth keys do not need an owner, and the entry makes the tag usable in grants.
-* The base always wins; nothing is removed or reordered; derived entries are appended, sorted.
+* The base always wins; nothing is removed or reordered; derived entries are appended, sorted,
+  by inserting them into the base's own text (comments and layout kept), each under a
+  ``// tailnet-operator: derived from <Kind> <namespace>/<name>`` comment.
 * Ingresses get a tag entry but no grant: who may reach them is the policy author's choice.
 * No grants are added to a policy without acls and grants (allow-all stays allow-all).
 """

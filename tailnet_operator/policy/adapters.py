@@ -24,27 +24,37 @@ from tailnet_operator.policy.derive import (
 )
 
 
+def _source(kind: str, namespace: str | None, name: str | None) -> str:
+    """``Kind namespace/name`` (``Kind name`` for a cluster-scoped object): what the marker
+    comment on a rendered entry names."""
+    return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name or ''}"
+
+
 def egress_input(obj: TailnetEgress) -> EgressInput:
     return EgressInput(
         tag=obj.spec.tag,
         targets=tuple(
             EgressTarget(address=t.address, ports=tuple(p.port for p in t.ports)) for t in obj.spec.targets
         ),
+        source=_source("TailnetEgress", obj.metadata.namespace, obj.metadata.name),
     )
 
 
 def ingress_input(obj: TailnetIngress) -> IngressInput:
-    return IngressInput(tag=obj.spec.tag, ports=tuple(sorted({e.port for e in obj.spec.exposes})))
+    return IngressInput(tag=obj.spec.tag, ports=tuple(sorted({e.port for e in obj.spec.exposes})),
+                        source=_source("TailnetIngress", obj.metadata.namespace, obj.metadata.name))
 
 
 def site_input(obj: TailnetSite) -> SiteInput:
-    return SiteInput(name=obj.metadata.name or "", router_tag=obj.spec.router_tag, routes=tuple(obj.spec.routes))
+    return SiteInput(name=obj.metadata.name or "", router_tag=obj.spec.router_tag, routes=tuple(obj.spec.routes),
+                     source=_source("TailnetSite", obj.metadata.namespace, obj.metadata.name))
 
 
 def gateway_input(obj: TailnetGateway) -> GatewayInput:
     """Only the LoadBalancer range is approved for the gateway itself; site LANs go through TailnetSites."""
     lb_range = obj.spec.advertise_load_balancer_range
-    return GatewayInput(tag=obj.spec.tag, routes=(lb_range,) if lb_range is not None else ())
+    return GatewayInput(tag=obj.spec.tag, routes=(lb_range,) if lb_range is not None else (),
+                        source=_source("TailnetGateway", obj.metadata.namespace, obj.metadata.name))
 
 
 def derive_from_objects(

@@ -31,8 +31,8 @@ from __future__ import annotations
 import functools
 import ipaddress
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -58,6 +58,8 @@ class EgressInput:
 
     tag: str
     targets: tuple[EgressTarget, ...]
+    source: str = field(default="", compare=False)
+    """Where it came from, for the marker comment on its entries (e.g. ``TailnetEgress ns/name``)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class IngressInput:
 
     tag: str
     ports: tuple[int, ...] = ()
+    source: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class SiteInput:
     name: str
     router_tag: str
     routes: tuple[str, ...]
+    source: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class GatewayInput:
 
     tag: str
     routes: tuple[str, ...] = ()
+    source: str = field(default="", compare=False)
 
 
 # --- outputs ---------------------------------------------------------------------------------
@@ -123,10 +128,26 @@ class Derived:
     tag_owners: tuple[TagOwner, ...] = ()
     routes: tuple[RouteApproval, ...] = ()
     grants: tuple[Grant, ...] = ()
+    origins: Mapping[tuple[str, ...], set[str]] = field(default_factory=dict, compare=False, hash=False)
+    """The inputs each entry came from, by :func:`source_key` (only inputs that named a source).
+    Not part of equality: two derivations that need the same entries are the same."""
+
+    def sources(self, entry: TagOwner | RouteApproval | Grant) -> tuple[str, ...]:
+        """The sorted sources of ``entry`` (e.g. ``("TailnetEgress ns/a",)``); () if none is known."""
+        return tuple(sorted(self.origins.get(source_key(entry), ())))
 
     @property
     def tags(self) -> tuple[str, ...]:
         return tuple(owner.tag for owner in self.tag_owners)
+
+
+def source_key(entry: TagOwner | RouteApproval | Grant) -> tuple[str, ...]:
+    """The key of ``entry`` in :attr:`Derived.origins`."""
+    if isinstance(entry, TagOwner):
+        return ("tag", entry.tag)
+    if isinstance(entry, RouteApproval):
+        return ("route", entry.route)
+    return ("grant", *entry.src, *entry.dst)
 
 
 # --- derivation ------------------------------------------------------------------------------
@@ -202,26 +223,44 @@ def derive(
     tags: set[str] = set()
     approvers: defaultdict[str, set[str]] = defaultdict(set)
     grant_ports: defaultdict[tuple[str, str], set[int]] = defaultdict(set)
+    origins: defaultdict[tuple[str, ...], set[str]] = defaultdict(set)
 
     gateway_tags = {check_tag(g.tag) for g in gateway_list}
     tags |= gateway_tags
     for gateway in gateway_list:
+        if gateway.source:
+            origins["tag", gateway.tag].add(gateway.source)
         for route in gateway.routes:
             approvers[_network(route)].add(gateway.tag)
+            if gateway.source:
+                origins["route", _network(route)].add(gateway.source)
     for site in site_list:
         tags.add(check_tag(site.router_tag))
+        if site.source:
+            origins["tag", site.router_tag].add(site.source)
         for route in site.routes:
             approvers[_network(route)].add(site.router_tag)
+            if site.source:
+                origins["route", _network(route)].add(site.source)
     for ingress in ingress_list:
         tags.add(check_tag(ingress.tag))
+        if ingress.source:
+            origins["tag", ingress.tag].add(ingress.source)
     for egress in egress_list:
         tags.add(check_tag(egress.tag))
+        if egress.source:
+            origins["tag", egress.tag].add(egress.source)
         for target in egress.targets:
             ip = parse_address(target.address)
             dst = str(ip) if ip is not None else target.address.lower().rstrip(".")
             grant_ports[(egress.tag, dst)].update(_check_port(p) for p in target.ports)
+            if egress.source:
+                origins["grant", egress.tag, dst].add(egress.source)
             if ip is not None and gateway_tags:
-                approvers[f"{ip}/{ip.max_prefixlen}"].update(gateway_tags)
+                route = f"{ip}/{ip.max_prefixlen}"
+                approvers[route].update(gateway_tags)
+                if egress.source:
+                    origins["route", route].add(egress.source)
 
     owner_tags = {o for o in owner_list if o.startswith("tag:")} - tags
     # A tag never owns itself: Headscale drops the cycle anyway, and the entry reads as a mistake.
@@ -237,4 +276,5 @@ def derive(
             for (tag, dst), ports in sorted(grant_ports.items())
             if ports
         ),
+        origins=origins,
     )

@@ -1,4 +1,5 @@
-"""Reading and writing Headscale policy documents (HuJSON in, canonical JSON out).
+"""Reading and writing Headscale policy documents (HuJSON in; canonical JSON out where there is
+no base text to patch, see :mod:`~tailnet_operator.policy.patch` for the render that keeps it).
 
 HuJSON is JSON plus ``//`` and ``/* */`` comments and trailing commas. The hjson package parses
 a superset of that: quoteless strings, unquoted keys, ``#`` comments, single quotes and a
@@ -400,9 +401,10 @@ class TextMemo:
     """The canonical text of every container inside one read-only document, by identity; it
     keeps the document alive, so an identity is never reused while the memo is held.
 
-    Building it encodes the document once; after that, encoding a document that shares most of
-    its objects (a render of that base) costs only the new parts. The output is exactly
-    ``json.dumps(..., indent=2, ensure_ascii=False)``'s.
+    The first encode encodes the document once (a render that patches the base's own text never
+    needs it); after that, encoding a document that shares most of its objects (a render of that
+    base) costs only the new parts. The output is exactly ``json.dumps(..., indent=2,
+    ensure_ascii=False)``'s.
     """
 
     def __init__(self, document: Mapping[str, Any]) -> None:
@@ -410,9 +412,10 @@ class TextMemo:
         self.cache: dict[str, Any] = {}
         """Other values computed from the document that its users keep with it."""
         self._texts: dict[int, str] = {}
-        self._text(document, store=True)
 
     def encode(self, document: Mapping[str, Any]) -> str:
+        if not self._texts:
+            self._text(self.document, store=True)
         return self._text(document, store=False)
 
     def _text(self, obj: Any, *, store: bool) -> str:

@@ -51,6 +51,7 @@ from tailnet_operator.policy.hujson import (
     parse_hujson,
     validate_structure,
 )
+from tailnet_operator.policy.patch import Block, Entry, Layout, Patch, one_line, strings
 
 # In Headscale 0.29 "*" means the tailnet's own ranges, not every address (headscale-api.md §2).
 _TAILNET_RANGES: tuple[IPNetwork, ...] = (
@@ -83,7 +84,8 @@ class Added:
 
 @dataclass(frozen=True)
 class Rendered:
-    """The rendered policy: canonical ``text``, the same as ``document``, and its sha256 ``hash``."""
+    """The rendered policy: ``text`` (the base's HuJSON with the entries inserted, or canonical JSON
+    when rendered from a document alone), the same as ``document``, and the text's sha256 ``hash``."""
 
     text: str
     document: JSONObject = field(compare=False, hash=False)
@@ -334,13 +336,16 @@ def acl_entry(grant: Grant) -> dict[str, Any]:
 
 
 def render(base: Mapping[str, Any], derived: Derived, *, memo: TextMemo | None = None,
-           grants: bool = True) -> Rendered:
+           grants: bool = True, text: str | None = None) -> Rendered:
     """Append the derived entries the base lacks; see the module docstring for the rules.
 
-    The result's ``document`` shares the base's objects (treat both as read-only). ``memo``, a
-    :class:`TextMemo` of ``base`` (see :class:`~tailnet_operator.policy.cache.ParsedPolicies`),
-    makes the canonical text cost only what the render added. ``grants=False`` renders for a
-    server without grants (Headscale before 0.29).
+    The result's ``document`` shares the base's objects (treat both as read-only). With ``text``,
+    the HuJSON ``base`` was parsed from, the rendered text is that text with the added entries
+    inserted (comments and layout kept, see :mod:`~tailnet_operator.policy.patch`); without it,
+    canonical JSON. ``memo``, a :class:`TextMemo` of ``base`` (see
+    :class:`~tailnet_operator.policy.cache.ParsedPolicies`), keeps what a render of that base
+    reuses: the layout of its text, the canonical text of its objects. ``grants=False`` renders
+    for a server without grants (Headscale before 0.29).
 
     Raises PolicyParseError if a block Headscale knows has the wrong JSON type.
     """
@@ -436,16 +441,103 @@ def render(base: Mapping[str, Any], derived: Derived, *, memo: TextMemo | None =
         if target_key is None and added_grants:
             doc[target] = entries
 
-    text = canonical_text(doc, memo=memo)
+    added = Added(tuple(added_owners), tuple(added_routes), tuple(added_grants))
+    out = None
+    if text is not None:
+        out = _patched(_layout(text, memo), base, derived, added, grants=grants)
+    if out is None:
+        out = canonical_text(doc, memo=memo)
     return Rendered(
-        text=text,
+        text=out,
         document=doc,
-        hash=hashlib.sha256(text.encode()).hexdigest(),
-        added=Added(tuple(added_owners), tuple(added_routes), tuple(added_grants)),
+        hash=hashlib.sha256(out.encode()).hexdigest(),
+        added=added,
         skipped=tuple(skipped),
         grants_as_acls=not grants and bool(added_grants),
         unsupported=() if grants or find_key(doc, "grants") is None else ("grants",),
     )
+
+
+def _layout(text: str, memo: TextMemo | None) -> Layout:
+    """The layout of the base's text, kept in the memo while the text is the same."""
+    if memo is None:
+        return Layout(text)
+    layout = memo.cache.get("layout")
+    if not isinstance(layout, Layout) or layout.text != text.removeprefix("\ufeff"):
+        layout = memo.cache["layout"] = Layout(text)
+    return layout
+
+
+def _grant_text(grant: Grant) -> str:
+    """``one_line(grant.to_json())``, straight from the grant."""
+    return f'{{"src": {strings(grant.src)}, "dst": {strings(grant.dst)}, "ip": {strings(grant.ip)}}}'
+
+
+class _Mismatch(Exception):
+    """The text lacks a block the document has: it is not the text the base was parsed from."""
+
+
+def _patched(layout: Layout, base: Mapping[str, Any], derived: Derived, added: Added, *,
+             grants: bool) -> str | None:
+    """The base's text with ``added`` inserted; None if the text does not have the blocks the
+    document has (a text other than the one ``base`` was parsed from)."""
+    try:
+        return _patch(layout, base, derived, added, grants=grants)
+    except _Mismatch:
+        return None
+
+
+def _block(layout: Layout, key: str | None, parent_key: str | None = None) -> Block | None:
+    """The block of member ``key`` (of the root, or of the root's ``parent_key``); None when the
+    document has no such member."""
+    if key is None:
+        return None
+    parent = layout.root if parent_key is None else layout.root.members.get(parent_key)
+    block = parent.members.get(key) if parent is not None else None
+    if block is None:
+        raise _Mismatch(key)
+    return block
+
+
+def _patch(layout: Layout, base: Mapping[str, Any], derived: Derived, added: Added, *, grants: bool) -> str:
+    sources, unit = derived.sources, layout.unit
+    patch = Patch(layout)
+    at_root: list[Entry] = []
+
+    owners = [Entry.member(o.tag, o.owners, sources(o)) for o in added.tag_owners]
+    if owners:
+        block = _block(layout, find_key(base, "tagOwners"))
+        if block is None:
+            at_root.append(Entry.block("tagOwners", "{", owners, unit, "added: the base has no tagOwners"))
+        else:
+            patch.append(block, owners)
+
+    routes = [Entry.member(r.route, r.approvers, sources(r)) for r in added.routes]
+    if routes:
+        approvers_key = find_key(base, "autoApprovers")
+        approvers = _block(layout, approvers_key)
+        if approvers is None or approvers_key is None:
+            inner = Entry.block("routes", "{", routes, unit, "added: the base has no autoApprovers.routes")
+            at_root.append(Entry.block("autoApprovers", "{", [inner], unit, "added: the base has no autoApprovers"))
+        else:
+            routes_block = _block(layout, find_key(base[approvers_key], "routes"), approvers_key)
+            if routes_block is None:
+                patch.append(approvers, [Entry.block("routes", "{", routes, unit,
+                                                     "added: the base has no autoApprovers.routes")])
+            else:
+                patch.append(routes_block, routes)
+
+    target = "grants" if grants else "acls"
+    rules = [Entry.item(_grant_text(g) if grants else one_line(acl_entry(g)), sources(g)) for g in added.grants]
+    if rules:
+        block = _block(layout, find_key(base, target))
+        if block is None:
+            at_root.append(Entry.block(target, "[", rules, unit, f"added: the base has no {target}"))
+        else:
+            patch.append(block, rules)
+
+    patch.append(layout.root, at_root)
+    return patch.text()
 
 
 # --- missing ---------------------------------------------------------------------------------

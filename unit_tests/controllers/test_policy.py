@@ -10,6 +10,7 @@ import pytest
 
 from tailnet_operator.controllers.kinds import TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_SITE
 from tailnet_operator.controllers.policy import rendered_config_map_name
+from tailnet_operator.policy import parse_hujson
 from tailnet_operator.runtime import CONFIG_MAP, SECRET
 from tailnet_operator.types import JSON
 
@@ -67,7 +68,9 @@ async def test_apply_mode_writes_the_render_once_and_then_nothing() -> None:
     await world.reconcile_policy()
 
     assert world.condition("PolicyApplied")["reason"] == "Applied"
-    live = json.loads(world.headscale.policy)
+    assert world.headscale.policy.startswith("// everyone reaches everything\n"), "the base's text is kept"
+    assert "// tailnet-operator: derived from TailnetSite branch\n" in world.headscale.policy
+    live = parse_hujson(world.headscale.policy)
     assert live["autoApprovers"]["routes"]["192.168.1.0/24"] == ["tag:branch"]
     rendered = world.kube.get(CONFIG_MAP, rendered_config_map_name("tn"), NAMESPACE)
     assert rendered is not None
@@ -293,7 +296,7 @@ async def test_before_029_derived_grants_are_written_as_acls_and_the_condition_s
 
     await world.reconcile_policy()
 
-    live = json.loads(world.headscale.policy)
+    live = parse_hujson(world.headscale.policy)
     assert "grants" not in live
     assert {"action": "accept", "src": ["tag:egress-mine"], "proto": "tcp",
             "dst": ["192.168.1.10:5432"]} in live["acls"]
