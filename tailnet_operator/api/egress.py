@@ -153,7 +153,7 @@ class PreAuthKeyStatus(ApiModel):
         default=None, description="When the operator will replace the key (half its lifetime).")
 
 
-RouteState = Literal["Ready", "NotAdvertised", "NotApproved", "NoGrant", "Unknown"]
+RouteState = Literal["Ready", "NotAdvertised", "NotApproved", "NoGrant", "Unresolved", "Unknown"]
 
 
 class EgressTargetStatus(ApiModel):
@@ -165,7 +165,8 @@ class EgressTargetStatus(ApiModel):
         default="Unknown",
         description=(
             "Ready; NotAdvertised (no router advertises a route to the address); NotApproved (advertised "
-            "but not approved); NoGrant (the policy does not let the tag reach it); Unknown. "
+            "but not approved); NoGrant (the policy does not let the tag reach it); Unresolved (a name that does "
+            "not resolve on the tailnet); Unknown. "
             "Defaults to Unknown."
         ),
     )

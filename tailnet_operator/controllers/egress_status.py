@@ -161,6 +161,11 @@ def _from_agent(name: str, service: str, entry: JSON | None, read: bool,
         if entry.get("reachable") is False:
             message = message or "routed, but the agent's probe did not connect"
         return TargetState(name, service, "Ready", message or "routed", router, entry)
+    if state == "Unresolved":
+        return TargetState(name, service, "Unresolved", (
+            f"{message or 'the address does not resolve'}: the agent resolves names with the tailnet's DNS "
+            "(MagicDNS names, and the nameservers Headscale hands out); check the spelling, or give an IP "
+            "address"), router, entry)
     if state == "NoRoute":
         return TargetState(name, service, "NoGrant", message or "the agent's netmap has no route to the target; "
                            "the policy probably does not grant the tag access", router, entry)

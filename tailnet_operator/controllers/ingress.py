@@ -58,7 +58,7 @@ __all__ = ["CONDITION_TYPES", "FIELD_MANAGER", "IngressReconciler", "IngressSett
 log = structlog.get_logger("controllers.ingress")
 
 FIELD_MANAGER = "tailnet-operator-ingress"
-CONDITION_TYPES = ("TagOwned", "PreAuthKeyValid", "CertificatesReady", "ExposesReady")
+CONDITION_TYPES = ("TagOwned", "PreAuthKeyValid", "CertificatesReady", "ExposesReady", "HostnameAssigned")
 
 
 @dataclass(frozen=True)

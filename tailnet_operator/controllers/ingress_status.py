@@ -216,4 +216,25 @@ def report(ingress: TailnetIngress, zones: list[str], *, agent: JSON | None, nod
         fields["dnsNames"] = names
     certificates = _certificate_conditions(ingress, reader, issues)
     exposes = _exposes_condition(states)
-    return Report(fields, [certificates, exposes, _ready(certificates, exposes)])
+    conditions = [certificates, exposes, _ready(certificates, exposes)]
+    if node is not None:
+        conditions.append(hostname_condition(ingress.spec.hostname, node, nodes))
+    return Report(fields, conditions)
+
+
+def hostname_condition(hostname: str, node: JSON, nodes: list[Node]) -> Cond:
+    """HostnameAssigned: whether the node got ``spec.hostname`` as its tailnet name. Headscale gives a
+    node whose hostname another node holds a suffixed name instead, so the MagicDNS name is not the
+    one people were told (the DNS names of ``dnsTemplate`` still point at the node)."""
+    given = str(node.get("name") or "").split(".", 1)[0]
+    if not given or given == hostname:
+        return Cond("HostnameAssigned", "True", "Assigned", f"the node's tailnet name is {hostname}")
+    holders = [f"{n.given_name} (node {n.id}{', online' if n.online else ', offline'}"
+               f"{', tags ' + ','.join(n.tags) if n.tags else ''})"
+               for n in nodes if n.given_name == hostname and str(n.id) != str(node.get("id"))]
+    held = f"another node holds it: {'; '.join(holders)}" if holders else "another node held it at registration"
+    return Cond("HostnameAssigned", "False", "HostnameTaken",
+                f"the hostname {hostname} is taken on the tailnet ({held}), so Headscale named this node {given}. "
+                "If that node is this ingress's previous (ephemeral) node, it goes once it has been offline "
+                "for Headscale's ephemeral inactivity timeout and the next registration gets the name; "
+                "otherwise rename or remove that node, or choose another spec.hostname")

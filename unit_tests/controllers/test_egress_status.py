@@ -1,5 +1,5 @@
 """Route state of egress targets: the agent's /status refined with Headscale's routers and the
-live policy into Ready / NotAdvertised / NotApproved / NoGrant / Unknown."""
+live policy into Ready / NotAdvertised / NotApproved / NoGrant / Unresolved / Unknown."""
 
 from __future__ import annotations
 
@@ -41,7 +41,6 @@ def agent(state: str = "Ready", **entry: Any) -> dict[str, Any]:
     ([router(["198.18.1.0/24"], ["198.18.1.0/24"])], OPEN, agent("NoRoute"), "NoGrant"),
     ([router(["198.18.1.0/24"], ["198.18.1.0/24"])], OPEN, agent(), "Ready"),
     ([router(["198.18.1.0/24"], ["198.18.1.0/24"])], OPEN, None, "Unknown"),
-    ([router(["198.18.1.0/24"], ["198.18.1.0/24"])], OPEN, agent("Unresolved"), "Unknown"),
 ])
 def test_each_state_is_named(nodes: list[Node], policy: str, doc: dict[str, Any] | None, route: str) -> None:
     e = egress()
@@ -82,3 +81,13 @@ def test_the_router_is_named_as_headscale_names_it_not_by_its_magicdns_name() ->
     unknown_id = {"targets": [{**doc["targets"][0], "routerId": "99"}]}
     state = classify(e, e.spec.targets[0], agent=unknown_id, nodes=nodes, live_policy=OPEN)
     assert state.router == "branch-router"
+
+
+def test_a_name_that_does_not_resolve_says_so_with_the_agents_error() -> None:
+    e = egress("ledger.corp.example")
+    doc = agent("Unresolved", message="no such name (NXDOMAIN)")
+    del doc["targets"][0]["address"]
+    state = classify(e, e.spec.targets[0], agent=doc, nodes=[router(["198.18.1.0/24"], ["198.18.1.0/24"])],
+                     live_policy=OPEN)
+    assert state.route == "Unresolved"
+    assert state.message.startswith("no such name (NXDOMAIN): ") and "spelling" in state.message
