@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -37,7 +37,7 @@ def _client(proxy: FaultProxy, headscale: Headscale) -> HeadscaleClient:
     return HeadscaleClient(proxy.url, headscale.api_key, timeout=TIMEOUT, backoff=0.05)
 
 
-def _no_secrets(logs: list[dict[str, Any]], *secrets: str) -> None:
+def _no_secrets(logs: Sequence[Mapping[str, Any]], *secrets: str) -> None:
     text = json.dumps(logs, default=str)
     for secret in secrets:
         assert secret and secret not in text, "a secret reached the log"
