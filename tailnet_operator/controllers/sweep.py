@@ -48,6 +48,7 @@ SWEEP_SECONDS = 600.0
 RETRY_SECONDS = 60.0
 """How soon a sweep that could not reach Headscale is tried again."""
 
+_MANAGED_BY, _OPERATOR = "app.kubernetes.io/managed-by", "tailnet-operator"
 _KEY_ID = "tailnet.dev/key-id"
 _PREVIOUS_KEY_ID = "tailnet.dev/previous-key-id"
 _KEY_TAG = "tailnet.dev/tag"
@@ -55,11 +56,14 @@ _KEY_TAG = "tailnet.dev/tag"
 
 
 def references(secrets: Iterable[JSON], crs: Iterable[JSON]) -> References:
-    """What the CRs ``crs`` (TailnetEgress, TailnetIngress, TailnetGateway objects) refer to in
-    Headscale: the key ids recorded in the pre-auth key Secrets among ``secrets`` whose owner is one
-    of them (or that name no owner: then kept, to be safe), and the CRs' tags. Metadata-only
-    Secrets are enough: the ids are annotations."""
-    crs = list(crs)
+    """What the CRs ``crs`` (TailnetEgress, TailnetIngress, TailnetGateway objects; those being
+    deleted do not count) refer to in Headscale: the key ids recorded in the pre-auth key Secrets
+    among ``secrets`` whose owner is one of them (or that name no owner: then kept, to be safe),
+    and the CRs' tags. The Secrets must carry their annotations (a metadata-only informer drops
+    them: see :func:`references_from`)."""
+    # a CR being deleted needs its key and node no more (its finalizer expires the key, or was
+    # skipped or gave up), and a cache may hold it a while after it is gone
+    crs = [c for c in crs if not c["metadata"].get("deletionTimestamp")]
     uids = {str(c["metadata"].get("uid") or "") for c in crs}
     tags = {str((c.get("spec") or {}).get("tag") or "") for c in crs}
     key_ids: set[str] = set()
@@ -76,9 +80,24 @@ def references(secrets: Iterable[JSON], crs: Iterable[JSON]) -> References:
 
 
 def references_from(reader: Reader) -> References:
-    """:func:`references` over the cache (every namespace)."""
+    """:func:`references` over the cache (every namespace).
+
+    Outside the operator's namespace the cache holds Secrets by metadata, without annotations: the
+    candidates (the operator's label, or owned by a CR) are read whole, one by one. A body not in
+    the cache yet raises :class:`~tailnet_operator.runtime.cache.NotYetCached`, so no sweep runs on
+    references it could not read (the controller retries once the body is in)."""
     crs = [o for kind in (TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY) for o in reader.list(kind)]
-    return references(reader.list(SECRET), crs)
+    uids = {str(c["metadata"].get("uid") or "") for c in crs}
+    whole = []
+    for meta_only in reader.list(SECRET):
+        meta = meta_only["metadata"]
+        labelled = (meta.get("labels") or {}).get(_MANAGED_BY) == _OPERATOR
+        owned = any(str(o.get("uid") or "") in uids for o in meta.get("ownerReferences") or [])
+        if labelled or owned:
+            secret = reader.get(SECRET, meta["name"], meta.get("namespace"))
+            if secret is not None:
+                whole.append(secret)
+    return references(whole, crs)
 
 
 async def list_orphans(hs: HeadscaleClient, refs: References, *, now: dt.datetime | None = None,
@@ -129,6 +148,8 @@ class OrphanSweeper:
         except (NoAccess, Problem, ValueError):
             return Result(requeue_after=self.interval)  # the Tailnet's own status says why
         refs = references_from(self.reader)
+        log.debug("orphan sweep", tailnet=request.name, referenced_keys=sorted(refs.key_ids),
+                  referenced_tags=sorted(refs.tags))
         try:
             async with self.access.open(connection) as hs:
                 orphans = await find_orphans(hs, refs, now=self.clock.utcnow(), grace=self.grace)

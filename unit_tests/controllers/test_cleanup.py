@@ -141,7 +141,8 @@ def test_references_keep_a_secret_without_owner_and_drop_one_whose_cr_is_gone() 
         {"metadata": {"name": "c", "annotations": {**notes, "tailnet.dev/key-id": "4"}}},
         {"metadata": {"name": "working", "annotations": {"tailnet.dev/key-id": "5"}}},
     ]
-    crs = [{"metadata": {"uid": "u1"}, "spec": {"tag": "tag:a"}}]
+    crs = [{"metadata": {"uid": "u1"}, "spec": {"tag": "tag:a"}},
+           {"metadata": {"uid": "gone", "deletionTimestamp": "2026-01-01T00:00:00Z"}, "spec": {"tag": "tag:b"}}]
     refs = references(secrets, crs)
     assert refs.key_ids == {"1", "2", "4"} and refs.tags == {"tag:a"}
     assert SECRET.kind == "Secret"
