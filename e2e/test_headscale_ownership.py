@@ -1,4 +1,5 @@
-"""The ownership marker and the orphan sweep against a real Headscale v0.29.2 and real tailscaled.
+"""The ownership marker and the orphan sweep against a real Headscale (v0.29.2, or the release in
+``$TAILNET_HEADSCALE_VERSION``: 0.26.1, 0.27.1 and 0.28.0 pass too) and real tailscaled.
 
 Keys and nodes with and without the operator's marker (``OWNER_TAG``) are made on one server;
 the sweep must expire and delete exactly the marked ones no CR refers to, and nothing else.
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.integration
 # The marker is in no tagOwners entry: Headscale must accept it on a tag-only key anyway.
 POLICY = """{
   "tagOwners": {"tag:gone": [], "tag:live": [], "tag:theirs": []},
-  "grants": [{"src": ["tag:live"], "dst": ["tag:gone"], "ip": ["*"]}],
+  "acls": [{"action": "accept", "src": ["tag:live"], "dst": ["tag:gone:*"]}],
 }"""
 
 
@@ -67,7 +68,7 @@ async def test_the_sweep_removes_only_the_operators_keys_and_nodes_no_cr_refers_
     for hostname in ("gone-agent", "live-agent", "kept-router", "their-node", "their-other"):
         nodes[hostname] = await eventually(lambda h=hostname: node_named(client, h), timeout=60,  # type: ignore[misc]
                                            what=f"{hostname} registered")
-    # Headscale 0.29 keeps the marker on the node, beside the CR's tag
+    # Headscale keeps the marker on the node, beside the CR's tag (0.28+ tags, before forced tags)
     assert set(nodes["gone-agent"].tags) == {"tag:gone", OWNER_TAG}
     assert owned_node(nodes["kept-router"]) and not owned_node(nodes["their-node"])
 
