@@ -28,9 +28,11 @@ import yaml
 
 from hack import binaries
 from hack.localenv import ControlPlane, Environment, Headscale, ManagedProcess, free_port
+from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_INGRESS, TAILNET_SITE
 from tailnet_operator.controllers.policy import rendered_config_map_name
 from tailnet_operator.controllers.tailnet import working_key_secret_name
+from tailnet_operator.resources import egress as build
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import JSON, Client
 from tailnet_operator.runtime.errors import Forbidden, NotFound
@@ -406,3 +408,70 @@ async def test_the_service_account_may_do_what_the_rbac_lists_and_is_refused_the
         assert base64.b64decode(secret["data"]["key"]) == b"value"
     finally:
         await admin.delete(NAMESPACE, other)
+
+
+# -- SubjectAccessReview: the docs' table, for the operator and for the agents ----------------------
+
+RBAC_DOC = REPO / "docs" / "reference" / "rbac.md"
+AGENT_SERVICE_ACCOUNT = "default"
+"""The agent pods name no ServiceAccount (``resources/agent.py``): they run as their namespace's
+``default``, with ``automountServiceAccountToken: false``."""
+
+
+def _documented() -> list[dict[str, str]]:
+    """The rows of the "Granted" table in docs/reference/rbac.md as resource attributes."""
+    lines = iter(RBAC_DOC.read_text().splitlines())
+    assert any(line.startswith("| scope | API group | resource | verb |") for line in lines)
+    next(lines)
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        scope, group, resource, verb, names = [c.strip().replace("`", "") for c in line.strip("|").split("|")][:5]
+        plural, _, subresource = resource.partition("/")
+        for name in [n.strip() for n in names.split(",") if n.strip()] or [""]:
+            rows.append({"namespace": "" if scope == "cluster" else scope, "group": "" if group == "core" else group,
+                         "resource": plural, "subresource": subresource, "verb": verb, "name": name})
+    return rows
+
+
+async def _review(admin: Client, user: str, attributes: dict[str, str]) -> bool:
+    namespace = user.split(":")[2]
+    review = await admin.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body={
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": user, "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}",
+                                          "system:authenticated"],
+                 "resourceAttributes": {k: v for k, v in attributes.items() if v}}})
+    return bool(review["status"].get("allowed"))
+
+
+async def test_subject_access_reviews_grant_the_operator_the_docs_table_and_the_agents_nothing(
+    installed: Installed, admin: Client
+) -> None:
+    operator = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{SERVICE_ACCOUNT}"
+    rows = _documented()
+    assert len(rows) > 40
+    denied = [row for row in rows if not await _review(admin, operator, row)]
+    assert not denied, f"in the docs' table but refused to the operator: {denied}"
+    other = unique("rbac-sar")
+    allowed = [a for a in _refused(other) if await _review(admin, operator, a)]
+    assert not allowed, f"allowed to the operator, though the docs' table does not list it: {allowed}"
+
+    # the agents: every row the operator has, and reading Secrets anywhere, is refused to them
+    tenant = unique("rbac-tenant")
+    agent_asks = rows + [{"namespace": ns, "resource": "secrets", "verb": verb}
+                         for ns in (OPERATOR_NAMESPACE, tenant, "kube-system") for verb in ("get", "list", "watch")]
+    for namespace in (OPERATOR_NAMESPACE, tenant):
+        agent = f"system:serviceaccount:{namespace}:{AGENT_SERVICE_ACCOUNT}"
+        allowed = [a for a in agent_asks if await _review(admin, agent, a)]
+        assert not allowed, f"the agent pods' ServiceAccount {namespace}/default may: {allowed}"
+
+    owner = {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetEgress",
+             "metadata": {"name": "db", "namespace": OPERATOR_NAMESPACE, "uid": "u-1"}}
+    egress = TailnetEgress.model_validate({**owner, "spec": {
+        "tailnetRef": {"name": "tn"}, "tag": "tag:egress-db", "consumerNamespaces": ["apps"],
+        "targets": [{"name": "db", "address": "198.18.1.10", "ports": [{"port": 5432}]}]}})
+    spec = build.deployment(owner, egress, build.AgentSpec(
+        image="img", control_url="https://hs.test", auth_secret="db-auth-key", ca_bundle="",
+        operator_labels={}))["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False and "serviceAccountName" not in spec

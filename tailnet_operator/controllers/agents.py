@@ -4,20 +4,21 @@ Each loads and validates its CR, finds its Tailnet and the working Headscale con
 the tag against the live policy before anything reaches the tailnet, keeps the node's pre-auth
 key (:mod:`.preauth`) in a Secret of the operator's, writes status through one
 :class:`~.status.StatusWriter`, and on deletion retries Headscale behind the finalizer, giving up
-(with a Warning Event) after :data:`FINALIZE_GIVE_UP`. The kind-specific parts (which objects,
+(with a Warning Event) after :data:`FINALIZE_GIVE_UP`, or at once under ``tailnet.dev/skip-cleanup``
+(:mod:`.cleanup`). The kind-specific parts (which objects,
 which status, what deletion removes) stay in the reconcilers.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import structlog
 from pydantic import ValidationError
 
 from tailnet_operator.api.tailnet import Tailnet
-from tailnet_operator.headscale import HeadscaleClient, HeadscaleError
+from tailnet_operator.headscale import HeadscaleClient
 from tailnet_operator.policy import missing
 from tailnet_operator.policy.derive import Derived
 from tailnet_operator.runtime import (
@@ -33,7 +34,8 @@ from tailnet_operator.runtime import (
 )
 from tailnet_operator.types import JSON
 
-from .access import Connection, Deps, NoAccess, Problem
+from .access import Connection, Deps, NoAccess
+from .cleanup import GIVE_UP, Cleanup
 from .conditions import Cond, Status
 from .preauth import AuthKey, AuthKeyKeeper, Wanted
 from .status import StatusWriter
@@ -45,7 +47,7 @@ log = structlog.get_logger("controllers.agents")
 RETRY_SECONDS = 10.0
 RESYNC_SECONDS = 30.0
 """The agent's view changes on its own; status is refreshed this often."""
-FINALIZE_GIVE_UP = timedelta(minutes=5)
+FINALIZE_GIVE_UP = GIVE_UP
 """How long a finalizer retries Headscale before it lets the object go with a Warning Event."""
 
 
@@ -67,6 +69,7 @@ class AgentReconciler:
         self.field_manager = field_manager
         self.status = StatusWriter(writer, deps.clock, field_manager=field_manager)
         self.keys = AuthKeyKeeper(writer, deps.clock, field_manager=field_manager)
+        self.cleanup = Cleanup(deps.events, deps.clock)
 
     def key_secret_name(self, name: str) -> str:
         """The Secret that holds the pre-auth key of the CR ``name`` (see :meth:`key_namespace`)."""
@@ -177,21 +180,18 @@ class AgentReconciler:
     # -- deletion -------------------------------------------------------------------------------
 
     async def finalize(self, obj: JSON) -> Result:
-        """Expire the key of a CR being deleted, then let it go (after a bounded time, with a Warning)."""
+        """Expire the key of a CR being deleted, then let it go (bounded, or skipped: :mod:`.cleanup`)."""
         if not has_finalizer(obj, FINALIZER):
             return Result()
         name = obj["metadata"]["name"]
         stored = AuthKey.from_secret(self.reader.get(SECRET, self.key_secret_name(name), self.key_namespace(obj)))
         if stored is not None:
-            try:
-                await self._expire(obj, stored)
-            except (HeadscaleError, NoAccess, Problem) as exc:
-                if self.still_trying(obj):
-                    log.info("cannot expire the pre-auth key yet", kind=self.kind.kind, name=name, error=str(exc))
-                    return Result(requeue_after=RETRY_SECONDS)
-                await self.events.warning(obj, "PreAuthKeyNotExpired",
-                                          f"could not expire pre-auth key {stored.prefix}: {exc}; expire it by "
-                                          "hand (headscale preauthkeys expire)", action="Expire")
+            again = await self.cleanup.run(
+                obj, lambda: self._expire(obj, stored), what=f"pre-auth key {stored.prefix}",
+                reason="PreAuthKeyNotExpired",
+                hint="expire it by hand (headscale preauthkeys expire), or let the orphan sweep do it")
+            if again is not None:
+                return again
         await remove_finalizer(self.writer, self.kind, obj, FINALIZER)
         return Result()
 
@@ -210,8 +210,7 @@ class AgentReconciler:
 
     def still_trying(self, obj: JSON) -> bool:
         """Whether ``obj`` has been deleting for less than :data:`FINALIZE_GIVE_UP`."""
-        deleted = datetime.fromisoformat(obj["metadata"]["deletionTimestamp"].replace("Z", "+00:00"))
-        return self.clock.utcnow() - deleted < FINALIZE_GIVE_UP
+        return self.cleanup.still_trying(obj)
 
 
 def node_status(agent: JSON | None) -> JSON | None:

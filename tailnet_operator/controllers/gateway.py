@@ -51,7 +51,7 @@ from tailnet_operator.runtime import (
 from tailnet_operator.runtime.kinds import DEPLOYMENT, POD, STATEFUL_SET
 from tailnet_operator.types import JSON
 
-from .access import Deps, NoAccess, Problem
+from .access import Deps, Problem
 from .agents import RESYNC_SECONDS, RETRY_SECONDS, AgentReconciler
 from .conditions import Cond, rfc3339
 from .dns import HOSTS_KEY, in_zone, parse_hosts
@@ -409,15 +409,14 @@ class GatewayReconciler(AgentReconciler):
             return Result()
         stored = AuthKey.from_secret(self.reader.get(SECRET, self.key_secret_name(name), self.namespace))
         gone = await self._delete_objects(name)
-        try:
-            await self._forget_node(obj, node_id, stored)
-        except (HeadscaleError, NoAccess, Problem) as exc:
-            if self.still_trying(obj):
-                log.info("cannot delete the router node yet", gateway=name, error=str(exc))
-                return Result(requeue_after=RETRY_SECONDS)
-            await self.events.warning(obj, "NodeNotDeleted",
-                                      f"could not delete Headscale node {node_id or '(unknown)'}: {exc}; delete it "
-                                      "by hand (headscale nodes delete)", action="Delete")
+        if node_id or stored is not None:
+            again = await self.cleanup.run(
+                obj, lambda: self._forget_node(obj, node_id, stored),
+                what=f"Headscale node {node_id or '(unknown)'}"
+                + (f" and pre-auth key {stored.prefix}" if stored else ""),
+                reason="NodeNotDeleted", hint="delete it by hand (headscale nodes delete)")
+            if again is not None:
+                return again
         await self.events.normal(obj, "Deleted",
                                  f"deletionPolicy Delete: deleted {', '.join(gone) or 'no objects'}"
                                  + (f" and Headscale node {node_id}" if node_id else ""), action="Delete")

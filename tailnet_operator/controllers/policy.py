@@ -115,6 +115,8 @@ class PolicyReconciler:
         self._policies = ParsedPolicies()
         """Parsed base and live policies: the base by its ConfigMap's uid and resourceVersion, the
         live text by itself (the render written last is remembered, so reading it back is free)."""
+        self._stored_differently: dict[str, tuple[str, str]] = {}
+        """Tailnet -> (render hash, the text Headscale stored instead) of a write that did not stick."""
         self._models: dict[tuple[str, str], BaseModel] = {}
         """Parsed CRs by (uid, resourceVersion): a reconcile validates only the objects that changed."""
 
@@ -283,9 +285,22 @@ class PolicyReconciler:
                 f"the live policy equals the render {rendered.hash[:12]}{note}"),
                 policy_status)
             return True
+        if self._stored_differently.get(run.name) == (rendered.hash, live_text):
+            # written before and stored as something else: writing again would only add a row
+            await self._stored_differently_status(run, rendered.hash, policy_status)
+            return False
         try:
             await hs.check_policy(rendered.text)
             await hs.set_policy(rendered.text)
+            stored, _ = await hs.get_policy()
+            if diff_needed(stored, rendered, parsed=self._policies):
+                self._stored_differently[run.name] = (rendered.hash, stored)
+                await self.events.warning(run.obj, "PolicyStoredDifferently",
+                                          f"Headscale accepted the rendered policy {rendered.hash[:12]} but stores a "
+                                          "policy that means something else", action="ApplyPolicy")
+                await self._stored_differently_status(run, rendered.hash, policy_status)
+                return False
+            self._stored_differently.pop(run.name, None)
             self._policies.remember(rendered.text, rendered.document, source="live policy")
         except PolicyRejected as exc:
             previous = ((run.obj.get("status") or {}).get("policy") or {}).get("appliedHash")
@@ -305,6 +320,16 @@ class PolicyReconciler:
             "PolicyApplied", "True", applied_reason, f"wrote the render {rendered.hash[:12]} to Headscale{note}"),
             policy_status)
         return True
+
+    async def _stored_differently_status(self, run: Run, digest: str, policy_status: JSON) -> None:
+        previous = ((run.obj.get("status") or {}).get("policy") or {}).get("appliedHash")
+        if previous:
+            policy_status["appliedHash"] = previous
+        await self._tailnet_status(run, Cond(
+            "PolicyApplied", "False", "StoredDifferently",
+            f"Headscale accepted the render {digest[:12]} but what it stores differs from it (read back after the "
+            "write); it is not written again until the render or the live policy changes. Compare "
+            "`headscale policy get` with the rendered ConfigMap"), policy_status)
 
     async def _publish(self, run: Run, text: str, digest: str) -> None:
         await self.writer.apply(CONFIG_MAP, {

@@ -42,6 +42,7 @@ from .ingress import secret_users as ingress_secret_users
 from .kinds import MODELS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .policy import FIELD_MANAGER as POLICY_FIELD_MANAGER
 from .policy import TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
+from .sweep import OrphanSweeper, SweepMetrics
 from .tailnet import FIELD_MANAGER as TAILNET_FIELD_MANAGER
 from .tailnet import TailnetReconciler
 
@@ -96,6 +97,7 @@ class Reconcilers(NamedTuple):
     dns: DnsReconciler
     ingress: IngressReconciler
     gateway: GatewayReconciler
+    sweep: OrphanSweeper
 
 
 TAILNET_ACCESS_CHANGED = any_of(GenerationChanged(), FieldChanged("status", "apiKey", "id"),
@@ -162,7 +164,7 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
           agent_metrics_namespaces: dict[str, str] | None = None,
           tenant_role: str = "tailnet-operator-tenant", service_account: str = "tailnet-operator",
           gateway: GatewaySettings | None = None) -> Reconcilers:
-    """Add the Tailnet, Policy, Egress, Ingress, DNS and Gateway controllers to ``manager``, and
+    """Add the Tailnet, Policy, Egress, Ingress, DNS, Gateway and orphan-sweep controllers to ``manager``, and
     the operator's own metrics to its registry; ``namespace`` is the operator's.
 
     ``clock`` (default the manager's) is what the reconcilers read the time from; ``agent_image``
@@ -250,4 +252,7 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .watches(CONFIG_MAP, _of_tailnets(cache, TAILNET_GATEWAY, _hosts_file_of(cache)))
      .watches(TAILNET, _of_tailnets(cache, TAILNET_GATEWAY), GenerationChanged())
      .watches(TAILNET_EGRESS, _of_tailnets(cache, TAILNET_GATEWAY, tailnet_ref_index), GenerationChanged()))
-    return Reconcilers(tailnet, policy, egress, dns, ingress, gateways)
+    # leader-only like every controller; each Tailnet requeues itself every SWEEP_SECONDS
+    sweep = OrphanSweeper(deps, metrics=SweepMetrics(registry=manager.registry))
+    manager.controller("orphan-sweep", sweep).for_(TAILNET, GenerationChanged())
+    return Reconcilers(tailnet, policy, egress, dns, ingress, gateways, sweep)

@@ -53,10 +53,10 @@ from .access import (
     StoredKey,
     TailnetRun,
     default_client_factory,
-    name_of,
     problem_from,
     working_key_secret_name,
 )
+from .cleanup import GIVE_UP, Cleanup
 from .conditions import Cond, Status, rfc3339
 from .kinds import TAILNET
 from .status import StatusWriter
@@ -82,7 +82,7 @@ RESYNC_SECONDS = 300.0
 RETRY_SECONDS = 10.0
 """How soon a Tailnet that cannot reach Headscale is tried again."""
 
-FINALIZE_GIVE_UP = timedelta(minutes=5)
+FINALIZE_GIVE_UP = GIVE_UP
 """How long a deleted Tailnet waits to expire its key before it lets go anyway (with a Warning)."""
 
 
@@ -114,6 +114,7 @@ class TailnetReconciler:
         self.writer = writer
         self.status = StatusWriter(writer, deps.clock, field_manager=FIELD_MANAGER)
         self.after_store = after_store
+        self.cleanup = Cleanup(deps.events, deps.clock)
 
     @property
     def namespace(self) -> str:
@@ -299,23 +300,20 @@ class TailnetReconciler:
             return Result()
         stored = self.access.stored_key(tailnet)
         if stored is not None:
-            try:
-                async with self.access.open(self.access.endpoint(tailnet), stored.key) as hs:
-                    await hs.expire_api_key(key_id=stored.id)
-                await self.events.normal(obj, "WorkingKeyExpired",
-                                         f"expired the working key {stored.prefix} of the deleted Tailnet",
-                                         action="Expire")
-            except (HeadscaleError, Problem) as exc:
-                deleted = datetime.fromisoformat(obj["metadata"]["deletionTimestamp"].replace("Z", "+00:00"))
-                if not (isinstance(exc, HeadscaleError) and _gone(exc)) \
-                        and self.clock.utcnow() - deleted < FINALIZE_GIVE_UP:
-                    log.info("cannot expire the working key yet", tailnet=name_of(tailnet), error=str(exc))
-                    return Result(requeue_after=RETRY_SECONDS)
-                await self.events.warning(obj, "WorkingKeyNotExpired",
-                                          f"could not expire the working key {stored.prefix}: {exc}; "
-                                          "expire it by hand (headscale apikeys expire)", action="Expire")
+            again = await self.cleanup.run(
+                obj, lambda: self._expire_working_key(obj, tailnet, stored), what=f"the working key {stored.prefix}",
+                reason="WorkingKeyNotExpired", hint="expire it by hand (headscale apikeys expire)",
+                final=lambda exc: isinstance(exc, HeadscaleError) and _gone(exc))
+            if again is not None:
+                return again
         await remove_finalizer(self.writer, TAILNET, obj, FINALIZER)
         return Result()
+
+    async def _expire_working_key(self, obj: JSON, tailnet: Tailnet, stored: StoredKey) -> None:
+        async with self.access.open(self.access.endpoint(tailnet), stored.key) as hs:
+            await hs.expire_api_key(key_id=stored.id)
+        await self.events.normal(obj, "WorkingKeyExpired",
+                                 f"expired the working key {stored.prefix} of the deleted Tailnet", action="Expire")
 
 
 NETWORK_REASONS = frozenset({"Unreachable", "TLSError"})

@@ -34,6 +34,17 @@ from ._errors import (
     Unsupported,
 )
 from ._models import ApiKey, Health, NewApiKey, Node, Policy, PreAuthKey, User, mask_key, raw_api_key_prefix
+from ._ownership import (
+    DEFAULT_GRACE,
+    OWNER_TAG,
+    Orphans,
+    References,
+    find_orphans,
+    orphans_of,
+    owned_key,
+    owned_node,
+    sweep_orphans,
+)
 from ._transport import AiohttpTransport, MockTransport, Request, Response, Transport
 from ._versions import NEWEST_KNOWN, OLDEST_SUPPORTED, ServerFeatures, parse_version
 
@@ -41,10 +52,12 @@ __all__ = [
     "DEFAULT_API_KEY_LIFETIME",
     "DEFAULT_ATTEMPTS",
     "DEFAULT_BACKOFF",
+    "DEFAULT_GRACE",
     "DEFAULT_PREAUTH_KEY_LIFETIME",
     "DEFAULT_TIMEOUT",
     "NEWEST_KNOWN",
     "OLDEST_SUPPORTED",
+    "OWNER_TAG",
     "TAGGED_KEYS_USER",
     "APIError",
     "AiohttpTransport",
@@ -62,9 +75,11 @@ __all__ = [
     "NewApiKey",
     "Node",
     "NotFound",
+    "Orphans",
     "Policy",
     "PolicyRejected",
     "PreAuthKey",
+    "References",
     "Request",
     "RequestObserver",
     "RequestTimeout",
@@ -77,7 +92,12 @@ __all__ = [
     "Unauthorized",
     "Unsupported",
     "User",
+    "find_orphans",
     "mask_key",
+    "orphans_of",
+    "owned_key",
+    "owned_node",
     "parse_version",
     "raw_api_key_prefix",
+    "sweep_orphans",
 ]

@@ -15,11 +15,16 @@ Retry rule (``_should_retry``), in order:
    calls (reads, PUT, DELETE, expire, approve, set tags), because a create may already have
    happened.
 4. :class:`ServerError` with ``transient`` (502/503/504, a non-Headscale body, gRPC
-   Unavailable/DeadlineExceeded/ResourceExhausted/Aborted): retried for idempotent calls; for
-   creates only on 502/503, which a proxy sends when Headscale never saw the request.
+   Unavailable/DeadlineExceeded/ResourceExhausted/Aborted, a 2xx answer that is not a JSON
+   object): retried for idempotent calls; for creates only on 502/503, which a proxy sends when
+   Headscale never saw the request. A create whose answer was cut is not repeated: its key may
+   exist, unrecorded, and the orphan sweep expires it (``_ownership``).
 5. Everything else is Headscale's own answer and is raised at once. This includes the 0.29
    validation failures that arrive as HTTP 500 with gRPC code 2 (policy errors, bad prefixes)
    or 13 (duplicate names): repeating them only repeats the answer.
+
+An answer that is a normal outcome is not a failure: an empty policy store (0.29's 500 "acl policy
+not found") is logged at debug and read as the empty policy.
 
 Logs go to the structlog logger ``headscale`` (``logger_name="headscale"`` on each line) with
 method, path, status, attempt and elapsed milliseconds. Nothing logged, raised or repr'd
@@ -33,7 +38,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import quote, urlencode, urlsplit
@@ -121,6 +126,14 @@ def _should_retry(exc: BaseException, *, idempotent: bool) -> bool:
     if isinstance(exc, ServerError) and exc.transient:
         return idempotent or exc.status in _GATEWAY_REFUSED
     return False
+
+
+def _no_policy(exc: APIError) -> bool:
+    """The answer of a server whose policy store is empty: 0.29 a 500 "acl policy not found" (which
+    maps to NotFound), 0.30 a problem+json 500 whose errors carry the cause. Not a failure."""
+    if not isinstance(exc, NotFound | ServerError):
+        return False
+    return "policy not found" in exc.message or any("policy not found" in str(d) for d in exc.details)
 
 
 class RequestObserver(Protocol):
@@ -411,10 +424,9 @@ class HeadscaleClient:
         """The stored policy as ``(text, updated_at)``; ``("", None)`` when none was ever stored
         (0.29 answers that case with a 500 "acl policy not found"; Headscale then allows all)."""
         try:
-            doc = await self._call("GET", "/api/v1/policy")
-        except (NotFound, ServerError) as exc:
-            # 0.30 sends the same case as a problem+json 500 whose errors carry the cause.
-            if "policy not found" in exc.message or any("policy not found" in str(d) for d in exc.details):
+            doc = await self._call("GET", "/api/v1/policy", expected=_no_policy)
+        except APIError as exc:
+            if _no_policy(exc):
                 return Policy(text="", updated_at=None)
             raise
         return Policy.from_json(doc)
@@ -440,8 +452,11 @@ class HeadscaleClient:
 
     async def _call(self, method: str, path: str, *, body: JSON | None = None,
                     query: Mapping[str, str] | None = None, idempotent: bool = True, policy: bool = False,
-                    auth: bool = True) -> JSON:
-        """One operation with retries; returns the decoded JSON object of the success answer."""
+                    auth: bool = True, expected: Callable[[APIError], bool] | None = None) -> JSON:
+        """One operation with retries; returns the decoded JSON object of the success answer.
+
+        ``expected`` says which failure answers are a normal outcome the caller handles (logged at
+        debug, not as a failed request)."""
         if self._closed:
             raise RuntimeError("HeadscaleClient is closed; create a new one")
         target = f"{path}?{urlencode(query)}" if query else path
@@ -467,10 +482,12 @@ class HeadscaleClient:
         )
         async for attempt in retrying:
             with attempt:
-                return await self._attempt(request, target, attempt.retry_state.attempt_number, policy=policy)
+                return await self._attempt(request, target, attempt.retry_state.attempt_number, policy=policy,
+                                           expected=expected)
         raise AssertionError("unreachable: tenacity either returns or re-raises")
 
-    async def _attempt(self, request: Request, target: str, number: int, *, policy: bool) -> JSON:
+    async def _attempt(self, request: Request, target: str, number: int, *, policy: bool,
+                       expected: Callable[[APIError], bool] | None = None) -> JSON:
         loop = asyncio.get_running_loop()
         started = loop.time()
         log = _log.bind(method=request.method, path=target, attempt=number)
@@ -498,6 +515,10 @@ class HeadscaleClient:
         error = error_from_response(response.status, response.headers,
                                     response.body.replace(self._key_bytes, b"***"),
                                     method=request.method, path=target, policy=policy)
+        if expected is not None and expected(error):
+            log.debug("headscale answer", status=response.status, error=type(error).__name__, reason=error.message,
+                      elapsed_ms=elapsed_ms)
+            raise error
         log.warning("headscale request failed", status=response.status, error=type(error).__name__,
                     grpc_code=error.grpc_code, reason=error.message, elapsed_ms=elapsed_ms)
         raise error
@@ -509,10 +530,12 @@ class HeadscaleClient:
         try:
             doc = json.loads(body)
         except ValueError as exc:
-            raise ServerError(f"answer is not JSON: {body[:200].decode(errors='replace')!r}", transient=False,
+            # a cut or garbled answer (a proxy, a restart mid-answer): another attempt may get a whole one
+            # never the body itself: a cut create answer holds a new key
+            raise ServerError(f"answer is not JSON ({len(body)} bytes: {exc})", transient=True,
                               status=200, method=request.method, path=target) from exc
         if not isinstance(doc, dict):
-            raise ServerError("answer is not a JSON object", transient=False, status=200,
+            raise ServerError("answer is not a JSON object", transient=True, status=200,
                               method=request.method, path=target)
         return doc
 

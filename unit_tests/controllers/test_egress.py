@@ -12,6 +12,7 @@ from typing import Any
 from tailnet_operator.controllers.egress import EgressReconciler, EgressSettings
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS
 from tailnet_operator.controllers.preauth import auth_key_secret_name
+from tailnet_operator.headscale import OWNER_TAG
 from tailnet_operator.headscale import Request as HsRequest
 from tailnet_operator.headscale import Response as HsResponse
 from tailnet_operator.runtime import CONFIG_MAP, FINALIZER, SECRET, SERVICE, Applier, Request, Result
@@ -101,7 +102,7 @@ async def test_an_owned_tag_gets_a_reusable_ephemeral_tag_only_key_and_the_agent
     await world.reconcile_egress()
 
     [key] = world.headscale.preauth_keys.values()
-    assert key["reusable"] and key["ephemeral"] and key["aclTags"] == ["tag:egress-db"]
+    assert key["reusable"] and key["ephemeral"] and key["aclTags"] == ["tag:egress-db", OWNER_TAG]
     assert world.stored_key() == key["key"]
     obj = world.egress_obj()
     secret = world.kube.get(SECRET, auth_key_secret_name("db"), NAMESPACE)
@@ -160,7 +161,7 @@ async def test_a_changed_tag_or_login_url_rotates_the_key_with_the_reason() -> N
     second = world.stored_key()
     assert second != first and not world.headscale.preauth_live(first)
     new_key = next(k for k in world.headscale.preauth_keys.values() if k["key"] == second)
-    assert new_key["aclTags"] == ["tag:egress-new"]
+    assert new_key["aclTags"] == ["tag:egress-new", OWNER_TAG]
 
     tailnet = copy.deepcopy(world.tailnet_obj())
     tailnet["spec"]["loginURL"] = "https://other.test:443"

@@ -12,6 +12,7 @@ from typing import Any
 
 from tailnet_operator.controllers.ingress import IngressReconciler, IngressSettings
 from tailnet_operator.controllers.kinds import TAILNET_INGRESS
+from tailnet_operator.headscale import OWNER_TAG
 from tailnet_operator.runtime import (
     CONFIG_MAP,
     FINALIZER,
@@ -148,7 +149,7 @@ async def test_an_owned_tag_gets_a_key_and_the_agent_objects_in_the_tenant_names
     result = await world.reconcile_ingress()
 
     [key] = world.headscale.preauth_keys.values()
-    assert key["reusable"] and key["ephemeral"] and key["aclTags"] == ["tag:ingress-shop"]
+    assert key["reusable"] and key["ephemeral"] and key["aclTags"] == ["tag:ingress-shop", OWNER_TAG]
     assert world.stored_key() == key["key"]
     obj = world.obj()
     assert FINALIZER in obj["metadata"]["finalizers"]

@@ -322,3 +322,36 @@ async def test_before_029_a_base_with_grants_is_not_written_and_the_condition_sa
     assert "v0.27.1" in condition["message"] and "Rewrite the base's grants as acls" in condition["message"]
     assert world.headscale.policy_writes == 0
     assert world.kube.get(CONFIG_MAP, rendered_config_map_name("tn"), NAMESPACE) is not None, "still published"
+
+
+async def test_a_write_headscale_accepts_but_stores_differently_is_reported_and_not_repeated() -> None:
+    world = await ready_world()
+    site(world, "branch", ["192.168.1.0/24"], "tag:branch")
+    handle = world.headscale.handle
+    other = '{"grants": [{"src": ["*"], "dst": ["*"], "ip": ["tcp:22"]}]}'
+
+    def storing_other(request: Any) -> Any:
+        answer = handle(request)
+        if request.method == "PUT" and request.url.endswith("/api/v1/policy"):
+            world.headscale.policy = other  # accepted, then stored as something else
+        return answer
+
+    world.headscale.handle = storing_other  # type: ignore[method-assign]
+    await world.reconcile_policy()
+
+    condition = world.condition("PolicyApplied")
+    assert condition["status"] == "False" and condition["reason"] == "StoredDifferently"
+    assert "PolicyStoredDifferently" in world.events.reasons
+    assert "appliedHash" not in world.tailnet_obj()["status"]["policy"]
+    assert world.headscale.policy_writes == 1
+
+    world.clock.advance(30)
+    await world.reconcile_policy()
+    assert world.headscale.policy_writes == 1, "the same render is not written again over the same live policy"
+    assert world.condition("PolicyApplied")["reason"] == "StoredDifferently"
+
+    world.headscale.handle = handle  # type: ignore[method-assign]
+    world.headscale.policy = '{"grants": []}'  # someone changed the live policy: the render is written again
+    world.clock.advance(30)
+    await world.reconcile_policy()
+    assert world.headscale.policy_writes == 2 and world.condition("PolicyApplied")["reason"] == "Applied"

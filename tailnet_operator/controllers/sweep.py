@@ -1,0 +1,177 @@
+"""The orphan sweep: what the operator made in Headscale for CRs that no longer exist goes.
+
+A finalizer expires a CR's key when the CR is deleted, but a finalizer can be skipped
+(``tailnet.dev/skip-cleanup``), give up (Headscale unreachable for its whole bound), or a crash can
+leave a key that was created and never recorded. This controller, one reconcile per Tailnet every
+:data:`SWEEP_SECONDS` (controllers run only on the leader), lists the Tailnet's Headscale and
+expires the pre-auth keys, and deletes the ephemeral nodes, that carry the operator's marker
+(:data:`~tailnet_operator.headscale.OWNER_TAG`) and that no existing CR refers to
+(:func:`~tailnet_operator.headscale.orphans_of` has the rule). Anything without the marker is
+never touched. Each sweep that found something records a Normal Event ``OrphansSwept`` on the
+Tailnet and counts in ``tailnet_operator_orphans_swept_total{kind}``.
+
+:func:`references` and :func:`list_orphans` are the same check without the sweep, for tests and
+tools that must prove there are no orphans.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter
+
+from tailnet_operator.api.tailnet import Tailnet
+from tailnet_operator.headscale import (
+    DEFAULT_GRACE,
+    OWNER_TAG,
+    HeadscaleClient,
+    HeadscaleError,
+    Orphans,
+    References,
+    find_orphans,
+    sweep_orphans,
+)
+from tailnet_operator.runtime import SECRET, Reader, Request, Result
+from tailnet_operator.types import JSON
+
+from .access import Deps, NoAccess, Problem
+from .kinds import TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS
+
+__all__ = ["SWEEP_SECONDS", "OrphanSweeper", "SweepMetrics", "list_orphans", "references", "references_from"]
+
+log = structlog.get_logger("controllers.sweep")
+
+SWEEP_SECONDS = 600.0
+"""How often each Tailnet's Headscale is swept."""
+RETRY_SECONDS = 60.0
+"""How soon a sweep that could not reach Headscale is tried again."""
+
+_MANAGED_BY, _OPERATOR = "app.kubernetes.io/managed-by", "tailnet-operator"
+_KEY_ID = "tailnet.dev/key-id"
+_PREVIOUS_KEY_ID = "tailnet.dev/previous-key-id"
+_KEY_TAG = "tailnet.dev/tag"
+"""Only a pre-auth key Secret (:class:`~.preauth.AuthKey`) has it; the working API key's does not."""
+
+
+def references(secrets: Iterable[JSON], crs: Iterable[JSON]) -> References:
+    """What the CRs ``crs`` (TailnetEgress, TailnetIngress, TailnetGateway objects; those being
+    deleted do not count) refer to in Headscale: the key ids recorded in the pre-auth key Secrets
+    among ``secrets`` whose owner is one of them (or that name no owner: then kept, to be safe),
+    and the CRs' tags. The Secrets must carry their annotations (a metadata-only informer drops
+    them: see :func:`references_from`)."""
+    # a CR being deleted needs its key and node no more (its finalizer expires the key, or was
+    # skipped or gave up), and a cache may hold it a while after it is gone
+    crs = [c for c in crs if not c["metadata"].get("deletionTimestamp")]
+    uids = {str(c["metadata"].get("uid") or "") for c in crs}
+    tags = {str((c.get("spec") or {}).get("tag") or "") for c in crs}
+    key_ids: set[str] = set()
+    for secret in secrets:
+        meta = secret.get("metadata") or {}
+        notes = meta.get("annotations") or {}
+        if _KEY_TAG not in notes:
+            continue
+        owners = meta.get("ownerReferences") or []
+        if owners and not any(str(o.get("uid") or "") in uids for o in owners):
+            continue  # its CR is gone; garbage collection removes the Secret soon
+        key_ids.update(v for v in (notes.get(_KEY_ID), notes.get(_PREVIOUS_KEY_ID)) if v)
+    return References(key_ids=frozenset(key_ids), tags=frozenset(tags - {""}))
+
+
+def references_from(reader: Reader) -> References:
+    """:func:`references` over the cache (every namespace).
+
+    Outside the operator's namespace the cache holds Secrets by metadata, without annotations: the
+    candidates (the operator's label, or owned by a CR) are read whole, one by one. A body not in
+    the cache yet raises :class:`~tailnet_operator.runtime.cache.NotYetCached`, so no sweep runs on
+    references it could not read (the controller retries once the body is in)."""
+    crs = [o for kind in (TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY) for o in reader.list(kind)]
+    uids = {str(c["metadata"].get("uid") or "") for c in crs}
+    whole = []
+    for meta_only in reader.list(SECRET):
+        meta = meta_only["metadata"]
+        labelled = (meta.get("labels") or {}).get(_MANAGED_BY) == _OPERATOR
+        owned = any(str(o.get("uid") or "") in uids for o in meta.get("ownerReferences") or [])
+        if labelled or owned:
+            secret = reader.get(SECRET, meta["name"], meta.get("namespace"))
+            if secret is not None:
+                whole.append(secret)
+    return references(whole, crs)
+
+
+async def list_orphans(hs: HeadscaleClient, refs: References, *, now: dt.datetime | None = None,
+                       grace: dt.timedelta = dt.timedelta(0), owner_tag: str = OWNER_TAG) -> Orphans:
+    """The operator-owned keys and ephemeral nodes on ``hs`` that no CR refers to (reads only).
+
+    ``grace`` defaults to 0 here: a check after things have settled wants every orphan."""
+    return await find_orphans(hs, refs, now=now, grace=grace, owner_tag=owner_tag)
+
+
+class SweepMetrics:
+    """``tailnet_operator_orphans_swept_total{kind}``: pre-auth keys expired and nodes deleted by
+    the sweep; ``tailnet_operator_orphan_sweeps_total{result}``: sweeps, ``ok`` or ``error``."""
+
+    def __init__(self, *, registry: CollectorRegistry) -> None:
+        self.swept = Counter("tailnet_operator_orphans_swept_total",
+                             "Operator-owned Headscale objects no CR refers to that the sweep removed "
+                             "(kind preauthkey: expired; kind node: deleted).", ("kind",), registry=registry)
+        self.sweeps = Counter("tailnet_operator_orphan_sweeps_total",
+                              "Orphan sweeps of one Tailnet's Headscale, by result (ok, error).",
+                              ("result",), registry=registry)
+        for kind in ("preauthkey", "node"):
+            self.swept.labels(kind)
+        for result in ("ok", "error"):
+            self.sweeps.labels(result)
+
+
+class OrphanSweeper:
+    """Reconciles a Tailnet by sweeping its Headscale; requeues itself every ``interval`` seconds."""
+
+    def __init__(self, deps: Deps, *, metrics: SweepMetrics | None = None, grace: dt.timedelta = DEFAULT_GRACE,
+                 interval: float = SWEEP_SECONDS) -> None:
+        self.reader, self.access, self.events, self.clock = deps.reader, deps.access, deps.events, deps.clock
+        self.metrics = metrics
+        self.grace = grace
+        self.interval = interval
+        self.last: Orphans = Orphans()
+        """What the last sweep removed (for tests and diagnostics)."""
+
+    async def reconcile(self, request: Request) -> Result:
+        obj = self.reader.get(TAILNET, request.name)
+        if obj is None or obj["metadata"].get("deletionTimestamp"):
+            return Result()
+        try:
+            tailnet = self.reader.get(Tailnet, request.name)
+            assert tailnet is not None
+            connection = self.access.working(tailnet)
+        except (NoAccess, Problem, ValueError):
+            return Result(requeue_after=self.interval)  # the Tailnet's own status says why
+        refs = references_from(self.reader)
+        log.debug("orphan sweep", tailnet=request.name, referenced_keys=sorted(refs.key_ids),
+                  referenced_tags=sorted(refs.tags))
+        try:
+            async with self.access.open(connection) as hs:
+                orphans = await find_orphans(hs, refs, now=self.clock.utcnow(), grace=self.grace)
+                swept = await sweep_orphans(hs, orphans)
+        except HeadscaleError as exc:
+            if self.metrics is not None:
+                self.metrics.sweeps.labels("error").inc()
+            log.info("orphan sweep failed; retrying", tailnet=request.name, error=type(exc).__name__,
+                     reason=str(exc))
+            return Result(requeue_after=RETRY_SECONDS)
+        self.last = swept
+        if self.metrics is not None:
+            self.metrics.sweeps.labels("ok").inc()
+            self.metrics.swept.labels("preauthkey").inc(len(swept.keys))
+            self.metrics.swept.labels("node").inc(len(swept.nodes))
+        if swept:
+            what = ", ".join(filter(None, (
+                f"expired {len(swept.keys)} pre-auth key(s) {' '.join(k.masked_key for k in swept.keys)}"
+                if swept.keys else "",
+                f"deleted {len(swept.nodes)} ephemeral node(s) {' '.join(n.name or n.id for n in swept.nodes)}"
+                if swept.nodes else "")))
+            log.info("orphans swept", tailnet=request.name, keys=len(swept.keys), nodes=len(swept.nodes))
+            await self.events.normal(obj, "OrphansSwept",
+                                     f"{what}: made by the operator for CRs that no longer exist", action="Sweep")
+        return Result(requeue_after=self.interval)
