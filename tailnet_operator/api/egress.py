@@ -153,7 +153,7 @@ class PreAuthKeyStatus(ApiModel):
         default=None, description="When the operator will replace the key (half its lifetime).")
 
 
-RouteState = Literal["Ready", "NotAdvertised", "NotApproved", "NoGrant", "Unresolved", "Unknown"]
+RouteState = Literal["Ready", "NotAdvertised", "NotApproved", "NoGrant", "Unresolved", "Conflict", "Unknown"]
 
 
 class EgressTargetStatus(ApiModel):
@@ -166,7 +166,7 @@ class EgressTargetStatus(ApiModel):
         description=(
             "Ready; NotAdvertised (no router advertises a route to the address); NotApproved (advertised "
             "but not approved); NoGrant (the policy does not let the tag reach it); Unresolved (a name that does "
-            "not resolve on the tailnet); Unknown. "
+            "not resolve on the tailnet); Conflict (the target's Service name is taken); Unknown. "
             "Defaults to Unknown."
         ),
     )

@@ -223,3 +223,13 @@ def test_egress_address_accepts_ips_and_names(address: str) -> None:
 def test_egress_address_refuses_names_whose_labels_are_all_numeric(address: str) -> None:
     with pytest.raises(ValidationError, match="labels are all numeric"):
         TailnetEgressSpec.model_validate(_egress_with_address(address))
+
+
+@pytest.mark.parametrize("route", ["Ready", "NotAdvertised", "NotApproved", "NoGrant", "Unresolved", "Conflict",
+                                   "Unknown"])
+def test_every_route_state_the_egress_reconciler_writes_is_in_the_schema(route: str) -> None:
+    from tailnet_operator.api.egress import EgressTargetStatus
+    from tailnet_operator.controllers.egress_status import TargetState
+
+    written = TargetState("ledger", "ledger.tailnet-system.svc", route, "why").status()
+    assert EgressTargetStatus.model_validate(written).route == route
