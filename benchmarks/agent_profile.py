@@ -346,14 +346,54 @@ def summary(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _ms_per_mib(cpu: dict[str, float], mib: int) -> float:
+    return 1000 * (cpu["user_s"] + cpu["system_s"]) / mib
+
+
+def tables(doc: dict[str, Any]) -> str:
+    """Markdown tables of one run (for docs/benchmarks.md)."""
+    mib = doc["mib"]
+    rows = ["| path, direction | MB/s | CPU ms/MiB: measured process (user + sys) | tailscaled peer | client + sink "
+            "| measured share of the path's CPU | syscalls / MiB | syscalls / WireGuard packet |",
+            "|---|---|---|---|---|---|---|---|"]
+    perf_rows = ["| path, direction | kernel: copies | kernel: other | Python interpreter | Rust data plane "
+                 "| ChaCha20-Poly1305 | memcpy/memmove | libc other | rest |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, directions in doc["paths"].items():
+        for direction, r in directions.items():
+            cpu = r["plain"]["cpu"]
+            own, peer = _ms_per_mib(cpu["measured"], mib), _ms_per_mib(cpu["tailscaled peer"], mib)
+            client = _ms_per_mib(cpu["client and sink (this process)"], mib)
+            calls = r.get("syscalls", {})
+            per_packet = calls.get("per_wireguard_packet")
+            rows.append(f"| {name}, {direction} | {r['plain']['mbs']} | {own:.1f} "
+                        f"({_ms_per_mib({'user_s': cpu['measured']['user_s'], 'system_s': 0}, mib):.1f} + "
+                        f"{_ms_per_mib({'user_s': 0, 'system_s': cpu['measured']['system_s']}, mib):.1f}) | "
+                        f"{peer:.1f} | {client:.1f} | {100 * own / (own + peer + client):.0f}% | "
+                        f"{calls.get('per_mib', '-')} | {per_packet if per_packet is not None else '-'} |")
+            if "perf" in r:
+                b = r["perf"]["buckets_pct"]
+                named = ["kernel: copies to/from user", "kernel: other (syscalls, UDP/TCP, scheduler)",
+                         "Python interpreter", "Rust data plane (other)", "crypto (ChaCha20-Poly1305)",
+                         "copies (memcpy/memmove)", "libc (other)"]
+                rest = sum(v for k, v in b.items() if k not in named)
+                perf_rows.append(f"| {name}, {direction} | " + " | ".join(f"{b.get(k, 0.0):.0f}%" for k in named)
+                                 + f" | {rest:.0f}% |")
+    return "\n".join(rows) + "\n\nperf samples of the measured process:\n\n" + "\n".join(perf_rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=64, help="MiB per transfer (default 64)")
     parser.add_argument("--derp", action="store_true", help="also profile the DERP path")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument("--tables", type=Path, default=None, help="print the tables of an earlier run's JSON")
     args = parser.parse_args(argv)
+    if args.tables:
+        print(tables(json.loads(args.tables.read_text())))
+        return 0
     doc = asyncio.run(run(args.mib, args.derp, available_tools()))
     print(summary(doc))
+    print(tables(doc))
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
