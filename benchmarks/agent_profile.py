@@ -22,7 +22,8 @@ The machine's limits are measured in the same run: one loopback TCP stream (two 
 writes), and ChaCha20-Poly1305 seal per core (``cryptography``, OpenSSL) on 1,420-byte and
 64 KiB messages. The load average is reported before and after: the machine is shared.
 
-    python -m benchmarks.agent_profile [--mib 64] [--derp] [--json results.json]
+    python -m benchmarks.agent_profile [--mib 64] [--derp] [--streams 1] [--direction both]
+                                       [--json results.json] [--tables results.json]
 """
 
 from __future__ import annotations
@@ -233,11 +234,15 @@ def strace_counts(report: str) -> dict[str, int]:
 
 
 async def profile_direction(name: str, direction: str, dial: Dial, pid: int, others: dict[str, int],
-                            url: str | None, size: int, tools: dict[str, bool]) -> dict[str, Any]:
-    """Plain, perf, py-spy and strace transfers of one direction through one path."""
+                            url: str | None, size: int, tools: dict[str, bool], streams: int = 1) -> dict[str, Any]:
+    """Plain, perf, py-spy and strace transfers of one direction through one path (``streams``
+    parallel streams sharing ``size``)."""
 
     async def transfer() -> float:
-        return await (upload if direction == "up" else download)(dial, size)
+        move = upload if direction == "up" else download
+        started = time.perf_counter()
+        await asyncio.gather(*(move(dial, size // streams) for _ in range(streams)))
+        return time.perf_counter() - started
 
     pids = {"measured": pid, **others}
     result: dict[str, Any] = {"plain": await timed(transfer, pids, url, size)}
@@ -285,8 +290,9 @@ def available_tools() -> dict[str, bool]:
             "py-spy": Path(tools_path("py-spy")).exists()}
 
 
-async def run(mib: int, derp: bool, tools: dict[str, bool]) -> dict[str, Any]:
-    doc: dict[str, Any] = {"load_before": os.getloadavg(), "tools": tools, "mib": mib,
+async def run(mib: int, derp: bool, tools: dict[str, bool], streams: int = 1,
+              directions: tuple[str, ...] = ("up", "down")) -> dict[str, Any]:
+    doc: dict[str, Any] = {"load_before": os.getloadavg(), "tools": tools, "mib": mib, "streams": streams,
                            "limits": await asyncio.to_thread(limits), "paths": {}}
     port = free_port()
     server = await asyncio.start_server(paths.serve_connection, "127.0.0.1", port)
@@ -316,8 +322,8 @@ async def run(mib: int, derp: bool, tools: dict[str, bool]) -> dict[str, Any]:
                 await upload(dial, 4 * MIB)  # warm up
             others = {"tailscaled peer": pid_of(peer), "client and sink (this process)": os.getpid()}
             for name, dial, pid, metrics_url in measured:
-                doc["paths"][name] = {d: await profile_direction(name, d, dial, pid, others, metrics_url, size, tools)
-                                      for d in ("up", "down")}
+                doc["paths"][name] = {d: await profile_direction(name, d, dial, pid, others, metrics_url, size, tools,
+                                                                 streams) for d in directions}
     server.close()
     doc["load_after"] = os.getloadavg()
     return doc
@@ -386,12 +392,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mib", type=int, default=64, help="MiB per transfer (default 64)")
     parser.add_argument("--derp", action="store_true", help="also profile the DERP path")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument("--streams", type=int, default=1, help="parallel streams per transfer (default 1)")
+    parser.add_argument("--direction", choices=("up", "down", "both"), default="both")
     parser.add_argument("--tables", type=Path, default=None, help="print the tables of an earlier run's JSON")
     args = parser.parse_args(argv)
     if args.tables:
         print(tables(json.loads(args.tables.read_text())))
         return 0
-    doc = asyncio.run(run(args.mib, args.derp, available_tools()))
+    directions = ("up", "down") if args.direction == "both" else (args.direction,)
+    doc = asyncio.run(run(args.mib, args.derp, available_tools(), args.streams, directions))
     print(summary(doc))
     print(tables(doc))
     if args.json:
