@@ -87,6 +87,7 @@ fuzz: $(VENV)/.native
 # BEFORE=DIR also measures an unpacked earlier tree in the big-cluster benchmark (e.g. git archive main).
 bench: $(VENV)/.native binaries
 	$(PY) -m benchmarks.egress --json _artifacts/bench-egress.json
+	$(PY) -m benchmarks.agent_profile --derp --json _artifacts/bench-agent-profile.json
 	$(PY) -m benchmarks.egress_incluster --json _artifacts/bench-egress-incluster.json
 	$(PY) -m benchmarks.ingress_serve --json _artifacts/bench-ingress-serve.json
 	$(PY) -m benchmarks.runtime --json _artifacts/bench-runtime.json --doc docs/benchmarks.md

@@ -99,6 +99,25 @@ def dial_addresses(node: DerpNodeLike) -> list[str]:
     return out
 
 
+def cap_tls_reads(writer: asyncio.StreamWriter, size: int = READ_SIZE) -> bool:
+    """Make asyncio's TLS layer read at most ``size`` decrypted bytes at a time on ``writer``'s
+    connection; False where the transport has no such layer (plain TCP, another event loop).
+
+    CPython's ``SSLProtocol`` reads each TLS record into a new bytes object of ``max_size``
+    (256 KiB) and shrinks it to what arrived. Above the agent's fixed 128 KiB mmap threshold
+    (tailnet_agent/memory.py) every such object is its own mapping: an ``mmap``, a page fault, an
+    ``mremap`` and a ``munmap`` per read, about two thirds of the agent's system calls on a DERP
+    download (docs/benchmarks.md, "Where the agent's time goes"). Below the threshold the
+    buffer comes from the heap. ``max_size`` is the class attribute the protocol reads per call;
+    it is set on this one instance.
+    """
+    protocol = getattr(writer.transport, "_ssl_protocol", None)
+    if protocol is None or not isinstance(getattr(protocol, "max_size", None), int):
+        return False
+    protocol.max_size = size
+    return True
+
+
 def tls_context(ca_bundle: Path | str | None = None) -> ssl.SSLContext:
     """A verifying client context; ``ca_bundle`` is a PEM file of trusted CAs (None: system store)."""
     return ssl.create_default_context(cafile=str(ca_bundle) if ca_bundle is not None else None)
@@ -180,6 +199,7 @@ class DerpConnection:
                     reader, writer = await asyncio.open_connection(
                         address, port, ssl=context, server_hostname=node.host_name if context else None,
                         limit=READ_SIZE)
+                cap_tls_reads(writer)
                 return reader, writer, address
             except TimeoutError:
                 last = DerpConnectError(f"DERP connect to {address}:{port} timed out after {timeout:g}s")
