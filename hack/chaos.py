@@ -64,6 +64,8 @@ from hack.localenv import ControlPlane, Environment, Headscale, ManagedProcess, 
 SEED_ENV = "TAILNET_CHAOS_SEED"
 ROUNDS_ENV = "TAILNET_CHAOS_ROUNDS"
 KINDS = ("operator", "apiserver", "etcd", "headscale", "agent", "derp")
+CHANGES = ("tag", "api-key-rotation", "egress-churn", "site-routes", "ports")
+"""What is put in flight before a kill; drawn in shuffled cycles, so every kind comes up."""
 NAMESPACE = "tailnet-chaos"
 TAILNET = "chaos"
 LEASE = "tailnet-operator"
@@ -347,7 +349,7 @@ class Harness:
         self.generation = 0
         self.agents: dict[str, Agent] = {}
         self.egress_tags: set[str] = set()
-        self.first_key_id = ""
+        self._changes: list[str] = []
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -384,15 +386,10 @@ class Harness:
         for name, tag in (("eg-a", "tag:chaos-a"), ("eg-b", "tag:chaos-b")):
             self.create_egress(name, tag)
         self.converge(0)
-        self.first_key_id = self._tailnet_key_id()
 
     def _owned_tag(self, tag: str) -> bool:
         live = json.loads(self.headscale.api("GET", "/api/v1/policy").get("policy") or "{}")
         return tag in (live.get("tagOwners") or {})
-
-    def _tailnet_key_id(self) -> str:
-        obj = self.kube.get(f"{GROUP}/tailnets/{TAILNET}") or {}
-        return str(((obj.get("status") or {}).get("apiKey") or {}).get("id") or "")
 
     def start_operator(self) -> str:
         self.generation += 1
@@ -421,7 +418,10 @@ class Harness:
     # -- changes in flight ------------------------------------------------------------------------------
 
     def change(self) -> str:
-        kind = self.rng.choice(["tag", "api-key-rotation", "egress-churn", "site-routes", "ports"])
+        if not self._changes:
+            self._changes = list(CHANGES)
+            self.rng.shuffle(self._changes)
+        kind = self._changes.pop()
         egresses = f"{GROUP}/namespaces/{NAMESPACE}/tailnetegresses"
         if kind == "tag":
             name = self.rng.choice(["eg-a", "eg-b"])
@@ -636,6 +636,9 @@ class Harness:
                        for d in self.kube.items(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments")}
         if len(deployments) != len(egresses) or set(self.agents) != deployments:
             out.append(f"agents {sorted(self.agents)} for Deployments {sorted(deployments)}, {len(egresses)} egresses")
+        for agent in self.agents.values():
+            if not _agent_ready(agent.health_port):
+                out.append(f"agent {agent.name} is not ready (/readyz)")
         policy = (tailnet.get("status") or {}).get("policy") or {}
         rendered_cm = self.kube.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{policy.get('renderedConfigMap')}")
         rendered = ((rendered_cm or {}).get("data") or {}).get("policy.hujson", "")
@@ -734,6 +737,15 @@ def _healthy(server: Headscale) -> bool:
     server.process.check_running()
     with urllib.request.urlopen(f"{server.url}/health", context=server.ssl_context(), timeout=2) as resp:
         return bool(json.loads(resp.read()).get("status") == "pass")
+
+
+def _agent_ready(port: int) -> bool:
+    """The agent's readiness probe, as the kubelet would run it."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
 
 
 def _destroy_connections(port: int) -> int:
