@@ -13,7 +13,8 @@ Each round (``random.Random(seed)``; the seed is printed, ``TAILNET_CHAOS_SEED``
 ``TAILNET_CHAOS_ROUNDS`` the number of rounds):
 
 1. puts one or two changes in flight: an egress's tag changed (a pre-auth key rotation), the
-   working API key's rotation made due (the operators' clock moved forward half a key lifetime),
+   working API key's rotation made due (the operators' clock moved just past the key's
+   ``nextRotationAt``, and back once it rotated: convergence then includes the new key),
    an egress created or deleted, a site's routes or an egress's ports changed;
 2. after a random delay kills one of: the operator leader (SIGKILL), kube-apiserver, etcd,
    Headscale (SIGKILL), one agent (SIGKILL), or the DERP connection (every TCP connection to
@@ -78,8 +79,10 @@ CONVERGENCE_BOUND = 180.0
 """Seconds every CR gets to be Ready again after a restart."""
 ORPHAN_GRACE = 30.0
 """Seconds an orphan candidate may take to go (a reconcile in progress) before it counts."""
-KEY_ROTATION_STEP = dt.timedelta(minutes=31)
-"""How far the operators' clock moves to make the working key (lifetime 1h) due for rotation."""
+ROTATION_MARGIN = 5.0
+"""Seconds past the working key's ``nextRotationAt`` the operators' clock is moved to make it due.
+The clock goes back once the new key is in the status: left ahead, every later key (its expiry
+written by the operator's clock, its creation time by Headscale's) would be due at once."""
 OPEN_BASE = '{"grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]}\n'
 GROUP = "/apis/tailnet.dev/v1alpha1"
 REPO = Path(__file__).resolve().parent.parent
@@ -350,6 +353,8 @@ class Harness:
         self.agents: dict[str, Agent] = {}
         self.egress_tags: set[str] = set()
         self._changes: list[str] = []
+        self.rotating_from = ""
+        """The working key's id when a rotation was made due; "" when none is pending."""
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -431,7 +436,11 @@ class Harness:
             self.egress_tags.add(new)
             retrying(lambda: self.kube.patch(f"{egresses}/{name}", {"spec": {"tag": new}}), f"retag {name}")
         elif kind == "api-key-rotation":
-            offset = float(self.clock_file.read_text() or 0) + KEY_ROTATION_STEP.total_seconds()
+            tailnet = retrying(lambda: self.kube.get(f"{GROUP}/tailnets/{TAILNET}"), "read the Tailnet")
+            key = (tailnet.get("status") or {}).get("apiKey") or {}
+            due = _time(key.get("nextRotationAt")) or dt.datetime.now(dt.UTC)
+            offset = max(0.0, (due - dt.datetime.now(dt.UTC)).total_seconds()) + ROTATION_MARGIN
+            self.rotating_from = str(key.get("id") or "")
             self.clock_file.write_text(str(offset))
         elif kind == "egress-churn":
             if retrying(lambda: (self.kube.get(f"{egresses}/eg-c"),), "read eg-c")[0] is None:
@@ -625,6 +634,13 @@ class Harness:
         for type_ in ("Ready", "PolicyApplied"):
             if not current(tailnet, type_):
                 out.append(f"Tailnet {type_}: {condition(tailnet, type_).get('message', 'not yet')}")
+        if self.rotating_from:
+            key_id = str((((tailnet.get("status") or {}).get("apiKey")) or {}).get("id") or "")
+            if key_id == self.rotating_from:
+                out.append(f"the working key {key_id} is due but not rotated yet")
+            else:
+                self.clock_file.write_text("0")
+                self.rotating_from = ""
         egresses = self.kube.items(f"{GROUP}/namespaces/{NAMESPACE}/tailnetegresses")
         sites = self.kube.items(f"{GROUP}/tailnetsites")
         for obj in [*egresses, *sites]:
