@@ -104,6 +104,7 @@ class Report:
     bootstrap_uses: int = 0
     minted: int = 0
     rotations: int = 0
+    operator_exits: int = 0
     wall_seconds: float = 0.0
     failure: str = ""
 
@@ -129,6 +130,7 @@ class Report:
             f"{sorted(self.convergence)[len(self.convergence) // 2] if self.convergence else 0.0:.1f}s",
             f"  working key: minted from the bootstrap key {self.minted}x, rotated {self.rotations}x, "
             f"bootstrap needed again {self.bootstrap_uses}x",
+            f"  operator processes that exited on their own and were restarted: {self.operator_exits}",
             f"  orphans found: {len(self.orphans)}" + "".join(f"\n    {o}" for o in self.orphans),
         ]
         if self.failure:
@@ -353,6 +355,8 @@ class Harness:
         self.agents: dict[str, Agent] = {}
         self.egress_tags: set[str] = set()
         self._changes: list[str] = []
+        self.operator_restarts = 0
+        """Operators that exited on their own (e.g. leadership lost while the API was down)."""
         self.rotating_from = ""
         """The working key's id when a rotation was made due; "" when none is pending."""
 
@@ -513,7 +517,17 @@ class Harness:
             time.sleep(0.2)
         return f"DERP and control connections to Headscale ({destroyed} sockets destroyed over {downtime:.1f}s)"
 
-    # -- agents (what the kubelet would do) ------------------------------------------------------------
+    # -- what the kubelet would do ------------------------------------------------------------------------
+
+    def supervise(self) -> None:
+        """Restart an operator that exited (a leader that lost its Lease exits by design), then the agents."""
+        for identity, process in self.operators.items():
+            if not process.running():
+                process.stop()
+                process.start()
+                self.operator_restarts += 1
+                self.log(f"    operator {identity} exited and was restarted")
+        self.sync_agents()
 
     def sync_agents(self) -> None:
         """Start an agent for every agent Deployment, restart it when its template changes, keep its
@@ -671,7 +685,7 @@ class Harness:
 
         def done() -> bool:
             nonlocal last
-            self.sync_agents()
+            self.supervise()
             try:
                 last = self.problems()
             except Exception as exc:
@@ -691,7 +705,7 @@ class Harness:
 
         def check() -> bool:
             nonlocal found
-            self.sync_agents()
+            self.supervise()
             found = self._orphans_now()
             return not found
 
@@ -823,6 +837,7 @@ def run_chaos(rounds: int, seed: int, *, env: Environment, log: Callable[[str], 
             report.orphans.extend(f"round {round_}: {o}" for o in orphans)
             minted, rejected, rotated = harness.bootstrap_uses()
             report.minted, report.rotations = minted, rotated
+            report.operator_exits = harness.operator_restarts
             report.bootstrap_uses = max(0, minted - 1) + rejected
             log(f"round {round_}/{rounds}: {'+'.join(changes)} in flight, killed {what} for {downtime:.1f}s; "
                 f"converged in {took:.1f}s; orphans {len(orphans)}; mints {minted}, rotations {rotated}")
