@@ -355,6 +355,10 @@ class Harness:
         self.agents: dict[str, Agent] = {}
         self.egress_tags: set[str] = set()
         self._changes: list[str] = []
+        self.admin_keys: list[str] = []
+        """API keys not the operator's: the driver's own and the bootstrap key."""
+        self.reported: set[str] = set()
+        """Orphans already reported (one that stays is reported once)."""
         self.operator_restarts = 0
         """Operators that exited on their own (e.g. leadership lost while the API was down)."""
         self.rotating_from = ""
@@ -368,6 +372,7 @@ class Harness:
         install_crds(self.plane.api_client())
         self.kube.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
         bootstrap = self.headscale.cli("apikeys", "create", "--expiration", "24h").strip().splitlines()[-1]
+        self.admin_keys = [self.headscale.api_key, bootstrap]
         self.kube.create(f"/api/v1/namespaces/{NAMESPACE}/secrets", {
             "metadata": {"name": "bootstrap"}, "type": "Opaque",
             "data": {"apiKey": base64.b64encode(bootstrap.encode()).decode()}})
@@ -515,6 +520,9 @@ class Harness:
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.2)
+        if not destroyed:
+            raise ChaosFailure("ss -K destroyed no connection to Headscale: it needs root (CAP_NET_ADMIN) and a kernel "
+                               "with CONFIG_INET_DIAG_DESTROY; leave the kind 'derp' out otherwise")
         return f"DERP and control connections to Headscale ({destroyed} sockets destroyed over {downtime:.1f}s)"
 
     # -- what the kubelet would do ------------------------------------------------------------------------
@@ -711,7 +719,9 @@ class Harness:
 
         with contextlib.suppress(TimeoutError):
             wait_until(check, timeout=ORPHAN_GRACE, interval=1.0, what="no orphans")
-        return found
+        new = [o for o in found if _identity(o) not in self.reported]
+        self.reported.update(_identity(o) for o in found)
+        return new
 
     def _orphans_now(self) -> list[str]:
         egresses = self.kube.items(f"{GROUP}/namespaces/{NAMESPACE}/tailnetegresses")
@@ -728,6 +738,16 @@ class Harness:
                 continue
             if str(key.get("id")) not in referenced:
                 out.append(f"pre-auth key {key.get('id')} {sorted(tags)} (not expired, no CR's)")
+        tailnet = self.kube.get(f"{GROUP}/tailnets/{TAILNET}") or {}
+        working = str((((tailnet.get("status") or {}).get("apiKey")) or {}).get("id") or "")
+        for key in self.headscale.api("GET", "/api/v1/apikey").get("apiKeys") or []:
+            expiration = _time(key.get("expiration"))
+            if expiration is not None and expiration <= now:
+                continue
+            prefix = str(key.get("prefix") or "").removeprefix("hskey-api-")
+            if str(key.get("id")) == working or (prefix and any(prefix in k for k in self.admin_keys)):
+                continue
+            out.append(f"API key {key.get('id')} {prefix} (not expired, not the Tailnet's working key)")
         for node in self.headscale.nodes():
             tags = set(node.get("tags") or node.get("forcedTags") or []) | set(node.get("validTags") or [])
             if not tags & self.egress_tags:
@@ -767,6 +787,17 @@ def _healthy(server: Headscale) -> bool:
     server.process.check_running()
     with urllib.request.urlopen(f"{server.url}/health", context=server.ssl_context(), timeout=2) as resp:
         return bool(json.loads(resp.read()).get("status") == "pass")
+
+
+def _identity(orphan: str) -> str:
+    """"pre-auth key 8 [...] ..." -> "pre-auth key 8": what an orphan is, without how it looks now."""
+    words = orphan.split()
+    return " ".join(words[:3] if words[0] in ("pre-auth", "API") else words[:2])
+
+
+def is_key_leak(orphan: str) -> bool:
+    """A pre-auth or API key left unexpired (rather than a node): see docs/reliability.md."""
+    return orphan.split(": ", 1)[-1].startswith(("pre-auth key", "API key"))
 
 
 def _agent_ready(port: int) -> bool:
@@ -841,12 +872,14 @@ def run_chaos(rounds: int, seed: int, *, env: Environment, log: Callable[[str], 
             report.bootstrap_uses = max(0, minted - 1) + rejected
             log(f"round {round_}/{rounds}: {'+'.join(changes)} in flight, killed {what} for {downtime:.1f}s; "
                 f"converged in {took:.1f}s; orphans {len(orphans)}; mints {minted}, rotations {rotated}")
-            if orphans:
-                raise ChaosFailure(f"round {round_}: orphans: {'; '.join(orphans)}")
+            for orphan in orphans:
+                log(f"    ORPHAN: {orphan}")
             if report.bootstrap_uses:
                 raise ChaosFailure(f"round {round_}: the bootstrap key was needed again "
                                    f"(minted {minted}x, working key rejected {rejected}x)")
             report.rounds_survived = round_
+        if report.orphans:
+            report.failure = f"{len(report.orphans)} orphan(s) found"
     except ChaosFailure as exc:
         report.failure = str(exc)
     finally:
