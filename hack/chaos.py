@@ -744,7 +744,8 @@ class Harness:
             expiration = _time(key.get("expiration"))
             if expiration is not None and expiration <= now:
                 continue
-            prefix = str(key.get("prefix") or "").removeprefix("hskey-api-")
+            # Listed masked, "<prefix>-***" (0.29) or "hskey-api-<prefix>-***"; the key is hskey-api-<prefix>-<secret>.
+            prefix = str(key.get("prefix") or "").removeprefix("hskey-api-").removesuffix("***").rstrip("-")
             if str(key.get("id")) == working or (prefix and any(prefix in k for k in self.admin_keys)):
                 continue
             out.append(f"API key {key.get('id')} {prefix} (not expired, not the Tailnet's working key)")
