@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 OPERATOR ?= cluster
 
-.PHONY: run test unit lint manifests binaries native prereqs e2e bench fuzz interop clean help
+.PHONY: run test unit lint manifests binaries native prereqs e2e bench fuzz chaos interop clean help
 
 help:
 	@echo "make run        start the local cluster, install the operator in it, follow its logs (Ctrl-C stops)"
@@ -17,6 +17,7 @@ help:
 	@echo "make binaries   build and cache etcd, kube-apiserver, Headscale and tailscaled"
 	@echo "make e2e        the end-to-end suite against a kind cluster (needs Docker)"
 	@echo "make fuzz       the fuzz targets at length: 10^6 inputs per Rust target, hypothesis at 2000 examples per property"
+	@echo "make chaos      kills (operator leader, apiserver, etcd, Headscale, an agent, DERP) for CHAOS_ROUNDS rounds; CHAOS_SEED repeats one"
 	@echo "make bench      egress (agent vs tailscaled, loopback and in-cluster); ingress vs tailscale serve; runtime vs kopf vs controller-runtime; big cluster; policy (docs/benchmarks.md)"
 	@echo "make interop    the interop slice for every Headscale and tailscale version in range (docs/compatibility.md)"
 
@@ -83,6 +84,13 @@ FUZZ_EXAMPLES ?= 2000
 fuzz: $(VENV)/.native
 	cd native && TAILNET_FUZZ_CASES=$(FUZZ_CASES) cargo test --release --quiet fuzz_ -- --nocapture --test-threads=1
 	TAILNET_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(VENV)/bin/pytest -q -p no:cacheprovider unit_tests/fuzz unit_tests/agent/fuzz
+
+# The chaos driver at length (`make test` runs a few rounds in e2e/test_chaos.py); the seed is printed,
+# CHAOS_SEED=N repeats a run. Host tier: its own etcd, kube-apiserver, Headscale, operators and agents.
+CHAOS_ROUNDS ?= 24
+chaos: $(VENV)/.native binaries
+	TAILNET_CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(if $(CHAOS_SEED),TAILNET_CHAOS_SEED=$(CHAOS_SEED)) \
+	  $(PY) -m hack.chaos --json _artifacts/chaos.json
 
 # BEFORE=DIR also measures an unpacked earlier tree in the big-cluster benchmark (e.g. git archive main).
 bench: $(VENV)/.native binaries

@@ -41,6 +41,9 @@ CONFIG_DIR = "/etc/tailnet-agent/config"
 AUTH_DIR = "/etc/tailnet-agent/auth"
 CA_FILE = "ca.crt"
 AGENT_UID = 65532
+TAG_ANNOTATION = "tailnet.dev/tag"
+"""On the agent's pod template: the tag its node registers with. A pod reads its pre-auth key once
+and keeps its node, so a new tag must start a new pod; the annotation makes the Deployment roll."""
 DEFAULT_RESOURCES: Obj = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
 
 
@@ -102,9 +105,10 @@ def resources(spec: AgentResources | None) -> Obj:
 
 def deployment(metadata: Obj, labels: dict[str, str], agent: AgentSpec, *, env: list[Obj], config_map: str,
                resource_spec: AgentResources | None = None, volumes: list[Obj] | None = None,
-               mounts: list[Obj] | None = None) -> Obj:
+               mounts: list[Obj] | None = None, tag: str | None = None) -> Obj:
     """One agent pod: the ConfigMap at :data:`CONFIG_DIR`, the key Secret at :data:`AUTH_DIR`, a
-    small ``/tmp``, plus ``volumes``/``mounts`` of the mode (all read-only directories)."""
+    small ``/tmp``, plus ``volumes``/``mounts`` of the mode (all read-only directories); ``tag``
+    (the node's) goes in the pod template's :data:`TAG_ANNOTATION`, so a changed tag rolls the pod."""
     container = {
         "name": "agent", "image": agent.image, "imagePullPolicy": "IfNotPresent", "command": ["/tailnet-agent"],
         "env": env,
@@ -118,11 +122,14 @@ def deployment(metadata: Obj, labels: dict[str, str], agent: AgentSpec, *, env: 
                          *(mounts or []),
                          {"name": "tmp", "mountPath": "/tmp"}],
     }
+    template_metadata: Obj = {"labels": labels}
+    if tag:
+        template_metadata["annotations"] = {TAG_ANNOTATION: tag}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata,
         "spec": {
             "replicas": 1, "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": {
+            "template": {"metadata": template_metadata, "spec": {
                 "automountServiceAccountToken": False, "enableServiceLinks": False,
                 "securityContext": restricted_pod_security_context(AGENT_UID),
                 "containers": [container],

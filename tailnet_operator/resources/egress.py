@@ -130,7 +130,7 @@ def deployment(owner: Obj, egress: TailnetEgress, agent: AgentSpec) -> Obj:
     """One agent pod; the ConfigMap and Secret are mounted as directories so updates reach it."""
     return pod.deployment(owned_metadata(owner, egress, agent_name(egress)), agent_labels(egress), agent,
                           env=_env(egress, agent), config_map=config_map_name(egress),
-                          resource_spec=egress.spec.resources)
+                          resource_spec=egress.spec.resources, tag=egress.spec.tag)
 
 
 def target_service(owner: Obj, egress: TailnetEgress, target_name: str, ports: ListenPorts) -> Obj:

@@ -212,7 +212,7 @@ def deployment(owner: Obj, ingress: TailnetIngress, agent: AgentSpec) -> Obj:
            *pod.common_env(agent)]
     certs = _certs_volume(ingress)
     return pod.deployment(owned_metadata(owner, ingress, agent_name(ingress)), agent_labels(ingress), agent,
-                          env=env, config_map=config_map_name(ingress),
+                          env=env, config_map=config_map_name(ingress), tag=ingress.spec.tag,
                           volumes=[certs] if certs else [],
                           mounts=[{"name": "certs", "mountPath": CERTS_DIR, "readOnly": True}] if certs else [])
 

@@ -62,6 +62,16 @@ def test_the_pod_template_does_not_depend_on_the_targets() -> None:
     assert one == other
 
 
+def test_a_new_tag_changes_the_pod_template_so_the_agent_registers_again() -> None:
+    """A pod reads its pre-auth key once and keeps its node: without a template change, a retagged
+    egress kept its agent on the old tag (found by hack/chaos.py: a node with the tag of no CR)."""
+    before = build.deployment(OWNER, egress([LEDGER]), AGENT)["spec"]["template"]
+    after = build.deployment(OWNER, egress([LEDGER], tag="tag:egress-db2"), AGENT)["spec"]["template"]
+    assert before["metadata"]["annotations"] == {"tailnet.dev/tag": "tag:egress-db"}
+    assert after["metadata"]["annotations"] == {"tailnet.dev/tag": "tag:egress-db2"}
+    assert before["metadata"]["labels"] == after["metadata"]["labels"]
+
+
 def test_listen_ports_stay_put_when_other_targets_come_and_go() -> None:
     first = build.listen_ports(egress([LEDGER]), {})
     assert first == {("ledger", 5432): 10000, ("ledger", 443): 10001}

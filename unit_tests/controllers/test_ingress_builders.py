@@ -95,6 +95,13 @@ def test_the_pod_template_does_not_depend_on_ports_or_backends() -> None:
     assert one["spec"]["template"] == two["spec"]["template"]
 
 
+def test_a_new_tag_changes_the_pod_template_so_the_agent_registers_again() -> None:
+    before = build.deployment(OWNER, ingress([DB]), AGENT)["spec"]["template"]["metadata"]
+    after = build.deployment(OWNER, ingress([DB], tag="tag:ingress-shop2"), AGENT)["spec"]["template"]["metadata"]
+    assert before["annotations"] == {"tailnet.dev/tag": "tag:ingress-shop"}
+    assert after["annotations"] == {"tailnet.dev/tag": "tag:ingress-shop2"}
+
+
 def test_a_cert_manager_host_gets_a_certificate_for_its_name_and_aliases_from_its_issuer() -> None:
     obj = ingress([{**WEB, "hosts": [{"name": "shop.apps.example.internal", "alias": "shop",
                                      "tls": {"certManager": {"issuerRef": {"name": "ca", "kind": "ClusterIssuer"}}}}]}])
