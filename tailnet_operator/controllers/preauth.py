@@ -24,8 +24,8 @@ import contextlib
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from tailnet_operator.headscale import OWNER_TAG, HeadscaleClient, NotFound, mask_key
-from tailnet_operator.runtime import SECRET, Clock, Writer
+from tailnet_operator.headscale import OWNER_TAG, HeadscaleClient, HeadscaleError, NotFound, mask_key
+from tailnet_operator.runtime import SECRET, Clock, Writer, certainly_not_written
 from tailnet_operator.types import JSON
 
 from .conditions import rfc3339
@@ -138,7 +138,13 @@ class AuthKeyKeeper:
             assert stored is not None
             return stored, ""
         new = await self._create(hs, wanted, previous=stored)
-        await self.store(metadata, new)
+        try:
+            await self.store(metadata, new)
+        except Exception as exc:
+            if certainly_not_written(exc):  # nothing refers to the new key: expire it, or every retry leaks one
+                with contextlib.suppress(HeadscaleError):
+                    await hs.expire_preauth_key(new.id)
+            raise
         if new.previous_id:
             new = await self._expire_previous(hs, metadata, new)
         return new, reason

@@ -39,6 +39,7 @@ from tailnet_operator.runtime import (
     Result,
     Writer,
     add_finalizer,
+    certainly_not_written,
     has_finalizer,
     remove_finalizer,
 )
@@ -223,8 +224,21 @@ class TailnetReconciler:
         except HeadscaleError as exc:
             raise problem_from(exc, "proving the new working key") from exc
         stored = self._stored(secret_key, info, lifetime, previous_id=previous.id if previous else "")
-        await self._store(run, stored)
+        try:
+            await self._store(run, stored)
+        except Exception as exc:
+            if certainly_not_written(exc):  # an admin key nothing refers to: expire it, or every retry leaks one
+                await self._abandon(run, with_key, stored.id)
+            raise
         return stored, version
+
+    async def _abandon(self, run: Run, with_key: str, key_id: str) -> None:
+        try:
+            async with self.access.open(run.endpoint, with_key) as hs:
+                await hs.expire_api_key(key_id=key_id)
+        except HeadscaleError as exc:
+            log.warning("could not expire a working key whose Secret was not written", key_id=key_id,
+                        error=str(exc))
 
     async def _rotate(self, run: Run, old: StoredKey) -> tuple[StoredKey, str]:
         try:

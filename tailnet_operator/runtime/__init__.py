@@ -52,7 +52,17 @@ from .controller import (
     owner_mapper,
     request_for,
 )
-from .errors import AlreadyExists, APIError, Conflict, Gone, Invalid, KubeError, NotFound, TransportError
+from .errors import (
+    AlreadyExists,
+    APIError,
+    Conflict,
+    Gone,
+    Invalid,
+    KubeError,
+    NotFound,
+    TransportError,
+    certainly_not_written,
+)
 from .events import EventRecorder
 from .fake import FakeClient
 from .finalizers import FINALIZER, add_finalizer, has_finalizer, remove_finalizer
@@ -114,6 +124,7 @@ __all__ = [
     "Writer",
     "add_finalizer",
     "any_of",
+    "certainly_not_written",
     "has_finalizer",
     "needs_apply",
     "owner_mapper",

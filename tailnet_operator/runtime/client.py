@@ -291,7 +291,8 @@ class _Response:
             resp = await session.request(self._method, self._url, **self._kwargs)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             self._client._count("<error>", self._method)
-            raise TransportError(f"{self._method} {self._url}: {exc!r}") from exc
+            raise TransportError(f"{self._method} {self._url}: {exc!r}",
+                                 unsent=isinstance(exc, aiohttp.ClientConnectorError)) from exc
         self._client._count(str(resp.status), self._method)
         if resp.status >= 400:
             try:

@@ -29,6 +29,19 @@ class KubeError(Exception):
 class TransportError(KubeError):
     """No HTTP response: the connection failed, TLS failed, or the request timed out."""
 
+    def __init__(self, message: str, *, unsent: bool = False) -> None:
+        super().__init__(message)
+        self.unsent = unsent
+        """The connection was never made, so kube-apiserver never saw the request."""
+
+
+def certainly_not_written(exc: BaseException) -> bool:
+    """Whether a failed write is known not to have happened: refused with a 4xx answer, or never
+    sent. A timeout, a broken connection or a 5xx (etcd may have committed it) leaves it open."""
+    if isinstance(exc, APIError):
+        return exc.status < 500
+    return isinstance(exc, TransportError) and exc.unsent
+
 
 class APIError(KubeError):
     """A failure Status from kube-apiserver."""

@@ -5,9 +5,12 @@ deletion."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 from datetime import timedelta
 from typing import Any
+
+import pytest
 
 from tailnet_operator.controllers.egress import EgressReconciler, EgressSettings
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS
@@ -15,7 +18,7 @@ from tailnet_operator.controllers.preauth import auth_key_secret_name
 from tailnet_operator.headscale import OWNER_TAG
 from tailnet_operator.headscale import Request as HsRequest
 from tailnet_operator.headscale import Response as HsResponse
-from tailnet_operator.runtime import CONFIG_MAP, FINALIZER, SECRET, SERVICE, Applier, Request, Result
+from tailnet_operator.runtime import CONFIG_MAP, FINALIZER, SECRET, SERVICE, Applier, Request, Result, TransportError
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY
 from tailnet_operator.types import JSON
 
@@ -304,3 +307,25 @@ async def test_aliases_without_a_hosts_file_are_reported() -> None:
     await world.reconcile_egress()
 
     assert world.cond("AliasesServed")["reason"] == "NoHostsFile"
+
+
+@pytest.mark.parametrize(("failure", "expired"), [
+    (TransportError("PATCH: connect failed", unsent=True), True),
+    (TransportError("PATCH: timed out"), False),  # may have been written: the agent may already use it
+])
+async def test_a_key_whose_secret_was_certainly_not_written_is_expired(failure: Exception, expired: bool) -> None:
+    world = await world_with_tailnet()
+    world.add_egress()
+    apply = world.kube.apply
+
+    async def failing(resource: Any, body: Any, **kwargs: Any) -> Any:
+        if resource == SECRET and body["metadata"]["name"] == auth_key_secret_name("db"):
+            raise failure
+        return await apply(resource, body, **kwargs)
+
+    world.kube.apply = failing  # type: ignore[method-assign]
+    with contextlib.suppress(type(failure)):
+        await world.reconcile_egress()
+
+    [key] = world.headscale.preauth_keys.values()
+    assert bool(key.get("expired")) is expired

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from tailnet_operator.controllers.kinds import TAILNET
-from tailnet_operator.runtime import FINALIZER, SECRET
+from tailnet_operator.runtime import FINALIZER, SECRET, TransportError
+from tailnet_operator.runtime.errors import Forbidden, ServerError
 
 from .harness import NAMESPACE, World
 
@@ -217,3 +218,29 @@ async def test_deleting_a_tailnet_expires_its_key_and_releases_the_finalizer() -
     assert world.kube.get(TAILNET, "tn") is None
     assert world.events.reasons[-1] == "WorkingKeyExpired"
     assert world.kube.get(SECRET, "bootstrap", NAMESPACE) is not None
+
+
+@pytest.mark.parametrize(("failure", "expired"), [
+    (TransportError("POST: connect failed", unsent=True), True),
+    (Forbidden(403, "Forbidden", "secrets is forbidden"), True),
+    (TransportError("POST: timed out"), False),  # may have been written: the key must stay usable
+    (ServerError(500, "InternalError", "etcdserver: request timed out"), False),
+])
+async def test_a_working_key_whose_secret_was_certainly_not_written_is_expired(failure: Exception,
+                                                                               expired: bool) -> None:
+    world = World()
+    bootstrap = world.bootstrap_secret()
+    world.add_tailnet()
+    apply = world.kube.apply
+
+    async def failing(resource: Any, body: Any, **kwargs: Any) -> Any:
+        if resource == SECRET and body["metadata"]["name"] != "bootstrap":
+            raise failure
+        return await apply(resource, body, **kwargs)
+
+    world.kube.apply = failing  # type: ignore[method-assign]
+    with pytest.raises(type(failure)):
+        await world.reconcile_tailnet()
+
+    minted = [k for k in world.headscale.keys.values() if k.key != bootstrap]
+    assert len(minted) == 1 and minted[0].expired is expired
