@@ -41,10 +41,10 @@ def test_every_round_converges_with_nothing_orphaned_and_the_bootstrap_key_unuse
     assert report.minted == 1 and report.bootstrap_uses == 0, report.summary()
     assert not [o for o in report.orphans if not is_known(o)], report.summary()
     if report.orphans:
-        # Known, not fixed here (tailnet_operator/controllers is being reworked for ownership markers
-        # and an orphan sweep): a key created in Headscale whose Secret cannot be written (kube-apiserver
-        # or etcd down) is left unexpired, one per retry; an ephemeral node offline across a Headscale
-        # kill may never be aged out. docs/reliability.md, "Chaos".
-        pytest.xfail("known orphans (keys whose Secret could not be written, nodes not aged out): "
+        # Known (docs/reliability.md, "Chaos"): a key whose Secret write may have been stored (timed
+        # out or a 5xx while kube-apiserver or etcd went down) is kept rather than risk a Secret that
+        # holds a dead key (the orphan sweep expires such pre-auth keys after its grace); an ephemeral
+        # node offline across a Headscale kill may never be aged out by Headscale.
+        pytest.xfail("known orphans (keys whose Secret write may have been stored, nodes not aged out): "
                      + "; ".join(report.orphans))
     assert not report.failure, report.summary()

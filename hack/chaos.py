@@ -797,9 +797,10 @@ def _identity(orphan: str) -> str:
 
 
 def is_known(orphan: str) -> bool:
-    """One of the two kinds docs/reliability.md describes and this change does not fix: a pre-auth
-    or API key left unexpired when its Secret could not be written, or an ephemeral node Headscale
-    did not age out (seen after Headscale kills)."""
+    """One of the two kinds docs/reliability.md describes: a pre-auth or API key kept because the
+    write of its Secret may have been stored (it timed out or got a 5xx while kube-apiserver or etcd
+    went down; a write that certainly failed expires the key at once), or an ephemeral node
+    Headscale did not age out (seen after Headscale kills)."""
     what = orphan.split(": ", 1)[-1]
     return what.startswith(("pre-auth key", "API key")) or what.endswith("not aged out")
 
