@@ -402,7 +402,9 @@ class Harness:
         self.converge(0)
 
     def _owned_tag(self, tag: str) -> bool:
-        live = json.loads(self.headscale.api("GET", "/api/v1/policy").get("policy") or "{}")
+        from tailnet_operator.policy import parse_hujson
+
+        live = parse_hujson(self.headscale.api("GET", "/api/v1/policy").get("policy") or "{}")
         return tag in (live.get("tagOwners") or {})
 
     def start_operator(self) -> str:
