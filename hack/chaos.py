@@ -478,10 +478,18 @@ class Harness:
         lease = self.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{LEASE}") or {}
         return str((lease.get("spec") or {}).get("holderIdentity") or "")
 
+    def _running_leader(self) -> str:
+        holder = self.leader()
+        if holder not in self.operators:
+            raise LookupError(f"the Lease names {holder!r}, which does not run (yet to be taken over)")
+        return holder
+
     def kill(self, kind: str, downtime: float) -> str:
         """Kill one component of ``kind``, keep it down ``downtime`` seconds, restart it; what was killed."""
         if kind == "operator":
-            holder = retrying(self.leader, "a leader to kill")
+            # Right after a leader was killed the Lease still names it until a standby takes it over
+            # (one lease duration): wait for a holder that runs, as the next leader to kill.
+            holder = retrying(self._running_leader, "a running leader to kill", timeout=60.0)
             process = self.operators.pop(holder, None)
             if process is None:
                 raise ChaosFailure(f"the Lease names {holder!r}, which is no operator of this run")
