@@ -33,7 +33,7 @@ from tailnet_agent.derp import (
     tls_context,
 )
 from tailnet_agent.derp import frames as f
-from tailnet_agent.derp.connection import READ_SIZE
+from tailnet_agent.derp.connection import TLS_READ_SIZE
 from tailnet_agent.memory import MMAP_THRESHOLD
 
 pytestmark = pytest.mark.integration
@@ -132,7 +132,7 @@ async def test_two_nodes_exchange_packets_both_ways(headscale: Headscale) -> Non
 
 
 async def test_tls_reads_are_capped_below_the_mmap_threshold(headscale: Headscale) -> None:
-    """Each TLS read allocates its full size: at most READ_SIZE, not asyncio's 256 KiB (which,
+    """Each TLS read allocates its full size: at most TLS_READ_SIZE, not asyncio's 256 KiB (which,
     above the agent's fixed mmap threshold, cost four system calls per DERP frame); frames of
     every size still arrive whole."""
     async with registered_nodes(headscale, "derp-a", "derp-b") as (a, b), \
@@ -140,7 +140,7 @@ async def test_tls_reads_are_capped_below_the_mmap_threshold(headscale: Headscal
             await open_conn(headscale, home_node(b), node_key(b)) as conn_b:
         for conn in (conn_a, conn_b):
             protocol = getattr(conn._writer.transport, "_ssl_protocol", None)
-            assert protocol is not None and protocol.max_size == READ_SIZE < MMAP_THRESHOLD
+            assert protocol is not None and protocol.max_size == TLS_READ_SIZE < MMAP_THRESHOLD
         for size in (1, 1200, f.MAX_PACKET_SIZE) * 10:
             packet = os.urandom(size)
             await codec.send_packet(conn_b, conn_a.public_key, packet)
