@@ -117,7 +117,7 @@ async def test_suspended_then_created_once_with_receipts_from_the_registered_nod
         state = await admin.get(SECRET, f"{gw}-gateway-state", gw_ns)
         assert "ownerReferences" not in state["metadata"] and not state.get("data")
         zone = await admin.get(CONFIG_MAP, f"{gw}-gateway", gw_ns)
-        assert "corp.example:1053" in zone["data"]["Corefile"] and "Managed by" in zone["data"]["hosts"]
+        assert "corp.example:1053" in zone["data"]["Corefile"] and "IN SOA ns.corp.example." in zone["data"]["zone.db"]
 
         auth = await admin.get(SECRET, f"{gw}-gateway-auth-key", gw_ns)
         key = base64.b64decode(auth["data"]["authKey"]).decode()
