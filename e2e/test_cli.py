@@ -78,8 +78,10 @@ async def test_status_diagnose_and_check_walk_an_egress_from_broken_to_healthy(
         await admin.apply(TAILNET, tailnet_object(tailnet, headscale, ns, secret=f"{tailnet}-bootstrap"))
         await eventually(has_condition(admin, TAILNET, tailnet, "Ready", "True"), timeout=60, what="Tailnet Ready")
 
-        result = await acli(kubeconfig, "status", f"tailnet/{tailnet}", *ops)
-        assert result.returncode == 0, result.stdout + result.stderr
+        # Ready comes from the Tailnet reconciler; PolicyApplied follows from the Policy reconciler a
+        # moment later (WaitingForAccess until it sees the working key), and status exits 1 till then.
+        result = await eventually(lambda: _ok(kubeconfig, "status", f"tailnet/{tailnet}", *ops), timeout=60,
+                                  interval=1, what="a healthy Tailnet in status")
         assert "version v0.29.2" in result.stdout and "working key" in result.stdout
 
         # 1. no policy at all: the egress tag has no owner
