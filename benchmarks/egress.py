@@ -92,12 +92,18 @@ async def running_agent(env: Environment, headscale: Headscale, target_ip: str, 
         wait_until(lambda: _fetch(f"http://{health}/readyz"), timeout=60, what="the agent's /readyz")
         yield proc, f"http://{health}/metrics"
     finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(15)
-        if proc.poll() is None:
-            proc.kill()
+        stop(proc)
         log.close()
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, up to 15 s to exit, then SIGKILL (and reap it)."""
+    proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(15)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(5)
 
 
 async def until_direct(dial: Dial, metrics_url: str, timeout: float = 30.0) -> None:

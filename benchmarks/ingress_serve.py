@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import paths
-from benchmarks.egress import _fetch, until_direct
+from benchmarks.egress import _fetch, stop, until_direct
 from benchmarks.paths import PathResult, throughput_round, upload
 from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until
 from hack.localenv._pki import CertificateAuthority
@@ -217,12 +217,7 @@ def process(argv: list[str], log: Path, env: dict[str, str] | None = None) -> It
         try:
             yield proc
         finally:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(15)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(5)
+            stop(proc)
 
 
 def connects(port: int) -> bool:

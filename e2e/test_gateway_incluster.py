@@ -294,12 +294,8 @@ def test_a_laptop_reaches_the_lan_behind_the_router(
     route = f"{world.server_ip}/32"
     # The route was approved by the Policy reconciler (the site's autoApprovers); the gateway's status
     # follows on its next look at Headscale.
-
-    def approved_status() -> dict[str, Any] | None:
-        status: dict[str, Any] = _gateway(cluster, world)["status"]
-        return status if route in ((status.get("routes") or {}).get("approved") or []) else None
-
-    status = wait_until(approved_status, timeout=60, what=f"the gateway's status to list {route} as approved")
+    status = wait_until(lambda: _status_approving(cluster, world, route), timeout=60,
+                        what=f"the gateway's status to list {route} as approved")
     assert status["dns"]["zone"] == ZONE and status["dns"]["serverAddress"]
 
 
