@@ -6,7 +6,10 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 OPERATOR ?= cluster
 
-.PHONY: run test unit lint manifests binaries native prereqs e2e bench fuzz chaos interop clean help
+BINARY_SETS := run test bench interop chaos e2e
+
+.PHONY: run test unit lint manifests binaries $(addprefix binaries-,$(BINARY_SETS)) native prereqs e2e bench fuzz \
+        chaos interop clean help
 
 help:
 	@echo "make run        start the local cluster, install the operator in it, follow its logs (Ctrl-C stops)"
@@ -14,7 +17,7 @@ help:
 	@echo "make test       lint, type-check and run every test against the real binaries"
 	@echo "make unit       only the fast tests (no processes)"
 	@echo "make manifests  regenerate manifests/crd from tailnet_operator/api"
-	@echo "make binaries   build and cache etcd, kube-apiserver, Headscale and tailscaled"
+	@echo "make binaries   build and cache every pinned binary (make binaries-run, -test, ...: one command's set)"
 	@echo "make e2e        the end-to-end suite against a kind cluster (needs Docker)"
 	@echo "make fuzz       the fuzz targets at length: 10^6 inputs per Rust target, hypothesis at 2000 examples per property"
 	@echo "make chaos      kills (operator leader, apiserver, etcd, Headscale, an agent, DERP) for CHAOS_ROUNDS rounds; CHAOS_SEED repeats one"
@@ -41,8 +44,13 @@ native: $(VENV)/.native
 
 venv: $(VENV)/.installed
 
+# Each command builds only the binaries it starts (the sets in hack/binaries.py), up to 2 at a time;
+# anything else is built the moment something asks for it.
 binaries: prereqs
 	@$(PYTHON) -m hack.binaries build
+
+$(addprefix binaries-,$(BINARY_SETS)): binaries-%: prereqs
+	@$(PYTHON) -m hack.binaries build --set $*
 
 lint: $(VENV)/.native
 	$(VENV)/bin/ruff check .
@@ -59,19 +67,19 @@ manifests: $(VENV)/.installed
 unit: $(VENV)/.native
 	$(VENV)/bin/pytest unit_tests -q $(PYTEST_ARGS)
 
-test: $(VENV)/.native binaries lint
+test: $(VENV)/.native binaries-test lint
 	cd native && cargo test --quiet --release
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # OPERATOR=source runs the operator from the source tree against the local cluster (no image build).
-run: $(VENV)/.native binaries
+run: $(VENV)/.native binaries-run
 	@TAILNET_RUN_OPERATOR=$(OPERATOR) $(PY) -m hack.localenv
 
 # The cluster tests against kind: the same tests `make test` runs against the local node.
 e2e: $(VENV)/.native
 	@command -v docker >/dev/null && docker info >/dev/null 2>&1 || \
 	  { echo "error: make e2e runs against kind and needs a running Docker engine; 'make test' runs the same tests against the local node" >&2; exit 1; }
-	@$(PY) -m hack.binaries build kind kubernetes etcd headscale
+	@$(PYTHON) -m hack.binaries build --set e2e
 	KIND=$$($(PY) -m hack.binaries path kind) && E2E_KUBECONFIG=$$(mktemp) && \
 	  $$KIND create cluster --name tailnet-e2e --kubeconfig $$E2E_KUBECONFIG && \
 	  TAILNET_E2E_HOST_ADDRESS=$$(docker network inspect kind -f '{{(index .IPAM.Config 0).Gateway}}') \
@@ -88,12 +96,12 @@ fuzz: $(VENV)/.native
 # The chaos driver at length (`make test` runs a few rounds in e2e/test_chaos.py); the seed is printed,
 # CHAOS_SEED=N repeats a run. Host tier: its own etcd, kube-apiserver, Headscale, operators and agents.
 CHAOS_ROUNDS ?= 24
-chaos: $(VENV)/.native binaries
+chaos: $(VENV)/.native binaries-chaos
 	TAILNET_CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(if $(CHAOS_SEED),TAILNET_CHAOS_SEED=$(CHAOS_SEED)) \
 	  $(PY) -m hack.chaos --json _artifacts/chaos.json
 
 # BEFORE=DIR also measures an unpacked earlier tree in the big-cluster benchmark (e.g. git archive main).
-bench: $(VENV)/.native binaries
+bench: $(VENV)/.native binaries-bench
 	$(PY) -m benchmarks.egress --json _artifacts/bench-egress.json
 	$(PY) -m benchmarks.agent_profile --derp --json _artifacts/bench-agent-profile.json
 	$(PY) -m benchmarks.egress_incluster --json _artifacts/bench-egress-incluster.json
@@ -106,7 +114,7 @@ bench: $(VENV)/.native binaries
 
 # Every Headscale of the range with the newest tailscale, every tailscale with the newest Headscale;
 # builds missing versions first and writes the results table into docs/compatibility.md.
-interop: $(VENV)/.native binaries
+interop: $(VENV)/.native binaries-interop
 	$(PY) -m hack.interop $(INTEROP_ARGS)
 
 clean:

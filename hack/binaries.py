@@ -31,12 +31,79 @@ listed version builds on demand (``build headscale@0.26.1``) into its own direct
 ``$TAILNET_HEADSCALE_VERSION`` / ``$TAILNET_TAILSCALE_VERSION`` make :func:`binary` (so every
 fixture and ``make run``) use that version instead of the pin.
 
-Usage: ``python -m hack.binaries [build [COMPONENT[@VERSION]...] | path BINARY | list]``.
+What each command builds, and how
+---------------------------------
+
+Each ``make`` command builds one named set (:data:`SETS`, ``build --set NAME``), the
+components it starts, found from the ``binary(...)`` calls of what that command runs:
+
+* ``run``: ``make run`` starts etcd, the Kubernetes commands and Headscale, and, where the
+  local node can run (root, and ``$TAILNET_LOCALENV_NODE`` not ``0``), containerd with runc,
+  the CNI plugins and CoreDNS (the cluster DNS image). The operator itself is Python.
+* ``test``: ``make test`` adds what the suite starts: tailscaled, cyclonus (the NetworkPolicy
+  oracle), Helm (the chart), Prometheus and promtool (monitoring), cert-manager and MetalLB.
+  Without the node its pieces are left out, as for ``run`` (their tests are skipped).
+* ``bench``: the node set (the in-cluster benchmark) plus tailscaled.
+* ``interop`` and ``chaos``: the host tier only: etcd, Kubernetes, Headscale, tailscaled (the
+  interop matrix then builds the versions of its cells itself).
+* ``e2e``: kind and what the ``cluster`` tests start next to it (kubectl, Helm, the router and
+  CoreDNS images, cert-manager, MetalLB, cyclonus, Headscale and tailscaled).
+* ``all``: every pinned component (``build`` with no argument, ``make binaries``).
+
+A component missing from a set is still built the moment something asks for it:
+:func:`binary` builds what is not cached.
+
+The build of a set is a two-stage pipeline:
+
+1. One thread *prepares* components in turn: the throwaway module (or the module copy),
+   ``go get``, and ``go list -deps`` of the packages to build, which downloads every module the
+   compile needs without compiling anything. This runs ahead of the compiles, so downloads
+   (network-bound) overlap the compiles (CPU-bound).
+2. At most ``--jobs`` (default 2, 1 on a one-CPU machine) compiles run at once. A second
+   compile starts only while ``MemAvailable`` (``/proc/meminfo``) is at least
+   :data:`SECOND_BUILD_MIN_FREE` (6 GiB: two big links plus their compiles peak near 3 GiB
+   each); with less, it waits for the running one to end. One compile always runs, whatever the
+   memory, so the pipeline never stalls. On 2 cores two ``go build`` processes mostly share
+   the same CPUs; what the second one wins is the time the first spends in single-threaded
+   links and in loading packages.
+
+Components start longest first (from the durations of their last builds) so that the long
+ones do not end up alone at the tail. The durations are kept in ``<cache>/bin/.timings.json``
+(component-version -> seconds, when, how many compiles ran beside it); before any build is
+recorded, :data:`TYPICAL_SECONDS` (cold, one at a time, on 2 cores) stands in. Each component
+prints a progress line: what is being built, how long its last build took, and what is left.
+
+The per-version lock files stay as they were: a component whose lock another process holds
+(a second worktree, the interop matrix, CI's background build) is left for last, then waited
+for, and found cached. Every component ``go build``s in the shared default Go caches
+(``GOCACHE``, ``GOMODCACHE``), so packages two components share compile once.
+
+Building less:
+
+* Prometheus and promtool carry no service discovery (``remove_all_sd``): the tests scrape
+  static targets, and the cloud SDKs were most of its compile.
+* tailscaled and the CLI leave out the AWS parameter-store state store (``ts_omit_aws``, which
+  every version of the range knows): the AWS SDK was a large part of their compile. The
+  Kubernetes-secret state store stays: the gateway's router runs with ``--state=kube:<secret>``.
+* CoreDNS is built inside a copy of its module with the plugins that need a cloud SDK or an
+  outside service left out of ``core/plugin/zplugin.go`` (:data:`COREDNS_DROPPED_PLUGINS`);
+  every plugin a Corefile of this project uses (kubernetes, hosts, file, cache, forward, ...)
+  stays.
+* Components of several commands build them in one ``go build -o DIR/`` when the binaries
+  are named after their packages, so the links run beside the remaining compiles, and every
+  package is compiled without DWARF (``-gcflags=all=-dwarf=false``; the links strip it anyway).
+
+A build failure does not stop the others (the cache keeps what did build); every failure is
+printed when it happens and again at the end, and the command exits 1.
+
+Usage: ``python -m hack.binaries [build [--set NAME]... [--jobs N] [COMPONENT[@VERSION]...] |
+path BINARY | list]``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import fcntl
 import json
 import os
@@ -45,9 +112,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Generic, TypeVar
 
 from hack import versions
 
@@ -74,9 +144,12 @@ class Component:
     """Import path of each binary, in the order of ``binaries``."""
     tags: str = ""
     in_module: bool = False
-    """Build inside a copy of the module itself (it needs its own go.mod, with cgo)."""
+    """Build inside a copy of the module itself (its own go.mod and go.sum hold)."""
+    cgo: bool = False
     drop_replaces: tuple[str, ...] = ()
     """``replace`` directives of that go.mod whose targets the published module lacks."""
+    drop_plugins: tuple[str, ...] = ()
+    """CoreDNS plugins whose imports are taken out of the copy's ``core/plugin/zplugin.go``."""
     x_version: str = ""
     """A Go variable that ``-ldflags -X`` sets to ``v<version>`` (what ``<binary> version`` prints)."""
     main: str = ""
@@ -86,6 +159,11 @@ class Component:
     def directory(self) -> Path:
         return cache_root() / "bin" / f"{self.name}-{self.version}"
 
+    @property
+    def key(self) -> str:
+        """``name-version``: the cache directory's name, the lock's and the timing record's key."""
+        return f"{self.name}-{self.version}"
+
     def path(self, binary: str) -> Path:
         return self.directory / binary
 
@@ -93,15 +171,16 @@ class Component:
         return all(self.path(b).is_file() for b in self.binaries)
 
 
-KUBERNETES = Component(
-    "kubernetes", versions.KUBERNETES,
-    ("kube-apiserver", "kube-controller-manager", "kubectl", "kube-scheduler", "kubelet", "kube-proxy"),
-)
+_KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kubectl", "kube-scheduler", "kubelet",
+                        "kube-proxy")
+KUBERNETES = Component("kubernetes", versions.KUBERNETES, _KUBERNETES_COMMANDS, "k8s.io/kubernetes",
+                       tuple(f"k8s.io/kubernetes/cmd/{b}" for b in _KUBERNETES_COMMANDS))
 ETCD = Component("etcd", versions.ETCD, ("etcd",), "go.etcd.io/etcd/server/v3", ("go.etcd.io/etcd/server/v3",))
 HEADSCALE = Component("headscale", versions.HEADSCALE, ("headscale",), "github.com/juanfont/headscale",
                       ("github.com/juanfont/headscale/cmd/headscale",))
 TAILSCALE = Component("tailscale", versions.TAILSCALE, ("tailscaled", "tailscale"), "tailscale.com",
-                      ("tailscale.com/cmd/tailscaled", "tailscale.com/cmd/tailscale"))
+                      ("tailscale.com/cmd/tailscaled", "tailscale.com/cmd/tailscale"),
+                      tags="ts_omit_aws")  # no AWS SSM state store: no AWS SDK compiled in
 _CONTAINERD_MODULE = "github.com/containerd/containerd/v2"
 CONTAINERD = Component(
     "containerd", versions.CONTAINERD, ("containerd", "containerd-shim-runc-v2", "ctr"), _CONTAINERD_MODULE,
@@ -109,15 +188,18 @@ CONTAINERD = Component(
     tags="urfave_cli_no_docs no_btrfs osusergo netgo static_build",
 )
 RUNC = Component("runc", versions.RUNC, ("runc",), "github.com/opencontainers/runc", (".",),
-                 tags="seccomp urfave_cli_no_docs", in_module=True,
+                 tags="seccomp urfave_cli_no_docs", in_module=True, cgo=True,
                  drop_replaces=("github.com/opencontainers/selinux",))
 _CNI_MODULE = "github.com/containernetworking/plugins"
 CNI_PLUGINS = Component(
     "cni-plugins", versions.CNI_PLUGINS, ("bridge", "host-local", "loopback", "portmap"), _CNI_MODULE,
     tuple(f"{_CNI_MODULE}/plugins/{p}" for p in ("main/bridge", "ipam/host-local", "main/loopback", "meta/portmap")),
 )
-COREDNS = Component("coredns", versions.COREDNS, ("coredns",), "github.com/coredns/coredns",
-                    ("github.com/coredns/coredns",))
+COREDNS_DROPPED_PLUGINS = ("azure", "clouddns", "route53", "etcd", "nomad", "geoip", "trace")
+"""Plugins that need a cloud SDK (Azure, Google Cloud DNS, Route 53), an outside service (etcd,
+Nomad, a MaxMind database) or a tracing backend (Zipkin, Datadog): none can work here."""
+COREDNS = Component("coredns", versions.COREDNS, ("coredns",), "github.com/coredns/coredns", (".",),
+                    in_module=True, drop_plugins=COREDNS_DROPPED_PLUGINS)
 KIND = Component("kind", versions.KIND, ("kind",), "sigs.k8s.io/kind", ("sigs.k8s.io/kind",))
 CYCLONUS = Component("cyclonus", versions.CYCLONUS, ("cyclonus",), "github.com/mattfenwick/cyclonus",
                      ("github.com/mattfenwick/cyclonus/cmd/cyclonus",))
@@ -126,6 +208,7 @@ HELM = Component("helm", versions.HELM, ("helm",), "helm.sh/helm/v3", ("helm.sh/
 _PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
 PROMETHEUS = Component("prometheus", versions.PROMETHEUS, ("prometheus", "promtool"), _PROMETHEUS_MODULE,
                        (f"{_PROMETHEUS_MODULE}/cmd/prometheus", f"{_PROMETHEUS_MODULE}/cmd/promtool"),
+                       tags="remove_all_sd",  # static targets only: no cloud SDKs compiled in
                        x_version="github.com/prometheus/common/version.Version")
 CERT_MANAGER = Component("cert-manager", versions.CERT_MANAGER, ("cert-manager-controller",),
                          "github.com/cert-manager/cert-manager", (".",), main="certmanager")
@@ -139,6 +222,45 @@ _MIN_GO = (1, 26)
 VERSION_ENV = {"headscale": "TAILNET_HEADSCALE_VERSION", "tailscale": "TAILNET_TAILSCALE_VERSION"}
 """Components whose version an environment variable may choose (the interop matrix)."""
 _RANGES = {"headscale": versions.HEADSCALE_RANGE, "tailscale": versions.TAILSCALE_RANGE}
+
+# --- the sets each command builds -------------------------------------------------------------
+
+_HOST_TIER = (ETCD, KUBERNETES, HEADSCALE)
+"""The control plane (etcd, kube-apiserver, kube-controller-manager, kubectl) and Headscale."""
+_NODE = (CONTAINERD, RUNC, CNI_PLUGINS, COREDNS)
+"""The local node's runtime and its cluster DNS (the kubelet, scheduler and proxy are Kubernetes')."""
+
+SETS: dict[str, tuple[Component, ...]] = {
+    "run": (*_HOST_TIER, *_NODE),
+    "test": (*_HOST_TIER, *_NODE, TAILSCALE, CYCLONUS, HELM, PROMETHEUS, CERT_MANAGER, METALLB),
+    "bench": (*_HOST_TIER, *_NODE, TAILSCALE),
+    "interop": (*_HOST_TIER, TAILSCALE),
+    "chaos": (*_HOST_TIER, TAILSCALE),
+    "e2e": (KIND, *_HOST_TIER, TAILSCALE, COREDNS, HELM, CERT_MANAGER, METALLB, CYCLONUS),
+    "all": COMPONENTS,
+}
+"""Each command's components: what it starts, found from the ``binary(...)`` calls it reaches."""
+_NODE_ONLY_SETS = frozenset({"run", "test", "bench"})
+"""Sets whose node components are needed only where the local node can run."""
+
+
+def node_expected(environ: dict[str, str] | None = None, euid: int | None = None) -> bool:
+    """Whether ``make run`` / ``make test`` will start the local node: it needs root, and
+    ``$TAILNET_LOCALENV_NODE=0`` turns it off (hack/localenv checks the rest when it starts)."""
+    env = os.environ if environ is None else environ
+    uid = os.geteuid() if euid is None else euid
+    return uid == 0 and env.get("TAILNET_LOCALENV_NODE", "1") != "0"
+
+
+def set_components(name: str, *, node: bool) -> tuple[Component, ...]:
+    """The pinned (or env-selected) components of the set ``name``; without the local node the
+    node's own components are left out of the sets that only need them for it."""
+    if name not in SETS:
+        raise KeyError(f"unknown set {name!r} (known: {', '.join(SETS)})")
+    members = SETS[name]
+    if not node and name in _NODE_ONLY_SETS:
+        members = tuple(c for c in members if c not in _NODE)
+    return tuple(selected(c) for c in members)
 
 
 def at_version(component: Component, version: str) -> Component:
@@ -188,6 +310,273 @@ def binary(name: str) -> Path:
     raise KeyError(f"unknown binary {name!r}")
 
 
+# --- build durations --------------------------------------------------------------------------
+
+TYPICAL_SECONDS = {
+    "kubernetes": 689, "prometheus": 600, "tailscale": 372, "cert-manager": 306, "coredns": 267, "headscale": 254,
+    "etcd": 194, "helm": 149, "metallb": 148, "containerd": 144, "cyclonus": 109, "runc": 32, "kind": 11,
+    "cni-plugins": 11,
+}
+"""Seconds of a cold build, one component after another on 2 cores, before the durations of
+this machine's own builds are recorded: they order the first builds and estimate what is left."""
+_UNKNOWN_SECONDS = 120.0
+
+
+def timings_path() -> Path:
+    return cache_root() / "bin" / ".timings.json"
+
+
+def load_timings(path: Path | None = None) -> dict[str, dict[str, float | str | int]]:
+    """The recorded builds, ``{"<name>-<version>": {"seconds", "finished", "beside"}}``; a
+    missing or unreadable file is an empty record (it only informs estimates)."""
+    try:
+        data = json.loads((path or timings_path()).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+
+
+_TIMINGS_GUARD = threading.Lock()
+
+
+def record_timing(component: Component, seconds: float, *, beside: int = 0, path: Path | None = None,
+                  now: dt.datetime | None = None) -> None:
+    """Record the last build of ``component`` (``beside``: how many other compiles ran at the
+    same time). Readers and writers of other processes are serialised by a lock file, and the
+    file is replaced atomically."""
+    target = path or timings_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    with _TIMINGS_GUARD, (target.parent / ".timings.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = load_timings(target)
+        data[component.key] = {"seconds": round(seconds, 1), "finished": stamp, "beside": beside}
+        tmp = target.with_name(f".timings-{os.getpid()}-{threading.get_ident()}.json")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, target)
+
+
+def last_build(component: Component, timings: dict[str, dict[str, float | str | int]]) -> float | None:
+    """Seconds the last recorded build of this version took; else of the component's most
+    recently built other version; None when none is recorded."""
+    exact = timings.get(component.key)
+    if exact is not None:
+        return float(exact["seconds"])
+    others = [v for k, v in timings.items() if k.rpartition("-")[0] == component.name]
+    if not others:
+        return None
+    return float(max(others, key=lambda v: str(v.get("finished", "")))["seconds"])
+
+
+def estimate(component: Component, timings: dict[str, dict[str, float | str | int]]) -> float:
+    recorded = last_build(component, timings)
+    if recorded is not None:
+        return recorded
+    return float(TYPICAL_SECONDS.get(component.name, _UNKNOWN_SECONDS))
+
+
+def longest_first(components: Iterable[Component], timings: dict[str, dict[str, float | str | int]]
+                  ) -> list[Component]:
+    """The build order: longest estimate first, ties in the given order."""
+    listed = list(components)
+    return sorted(listed, key=lambda c: -estimate(c, timings))
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def progress_line(verb: str, component: Component, *, position: int, total: int, last: float | None,
+                  typical: float, left: Sequence[Component], left_seconds: float, took: float | None = None) -> str:
+    """One line of progress: ``binaries [3/7] building kubernetes 1.36.3 (last build 11 min);
+    left: coredns, headscale (~8 min of building)``."""
+    known = (f"last build {_duration(last)}" if last is not None
+             else f"no build recorded, typically {_duration(typical)}")
+    done = f" in {_duration(took)}" if took is not None else ""
+    rest = (f"left: {', '.join(c.name if c.version == _pin(c) else c.key for c in left)} "
+            f"(~{_duration(left_seconds)} of building)") if left else "nothing left after it"
+    return f"binaries [{position}/{total}] {verb} {component.name} {component.version}{done} ({known}); {rest}"
+
+
+def _pin(component: Component) -> str:
+    return next((c.version for c in COMPONENTS if c.name == component.name), component.version)
+
+
+# --- scheduling -------------------------------------------------------------------------------
+
+SECOND_BUILD_MIN_FREE = 6 * 1024**3
+"""Bytes of MemAvailable below which no second compile starts beside a running one."""
+
+
+def mem_available(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """``MemAvailable`` in bytes; None where the kernel does not tell (no limit is applied)."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def default_jobs() -> int:
+    """Compiles at a time: ``$TAILNET_BUILD_JOBS``, else 2 (1 on a one-CPU machine)."""
+    wanted = os.environ.get("TAILNET_BUILD_JOBS", "")
+    if wanted.isdigit() and int(wanted) > 0:
+        return int(wanted)
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
+def may_start(running: int, jobs: int, available: int | None, min_free: int = SECOND_BUILD_MIN_FREE) -> bool:
+    """Whether one more compile may start now: below ``jobs``, and beside a running one only
+    with ``min_free`` bytes available. With nothing running one always may (progress first)."""
+    if running == 0:
+        return True
+    if running >= jobs:
+        return False
+    return available is None or available >= min_free
+
+
+P = TypeVar("P")
+
+
+class Busy(Exception):
+    """Another process holds the component's lock (and the caller asked not to wait)."""
+
+
+@dataclass
+class Failure:
+    component: Component
+    error: str
+
+
+@dataclass
+class Pipeline(Generic[P]):
+    """Prepare components one after another on one thread; compile up to ``jobs`` of them at a
+    time, memory permitting, in the order they were prepared.
+
+    ``prepare(component, wait)`` returns what ``compile`` takes, or None (cached by now: nothing
+    to do), or raises :class:`Busy` (another process builds it: asked again with ``wait=True``
+    once every other component is prepared). Any other exception fails that component only.
+    """
+
+    components: Sequence[Component]
+    prepare: Callable[[Component, bool], P | None]
+    compile: Callable[[Component, P, int], object]
+    """``compile(component, prepared, beside)``: ``beside`` is how many compiles run next to it."""
+    jobs: int = 2
+    available: Callable[[], int | None] = mem_available
+    min_free: int = SECOND_BUILD_MIN_FREE
+    estimates: dict[str, float] = field(default_factory=dict)
+    last: dict[str, float | None] = field(default_factory=dict)
+    report: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+    poll: float = 5.0
+    """Seconds between looks at the memory while a compile waits for it."""
+    failures: list[Failure] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)
+    """Component keys in the order their compiles started."""
+
+    def __post_init__(self) -> None:
+        self._cond = threading.Condition()
+        self._ready: list[tuple[Component, P]] = []
+        self._prepared_all = False
+        self._running = 0
+        self._finished: set[str] = set()
+        self._position = 0
+
+    def run(self) -> list[Failure]:
+        preparer = threading.Thread(target=self._prepare_all, name="binaries-prepare", daemon=True)
+        preparer.start()
+        compiles: list[threading.Thread] = []
+        with self._cond:
+            while True:
+                if self._prepared_all and not self._ready and self._running == 0:
+                    break
+                if self._ready and may_start(self._running, self.jobs, self.available() if self._running else None,
+                                             self.min_free):
+                    component, prepared = self._ready.pop(0)
+                    self._running += 1
+                    self._position += 1
+                    self.started.append(component.key)
+                    self._say("building", component, self._position)
+                    thread = threading.Thread(target=self._compile_one, args=(component, prepared, self._running - 1),
+                                              name=f"binaries-{component.key}", daemon=True)
+                    compiles.append(thread)
+                    thread.start()
+                    continue
+                self._cond.wait(self.poll if self._ready else None)
+        preparer.join()
+        for thread in compiles:
+            thread.join()
+        return self.failures
+
+    def _left(self, current: Component) -> list[Component]:
+        return [c for c in self.components if c.key not in self._finished and c.key != current.key]
+
+    def _say(self, verb: str, component: Component, position: int, took: float | None = None) -> None:
+        left = self._left(component)
+        self.report(progress_line(
+            verb, component, position=position, total=len(self.components), last=self.last.get(component.key),
+            typical=self.estimates.get(component.key, _UNKNOWN_SECONDS), left=left,
+            left_seconds=sum(self.estimates.get(c.key, _UNKNOWN_SECONDS) for c in left), took=took))
+
+    def _prepare_all(self) -> None:
+        busy: list[Component] = []
+        for component in self.components:
+            if not self._prepare_one(component, wait=False):
+                busy.append(component)
+        for component in busy:
+            self._prepare_one(component, wait=True)
+        with self._cond:
+            self._prepared_all = True
+            self._cond.notify_all()
+
+    def _prepare_one(self, component: Component, *, wait: bool) -> bool:
+        """False when another process holds the component (try again, waiting)."""
+        try:
+            result = self.prepare(component, wait)
+        except Busy:
+            return False
+        except Exception as exc:  # one component's failure is reported; the others go on
+            self._fail(component, exc)
+            return True
+        with self._cond:
+            if result is None:
+                self._finished.add(component.key)
+                self._position += 1
+                self._say("cached", component, self._position)
+            else:
+                self._ready.append((component, result))
+            self._cond.notify_all()
+        return True
+
+    def _compile_one(self, component: Component, prepared: P, beside: int) -> None:
+        started = time.monotonic()
+        try:
+            self.compile(component, prepared, beside)
+        except Exception as exc:  # reported below; the other compiles go on
+            self._fail(component, exc)
+        else:
+            with self._cond:
+                self._finished.add(component.key)
+                self._say("built", component, len(self._finished), took=time.monotonic() - started)
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+    def _fail(self, component: Component, exc: BaseException) -> None:
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        last = lines[-1] if lines else repr(exc)
+        with self._cond:
+            self._finished.add(component.key)
+            self.failures.append(Failure(component, str(exc) or repr(exc)))
+            self.report(f"binaries: {component.name} {component.version} FAILED: {last}")
+            self._cond.notify_all()
+
+
+# --- the Go builds ----------------------------------------------------------------------------
+
 def require_go() -> str:
     go = shutil.which("go")
     if go is None:
@@ -207,41 +596,119 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
     return proc.stdout
 
 
-def _install_into(component: Component, staging: Path) -> None:
-    """Move freshly built binaries into the versioned cache directory atomically."""
-    component.directory.parent.mkdir(parents=True, exist_ok=True)
-    final = component.directory
-    if final.exists():
-        shutil.rmtree(final)
-    staging.rename(final)
+@dataclass
+class Workspace:
+    """A component ready to compile: its module set up and every module it needs downloaded.
+    Holds the component's lock and its temporary directory until :func:`compile_workspace`."""
+
+    go: str
+    work: Path
+    ldflags: str
+    tmp: tempfile.TemporaryDirectory[str]
+    lock: IO[str]
+    prepare_seconds: float
+
+    def close(self) -> None:
+        self.tmp.cleanup()
+        self.lock.close()
 
 
-def _build_main(component: Component) -> None:
-    """Build the project's own main (``hack/<main>/main.go``) in a throwaway module that requires
-    ``module@v<version>``; the main's other imports resolve to the versions that module pins."""
-    go = require_go()
-    with tempfile.TemporaryDirectory(prefix=f"{component.name}-build-") as tmp:
-        work = Path(tmp)
-        _throwaway_module(go, work)
-        shutil.copy(Path(__file__).parent / component.main / "main.go", work / "main.go")
-        _run([go, "get", f"{component.module}@v{component.version}"], cwd=work)
-        _build_packages(go, component, work, "-s -w", cgo=False)
+def _lock(component: Component, *, wait: bool) -> IO[str] | None:
+    """The component's per-version lock, or None when another process holds it and not ``wait``."""
+    cache_root().mkdir(parents=True, exist_ok=True)
+    lock = (cache_root() / f".build-{component.name}-{component.version}.lock").open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    return lock
 
 
-def _build_from_module(component: Component, ldflags: str = "-s -w") -> None:
-    """Build the component's packages of ``module@v<version>`` in a throwaway module.
+def ldflags(component: Component) -> str:
+    if component.name == KUBERNETES.name:
+        major, minor = component.version.split(".")[:2]
+        return ("-s -w"
+                f" -X k8s.io/component-base/version.gitVersion=v{component.version}"
+                f" -X k8s.io/component-base/version.gitMajor={major}"
+                f" -X k8s.io/component-base/version.gitMinor={minor}")
+    if component.x_version:
+        return f"-s -w -X {component.x_version}=v{component.version}"
+    return "-s -w"
 
-    ``go install pkg@version`` would be simpler, but it also asks the proxy for the module's
-    version list (to report deprecations), which a proxy may refuse; requiring the exact
-    version from a throwaway module needs only that version's files.
-    """
-    go = require_go()
-    with tempfile.TemporaryDirectory(prefix=f"{component.name}-build-") as tmp:
-        work = Path(tmp)
-        _throwaway_module(go, work)
-        _run([go, "get", f"{component.module}@v{component.version}"], cwd=work)
-        _adopt_sums(go, component, work)
-        _build_packages(go, component, work, ldflags, cgo=False)
+
+def prepare(component: Component, wait: bool = True) -> Workspace | None:
+    """Take the component's lock and set up its build; None when it is cached by now.
+    Raises :class:`Busy` when another process holds the lock and not ``wait``."""
+    lock = _lock(component, wait=wait)
+    if lock is None:
+        raise Busy(component.key)
+    if component.is_built():
+        lock.close()
+        return None
+    started = time.monotonic()
+    tmp = tempfile.TemporaryDirectory(prefix=f"{component.name}-build-")
+    try:
+        go = require_go()
+        work = _set_up(go, component, Path(tmp.name))
+        tags = ["-tags", component.tags] if component.tags else []
+        _run([go, "list", "-deps", *tags, *component.packages], cwd=work,
+             env={"CGO_ENABLED": "1" if component.cgo else "0"})  # downloads, compiles nothing
+    except BaseException:
+        tmp.cleanup()
+        lock.close()
+        raise
+    return Workspace(go, work, ldflags(component), tmp, lock, time.monotonic() - started)
+
+
+def _set_up(go: str, component: Component, tmp: Path) -> Path:
+    """The directory ``go build`` runs in, with the module and its requirements resolved."""
+    if component.name == KUBERNETES.name:
+        return _set_up_kubernetes(go, component, tmp)
+    if component.in_module:
+        return _set_up_in_module(go, component, tmp)
+    _throwaway_module(go, tmp)
+    if component.main:
+        shutil.copy(Path(__file__).parent / component.main / "main.go", tmp / "main.go")
+    _run([go, "get", f"{component.module}@v{component.version}"], cwd=tmp)
+    if not component.main:
+        _adopt_sums(go, component, tmp)
+    return tmp
+
+
+def _set_up_kubernetes(go: str, component: Component, work: Path) -> Path:
+    minor_patch = component.version.split(".", 1)[1]
+    _throwaway_module(go, work)
+    gomod = _module_gomod(go, component.module, f"v{component.version}", work)
+    staged = sorted(set(re.findall(r"(k8s\.io/[a-z0-9-]+) => \./staging", gomod)))
+    with (work / "go.mod").open("a") as f:
+        for module in staged:
+            f.write(f"replace {module} => {module} v0.{minor_patch}\n")
+    _run([go, "get", f"{component.module}@v{component.version}"], cwd=work)
+    return work
+
+
+def _set_up_in_module(go: str, component: Component, tmp: Path) -> Path:
+    """A writable copy of the module, so that its own go.mod (relative replaces, go.sum) holds."""
+    info = json.loads(_run([go, "mod", "download", "-json", f"{component.module}@v{component.version}"], cwd=tmp))
+    work = tmp / "src"
+    shutil.copytree(info["Dir"], work)
+    work.chmod(0o755)
+    for path in work.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    for old in component.drop_replaces:
+        _run([go, "mod", "edit", f"-dropreplace={old}"], cwd=work)
+    if component.drop_plugins:
+        registry = work / "core" / "plugin" / "zplugin.go"
+        registry.write_text(without_plugins(registry.read_text(), component.module, component.drop_plugins))
+    return work
+
+
+def without_plugins(zplugin: str, module: str, dropped: Iterable[str]) -> str:
+    """CoreDNS's generated plugin registry (``core/plugin/zplugin.go``) without the imports of
+    the ``dropped`` plugins; every other line as it was."""
+    gone = {f'_ "{module}/plugin/{name}"' for name in dropped}
+    return "".join(line for line in zplugin.splitlines(keepends=True) if line.strip() not in gone)
 
 
 def _adopt_sums(go: str, component: Component, work: Path) -> None:
@@ -263,33 +730,56 @@ def _adopt_sums(go: str, component: Component, work: Path) -> None:
     ours.write_text("\n".join(lines) + "\n")
 
 
-def _build_in_module(component: Component) -> None:
-    """Build inside a writable copy of the module, so that its own relative replaces hold."""
-    go = require_go()
-    with tempfile.TemporaryDirectory(prefix=f"{component.name}-build-") as tmp:
-        info = json.loads(_run([go, "mod", "download", "-json", f"{component.module}@v{component.version}"],
-                               cwd=Path(tmp)))
-        work = Path(tmp) / "src"
-        shutil.copytree(info["Dir"], work)
-        work.chmod(0o755)
-        for path in work.rglob("*"):
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        for old in component.drop_replaces:
-            _run([go, "mod", "edit", f"-dropreplace={old}"], cwd=work)
-        _build_packages(go, component, work, "-s -w", cgo=True)
+def default_binary_name(package: str) -> str:
+    """The file ``go build -o DIR/`` writes for a main package: its last path element, or the
+    one before a major-version suffix (``.../server/v3`` -> ``server``)."""
+    parts = package.rstrip("/").split("/")
+    if len(parts) > 1 and re.fullmatch(r"v[0-9]+", parts[-1]):
+        return parts[-2]
+    return parts[-1]
 
 
-def _build_packages(go: str, component: Component, work: Path, ldflags: str, *, cgo: bool) -> None:
-    staging = Path(tempfile.mkdtemp(prefix=f".{component.name}-", dir=cache_root()))
+def build_commands(go: str, component: Component, staging: Path, ldflags: str) -> list[list[str]]:
+    """The ``go build`` invocations of a component: one for all its binaries when each is named
+    after its package (the links then run beside the other compiles), else one per binary."""
     tags = ["-tags", component.tags] if component.tags else []
+    base = [go, "build", "-trimpath", *tags, "-gcflags=all=-dwarf=false", "-ldflags", ldflags]
+    pairs = list(zip(component.binaries, component.packages, strict=True))
+    if len(pairs) > 1 and all(b == default_binary_name(p) for b, p in pairs):
+        return [[*base, "-o", f"{staging}/", *component.packages]]
+    return [[*base, "-o", str(staging / b), p] for b, p in pairs]
+
+
+def compile_workspace(component: Component, workspace: Workspace, beside: int = 0) -> float:
+    """Compile a prepared component into the cache; release its lock; return the seconds the
+    whole build (preparation included) took, and record them."""
     try:
-        for binary_name, package in zip(component.binaries, component.packages, strict=True):
-            _run([go, "build", "-trimpath", *tags, "-ldflags", ldflags, "-o", str(staging / binary_name), package],
-                 cwd=work, env={"CGO_ENABLED": "1" if cgo else "0"})
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)  # a failed build leaves nothing in the cache
-        raise
-    _install_into(component, staging)
+        started = time.monotonic()
+        staging = Path(tempfile.mkdtemp(prefix=f".{component.name}-", dir=cache_root()))
+        try:
+            for cmd in build_commands(workspace.go, component, staging, workspace.ldflags):
+                _run(cmd, cwd=workspace.work, env={"CGO_ENABLED": "1" if component.cgo else "0"})
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # a failed build leaves nothing in the cache
+            raise
+        _install_into(component, staging)
+        elapsed = workspace.prepare_seconds + time.monotonic() - started
+    finally:
+        workspace.close()
+    try:
+        record_timing(component, elapsed, beside=beside)
+    except OSError as exc:  # the record only informs estimates
+        print(f"binaries: could not record the build time of {component.key}: {exc}", file=sys.stderr)
+    return elapsed
+
+
+def _install_into(component: Component, staging: Path) -> None:
+    """Move freshly built binaries into the versioned cache directory atomically."""
+    component.directory.parent.mkdir(parents=True, exist_ok=True)
+    final = component.directory
+    if final.exists():
+        shutil.rmtree(final)
+    staging.rename(final)
 
 
 def _throwaway_module(go: str, workdir: Path) -> None:
@@ -310,33 +800,6 @@ def _module_gomod(go: str, module: str, version: str, cwd: Path) -> str:
     return Path(info["GoMod"]).read_text()
 
 
-def _build_kubernetes(component: Component) -> None:
-    go = require_go()
-    version = component.version
-    minor_patch = version.split(".", 1)[1]
-    with tempfile.TemporaryDirectory(prefix="k8s-build-") as tmp:
-        work = Path(tmp)
-        _throwaway_module(go, work)
-        gomod = _module_gomod(go, "k8s.io/kubernetes", f"v{version}", work)
-        staged = sorted(set(re.findall(r"(k8s\.io/[a-z0-9-]+) => \./staging", gomod)))
-        with (work / "go.mod").open("a") as f:
-            for module in staged:
-                f.write(f"replace {module} => {module} v0.{minor_patch}\n")
-        _run([go, "get", f"k8s.io/kubernetes@v{version}"], cwd=work)
-        major, minor = version.split(".")[:2]
-        ldflags = (
-            "-s -w"
-            f" -X k8s.io/component-base/version.gitVersion=v{version}"
-            f" -X k8s.io/component-base/version.gitMajor={major}"
-            f" -X k8s.io/component-base/version.gitMinor={minor}"
-        )
-        staging = Path(tempfile.mkdtemp(prefix=".kubernetes-", dir=cache_root()))
-        for binary_name in component.binaries:
-            _run([go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(staging / binary_name),
-                  f"k8s.io/kubernetes/cmd/{binary_name}"], cwd=work, env={"CGO_ENABLED": "0"})
-        _install_into(component, staging)
-
-
 def build(component: Component) -> float:
     """Build one component unless its binaries are cached; return the seconds it took.
 
@@ -345,31 +808,69 @@ def build(component: Component) -> float:
     """
     if component.is_built():
         return 0.0
-    cache_root().mkdir(parents=True, exist_ok=True)
-    with (cache_root() / f".build-{component.name}-{component.version}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if component.is_built():
-            return 0.0
-        return _build_locked(component)
-
-
-def _build_locked(component: Component) -> float:
-    started = time.monotonic()
-    print(f"building {component.name} {component.version} ...", file=sys.stderr, flush=True)
-    if component.name == KUBERNETES.name:
-        _build_kubernetes(component)
-    elif component.in_module:
-        _build_in_module(component)
-    elif component.main:
-        _build_main(component)
-    elif component.x_version:
-        _build_from_module(component, f"-s -w -X {component.x_version}=v{component.version}")
-    else:
-        _build_from_module(component)
-    elapsed = time.monotonic() - started
+    timings = load_timings()
+    print(progress_line("building", component, position=1, total=1, last=last_build(component, timings),
+                        typical=estimate(component, timings), left=[], left_seconds=0),
+          file=sys.stderr, flush=True)
+    workspace = prepare(component, wait=True)
+    if workspace is None:  # another process built it while this one waited
+        return 0.0
+    elapsed = compile_workspace(component, workspace)
     print(f"built {component.name} {component.version} in {elapsed:.0f}s -> {component.directory}",
           file=sys.stderr, flush=True)
     return elapsed
+
+
+def build_all(components: Sequence[Component], *, jobs: int | None = None) -> list[Failure]:
+    """Build every component not cached yet, longest first, through the :class:`Pipeline`."""
+    unique = list({c.key: c for c in components}.values())
+    missing = [c for c in unique if not c.is_built()]
+    if not missing:
+        return []
+    require_go()
+    timings = load_timings()
+    ordered = longest_first(missing, timings)
+    pipeline: Pipeline[Workspace] = Pipeline(
+        ordered, prepare, compile_workspace, jobs=jobs or default_jobs(),
+        estimates={c.key: estimate(c, timings) for c in ordered},
+        last={c.key: last_build(c, timings) for c in ordered})
+    return pipeline.run()
+
+
+_USAGE = ("usage: python -m hack.binaries [build [--set NAME]... [--jobs N] [COMPONENT[@VERSION]...] "
+          "| path BINARY | list]")
+
+
+def _parse_build(args: list[str]) -> tuple[list[Component], int | None]:
+    """The components of ``build [--set NAME]... [--jobs N] [SPEC...]`` (every pinned one when
+    nothing is named) and the number of compiles at a time."""
+    wanted: list[Component] = []
+    jobs: int | None = None
+    named = False
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        if arg in ("--set", "--jobs") or arg.startswith(("--set=", "--jobs=")):
+            option, _, value = arg.partition("=")
+            if not value:
+                if not rest:
+                    raise KeyError(f"{option} needs a value")
+                value = rest.pop(0)
+            if option == "--jobs":
+                if not value.isdigit() or int(value) < 1:
+                    raise KeyError(f"--jobs wants a positive number, not {value!r}")
+                jobs = int(value)
+            else:
+                wanted += set_components(value, node=node_expected())
+                named = True
+        elif arg.startswith("-"):
+            raise KeyError(f"unknown option {arg!r}")
+        else:
+            wanted.append(parse_spec(arg))
+            named = True
+    if not named:
+        wanted = [selected(c) for c in COMPONENTS]
+    return wanted, jobs
 
 
 def main(argv: list[str]) -> int:
@@ -377,13 +878,20 @@ def main(argv: list[str]) -> int:
     try:
         if command == "build":
             try:
-                wanted = [parse_spec(spec) for spec in argv[1:]] or [selected(c) for c in COMPONENTS]
+                wanted, jobs = _parse_build(argv[1:])
             except KeyError as exc:
                 print(f"error: {exc.args[0]}", file=sys.stderr)
                 return 2
-            total = sum(build(c) for c in wanted)
-            print(f"all binaries ready under {cache_root() / 'bin'} ({total:.0f}s spent building)",
-                  file=sys.stderr)
+            started = time.monotonic()
+            failures = build_all(wanted, jobs=jobs)
+            if failures:
+                print(f"binaries: {len(failures)} of {len(wanted)} did not build:", file=sys.stderr)
+                for failure in failures:
+                    print(f"--- {failure.component.name} {failure.component.version}\n{failure.error}",
+                          file=sys.stderr)
+                return 1
+            print(f"all binaries ready under {cache_root() / 'bin'} "
+                  f"({time.monotonic() - started:.0f}s spent building)", file=sys.stderr)
         elif command == "path" and len(argv) == 2:
             print(binary(argv[1]))
         elif command == "list":
@@ -393,8 +901,7 @@ def main(argv: list[str]) -> int:
                     state = "cached" if component.is_built() else "missing"
                     print(f"{component.name:12} {component.version:10} {state:8} {component.directory}")
         else:
-            print("usage: python -m hack.binaries [build [COMPONENT[@VERSION]...] | path BINARY | list]",
-                  file=sys.stderr)
+            print(_USAGE, file=sys.stderr)
             return 2
     except MissingToolError as exc:
         print(f"error: {exc}", file=sys.stderr)
