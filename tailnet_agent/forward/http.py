@@ -14,12 +14,15 @@ HTTP/2 (``protocol: h2``: h2c with prior knowledge for ``scheme: http``, h2 over
 ``https``; :mod:`.h2backend`); HTTPS to the app is verified against the expose's CA file (or the
 system roots) for its server name, always. Hop-by-hop headers are dropped,
 X-Forwarded-For/-Proto/-Host set, and the caller's identity from the netmap is sent in the
-``Tailnet-*`` headers (:func:`identity_headers`); what the client sent in any of those is
-replaced. Trailers cross only where both sides are HTTP/2 (gRPC): an HTTP/2 client's request
-trailers reach an h2 backend, an h2 backend's response trailers reach an HTTP/2 client; HTTP/1.1
-on either side drops them (aiohttp reads and writes none). A backend that cannot be reached, or
-whose certificate does not verify, gives 502 and a log line naming why; one that fails after the
-response began resets the stream (HTTP/2) or aborts the connection (HTTP/1.1).
+``Tailnet-*`` headers (:func:`identity_headers`). Every header the client sent in the identity
+namespace (:func:`identity_named`: ``Tailnet-*`` and ``Tailscale-*``, in any case, ``_`` read as
+``-``) is dropped, from HTTP/1.1 and HTTP/2 requests and HTTP/2 request trailers alike, so the
+only ones a backend receives are the agent's. Trailers cross only where both sides are HTTP/2
+(gRPC): an HTTP/2 client's request trailers reach an h2 backend, an h2 backend's response
+trailers reach an HTTP/2 client; HTTP/1.1 on either side drops them (aiohttp reads and writes
+none). A backend that cannot be reached, or whose certificate does not verify, gives 502 and a
+log line naming why; one that fails after the response began resets the stream (HTTP/2) or
+aborts the connection (HTTP/1.1).
 
 Certificates are read again when their files change (checked, by ``stat``, before each handshake and
 for ``/status``): new handshakes get the new certificate, open connections keep theirs. A file that
@@ -61,8 +64,10 @@ CHUNK = 64 << 10
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade", "http2-settings"})
 FORWARDED = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "forwarded"})
-IDENTITY_PREFIX = "tailnet-"
-"""Headers the agent owns: any the client sends is dropped before the agent's own are added."""
+IDENTITY_PREFIXES = ("tailnet-", "tailscale-")
+"""The identity namespace: headers the agent owns (``Tailnet-*``) and those backends written for
+``tailscale serve`` trust (``Tailscale-*``). Any the client sends is dropped before the agent's own
+are added."""
 USER_LOGIN, USER_NAME = "Tailnet-User-Login", "Tailnet-User-Name"
 NODE_NAME, NODE_TAGS = "Tailnet-Node-Name", "Tailnet-Node-Tags"
 Headers = list[tuple[str, str]]
@@ -133,6 +138,13 @@ def identity_headers(identity: Identity | None) -> Headers:
     return out
 
 
+def identity_named(name: str) -> bool:
+    """``name`` is in the identity namespace as a backend may read it: lower-cased, with ``_`` read
+    as ``-`` (CGI and WSGI servers turn both ``Tailnet-User-Login`` and ``Tailnet_User_Login`` into
+    ``HTTP_TAILNET_USER_LOGIN``), it starts with ``tailnet-`` or ``tailscale-``."""
+    return name.lower().replace("_", "-").startswith(IDENTITY_PREFIXES)
+
+
 def wants_trailers(headers: Iterable[tuple[str, str]]) -> bool:
     """The client said ``TE: trailers`` (gRPC does; it is the only TE value HTTP/2 allows)."""
     return any(k.lower() == "te" and "trailers" in {t.strip().lower() for t in v.split(",")} for k, v in headers)
@@ -141,13 +153,14 @@ def wants_trailers(headers: Iterable[tuple[str, str]]) -> bool:
 def request_headers(headers: Iterable[tuple[str, str]], *, client: str, authority: str,
                     identity: Identity | None = None, trailers: bool = False) -> Headers:
     """Headers for the backend: hop-by-hop (and those ``Connection`` names), the client's
-    forwarding headers and any ``Tailnet-*`` header dropped; Host kept; X-Forwarded-For/-Proto/-Host
-    and the identity headers set; ``TE: trailers`` kept when ``trailers`` (an HTTP/2 backend)."""
+    forwarding headers and every header in the identity namespace (:func:`identity_named`)
+    dropped; Host kept; X-Forwarded-For/-Proto/-Host and the identity headers set; ``TE:
+    trailers`` kept when ``trailers`` (an HTTP/2 backend)."""
     items = [(k, v) for k, v in headers if not k.startswith(":")]
     named = {t.strip().lower() for k, v in items if k.lower() == "connection" for t in v.split(",")}
     te = [("te", "trailers")] if trailers and wants_trailers(items) else []
     out = [(k, v) for k, v in items if k.lower() not in HOP_BY_HOP | FORWARDED | named | {"host"}
-           and not k.lower().startswith(IDENTITY_PREFIX)]
+           and not identity_named(k)]
     return [("Host", authority), *out, *te, ("X-Forwarded-For", client), ("X-Forwarded-Proto", "https"),
             ("X-Forwarded-Host", authority), *identity_headers(identity)]
 
@@ -162,6 +175,11 @@ def response_headers(headers: Iterable[tuple[str, str]]) -> Headers:
 def trailer_headers(headers: Iterable[tuple[str, str]]) -> Headers:
     """Trailers as they may be forwarded: no pseudo-headers, no hop-by-hop fields, lower-case names."""
     return [(k.lower(), v) for k, v in headers if not k.startswith(":") and k.lower() not in HOP_BY_HOP]
+
+
+def request_trailers(headers: Iterable[tuple[str, str]]) -> Headers:
+    """A client's trailers for the backend: :func:`trailer_headers` without the identity namespace."""
+    return [(k, v) for k, v in trailer_headers(headers) if not identity_named(k)]
 
 
 # -- certificates ---------------------------------------------------------------------------------
@@ -615,7 +633,7 @@ class HttpService:
             body = None if stream.ended else h2c.body(stream)
             try:
                 async with self._upstream(pseudo.get(":method", "GET"), authority, pseudo.get(":path", "/"),
-                                          forwarded, body, lambda: trailer_headers(stream.trailers)) as upstream:
+                                          forwarded, body, lambda: request_trailers(stream.trailers)) as upstream:
                     out = [(k.lower(), v) for k, v in response_headers(upstream.headers)]
                     if upstream.headers_only:  # gRPC's trailers-only answer stays one HEADERS frame
                         await h2c.respond(stream.id, upstream.status, out, [], end_with_headers=True)

@@ -71,7 +71,8 @@ async def running(exposes: tuple[Expose, ...], netmap: nm.NetMap | None = None) 
 async def echo(request: web.Request) -> web.Response:
     body = await request.read()
     return web.json_response({"path": request.path_qs, "method": request.method, "bodyLength": len(body),
-                              "headers": {k.lower(): v for k, v in request.headers.items()}})
+                              "headers": {k.lower(): v for k, v in request.headers.items()},
+                              "headerList": [[k, v] for k, v in request.headers.items()]})
 
 
 @contextlib.asynccontextmanager
@@ -284,6 +285,80 @@ def test_te_trailers_goes_only_to_an_http2_backend_and_trailers_are_cleaned() ->
     assert all(k != "te" for k, _ in request_headers([("te", "gzip")], client="c", authority="a", trailers=True))
     assert trailer_headers([("Grpc-Status", "0"), (":status", "200"), ("connection", "x"), ("x-t", "1")]) == [
         ("grpc-status", "0"), ("x-t", "1")]
+
+
+SPOOFED = (("Tailnet-User-Login", "root@evil"), ("Tailnet-Node-Tags", "tag:admin"),
+           ("Tailnet_User_Login", "root@evil"), ("tailnet_node_name", "evil"), ("TAILNET_USER-NAME", "Evil"),
+           ("Tailscale-User-Login", "root@evil"), ("Tailscale-User-Name", "Evil"),
+           ("Tailscale_User_Profile_Pic", "https://evil.test/x.png"), ("tailscale-app-capabilities", "{}"),
+           ("Tailscale-Headers-Info", "x"))
+"""Names a backend may read as identity: the agent's own in any case or with ``_`` for ``-`` (CGI and
+WSGI read ``Tailnet_User_Login`` as HTTP_TAILNET_USER_LOGIN, as they read ``Tailnet-User-Login``),
+and those of ``tailscale serve``."""
+KEPT = (("X-Tailnet-User-Login", "1"), ("Tailnetwork", "2"), ("Tailscale", "3"), ("TailnetUserLogin", "4"))
+"""Names outside the identity namespace: passed on."""
+
+
+def identity_named(name: str) -> bool:
+    return name.lower().replace("_", "-").startswith(("tailnet-", "tailscale-"))
+
+
+@pytest.mark.parametrize("name", [k for k, _ in SPOOFED])
+def test_every_header_in_the_identity_namespace_is_dropped(name: str) -> None:
+    me = Identity(node_name="laptop.tailnet.test", login_name="bob@example.com", display_name="Bob")
+    out = request_headers([("Host", "shop"), (name, "spoofed"), *KEPT], client="100.64.0.9", authority="shop",
+                          identity=me)
+    assert [(k, v) for k, v in out if identity_named(k)] == [
+        ("Tailnet-Node-Name", "laptop.tailnet.test"), ("Tailnet-User-Login", "bob@example.com"),
+        ("Tailnet-User-Name", "Bob")]
+    assert [h for h in out if h in KEPT] == list(KEPT)
+    assert all(identity_named(k) is False for k, _ in request_headers([(name, "spoofed")], client="c", authority="a"))
+
+
+async def test_spoofed_identity_in_any_spelling_never_reaches_the_backend(ca: CertificateAuthority) -> None:
+    """Through the agent, HTTP/1.1 and HTTP/2 clients to an HTTP/1.1 and an h2c backend: the backend
+    receives exactly the agent's identity headers, once each, whatever the client put in the
+    identity namespace (headers, and HTTP/2 request trailers); other headers pass."""
+    netmap = tailnet({"node_id": 2, "ip": "127.0.0.1", "User": 7})
+    a = vhost(ca, "a.example.test")
+    ours = [("tailnet-node-name", "n2.tailnet.test"), ("tailnet-user-login", "alice@example.com"),
+            ("tailnet-user-name", "=?utf-8?q?Alice_=C3=9Cnal?=")]
+    kept_names = {k.lower() for k, _ in KEPT}
+    h2c = await GrpcEcho.start()
+    try:
+        async with backend() as port:
+            http1 = Expose(name="http1", port=free_port(), mode="http", hosts=(a,),
+                           backend=Backend(host="127.0.0.1", port=port))
+            h2 = Expose(name="h2", port=free_port(), mode="http", hosts=(a,),
+                        backend=Backend(host="127.0.0.1", port=h2c.port, protocol="h2"))
+            async with running((http1, h2), netmap):
+                identity: dict[tuple[str, str], list[tuple[str, str]]] = {}
+                other: dict[tuple[str, str], list[tuple[str, str]]] = {}
+                trailers_seen: dict[str, str] = {}
+                for alpn in ("http/1.1", "h2"):
+                    answer = await ask(http1.port, ca, "a.example.test", alpn=alpn, headers=(*SPOOFED, *KEPT))
+                    assert answer.status == 200, answer
+                    received = [(k.lower(), v) for k, v in json.loads(answer.body)["headerList"]]
+                    identity[alpn, "http1"] = [h for h in received if identity_named(h[0])]
+                    other[alpn, "http1"] = [h for h in received if h[0] in kept_names]
+
+                    trailers = (("tailnet-user-login", "root@evil"), ("tailscale_user_login", "root@evil"),
+                                ("x-checksum", "abc")) if alpn == "h2" else ()
+                    answer = await ask(h2.port, ca, "a.example.test", alpn=alpn, method="POST", path="/echo.Echo/Say",
+                                       body=grpc_frame(b"hi"), headers=(*GRPC_HEADERS, *SPOOFED, *KEPT),
+                                       trailers=trailers)
+                    assert answer.status == 200, answer
+                    seen = said(answer)
+                    identity[alpn, "h2"] = sorted((k, v) for k, v in seen["headers"].items() if identity_named(k))
+                    other[alpn, "h2"] = [(k, v) for k, v in seen["headers"].items() if k in kept_names]
+                    if alpn == "h2":
+                        trailers_seen = seen["trailers"]
+                combinations = [(alpn, proto) for alpn in ("http/1.1", "h2") for proto in ("http1", "h2")]
+                assert identity == {c: ours if c[1] == "http1" else sorted(ours) for c in combinations}
+                assert other == {c: [(k.lower(), v) for k, v in KEPT] for c in combinations}
+                assert trailers_seen == {"x-checksum": "abc"}, "identity names are dropped from request trailers too"
+    finally:
+        h2c.close()
 
 
 async def test_identity_headers_reach_the_backend_and_spoofed_ones_do_not(ca: CertificateAuthority) -> None:
