@@ -29,6 +29,10 @@ API_VERSION = f"{GROUP}/{VERSION}"
 # Tailscale clients (tailcfg.CheckTag) need a letter after "tag:" and only letters, digits and
 # dashes; Headscale's policy compares tags case-sensitively, so we also insist on lower case.
 TAG_PATTERN = r"^tag:[a-z][a-z0-9-]*$"
+# A tag, or a prefix of tags ending in ``*`` (``tag:shop-*``): what a tenant may use.
+TAG_GLOB_PATTERN = r"^tag:[a-z][a-z0-9-]*\*?$"
+# A DNS name, or ``*.`` then a DNS name (every name under it, any depth): what a tenant may serve.
+DNS_NAME_GLOB_PATTERN = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # RFC 1035 label: what a Service name must be (starts with a letter).
 DNS1035_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -214,6 +218,11 @@ Address = Annotated[
 
 Tag = Annotated[str, StringConstraints(pattern=TAG_PATTERN, max_length=63)]
 """A Tailscale ACL tag: ``tag:`` then a lower-case letter, then letters, digits or dashes."""
+
+TagGlob = Annotated[str, StringConstraints(pattern=TAG_GLOB_PATTERN, max_length=63)]
+"""A tag (``tag:shop-web``) or a prefix of tags (``tag:shop-*``)."""
+DNSNameGlob = Annotated[str, StringConstraints(pattern=DNS_NAME_GLOB_PATTERN, max_length=253)]
+"""A DNS name (``web.shop.example.internal``) or every name under one (``*.shop.example.internal``)."""
 
 DNSLabel = Annotated[str, StringConstraints(pattern=DNS_LABEL_PATTERN, max_length=63)]
 DNS1035Label = Annotated[str, StringConstraints(pattern=DNS1035_LABEL_PATTERN, max_length=63)]

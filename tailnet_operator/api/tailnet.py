@@ -12,13 +12,16 @@ from tailnet_operator.api.common import (
     ApiModel,
     BoundedString,
     Conditions,
+    DNSLabel,
     DNSName,
+    DNSNameGlob,
     Generation,
     HttpURL,
     NamespacedName,
     ObjectMeta,
     SecretKey,
     SecretKeyRef,
+    TagGlob,
     Timestamp,
     cel,
     cel_string,
@@ -30,7 +33,7 @@ MIN_API_KEY_LIFETIME_SECONDS = 3600.0
 
 
 class BootstrapKeySecretRef(SecretKeyRef):
-    """The Secret key holding the read-only bootstrap Headscale API key."""
+    """The Secret key holding the bootstrap Headscale API key (a full admin key: Headscale keys have no scopes)."""
 
     key: SecretKey = Field(default="apiKey", description="Key within the Secret's data. Defaults to apiKey.")
 
@@ -54,6 +57,38 @@ class TailnetDNS(ApiModel):
         min_length=1,
         max_length=16,
         description="DNS zones served from the hosts file, e.g. tailnet.example.internal.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+
+class TailnetTenant(ApiModel):
+    """Namespaces the cluster admin lets use this Tailnet, and what they may claim on it."""
+
+    namespaces: list[DNSLabel] = Field(
+        min_length=1,
+        max_length=64,
+        description="Namespaces whose TailnetIngresses may join this Tailnet.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    tags: list[TagGlob] = Field(
+        min_length=1,
+        max_length=32,
+        description=(
+            "Tags their ingresses may use: a tag, or a prefix ending in * (tag:shop-*). A tag that an "
+            "egress, a gateway, a site or a grant source of the base policy uses is available only when "
+            "listed here by its exact name, never through a prefix."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    dns_names: list[DNSNameGlob] | None = Field(
+        default=None,
+        alias="dnsNames",
+        max_length=32,
+        description=(
+            "DNS names their ingresses may put in the hosts file (dnsTemplate names, host names and "
+            "aliases): a name, or *. and a name for every name under it. Names must also lie in one of "
+            "spec.dns.zones. Without this field the tenant gets no DNS names."
+        ),
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
 
@@ -93,7 +128,14 @@ class TailnetSpec(ApiModel):
                 "!(has(self.caBundle) && has(self.caSecretRef))",
                 "set at most one of caBundle and caSecretRef",
                 ".caSecretRef",
-            )
+            ),
+            cel(
+                "(has(self.allowInsecureHTTP) && self.allowInsecureHTTP) || (self.loginURL.startsWith('https://')"
+                " && (!has(self.apiURL) || self.apiURL.startsWith('https://')))",
+                "loginURL and apiURL must be https:// URLs (agent keys and the operator's admin key travel "
+                "over them); set allowInsecureHTTP: true only for a Headscale on a trusted network",
+                ".loginURL",
+            ),
         )
     )
 
@@ -119,10 +161,21 @@ class TailnetSpec(ApiModel):
     ca_secret_ref: CASecretRef | None = Field(
         default=None, description="A Secret key with PEM CA certificates; an alternative to caBundle."
     )
+    allow_insecure_http: bool | None = Field(
+        default=None,
+        alias="allowInsecureHTTP",
+        description=(
+            "Accept http:// in loginURL and apiURL: the operator's admin key and the agents' control "
+            "traffic then cross the network in clear. The Tailnet reports a Warning condition "
+            "InsecureTransport while it is set. Defaults to false."
+        ),
+    )
     bootstrap_key_secret_ref: BootstrapKeySecretRef = Field(
         description=(
             "The Secret key with a Headscale API key the operator uses only to mint and rotate its own "
-            "working key. The operator never writes this Secret."
+            "working key; it must be in the operator's namespace. Headscale API keys have no scopes: "
+            "this is a full admin key, so delete it once the Tailnet is Ready (the working key rotates "
+            "on its own). The operator never writes this Secret."
         )
     )
     api_key_lifetime: str = Field(
@@ -160,6 +213,15 @@ class TailnetSpec(ApiModel):
             "policy and reports what is missing in status.policy."
         ),
     )
+    tenants: list[TailnetTenant] | None = Field(
+        default=None,
+        max_length=256,
+        description=(
+            "The namespaces that may run TailnetIngresses on this Tailnet, each with the tags and DNS "
+            "names it may use. A namespace named by no entry may use nothing: its ingresses are refused "
+            "at admission and by the operator (Ready=False TenancyRefused), and no key is minted for them."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -169,6 +231,11 @@ class TailnetSpec(ApiModel):
             raise ValueError("caBundle: must contain at least one PEM certificate")
         if parse_go_duration(self.api_key_lifetime) < MIN_API_KEY_LIFETIME_SECONDS:
             raise ValueError("apiKeyLifetime: must be at least 1h")
+        cleartext = [name for name, url in (("loginURL", self.login_url), ("apiURL", self.api_url))
+                     if url is not None and not url.startswith("https://")]
+        if cleartext and not self.allow_insecure_http:
+            raise ValueError(f"{cleartext[0]}: must be an https:// URL (agent keys and the operator's admin key "
+                             "travel over it); set allowInsecureHTTP: true only for a Headscale on a trusted network")
         return self
 
 
@@ -206,6 +273,26 @@ class PolicyStatus(ApiModel):
     )
     missing_tags: list[BoundedString] | None = Field(
         default=None, max_length=256, description="Tags the CRs use that the live policy does not own."
+    )
+    skipped: list[SkippedPolicyEntry] | None = Field(
+        default=None,
+        max_length=64,
+        description=(
+            "Derived entries the render left out (the base wins, or adding them would change what the "
+            "base allows), each with the reason and what to change; routes left out are never approved "
+            "by the operator. At most 64 are listed; the PolicyApplied message counts them all."
+        ),
+    )
+
+
+class SkippedPolicyEntry(ApiModel):
+    """A derived policy entry the render did not add, and why."""
+
+    kind: Literal["route", "grant"] = Field(description="route (autoApprovers.routes) or grant.")
+    entry: str = Field(max_length=1024, description="The route, or the grant as src -> dst ports.")
+    reason: str = Field(max_length=2048, description="Why it was left out, and what to change to have it.")
+    sources: list[BoundedString] | None = Field(
+        default=None, max_length=16, description="The objects it was derived from, e.g. TailnetSite branch."
     )
 
 

@@ -16,7 +16,13 @@ from datetime import datetime
 from typing import Any
 
 from tailnet_operator.api.tailnet import Tailnet
-from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, RequestObserver, TransportError
+from tailnet_operator.headscale import (
+    HeadscaleClient,
+    HeadscaleError,
+    RequestObserver,
+    TransportError,
+    installation_tag,
+)
 from tailnet_operator.runtime import SECRET, Clock, EventRecorder, Reader
 from tailnet_operator.types import JSON
 
@@ -131,11 +137,13 @@ class StoredKey:
 
 @dataclass(frozen=True)
 class Connection:
-    """Where and how to reach one Tailnet's Headscale: URL, CA bundle (None: system roots), key."""
+    """Where and how to reach one Tailnet's Headscale: URL, CA bundle (None: system roots), key, and
+    the installation's marker (from the Tailnet's uid; None for a Tailnet that has none)."""
 
     url: str
     ca: str | None
     key: str = ""
+    owner_tag: str | None = None
 
 
 class HeadscaleAccess:
@@ -151,7 +159,9 @@ class HeadscaleAccess:
 
     def endpoint(self, tailnet: Tailnet) -> Connection:
         """URL and CA of ``tailnet``'s Headscale, without a key; raises :class:`Problem` (CASecretMissing)."""
-        return Connection(str(tailnet.spec.api_url or tailnet.spec.login_url), self._ca_bundle(tailnet))
+        uid = tailnet.metadata.uid
+        return Connection(str(tailnet.spec.api_url or tailnet.spec.login_url), self._ca_bundle(tailnet),
+                          owner_tag=installation_tag(uid) if uid else None)
 
     def stored_key(self, tailnet: Tailnet) -> StoredKey | None:
         """The working key the Tailnet reconciler keeps in the operator's namespace, if any."""
@@ -167,11 +177,15 @@ class HeadscaleAccess:
             endpoint = self.endpoint(tailnet)
         except Problem as problem:
             raise NoAccess(problem.message) from problem
-        return Connection(endpoint.url, endpoint.ca, stored.key)
+        return Connection(endpoint.url, endpoint.ca, stored.key, endpoint.owner_tag)
 
     def open(self, connection: Connection, key: str | None = None) -> HeadscaleClient:
-        """A client for ``connection`` (with ``key`` instead of its own when given); use ``async with``."""
-        return self._factory(connection.url, key or connection.key, connection.ca)
+        """A client for ``connection`` (with ``key`` instead of its own when given), acting for the
+        connection's installation (its ``owner_tag``); use ``async with``."""
+        client = self._factory(connection.url, key or connection.key, connection.ca)
+        if connection.owner_tag is not None:
+            client.owner_tag = connection.owner_tag
+        return client
 
     def _ca_bundle(self, tailnet: Tailnet) -> str | None:
         if tailnet.spec.ca_bundle:
@@ -179,6 +193,10 @@ class HeadscaleAccess:
         ref = tailnet.spec.ca_secret_ref
         if ref is None:
             return None
+        if ref.namespace != self.namespace:
+            raise Problem("SecretOutsideOperatorNamespace",
+                          f"caSecretRef names {ref.namespace}/{ref.name}: only Secrets of the operator's "
+                          f"namespace {self.namespace} are read")
         secret = self.reader.get(SECRET, ref.name, ref.namespace)
         raw = (secret or {}).get("data", {}).get(ref.key)
         if not raw:

@@ -80,6 +80,10 @@ class AgentReconciler:
         namespace = obj["metadata"].get("namespace")
         return str(namespace) if namespace else None
 
+    def key_location(self, obj: JSON) -> tuple[str, str | None]:
+        """(name, namespace) of the Secret that records the key of ``obj``."""
+        return self.key_secret_name(obj["metadata"]["name"]), self.key_namespace(obj)
+
     # -- the reconcile, up to the kind's own part -----------------------------------------------
 
     async def reconcile(self, request: Request) -> Result:
@@ -154,7 +158,7 @@ class AgentReconciler:
                          tag: str, *, single_use: bool = False) -> AuthKey:
         """The CR's pre-auth key, created or rotated when due (a Normal Event says why): reusable
         and ephemeral for an agent, or ``single_use`` and not ephemeral (one node, which stays)."""
-        secret = self.reader.get(SECRET, self.key_secret_name(obj["metadata"]["name"]), self.key_namespace(obj))
+        secret = self.reader.get(SECRET, *self.key_location(obj))
         wanted = Wanted(login_url=str(tailnet.spec.login_url), tag=tag,
                         reusable=not single_use, ephemeral=not single_use)
         key, reason = await self.keys.ensure(hs, metadata, AuthKey.from_secret(secret), wanted)
@@ -183,8 +187,7 @@ class AgentReconciler:
         """Expire the key of a CR being deleted, then let it go (bounded, or skipped: :mod:`.cleanup`)."""
         if not has_finalizer(obj, FINALIZER):
             return Result()
-        name = obj["metadata"]["name"]
-        stored = AuthKey.from_secret(self.reader.get(SECRET, self.key_secret_name(name), self.key_namespace(obj)))
+        stored = AuthKey.from_secret(self.reader.get(SECRET, *self.key_location(obj)))
         if stored is not None:
             again = await self.cleanup.run(
                 obj, lambda: self._expire(obj, stored), what=f"pre-auth key {stored.prefix}",
@@ -192,8 +195,12 @@ class AgentReconciler:
                 hint="expire it by hand (headscale preauthkeys expire), or let the orphan sweep do it")
             if again is not None:
                 return again
+        await self.forget_key(obj)
         await remove_finalizer(self.writer, self.kind, obj, FINALIZER)
         return Result()
+
+    async def forget_key(self, obj: JSON) -> None:
+        """Remove what records the key of ``obj`` where garbage collection cannot (nothing by default)."""
 
     def tailnet_connection(self, obj: JSON) -> Connection:
         """The working connection of the Tailnet a CR being deleted names (NoAccess when gone)."""

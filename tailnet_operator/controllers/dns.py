@@ -3,8 +3,12 @@
 Each alias of an egress target (a real host name consumers dial, for far ends that route by SNI
 or Host) points at the ClusterIP of the target's Service. Each name of a TailnetIngress (its
 ``dnsTemplate`` name, each host's name and the host's alias under every zone of the Tailnet)
-points at the ingress node's tailnet address (its IPv4 one), from the ingress's
-``status.node``; an egress alias wins over an ingress name that is the same. The file is the ConfigMap
+points at the ingress node's tailnet address (its IPv4 one), as the Ingress reconciler recorded
+it from Headscale in the ingress's record in the operator's namespace (never from anything the
+tenant or its pods can write). An ingress's names are written only when its namespace may use
+them (:mod:`tailnet_operator.tenancy`), and a name goes to its first holder: an egress alias,
+then ingresses by creation time (:func:`name_holders`, which the Ingress reconciler uses to
+refuse the later claimant). The file is the ConfigMap
 ``spec.dns.hostsConfigMap`` (key ``hosts``), which the cluster's CoreDNS serves with its
 ``hosts`` plugin; the resolver stays the cluster's, so if the operator dies the last file keeps
 answering.
@@ -14,11 +18,16 @@ nothing, and a ConfigMap update is atomic, so readers never see half a file. An 
 Service cannot be read right now (not created yet, no ClusterIP yet, the cache not caught up),
 or an ingress whose node has no address yet, keeps the address the current file gives it: a
 failed read never empties the file. A deleted CR's names leave the file.
+
+The ConfigMap is the operator's own: CoreDNS's configuration, a ConfigMap the operator did not
+create and another Tailnet's hosts file are refused (:mod:`.hosts_guard`), with a Warning Event
+``HostsConfigMapRefused`` on the Tailnet, and nothing is written.
 """
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable
 
 import structlog
 from pydantic import ValidationError
@@ -28,18 +37,24 @@ from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.resources import ingress as ingress_build
 from tailnet_operator.resources import owned_metadata
-from tailnet_operator.runtime import CONFIG_MAP, SERVICE, Reader, Request, Result, Writer
+from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Reader, Request, Result, Writer
+from tailnet_operator.runtime.errors import Forbidden
+from tailnet_operator.runtime.events import EventRecorder
+from tailnet_operator.tenancy import Claim, claim_order, first_holders, in_zone, judge
 from tailnet_operator.types import JSON
 
+from . import hosts_guard
 from .access import live_tailnet
 from .kinds import TAILNET_EGRESS, TAILNET_INGRESS
 from .policy import TAILNET_INDEX
 
-__all__ = ["FIELD_MANAGER", "HOSTS_KEY", "DnsReconciler", "in_zone", "parse_hosts", "render_hosts"]
+__all__ = ["FIELD_MANAGER", "HOSTS_KEY", "DnsReconciler", "in_zone", "name_holders", "parse_hosts", "render_hosts"]
 
 log = structlog.get_logger("controllers.dns")
 
 FIELD_MANAGER = "tailnet-operator-dns"
+REFUSED_RETRY_SECONDS = 300.0
+"""How soon a Tailnet whose hosts ConfigMap was refused looks again (a spec change looks at once)."""
 HOSTS_KEY = "hosts"
 HEADER = ("# Managed by tailnet-operator (DNS reconciler): egress aliases -> their target Service's ClusterIP,\n"
           "# ingress names -> the ingress node's tailnet address.\n")
@@ -48,12 +63,6 @@ HEADER = ("# Managed by tailnet-operator (DNS reconciler): egress aliases -> the
 def render_hosts(entries: dict[str, str]) -> str:
     """The hosts file for ``{name: address}``: one line per name, sorted, stable for equal input."""
     return HEADER + "".join(f"{address} {name}\n" for name, address in sorted(entries.items()))
-
-
-def in_zone(name: str, zone: str) -> bool:
-    """Whether ``name`` is ``zone`` or under it (case and a trailing dot ignored)."""
-    name, zone = name.lower().rstrip("."), zone.lower().rstrip(".")
-    return name == zone or name.endswith("." + zone)
 
 
 def parse_hosts(text: str) -> dict[str, str]:
@@ -75,10 +84,11 @@ def parse_hosts(text: str) -> dict[str, str]:
 class DnsReconciler:
     """Reconciles one Tailnet's hosts ConfigMap; ``namespace`` is the operator's (where egresses live)."""
 
-    def __init__(self, reader: Reader, writer: Writer, *, namespace: str) -> None:
+    def __init__(self, reader: Reader, writer: Writer, *, namespace: str, events: EventRecorder | None = None) -> None:
         self.reader = reader
         self.writer = writer
         self.namespace = namespace
+        self.events = events
 
     async def reconcile(self, request: Request) -> Result:
         live = live_tailnet(self.reader, request.name)
@@ -88,17 +98,28 @@ class DnsReconciler:
         obj = live.obj
         ref = dns.hosts_config_map
         current = self.reader.get(CONFIG_MAP, ref.name, ref.namespace)
+        if refusal := hosts_guard.refusal(ref.namespace, ref.name, current, obj, self.reader):
+            return await self._refused(obj, refusal)
         previous = parse_hosts(((current or {}).get("data") or {}).get(HOSTS_KEY, ""))
         # Egress aliases outside the zones are left out (the egress reports them: AliasesServed).
         entries = {name: address for name, address in self._entries(request.name, previous).items()
                    if any(in_zone(name, str(zone)) for zone in dns.zones)}
         for name, address in self._ingress_entries(live.tailnet, previous).items():
             entries.setdefault(name, address)
-        await self.writer.apply(CONFIG_MAP, {
-            "metadata": owned_metadata(obj, name=ref.name, namespace=ref.namespace, tailnet=request.name),
-            "data": {HOSTS_KEY: render_hosts(entries)},
-        }, field_manager=FIELD_MANAGER)
+        try:
+            await self.writer.apply(CONFIG_MAP, {
+                "metadata": owned_metadata(obj, name=ref.name, namespace=ref.namespace, tailnet=request.name),
+                "data": {HOSTS_KEY: render_hosts(entries)},
+            }, field_manager=FIELD_MANAGER)
+        except Forbidden as exc:
+            return await self._refused(obj, hosts_guard.forbidden_message(ref.namespace, ref.name, exc))
         return Result()
+
+    async def _refused(self, tailnet: JSON, message: str) -> Result:
+        log.warning("hosts ConfigMap refused", tailnet=tailnet["metadata"]["name"], reason=message)
+        if self.events is not None:
+            await self.events.warning(tailnet, "HostsConfigMapRefused", message, action="WriteHostsFile")
+        return Result(requeue_after=REFUSED_RETRY_SECONDS)
 
     def _entries(self, tailnet: str, previous: dict[str, str]) -> dict[str, str]:
         entries: dict[str, str] = {}
@@ -114,22 +135,17 @@ class DnsReconciler:
         return entries
 
     def _ingress_entries(self, tailnet: Tailnet, previous: dict[str, str]) -> dict[str, str]:
-        zones = [str(z) for z in tailnet.spec.dns.zones] if tailnet.spec.dns else []
         entries: dict[str, str] = {}
-        for obj in self.reader.list(TAILNET_INGRESS, index=(TAILNET_INDEX, str(tailnet.metadata.name))):
-            if obj["metadata"].get("deletionTimestamp"):
-                continue
-            try:
-                ingress = TailnetIngress.model_validate(obj)
-            except ValidationError:
-                log.warning("skipping an ingress that does not parse", name=obj["metadata"].get("name"))
-                continue
-            address = node_address(obj)
-            for name in ingress_build.dns_names(ingress, zones):
-                if address:
-                    entries[name] = address
-                elif name in previous:
-                    entries[name] = previous[name]  # no address now: keep what answers today
+        for name, claim in name_holders(self.reader, tailnet, self.namespace).items():
+            if claim.rank[0] == 0:
+                continue  # an egress alias: written above
+            namespace, ingress = claim.rank[2], claim.rank[3]
+            record = self.reader.get(SECRET, ingress_build.record_name(namespace, ingress), self.namespace)
+            address = node_address(record)
+            if address:
+                entries[name] = address
+            elif record is not None and name in previous:
+                entries[name] = previous[name]  # no address now: keep what answers today
         return entries
 
     def _egresses(self, tailnet: str) -> list[TailnetEgress]:
@@ -153,9 +169,38 @@ class DnsReconciler:
         return "" if ip in ("", "None") else str(ip)
 
 
-def node_address(ingress: JSON) -> str:
-    """The ingress node's tailnet address from its status: the IPv4 one, else the first ("" if none)."""
-    addresses = [str(a) for a in (((ingress.get("status") or {}).get("node") or {}).get("addresses") or [])]
+def name_holders(reader: Reader, tailnet: Tailnet, namespace: str, *,
+                 reserved: Iterable[str] = ()) -> dict[str, Claim]:
+    """Every DNS name of ``tailnet`` with the object that holds it: the aliases of the egresses in
+    ``namespace`` (the operator's), then each ingress whose namespace may use its tag and names
+    (``reserved``: the tags no prefix grants), first created first."""
+    name = str(tailnet.metadata.name)
+    zones = [str(z) for z in tailnet.spec.dns.zones] if tailnet.spec.dns else []
+    claims = []
+    for obj in reader.list(TAILNET_EGRESS, namespace, index=(TAILNET_INDEX, name)):
+        if obj["metadata"].get("deletionTimestamp"):
+            continue
+        aliases = [str(a).lower().rstrip(".") for t in (obj.get("spec") or {}).get("targets") or []
+                   for a in t.get("aliases") or []]
+        claims.append(Claim(claim_order(obj, egress=True), tuple(aliases)))
+    for obj in reader.list(TAILNET_INGRESS, index=(TAILNET_INDEX, name)):
+        if obj["metadata"].get("deletionTimestamp"):
+            continue
+        try:
+            ingress = TailnetIngress.model_validate(obj)
+        except ValidationError:
+            log.warning("skipping an ingress that does not parse", name=obj["metadata"].get("name"))
+            continue
+        names = ingress_build.dns_names(ingress, zones)
+        if judge(ingress, tailnet, reserved=reserved, names=names) is None:
+            claims.append(Claim(claim_order(obj), tuple(names)))
+    return first_holders(claims)
+
+
+def node_address(record: JSON | None) -> str:
+    """The ingress node's tailnet address from its record: the IPv4 one, else the first ("" if none)."""
+    noted = ((record or {}).get("metadata", {}).get("annotations") or {}).get(ingress_build.NODE_ADDRESS_ANNOTATION)
+    addresses = [a for a in str(noted or "").split(",") if a]
     for address in addresses:
         try:
             if ipaddress.ip_address(address).version == 4:

@@ -24,6 +24,7 @@ collection removes the rest, the DNS reconciler drops its names.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import structlog
@@ -31,12 +32,13 @@ from pydantic import ValidationError
 
 from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.api.tailnet import Tailnet
-from tailnet_operator.headscale import HeadscaleError, Node
-from tailnet_operator.policy import PolicyParseError
+from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, Node
+from tailnet_operator.policy import PolicyParseError, parse_hujson
 from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.resources import ingress as build
 from tailnet_operator.runtime import (
     CONFIG_MAP,
+    SECRET,
     SERVICE,
     Resource,
     Result,
@@ -44,13 +46,16 @@ from tailnet_operator.runtime import (
 )
 from tailnet_operator.runtime.errors import APIError, Forbidden, NotFound
 from tailnet_operator.runtime.kinds import CERTIFICATE, DEPLOYMENT, NETWORK_POLICY
+from tailnet_operator.tenancy import Refusal, claim_order, judge, policy_reserved_tags, taken
 from tailnet_operator.types import JSON
 
 from .access import Deps, Problem
 from .agents import RESYNC_SECONDS, RETRY_SECONDS, AgentReconciler
+from .conditions import Cond
+from .dns import name_holders
 from .egress_status import AgentStatusReader, HttpAgentStatus
 from .ingress_status import CertificateIssue, Report, report
-from .kinds import TAILNET_INGRESS
+from .kinds import TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .preauth import AuthKey
 
 __all__ = ["CONDITION_TYPES", "FIELD_MANAGER", "IngressReconciler", "IngressSettings", "secret_users", "zones_of"]
@@ -58,6 +63,8 @@ __all__ = ["CONDITION_TYPES", "FIELD_MANAGER", "IngressReconciler", "IngressSett
 log = structlog.get_logger("controllers.ingress")
 
 FIELD_MANAGER = "tailnet-operator-ingress"
+NODE_FIELD_MANAGER = "tailnet-operator-ingress-node"
+"""Writes the node's addresses onto the record, apart from the key bookkeeping it applies."""
 CONDITION_TYPES = ("TagOwned", "PreAuthKeyValid", "CertificatesReady", "ExposesReady", "HostnameAssigned")
 
 
@@ -148,6 +155,11 @@ class IngressReconciler(AgentReconciler):
     def key_secret_name(self, name: str) -> str:
         return build.auth_secret_name(name)
 
+    def key_location(self, obj: JSON) -> tuple[str, str | None]:
+        """The ingress's record in the operator's namespace, which the tenant cannot write."""
+        meta = obj["metadata"]
+        return build.record_name(meta["namespace"], meta["name"]), self.settings.operator_namespace
+
     def spec_problem(self, parsed: TailnetIngress) -> tuple[str, str] | None:
         tailnet = self.reader.get(Tailnet, parsed.spec.tailnet_ref.name)
         problem = name_clash(parsed, zones_of(tailnet) if tailnet is not None else [])
@@ -157,6 +169,8 @@ class IngressReconciler(AgentReconciler):
         return await self._reconcile(Run(obj, parsed, tailnet))
 
     async def _reconcile(self, run: Run) -> Result:
+        if (refusal := self._tenancy(run, reserved=self._cluster_tags())) is not None:
+            return await self._refuse(run, refusal)  # not even the live policy is read for it
         connection = await self.working_connection(run.obj, run.tailnet)
         if isinstance(connection, Result):
             return connection
@@ -164,14 +178,18 @@ class IngressReconciler(AgentReconciler):
         try:
             async with self.access.open(connection) as hs:
                 live, _ = await hs.get_policy()
+                reserved = self._cluster_tags() | (policy_reserved_tags(parse_hujson(live)) if live else set())
+                if (refusal := self._tenancy(run, reserved=reserved)) is not None:
+                    return await self._refuse(run, refusal, hs)
                 if snippet := self.tag_gap(live, derive_from_objects(ingresses=[run.ingress]), tag):
                     await self.tag_not_owned(run.obj, tag, snippet)
                     return Result(requeue_after=RESYNC_SECONDS)
                 # The exposes first: a namespace that has not let the operator in is found out
                 # before a key is made that could not be stored.
                 await self._put(CONFIG_MAP, build.config_map(run.obj, run.ingress, run.zones, self._ca(run)))
-                metadata = build.owned_metadata(run.obj, run.ingress, build.auth_secret_name(run.name))
-                key = await self.ensure_key(hs, run.obj, metadata, run.tailnet, tag)
+                record = build.record_metadata(run.ingress, self.settings.operator_namespace)
+                key = await self.ensure_key(hs, run.obj, record, run.tailnet, tag)
+                await self._put(SECRET, build.auth_secret(run.obj, run.ingress, key.key))
                 nodes = await hs.list_nodes()
                 await self._apply(run, key)
         except (HeadscaleError, PolicyParseError) as exc:
@@ -183,6 +201,52 @@ class IngressReconciler(AgentReconciler):
         issues = await self._certificates(run)
         await self._report(run, key, nodes, issues)
         return Result(requeue_after=min(RESYNC_SECONDS, max(1.0, self.until(key.rotation_due))))
+
+    # -- tenancy --------------------------------------------------------------------------------
+
+    def _cluster_tags(self) -> set[str]:
+        """The tags of every egress, gateway and site router: the platform's, never a tenant's by prefix."""
+        tags = set()
+        for kind, field_name in ((TAILNET_EGRESS, "tag"), (TAILNET_GATEWAY, "tag"), (TAILNET_SITE, "routerTag")):
+            for obj in self.reader.list(kind):
+                if isinstance(tag := (obj.get("spec") or {}).get(field_name), str):
+                    tags.add(tag)
+        return tags
+
+    def _tenancy(self, run: Run, *, reserved: set[str]) -> Refusal | None:
+        """Why the ingress's namespace may not use the Tailnet as it asks (None when it may)."""
+        names = build.dns_names(run.ingress, run.zones) if run.tailnet.spec.dns is not None else []
+        if (refusal := judge(run.ingress, run.tailnet, reserved=reserved, names=names)) is not None:
+            return refusal
+        holders = name_holders(self.reader, run.tailnet, self.settings.operator_namespace, reserved=reserved)
+        return taken(names, claim_order(run.obj), holders)
+
+    async def _refuse(self, run: Run, refusal: Refusal, hs: HeadscaleClient | None = None) -> Result:
+        """Report the refusal; an ingress that had a key (its tenancy was narrowed) loses it and its node."""
+        stored = AuthKey.from_secret(self.reader.get(SECRET, *self.key_location(run.obj)))
+        if stored is not None and hs is None:
+            connection = await self.working_connection(run.obj, run.tailnet)
+            if isinstance(connection, Result):
+                return connection
+            async with self.access.open(connection) as client:
+                return await self._refuse(run, refusal, client)
+        if stored is not None and hs is not None:
+            await self._revoke(run, stored, hs)
+        await self.status.write(self.kind, run.obj, [Cond("Ready", "False", refusal.reason, refusal.message)],
+                                keep=self.condition_types)
+        await self.events.warning(run.obj, refusal.reason, refusal.message, action="Admit")
+        return Result(requeue_after=RESYNC_SECONDS)
+
+    async def _revoke(self, run: Run, stored: AuthKey, hs: HeadscaleClient) -> None:
+        """Expire the ingress's keys, delete the nodes registered with them and forget the record."""
+        await self.keys.expire(hs, stored)
+        ids = {stored.id, stored.previous_id} - {""}
+        for node in await hs.list_nodes():
+            if node.pre_auth_key_id in ids:
+                await hs.delete_node(node.id)
+        name, namespace = self.key_location(run.obj)
+        with contextlib.suppress(NotFound):
+            await self.writer.delete(SECRET, name, namespace)
 
     # -- objects --------------------------------------------------------------------------------
 
@@ -245,4 +309,22 @@ class IngressReconciler(AgentReconciler):
                                 issues=issues, dns=run.tailnet.spec.dns is not None)
         fields: JSON = {"preAuthKey": key.status(), **result.fields}
         conds = [*self.key_conditions(key, run.ingress.spec.tag), *result.conditions]
+        await self._record_address(run, result.fields.get("node"))
         await self.status.write(TAILNET_INGRESS, run.obj, conds, fields)
+
+    async def _record_address(self, run: Run, node: JSON | None) -> None:
+        """Note the node's addresses (from Headscale) on the record, where the DNS reconciler reads them."""
+        name, namespace = self.key_location(run.obj)
+        record = self.reader.get(SECRET, name, namespace) or {}
+        addresses = ",".join((node or {}).get("addresses") or [])
+        notes = (record.get("metadata") or {}).get("annotations") or {}
+        if not addresses or notes.get(build.NODE_ADDRESS_ANNOTATION) == addresses:
+            return  # no node yet keeps the last address (a restart does not empty DNS)
+        await self.writer.apply(SECRET, {"metadata": {"name": name, "namespace": namespace, "annotations": {
+            build.NODE_ADDRESS_ANNOTATION: addresses}}}, field_manager=NODE_FIELD_MANAGER)
+
+    async def forget_key(self, obj: JSON) -> None:
+        """The record lives in the operator's namespace, where nothing owns it: removed here."""
+        name, namespace = self.key_location(obj)
+        with contextlib.suppress(NotFound):
+            await self.writer.delete(SECRET, name, namespace)

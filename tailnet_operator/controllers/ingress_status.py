@@ -4,7 +4,7 @@ The agent's ``GET /status`` (:func:`tailnet_agent.status.ingress_status`) says, 
 whether its tailnet listener is bound, whether the last probe of the backend connected, and for
 http exposes each host's certificate (``notAfter``, or why its files do not load). The cache says
 whether each host's TLS Secret exists; the reconciler says what cert-manager answered. Headscale
-gives the node when the agent cannot be asked (its pre-auth key names it).
+gives the node: the one its pre-auth key registered (:func:`ingress_node`).
 
 Conditions (docs/reference/status.md):
 
@@ -79,20 +79,22 @@ class Report:
 _EPOCH = datetime.min.replace(tzinfo=UTC)
 
 
-def ingress_node(ingress: TailnetIngress, key: AuthKey, agent: JSON | None, nodes: list[Node]) -> JSON | None:
-    """The agent's node: from its /status, else the Headscale node its pre-auth key registered
-    (else a node with the tag and the hostname); online and newest first."""
-    if node := node_status(agent):
-        return node
+def ingress_node(key: AuthKey, agent: JSON | None, nodes: list[Node]) -> JSON | None:
+    """The agent's node as Headscale records it: the node registered with the ingress's current
+    (or previous) pre-auth key, online and newest first. Never from the agent's own /status: any
+    pod the tenant runs with the agent's labels answers that, so its addresses prove nothing. The
+    agent's MagicDNS name is taken only when it reports that same node."""
     ids = {key.id, key.previous_id} - {""}
-    hostname = ingress.spec.hostname
-    candidates = [n for n in nodes if n.pre_auth_key_id in ids] or [
-        n for n in nodes if ingress.spec.tag in n.tags
-        and (n.given_name == hostname or n.given_name.startswith(f"{hostname}-"))]
+    candidates = [n for n in nodes if n.pre_auth_key_id in ids]
     if not candidates:
         return None
     best = max(candidates, key=lambda n: (n.online, n.created_at or _EPOCH, int(n.id) if n.id.isdigit() else 0))
-    return {"id": best.id, "name": best.given_name, "addresses": list(best.ip_addresses)}
+    node: JSON = {"id": best.id, "name": best.given_name, "addresses": list(best.ip_addresses)}
+    reported = node_status(agent)
+    if (reported is not None and reported["id"] == best.id
+            and reported["name"].split(".", 1)[0] == best.given_name and "." in reported["name"]):
+        node["name"] = reported["name"]
+    return node
 
 
 def _host_issue(ingress: TailnetIngress, host: VirtualHost, reader: Reader,
@@ -208,9 +210,9 @@ def report(ingress: TailnetIngress, zones: list[str], *, agent: JSON | None, nod
     """Status fields and conditions of one ingress. ``dns``: the Tailnet owns a hosts file."""
     states = [expose_state(ingress, e, zones, agent) for e in ingress.spec.exposes]
     fields: JSON = {"exposes": [s.entry() for s in states]}
-    if node := ingress_node(ingress, key, agent, nodes):
+    if node := ingress_node(key, agent, nodes):
         fields["node"] = node
-        if agent is not None and "." in node["name"]:
+        if "." in node["name"]:
             fields["magicDNSName"] = node["name"]
     if dns and (names := build.dns_names(ingress, zones)):
         fields["dnsNames"] = names

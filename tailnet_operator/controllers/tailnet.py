@@ -134,6 +134,9 @@ class TailnetReconciler:
             await self.status.write(TAILNET, obj, [Cond("Ready", "False", "InvalidSpec", message)])
             return Result()  # nothing to retry until the spec changes
         assert tailnet is not None
+        if outside := self._secrets_outside(tailnet):
+            await self.status.write(TAILNET, obj, [Cond("Ready", "False", "SecretOutsideOperatorNamespace", outside)])
+            return Result()  # nothing to retry until the spec changes
         if not has_finalizer(obj, FINALIZER):
             await add_finalizer(self.writer, TAILNET, obj, FINALIZER)
         try:
@@ -154,6 +157,7 @@ class TailnetReconciler:
             Cond("Ready", "True", "Connected", f"Headscale {version} reachable; {message}"),
             Cond("Reachable", "True", "Connected", f"Headscale {version} answered"),
             Cond("KeyValid", "True", "KeyValid", message),
+            *_transport_conditions(tailnet),
         ], fields)
         wait = (rotation - self.clock.utcnow()).total_seconds()
         return Result(requeue_after=max(1.0, min(wait, RESYNC_SECONDS)))
@@ -283,6 +287,18 @@ class TailnetReconciler:
 
     # -- inputs ---------------------------------------------------------------------------------
 
+    def _secrets_outside(self, tailnet: Tailnet) -> str:
+        """Why the Tailnet's Secret references may not be read ("" when they may): only Secrets of the
+        operator's namespace, so creating a Tailnet never reads (and sends to its URL) another's."""
+        refs = [("bootstrapKeySecretRef", tailnet.spec.bootstrap_key_secret_ref),
+                ("caSecretRef", tailnet.spec.ca_secret_ref)]
+        outside = [f"{field} names {ref.namespace}/{ref.name}" for field, ref in refs
+                   if ref is not None and ref.namespace != self.namespace]
+        if not outside:
+            return ""
+        return (f"{'; '.join(outside)}: a Tailnet may name Secrets of the operator's namespace {self.namespace} "
+                "only; nothing was read. Create the Secret there and point the reference at it")
+
     def _bootstrap_ref(self, tailnet: Tailnet) -> str:
         ref = tailnet.spec.bootstrap_key_secret_ref
         return f"{ref.namespace}/{ref.name} (key {ref.key})"
@@ -335,6 +351,18 @@ NETWORK_REASONS = frozenset({"Unreachable", "TLSError"})
 
 LOCAL_REASONS = frozenset({"BootstrapSecretMissing", "BootstrapKeyMissing", "CASecretMissing"})
 """Problems found before any request: Headscale was not contacted, so its reachability is unknown."""
+
+
+def _transport_conditions(tailnet: Tailnet) -> list[Cond]:
+    """InsecureTransport, present (True, a warning) only while allowInsecureHTTP lets a URL be http://."""
+    cleartext = [f"{field} {url}" for field, url in (("loginURL", tailnet.spec.login_url),
+                                                      ("apiURL", tailnet.spec.api_url))
+                 if url is not None and not url.startswith("https://")]
+    if not cleartext:
+        return []
+    return [Cond("InsecureTransport", "True", "AllowInsecureHTTP",
+                f"{', '.join(cleartext)}: the operator's admin key and the agents' control traffic cross the "
+                "network in clear (allowInsecureHTTP: true); serve Headscale over https and unset it")]
 
 
 def _failure_conditions(problem: Problem) -> list[Cond]:

@@ -12,12 +12,14 @@ cert-manager has not issued yet does not keep the pod (and its tcp exposes) from
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from typing import Any
 
 from tailnet_operator.api.ingress import Expose, TailnetIngress, VirtualHost, render_dns_template
 
+from . import MANAGED_BY
 from . import agent as pod
 from .agent import CONFIG_DIR, AgentSpec
 
@@ -29,6 +31,7 @@ __all__ = [
     "agent_name",
     "agent_service",
     "alias_names",
+    "auth_secret",
     "auth_secret_name",
     "backend_host",
     "certificate",
@@ -41,6 +44,8 @@ __all__ = [
     "host_secret_name",
     "network_policy",
     "owned_metadata",
+    "record_metadata",
+    "record_name",
     "tls_secret_names",
 ]
 
@@ -80,6 +85,34 @@ def config_map_name(ingress: TailnetIngress) -> str:
 def auth_secret_name(name: str) -> str:
     """The pre-auth key's Secret (in the ingress's namespace)."""
     return f"{name}-ingress-auth-key"
+
+
+RECORD_NAMESPACE_LABEL = "tailnet.dev/ingress-namespace"
+RECORD_NAME_LABEL = "tailnet.dev/ingress-name"
+NODE_ADDRESS_ANNOTATION = "tailnet.dev/node-address"
+"""On the ingress's record: the tailnet address Headscale gave the node its key registered."""
+
+
+def record_name(namespace: str, name: str) -> str:
+    """The ingress's record in the operator's namespace: its pre-auth key bookkeeping and its node's
+    address, which the tenant cannot write (a namespace has no dot, so the name is unique)."""
+    return _bounded(f"ingress.{namespace}.{name}")
+
+
+def record_metadata(ingress: TailnetIngress, operator_namespace: str) -> Obj:
+    """metadata of the record: no owner (it lives in another namespace; the finalizer removes it)."""
+    labels = {**MANAGED_BY, "tailnet.dev/tailnet": ingress.spec.tailnet_ref.name,
+              RECORD_NAMESPACE_LABEL: _namespace(ingress)}
+    if len(_name(ingress)) <= 63:
+        labels[RECORD_NAME_LABEL] = _name(ingress)
+    return {"name": record_name(_namespace(ingress), _name(ingress)), "namespace": operator_namespace,
+            "labels": labels}
+
+
+def auth_secret(owner: Obj, ingress: TailnetIngress, key: str) -> Obj:
+    """The Secret the agent mounts: the pre-auth key alone (its bookkeeping stays in the record)."""
+    return {"metadata": owned_metadata(owner, ingress, auth_secret_name(_name(ingress))), "type": "Opaque",
+            "data": {"authKey": base64.b64encode(key.encode()).decode()}}
 
 
 def _bounded(name: str, suffix: str = "") -> str:

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 from tailnet_operator.controllers.dns import DnsReconciler, parse_hosts, render_hosts
 from tailnet_operator.controllers.kinds import TAILNET_EGRESS, TAILNET_INGRESS
-from tailnet_operator.runtime import CONFIG_MAP, SERVICE, Applier, Request
+from tailnet_operator.resources import ingress as ingress_build
+from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Applier, Request
 from tailnet_operator.types import JSON
 
 from .harness import NAMESPACE, World
 
 DNS = {"hostsConfigMap": {"namespace": "kube-system", "name": "tailnet-hosts"}, "zones": ["example.internal"]}
+TENANTS = [{"namespaces": ["tenant"], "tags": ["tag:ingress-*"], "dnsNames": ["*.example.internal"]}]
 
 
 def make_world() -> tuple[World, DnsReconciler]:
     world = World()
-    world.add_tailnet(dns=DNS)
+    world.add_tailnet(dns=DNS, tenants=TENANTS)
     reconciler = DnsReconciler(world.kube, Applier(world.kube, world.kube, field_manager="tailnet-operator-dns"),
                                namespace=NAMESPACE)
     return world, reconciler
@@ -111,20 +113,25 @@ async def test_a_service_name_another_egress_holds_gives_its_alias_no_address() 
     assert parse_hosts(hosts(world)) == {}
 
 
-def add_ingress(world: World, *, addresses: list[str] | None = None, name: str = "shop") -> None:
-    body: JSON = {"metadata": {"name": name, "namespace": "tenant"}, "spec": {
-        "tailnetRef": {"name": "tn"}, "tag": "tag:ingress-shop", "hostname": "shop-gw",
-        "dnsTemplate": "{hostname}.example.internal",
+def add_ingress(world: World, *, addresses: list[str] | None = None, name: str = "shop", namespace: str = "tenant",
+                created: str = "2026-01-01T00:00:00Z", template: str = "{hostname}.example.internal") -> None:
+    """An ingress, and with ``addresses`` its record in the operator's namespace as the Ingress
+    reconciler writes it (the node's addresses from Headscale)."""
+    body: JSON = {"metadata": {"name": name, "namespace": namespace, "creationTimestamp": created}, "spec": {
+        "tailnetRef": {"name": "tn"}, "tag": "tag:ingress-shop", "hostname": f"{name}-gw", "dnsTemplate": template,
         "exposes": [{"name": "web", "mode": "http", "port": 443, "backend": {"service": "web", "port": 80},
-                     "hosts": [{"name": "shop.example.com", "alias": "shop", "tls": {"secretName": "t"}}]}]}}
-    if addresses is not None:
-        body["status"] = {"node": {"id": "9", "name": "shop-gw", "addresses": addresses}}
-    if world.kube.get(TAILNET_INGRESS, name, "tenant") is None:
+                     "hosts": [{"name": f"{name}.apps.example.internal", "alias": name,
+                                "tls": {"secretName": "t"}}]}]}}
+    if world.kube.get(TAILNET_INGRESS, name, namespace) is None:
         world.kube.add(TAILNET_INGRESS, body)
+    if addresses is None:
+        return
+    record = {"metadata": {"name": ingress_build.record_name(namespace, name), "namespace": NAMESPACE,
+                           "annotations": {ingress_build.NODE_ADDRESS_ANNOTATION: ",".join(addresses)}}}
+    if (current := world.kube.get(SECRET, record["metadata"]["name"], NAMESPACE)) is None:
+        world.kube.add(SECRET, record)
     else:
-        current = world.kube.get(TAILNET_INGRESS, name, "tenant")
-        assert current is not None
-        world.kube.update(TAILNET_INGRESS, {**current, "status": body.get("status")})
+        world.kube.update(SECRET, {**current, "metadata": {**current["metadata"], **record["metadata"]}})
 
 
 async def test_each_ingress_name_and_alias_points_at_the_ingress_nodes_ipv4_address() -> None:
@@ -134,7 +141,8 @@ async def test_each_ingress_name_and_alias_points_at_the_ingress_nodes_ipv4_addr
     await dns.reconcile(Request("", "tn"))
 
     assert parse_hosts(hosts(world)) == {"shop-gw.example.internal": "100.64.0.9",
-                                         "shop.example.com": "100.64.0.9", "shop.example.internal": "100.64.0.9"}
+                                         "shop.apps.example.internal": "100.64.0.9",
+                                         "shop.example.internal": "100.64.0.9"}
 
 
 async def test_an_ingress_without_an_address_keeps_what_answers_and_a_deleted_one_leaves() -> None:
@@ -147,7 +155,7 @@ async def test_an_ingress_without_an_address_keeps_what_answers_and_a_deleted_on
     await dns.reconcile(Request("", "tn"))
     add_ingress(world, addresses=[])
     await dns.reconcile(Request("", "tn"))
-    assert parse_hosts(hosts(world))["shop.example.com"] == "100.64.0.9", "a lost address keeps the name"
+    assert parse_hosts(hosts(world))["shop.apps.example.internal"] == "100.64.0.9", "a lost address keeps the name"
 
     await world.kube.delete(TAILNET_INGRESS, "shop", "tenant")
     await dns.reconcile(Request("", "tn"))
@@ -161,9 +169,47 @@ async def test_an_egress_alias_wins_over_the_same_ingress_name() -> None:
     world.kube.add(TAILNET_INGRESS, {"metadata": {"name": "ledger", "namespace": "tenant"}, "spec": {
         "tailnetRef": {"name": "tn"}, "tag": "tag:ingress-l", "hostname": "ledger",
         "exposes": [{"name": "web", "mode": "http", "port": 443, "backend": {"service": "web", "port": 80},
-                     "hosts": [{"name": "ledger.example.internal", "tls": {"secretName": "t"}}]}]},
-        "status": {"node": {"addresses": ["100.64.0.5"]}}})
+                     "hosts": [{"name": "ledger.example.internal", "tls": {"secretName": "t"}}]}]}})
+    world.kube.add(SECRET, {"metadata": {"name": ingress_build.record_name("tenant", "ledger"), "namespace": NAMESPACE,
+                                         "annotations": {ingress_build.NODE_ADDRESS_ANNOTATION: "100.64.0.5"}}})
 
     await dns.reconcile(Request("", "tn"))
 
     assert parse_hosts(hosts(world))["ledger.example.internal"] == "198.19.128.40"
+
+
+# -- the trust boundary ---------------------------------------------------------------------------
+
+
+async def test_an_address_the_tenant_writes_into_the_ingress_status_is_never_used() -> None:
+    world, dns = make_world()
+    add_ingress(world, template="kubernetes.example.internal")
+    current = world.kube.get(TAILNET_INGRESS, "shop", "tenant")
+    assert current is not None
+    world.kube.update(TAILNET_INGRESS, {**current, "status": {"node": {"id": "9", "addresses": ["10.96.0.1"]}}})
+
+    await dns.reconcile(Request("", "tn"))
+
+    assert "10.96.0.1" not in hosts(world)
+
+
+async def test_names_outside_the_zones_or_the_tenants_names_are_never_written() -> None:
+    world, dns = make_world()
+    add_ingress(world, addresses=["100.64.0.9"], template="kubernetes.default.svc.cluster.local")
+    add_ingress(world, addresses=["100.64.0.8"], name="other", namespace="not-a-tenant")
+
+    await dns.reconcile(Request("", "tn"))
+
+    assert parse_hosts(hosts(world)) == {}
+
+
+async def test_a_name_two_ingresses_claim_goes_to_the_first_created() -> None:
+    world, dns = make_world()
+    add_ingress(world, addresses=["100.64.0.2"], name="late", created="2026-03-01T00:00:00Z",
+                template="web.example.internal")
+    add_ingress(world, addresses=["100.64.0.1"], name="early", created="2026-01-01T00:00:00Z",
+                template="web.example.internal")
+
+    await dns.reconcile(Request("", "tn"))
+
+    assert parse_hosts(hosts(world))["web.example.internal"] == "100.64.0.1"

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from tailnet_operator.controllers.ingress import IngressReconciler, IngressSettings
-from tailnet_operator.controllers.kinds import TAILNET_INGRESS
+from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS, TAILNET_INGRESS
 from tailnet_operator.headscale import OWNER_TAG
 from tailnet_operator.runtime import (
     CONFIG_MAP,
@@ -27,6 +27,7 @@ from tailnet_operator.runtime.errors import Forbidden, NotFound
 from tailnet_operator.runtime.kinds import CERTIFICATE, DEPLOYMENT, NETWORK_POLICY
 from tailnet_operator.types import JSON
 
+from .harness import URL as URL_OF_WORLD
 from .harness import World
 
 IMAGE = "localhost/tailnet-operator:test"
@@ -39,6 +40,7 @@ WEB = {"name": "web", "mode": "http", "port": 443, "backend": {"service": "web",
 CM_HOST = {"name": "admin.apps.example.internal",
            "tls": {"certManager": {"issuerRef": {"name": "ca", "kind": "ClusterIssuer"}}}}
 CM_SECRET = "shop-admin.apps.example.internal-tls"
+TENANCY = [{"namespaces": [TENANT], "tags": ["tag:ingress-*"], "dnsNames": ["*.apps.example.internal"]}]
 
 
 class FakeAgent:
@@ -109,10 +111,16 @@ class IngressWorld(World):
 async def world_with_tailnet(policy: str = OWNING, **tailnet: Any) -> IngressWorld:
     world = IngressWorld()
     world.bootstrap_secret()
-    world.add_tailnet(**tailnet)
+    world.add_tailnet(**{"tenants": TENANCY, **tailnet})
     await world.reconcile_tailnet()
     world.headscale.policy = policy
     return world
+
+
+def registered(node_id: str, key_id: str, *, name: str = "shop-gw") -> JSON:
+    """A Headscale node made with the pre-auth key ``key_id``, addressed like :func:`agent_doc`'s."""
+    return {"id": node_id, "name": name, "givenName": name, "online": True, "tags": ["tag:ingress-shop"],
+            "ipAddresses": [f"fd7a:115c:a1e0::{node_id}", f"100.64.0.{node_id}"], "preAuthKey": {"id": key_id}}
 
 
 def agent_doc(*, listening: bool = True, reachable: bool | None = True, host_error: str | None = None) -> JSON:
@@ -180,6 +188,8 @@ async def test_with_the_agent_listening_and_the_secret_present_the_ingress_is_re
     world.add_ingress(exposes=[TCP, WEB], dnsTemplate="{hostname}.apps.example.internal")
     world.tls_secret("shop-tls")
     world.agent.doc = agent_doc()
+    await world.reconcile_ingress()
+    world.headscale.nodes = [registered("9", next(iter(world.headscale.preauth_keys)))]
 
     await world.reconcile_ingress()
 
@@ -361,7 +371,7 @@ async def test_a_missing_tailnet_or_working_key_or_headscale_is_reported() -> No
     await world.reconcile_ingress()
     assert world.cond("Ready")["reason"] == "TailnetNotFound"
 
-    world.add_tailnet()
+    world.add_tailnet(tenants=TENANCY)
     result = await world.reconcile_ingress()
     assert (world.cond("Ready")["status"], world.cond("Ready")["reason"]) == ("Unknown", "WaitingForAccess")
     assert result.requeue_after == 10.0
@@ -386,6 +396,7 @@ async def test_deleting_the_ingress_expires_its_key_and_releases_the_finalizer()
     assert not world.headscale.preauth_live(key)
     assert world.kube.get(TAILNET_INGRESS, "shop", TENANT) is None
     assert "PreAuthKeyExpired" in world.events.reasons
+    assert world.kube.get(SECRET, "ingress.tenant.shop", "tailnet-system") is None, "the record outlived it"
 
 
 async def test_a_key_that_cannot_be_expired_is_retried_then_left_with_a_warning() -> None:
@@ -421,3 +432,147 @@ async def test_a_namespace_that_has_not_let_the_operator_in_gets_the_command_and
     del world.writer.refuse[CONFIG_MAP]
     await world.reconcile_ingress()
     assert world.kube.get(DEPLOYMENT, "shop-ingress-agent", TENANT) is not None
+
+
+# -- the trust boundary: what a tenant's namespace may use, and what its pods may say --------------
+
+
+async def test_an_ingress_in_a_namespace_the_tailnet_does_not_name_gets_no_key_and_nothing_is_written() -> None:
+    world = await world_with_tailnet(tenants=[{"namespaces": ["elsewhere"], "tags": ["tag:ingress-*"]}])
+    world.add_ingress()
+    writes = len(world.kube.writes)
+
+    await world.reconcile_ingress()
+
+    ready = world.cond("Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "NamespaceNotTenant")
+    assert f"namespace {TENANT} is not a tenant of the Tailnet tn" in ready["message"]
+    assert world.headscale.preauth_keys == {}
+    assert world.kube.get(SECRET, "shop-ingress-auth-key", TENANT) is None
+    assert {w[1] for w in world.kube.writes[writes:]} == {"TailnetIngress"}, "only its finalizer and status"
+    assert world.events.reasons[-1] == "NamespaceNotTenant"
+
+
+async def test_an_egress_tag_is_not_the_tenants_even_under_its_prefix() -> None:
+    world = await world_with_tailnet(OWNING.replace("tag:ingress-shop", "tag:ingress-db"))
+    world.kube.add(TAILNET_EGRESS, {"metadata": {"name": "db", "namespace": "tailnet-system"}, "spec": {
+        "tailnetRef": {"name": "tn"}, "tag": "tag:ingress-db", "consumerNamespaces": ["apps"],
+        "targets": [{"name": "db", "address": "198.18.1.10", "ports": [{"port": 5432}]}]}})
+    world.add_ingress(tag="tag:ingress-db")
+
+    await world.reconcile_ingress()
+
+    assert world.cond("Ready")["reason"] == "TagReserved"
+    assert world.headscale.preauth_keys == {}
+
+
+async def test_a_grant_source_of_the_live_policy_is_not_the_tenants_under_its_prefix() -> None:
+    policy = ('{"tagOwners": {"tag:ingress-shop": [], "tag:ingress-ci": []}, '
+              '"grants": [{"src": ["tag:ingress-ci"], "dst": ["*"], "ip": ["*"]}]}')
+    world = await world_with_tailnet(policy)
+    world.add_ingress(tag="tag:ingress-ci")
+
+    await world.reconcile_ingress()
+
+    assert world.cond("Ready")["reason"] == "TagReserved"
+    assert world.headscale.preauth_keys == {}
+
+
+async def test_a_name_outside_the_zones_is_refused_before_a_key_is_made() -> None:
+    world = await world_with_tailnet(dns=DNS)
+    world.add_ingress(dnsTemplate="kubernetes.default.svc.cluster.local")
+
+    await world.reconcile_ingress()
+
+    assert world.cond("Ready")["reason"] == "DNSNameOutsideZones"
+    assert world.headscale.preauth_keys == {}
+
+
+async def test_a_name_another_ingress_holds_is_refused_on_the_later_one_in_any_order() -> None:
+    world = await world_with_tailnet(dns=DNS)
+    for name, created in (("late", "2026-02-01T00:00:00Z"), ("early", "2026-01-01T00:00:00Z")):
+        world.kube.add(TAILNET_INGRESS, {"metadata": {"name": name, "namespace": TENANT, "creationTimestamp": created},
+                                         "spec": {"tailnetRef": {"name": "tn"}, "tag": "tag:ingress-shop",
+                                                  "hostname": name, "exposes": [TCP],
+                                                  "dnsTemplate": "web.apps.example.internal"}})
+
+    await world.reconcile_ingress("late")
+    await world.reconcile_ingress("early")
+
+    late = next(c for c in world.kube.get(TAILNET_INGRESS, "late", TENANT)["status"]["conditions"]
+                if c["type"] == "Ready")
+    assert late["reason"] == "DNSNameTaken" and f"TailnetIngress {TENANT}/early" in late["message"]
+    early = next(c for c in world.kube.get(TAILNET_INGRESS, "early", TENANT)["status"]["conditions"]
+                 if c["type"] == "Ready")
+    assert early["reason"] != "DNSNameTaken"
+    assert len(world.headscale.preauth_keys) == 1
+
+
+async def test_the_node_and_its_address_come_from_headscale_never_from_the_pods_status() -> None:
+    world = await world_with_tailnet(dns=DNS)
+    world.add_ingress(dnsTemplate="{hostname}.apps.example.internal")
+    spoofed = agent_doc()
+    spoofed["node"] = {"id": "66", "name": "shop-gw.tailnet.test", "addresses": ["10.96.0.1"]}
+    world.agent.doc = spoofed
+    await world.reconcile_ingress()
+    key_id = next(iter(world.headscale.preauth_keys))
+    assert "node" not in world.obj()["status"], "no node registered with the key yet"
+
+    world.headscale.nodes = [registered("7", key_id)]
+    await world.reconcile_ingress()
+
+    status = world.obj()["status"]
+    assert status["node"] == {"id": "7", "name": "shop-gw", "addresses": ["fd7a:115c:a1e0::7", "100.64.0.7"]}
+    record = world.kube.get(SECRET, "ingress.tenant.shop", "tailnet-system")
+    assert record is not None
+    assert record["metadata"]["annotations"]["tailnet.dev/node-address"] == "fd7a:115c:a1e0::7,100.64.0.7"
+
+
+async def test_the_key_bookkeeping_lives_where_the_tenant_cannot_write() -> None:
+    world = await world_with_tailnet()
+    world.add_ingress()
+    await world.reconcile_ingress()
+
+    mounted = world.kube.get(SECRET, "shop-ingress-auth-key", TENANT)
+    assert mounted is not None and not (mounted["metadata"].get("annotations") or {})
+    record = world.kube.get(SECRET, "ingress.tenant.shop", "tailnet-system")
+    assert record is not None
+    assert record["metadata"]["annotations"]["tailnet.dev/key-id"] in world.headscale.preauth_keys
+    assert base64.b64decode(record["data"]["authKey"]) == base64.b64decode(mounted["data"]["authKey"])
+
+
+async def test_a_key_id_written_into_the_tenants_secret_expires_nobody_elses_key() -> None:
+    world = await world_with_tailnet()
+    async with world.headscale.factory(URL_OF_WORLD, world.working_key(), None) as hs:
+        other = await hs.create_preauth_key(acl_tags=["tag:egress-db", OWNER_TAG], reusable=True, ephemeral=True)
+    world.add_ingress()
+    await world.reconcile_ingress()
+    mounted = world.kube.get(SECRET, "shop-ingress-auth-key", TENANT)
+    assert mounted is not None
+    mounted["metadata"]["annotations"] = {"tailnet.dev/key-id": other.id, "tailnet.dev/previous-key-id": other.id}
+    world.kube.update(SECRET, mounted)
+
+    await world.kube.delete(TAILNET_INGRESS, "shop", TENANT)
+    await world.reconcile_ingress()
+
+    assert world.headscale.preauth_live(other.key), "the egress's key was expired through the tenant's Secret"
+    assert world.kube.get(TAILNET_INGRESS, "shop", TENANT) is None
+
+
+async def test_an_ingress_whose_tenancy_is_withdrawn_loses_its_key_node_and_record() -> None:
+    world = await world_with_tailnet()
+    world.add_ingress()
+    await world.reconcile_ingress()
+    key_id = next(iter(world.headscale.preauth_keys))
+    world.headscale.nodes = [registered("7", key_id)]
+    tailnet = world.tailnet_obj()
+    tailnet["spec"]["tenants"] = [{"namespaces": ["elsewhere"], "tags": ["tag:ingress-*"]}]
+    tailnet["metadata"]["generation"] = 2
+    world.kube.update(TAILNET, tailnet)
+
+    await world.reconcile_ingress()
+
+    assert world.cond("Ready")["reason"] == "NamespaceNotTenant"
+    assert world.headscale.preauth_keys[key_id].get("expired")
+    assert world.headscale.nodes == []
+    assert world.kube.get(SECRET, "ingress.tenant.shop", "tailnet-system") is None

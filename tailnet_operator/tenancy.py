@@ -1,0 +1,184 @@
+"""Who may use a Tailnet from which namespace, and with which tags and DNS names.
+
+The cluster admin declares it on the Tailnet (``spec.tenants``); a TailnetIngress is the only
+kind a tenant creates, so it is the only kind judged here. The rules, as the admin reads them:
+
+* A namespace named by no entry gets nothing (the safe default, also for a Tailnet without
+  ``tenants``).
+* A tag is available when an entry naming the namespace lists it, or a prefix of it
+  (``tag:shop-*``). A *reserved* tag (one an egress, a gateway or a site router uses, or a grant
+  source or route approver of the policy) is available only when listed by its exact name: a
+  prefix never hands a tenant the platform's identities.
+* A DNS name is available when it lies in one of the Tailnet's zones and an entry naming the
+  namespace lists it, or a ``*.`` name above it.
+* A name belongs to the first holder: an egress alias first, then ingresses ordered by
+  creation time (then namespace and name, so every restart decides the same). A later
+  claimant is refused, whatever the order the operator happens to see them in.
+
+Everything here is pure: the callers gather the Tailnet, the reserved tags and the claims, and
+act on the :class:`Refusal` (a condition reason and a message that says what to ask for).
+The same rules are enforced at admission by the ValidatingAdmissionPolicy
+``tailnet-ingress-tenancy`` (manifests/chart/tailnet-operator/templates/admission.yaml), for the
+parts that need no other object: namespace, tag and names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tailnet_operator.api.ingress import TailnetIngress
+from tailnet_operator.api.tailnet import Tailnet, TailnetTenant
+
+__all__ = [
+    "Claim",
+    "Refusal",
+    "claim_order",
+    "first_holders",
+    "judge",
+    "name_allowed",
+    "policy_reserved_tags",
+    "tag_allowed",
+    "taken",
+]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why an ingress may not use the Tailnet as it asks: a condition reason and a message."""
+
+    reason: str
+    message: str
+
+
+def tag_allowed(pattern: str, tag: str) -> bool:
+    """Whether ``pattern`` (a tag, or a prefix ending in ``*``) lets a tenant use ``tag``."""
+    return tag.startswith(pattern[:-1]) if pattern.endswith("*") else tag == pattern
+
+
+def name_allowed(pattern: str, name: str) -> bool:
+    """Whether ``pattern`` (a name, or ``*.`` and a name for every name under it) covers ``name``."""
+    name, pattern = name.lower().rstrip("."), pattern.lower().rstrip(".")
+    return name.endswith(pattern[1:]) if pattern.startswith("*.") else name == pattern
+
+
+def in_zone(name: str, zone: str) -> bool:
+    """Whether ``name`` is ``zone`` or under it (case and a trailing dot ignored)."""
+    name, zone = name.lower().rstrip("."), zone.lower().rstrip(".")
+    return name == zone or name.endswith("." + zone)
+
+
+def _entries(tailnet: Tailnet, namespace: str) -> list[TailnetTenant]:
+    return [t for t in tailnet.spec.tenants or [] if namespace in t.namespaces]
+
+
+def judge(ingress: TailnetIngress, tailnet: Tailnet, *, reserved: Iterable[str],
+          names: Iterable[str]) -> Refusal | None:
+    """Whether the namespace of ``ingress`` may use ``tailnet`` with its tag and ``names`` (the
+    names it would write to the hosts file); None when it may."""
+    namespace, tailnet_name = str(ingress.metadata.namespace), str(tailnet.metadata.name)
+    entries = _entries(tailnet, namespace)
+    if not entries:
+        return Refusal("NamespaceNotTenant", (
+            f"namespace {namespace} is not a tenant of the Tailnet {tailnet_name}; nothing was created on the "
+            f"tailnet. To use it, {_ask('it', tailnet_name)} (an entry with namespaces: [{namespace}] and the "
+            "tags and dnsNames it may use)"))
+    tag = ingress.spec.tag
+    patterns = [p for entry in entries for p in entry.tags]
+    exact = tag in patterns
+    if tag in set(reserved) and not exact:
+        return Refusal("TagReserved", (
+            f"{tag} is used by an egress, a gateway, a site router or the policy's grants and approvals, so "
+            f"a tenant may use it only when the Tailnet {tailnet_name} lists it by its exact name for "
+            f"namespace {namespace}; nothing was created on the tailnet. Choose another tag of "
+            f"{', '.join(sorted(patterns))}, or {_ask(tag, tailnet_name)} by name"))
+    if not exact and not any(tag_allowed(p, tag) for p in patterns):
+        return Refusal("TagNotAllowed", (
+            f"namespace {namespace} may use the tags {', '.join(sorted(patterns))} on the Tailnet "
+            f"{tailnet_name}, not {tag}; nothing was created on the tailnet. Choose one of those, or "
+            f"{_ask(tag, tailnet_name)}"))
+    return _names_refusal(tailnet, entries, namespace, list(names))
+
+
+def _ask(what: str, tailnet: str) -> str:
+    return f"ask the cluster admin to add {what} to spec.tenants of the Tailnet {tailnet}"
+
+
+def _names_refusal(tailnet: Tailnet, entries: list[TailnetTenant], namespace: str,
+                   names: list[str]) -> Refusal | None:
+    if tailnet.spec.dns is None:
+        return None  # no hosts file: no name is written anywhere
+    zones = [str(z) for z in tailnet.spec.dns.zones]
+    outside = [n for n in names if not any(in_zone(n, z) for z in zones)]
+    if outside:
+        return Refusal("DNSNameOutsideZones", (
+            f"{', '.join(outside)} {'is' if len(outside) == 1 else 'are'} not in the Tailnet's DNS zones "
+            f"({', '.join(zones)}); nothing was created on the tailnet. Use names under those zones"))
+    patterns = [p for entry in entries for p in entry.dns_names or []]
+    denied = [n for n in names if not any(name_allowed(p, n) for p in patterns)]
+    if denied:
+        allowed = f"the names {', '.join(sorted(patterns))}" if patterns else "no DNS names"
+        return Refusal("DNSNameNotAllowed", (
+            f"namespace {namespace} may use {allowed} on the Tailnet {tailnet.metadata.name}, not "
+            f"{', '.join(denied)}; nothing was created on the tailnet. Use an allowed name, or "
+            f"{_ask('the name', str(tailnet.metadata.name))} (dnsNames)"))
+    return None
+
+
+@dataclass(frozen=True, order=True)
+class Claim:
+    """Who claims names, in the order that decides between claimants (lowest first)."""
+
+    rank: tuple[int, str, str, str]
+    """(0 for an egress, 1 for an ingress; creation time; namespace; name)."""
+    names: tuple[str, ...]
+
+    @property
+    def holder(self) -> str:
+        kind = "TailnetEgress" if self.rank[0] == 0 else "TailnetIngress"
+        return f"{kind} {self.rank[2]}/{self.rank[3]}"
+
+
+def claim_order(obj: Mapping[str, Any], *, egress: bool = False) -> tuple[int, str, str, str]:
+    """The rank of an object as stored: its kind, then ``creationTimestamp``, namespace and name
+    (RFC 3339 in UTC sorts as text)."""
+    meta = obj.get("metadata") or {}
+    return (0 if egress else 1, str(meta.get("creationTimestamp") or ""), str(meta.get("namespace") or ""),
+            str(meta.get("name") or ""))
+
+
+def first_holders(claims: Iterable[Claim]) -> dict[str, Claim]:
+    """``{name: the claim that holds it}``: every name goes to its lowest-ranked claimant."""
+    holders: dict[str, Claim] = {}
+    for claim in sorted(claims):
+        for name in claim.names:
+            holders.setdefault(name.lower().rstrip("."), claim)
+    return holders
+
+
+def taken(names: Iterable[str], mine: tuple[int, str, str, str], holders: Mapping[str, Claim]) -> Refusal | None:
+    """The refusal of a claimant ranked ``mine`` whose ``names`` another claimant holds."""
+    clashes = [(n, holders[n]) for n in (x.lower().rstrip(".") for x in names)
+               if n in holders and holders[n].rank != mine]
+    if not clashes:
+        return None
+    described = "; ".join(f"{n} is held by {c.holder}" for n, c in clashes)
+    return Refusal("DNSNameTaken", (
+        f"{described}; nothing was created on the tailnet. A name belongs to whoever claimed it first "
+        "(egress aliases, then ingresses by creation time): choose another name"))
+
+
+def policy_reserved_tags(policy: Mapping[str, Any]) -> set[str]:
+    """Tags a parsed policy uses as grant or ACL sources and as route or exit-node approvers."""
+    tags: set[str] = set()
+    for section in ("grants", "acls"):
+        for rule in policy.get(section) or []:
+            if isinstance(rule, Mapping):
+                tags.update(s for s in rule.get("src") or [] if isinstance(s, str) and s.startswith("tag:"))
+    approvers = policy.get("autoApprovers") or {}
+    if isinstance(approvers, Mapping):
+        for approved in (approvers.get("routes") or {}).values():
+            tags.update(a for a in approved or [] if isinstance(a, str) and a.startswith("tag:"))
+        tags.update(a for a in approvers.get("exitNode") or [] if isinstance(a, str) and a.startswith("tag:"))
+    return tags

@@ -1,0 +1,143 @@
+"""The tenancy rules (tailnet_operator.tenancy): pure, on parsed objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tailnet_operator.api.ingress import TailnetIngress
+from tailnet_operator.api.tailnet import Tailnet
+from tailnet_operator.resources import ingress as build
+from tailnet_operator.tenancy import (
+    Claim,
+    claim_order,
+    first_holders,
+    judge,
+    name_allowed,
+    policy_reserved_tags,
+    tag_allowed,
+    taken,
+)
+
+ZONE = "tailnet.example.internal"
+SHOP = {"namespaces": ["shop"], "tags": ["tag:shop-*"], "dnsNames": [f"*.shop.{ZONE}"]}
+
+
+def tailnet(*tenants: dict[str, Any], dns: bool = True) -> Tailnet:
+    spec: dict[str, Any] = {"loginURL": "https://hs.example.internal",
+                            "bootstrapKeySecretRef": {"namespace": "tailnet-system", "name": "b"}}
+    if tenants:
+        spec["tenants"] = list(tenants)
+    if dns:
+        spec["dns"] = {"hostsConfigMap": {"namespace": "kube-system", "name": "tailnet-hosts"}, "zones": [ZONE]}
+    return Tailnet.model_validate({"metadata": {"name": "tn"}, "spec": spec})
+
+
+def ingress(namespace: str = "shop", tag: str = "tag:shop-web", *, template: str | None = None,
+            host: str | None = None, alias: str | None = None, name: str = "web",
+            created: str = "2026-01-01T00:00:00Z") -> TailnetIngress:
+    expose: dict[str, Any] = {"name": "web", "port": 443, "backend": {"service": "web", "port": 80}}
+    if host is not None:
+        expose |= {"mode": "http", "hosts": [{"name": host, "tls": {"secretName": "web-tls"},
+                                              **({"alias": alias} if alias else {})}]}
+    spec: dict[str, Any] = {"tailnetRef": {"name": "tn"}, "tag": tag, "hostname": "web", "exposes": [expose]}
+    if template:
+        spec["dnsTemplate"] = template
+    return TailnetIngress.model_validate({"metadata": {"name": name, "namespace": namespace,
+                                                       "creationTimestamp": created}, "spec": spec})
+
+
+def verdict(ing: TailnetIngress, net: Tailnet, reserved: set[str] | None = None) -> str | None:
+    names = build.dns_names(ing, [ZONE]) if net.spec.dns else []
+    refusal = judge(ing, net, reserved=reserved or set(), names=names)
+    return None if refusal is None else refusal.reason
+
+
+def test_a_namespace_no_entry_names_gets_nothing_even_without_tenants() -> None:
+    assert verdict(ingress(namespace="other"), tailnet(SHOP)) == "NamespaceNotTenant"
+    assert verdict(ingress(), tailnet()) == "NamespaceNotTenant"
+
+
+def test_the_refusal_says_what_to_ask_the_admin_for() -> None:
+    refusal = judge(ingress(namespace="other"), tailnet(SHOP), reserved=(), names=())
+    assert refusal is not None
+    assert "namespace other is not a tenant of the Tailnet tn" in refusal.message
+    assert "spec.tenants" in refusal.message and "nothing was created on the tailnet" in refusal.message
+
+
+def test_a_tag_under_the_prefix_is_allowed_and_one_outside_it_is_not() -> None:
+    assert verdict(ingress(tag="tag:shop-web"), tailnet(SHOP)) is None
+    assert verdict(ingress(tag="tag:payments"), tailnet(SHOP)) == "TagNotAllowed"
+
+
+def test_a_reserved_tag_is_never_granted_by_a_prefix_only_by_its_exact_name() -> None:
+    assert verdict(ingress(tag="tag:shop-egress"), tailnet(SHOP), {"tag:shop-egress"}) == "TagReserved"
+    named = {**SHOP, "tags": ["tag:shop-*", "tag:shop-egress"]}
+    assert verdict(ingress(tag="tag:shop-egress"), tailnet(named), {"tag:shop-egress"}) is None
+
+
+def test_an_entry_for_another_namespace_grants_nothing_here() -> None:
+    other = {"namespaces": ["payments"], "tags": ["tag:pay-*"], "dnsNames": [f"*.{ZONE}"]}
+    assert verdict(ingress(tag="tag:pay-web"), tailnet(SHOP, other)) == "TagNotAllowed"
+
+
+@pytest.mark.parametrize("template", ["kubernetes.default.svc.cluster.local", "headscale.tailnet-system.svc"])
+def test_a_name_outside_the_zones_is_refused(template: str) -> None:
+    assert verdict(ingress(template=template), tailnet(SHOP)) == "DNSNameOutsideZones"
+
+
+def test_a_name_in_the_zone_but_outside_the_tenants_names_is_refused() -> None:
+    assert verdict(ingress(host=f"grafana.ops.{ZONE}"), tailnet(SHOP)) == "DNSNameNotAllowed"
+    assert verdict(ingress(host=f"web.shop.{ZONE}"), tailnet(SHOP)) is None
+
+
+def test_an_alias_counts_as_a_name_under_every_zone() -> None:
+    # web.shop.<zone> is allowed; the alias "web" becomes web.<zone>, which is not.
+    assert verdict(ingress(host=f"web.shop.{ZONE}", alias="web"), tailnet(SHOP)) == "DNSNameNotAllowed"
+
+
+def test_without_dns_names_a_tenant_gets_none() -> None:
+    no_names = {"namespaces": ["shop"], "tags": ["tag:shop-*"]}
+    assert verdict(ingress(template=f"web.shop.{ZONE}"), tailnet(no_names)) == "DNSNameNotAllowed"
+    assert verdict(ingress(), tailnet(no_names)) is None  # no names asked for
+
+
+def test_a_tailnet_without_a_hosts_file_checks_no_names() -> None:
+    assert verdict(ingress(template="kubernetes.default.svc.cluster.local"), tailnet(SHOP, dns=False)) is None
+
+
+def test_patterns() -> None:
+    assert tag_allowed("tag:shop-*", "tag:shop-") and not tag_allowed("tag:shop-*", "tag:shopx")
+    assert tag_allowed("tag:a", "tag:a") and not tag_allowed("tag:a", "tag:ab")
+    assert name_allowed("*.shop.z", "a.b.shop.z") and not name_allowed("*.shop.z", "shop.z")
+    assert not name_allowed("*.shop.z", "evilshop.z") and name_allowed("x.z", "X.Z.")
+
+
+def stored(namespace: str, name: str, created: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": namespace, "name": name, "creationTimestamp": created}}
+
+
+def test_the_first_created_holds_a_name_whatever_order_the_claims_arrive_in() -> None:
+    early = Claim(claim_order(stored("b", "x", "2026-01-01T00:00:00Z")), ("web.z",))
+    late = Claim(claim_order(stored("a", "y", "2026-02-01T00:00:00Z")), ("web.z", "other.z"))
+    for order in ([early, late], [late, early]):
+        holders = first_holders(order)
+        assert holders["web.z"] == early and holders["other.z"] == late
+    refusal = taken(["web.z", "other.z"], late.rank, first_holders([late, early]))
+    assert refusal is not None and refusal.reason == "DNSNameTaken"
+    assert "web.z is held by TailnetIngress b/x" in refusal.message and "other.z" not in refusal.message
+    assert taken(["web.z"], early.rank, first_holders([late, early])) is None
+
+
+def test_an_egress_alias_holds_a_name_before_any_ingress() -> None:
+    egress = Claim(claim_order(stored("tailnet-system", "db", "2027-01-01T00:00:00Z"), egress=True), ("db.z",))
+    ingress_claim = Claim(claim_order(stored("a", "y", "2026-01-01T00:00:00Z")), ("db.z",))
+    assert first_holders([ingress_claim, egress])["db.z"] == egress
+
+
+def test_the_policys_grant_sources_and_approvers_are_reserved() -> None:
+    policy = {"grants": [{"src": ["tag:ci", "group:dev"], "dst": ["tag:db"]}],
+              "acls": [{"action": "accept", "src": ["tag:ops"], "dst": ["*:*"]}],
+              "autoApprovers": {"routes": {"10.0.0.0/8": ["tag:router"]}, "exitNode": ["tag:exit"]}}
+    assert policy_reserved_tags(policy) == {"tag:ci", "tag:ops", "tag:router", "tag:exit"}
