@@ -15,7 +15,15 @@ One reconcile per Tailnet:
   ``acls`` entries and PolicyApplied says so (reason AppliedWithoutGrants); a base with a
   ``grants`` block of its own is not written at all (reason GrantsUnsupported, with what to do).
 * Once the live policy equals the render, routes a site router advertised before its approver
-  existed are approved (added to the router's approved routes, never removing any).
+  existed are approved (added to the router's approved routes, never removing any), from the
+  rendered policy only: a route is approved for a router's tag only when a CR asked for it and the
+  render's ``autoApprovers`` grant it to that tag, so a route the base assigns to other approvers
+  ("base wins") is never approved on the CR's router.
+* Every derived entry the render leaves out (the base wins, or adding it would change what the
+  base allows) is listed in ``status.policy.skipped`` with the reason and the CRs it came from, is
+  counted in the PolicyApplied message, and is reported by one Warning Event
+  ``DerivedEntriesSkipped`` each time the set of left-out entries changes.
+* Without ``spec.policy``, and in Render mode, Headscale is only read: nothing is written to it.
 * TailnetEgresses count only in the operator's namespace: one elsewhere could otherwise write
   grants for its tag into the tailnet policy. Such an object is skipped, with one log line and
   one Warning Event (on its Tailnet, in the Events namespace the operator already writes to).
@@ -45,13 +53,15 @@ from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, Node, Po
 from tailnet_operator.policy import (
     Derived,
     PolicyParseError,
+    Rendered,
+    Replay,
     SiteRoutes,
+    Skipped,
     Verdict,
     diff_needed,
     judge,
     missing,
     render,
-    routes_to_approve,
 )
 from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.policy.cache import ParsedPolicies
@@ -73,6 +83,8 @@ RESYNC_SECONDS = 30.0
 """Routers advertise on their own schedule; site status and approvals are refreshed this often."""
 POLICY_KEY = "policy.hujson"
 TAILNET_INDEX = "tailnetRef"
+SKIPPED_IN_STATUS = 64
+"""At most this many left-out entries are listed in ``status.policy.skipped`` (the schema's bound)."""
 
 
 def tailnet_ref_index(obj: JSON) -> list[str]:
@@ -119,6 +131,8 @@ class PolicyReconciler:
         """Tailnet -> (render hash, the text Headscale stored instead) of a write that did not stick."""
         self._models: dict[tuple[str, str], BaseModel] = {}
         """Parsed CRs by (uid, resourceVersion): a reconcile validates only the objects that changed."""
+        self._skips_reported: dict[str, frozenset[Skipped]] = {}
+        """Tailnet -> the left-out entries its last DerivedEntriesSkipped Event reported."""
 
     @property
     def namespace(self) -> str:
@@ -142,9 +156,10 @@ class PolicyReconciler:
                 nodes = await hs.list_nodes()
                 live_text, _ = await hs.get_policy()
                 if tailnet.spec.policy is None:
+                    # read-only: the policy is not the operator's, so nothing is written to Headscale
                     await self._report_missing(run, live_text)
-                elif await self._render_and_apply(run, live_text, hs):
-                    nodes = await self._replay_approvals(run, hs, nodes)
+                elif (applied := await self._render_and_apply(run, live_text, hs)) is not None:
+                    nodes = await self._replay_approvals(run, hs, nodes, applied)
         except HeadscaleError as exc:
             await self._tailnet_status(run, Cond("PolicyApplied", "Unknown", "HeadscaleUnavailable",
                                                  f"cannot read or write the policy: {exc}"))
@@ -234,8 +249,10 @@ class PolicyReconciler:
                 Cond("PolicyApplied", "True", "NothingMissing", "the live policy has every entry the CRs need"))
         await self._tailnet_status(run, cond, policy_status)
 
-    async def _render_and_apply(self, run: Run, live_text: str, hs: HeadscaleClient) -> bool:
-        """Render, publish and (in Apply mode) write; True when the live policy equals the render."""
+    async def _render_and_apply(self, run: Run, live_text: str, hs: HeadscaleClient) -> Rendered | None:
+        """Render, publish and (in Apply mode) write; the render when the live policy equals it, else None.
+
+        Only Apply mode writes to Headscale; every other way out of here has only read it."""
         spec = run.tailnet.spec.policy
         assert spec is not None
         ref = spec.base_config_map_ref
@@ -245,7 +262,7 @@ class PolicyReconciler:
             await self._tailnet_status(run, Cond(
                 "PolicyApplied", "False", "BasePolicyMissing",
                 f"the base policy ConfigMap {ref.namespace}/{ref.name} {what}; nothing was rendered or written"))
-            return False
+            return None
         base_text = base_cm["data"][ref.key]
         try:
             meta = base_cm["metadata"]
@@ -253,42 +270,51 @@ class PolicyReconciler:
                                         version=f"{meta.get('uid')}/{meta.get('resourceVersion')}/{ref.key}")
         except PolicyParseError as exc:
             await self._tailnet_status(run, Cond("PolicyApplied", "False", "BasePolicyInvalid", str(exc)))
-            return False
+            return None
         features = await hs.features()
         rendered = render(base, run.inputs.derived, memo=self._policies.memo(base), grants=features.grants,
                           text=base_text)
         await self._publish(run, rendered.text, rendered.hash)
         policy_status: dict[str, Any] = {"renderedHash": rendered.hash,
                                          "renderedConfigMap": rendered_config_map_name(run.name)}
+        skipped_note = ""
+        if rendered.skipped:
+            policy_status["skipped"] = [_skipped_status(s) for s in rendered.skipped[:SKIPPED_IN_STATUS]]
+            count = len(rendered.skipped)
+            skipped_note = (f"; {count} derived {'entry was' if count == 1 else 'entries were'} left out "
+                            "(see status.policy.skipped)")
+        await self._report_skipped(run, rendered.skipped, f"ConfigMap {ref.namespace}/{ref.name}")
         if rendered.unsupported:
             await self._tailnet_status(run, Cond(
                 "PolicyApplied", "False", "GrantsUnsupported",
                 f"Headscale {features.label} does not understand the base policy's grants (Headscale 0.29+); nothing "
                 f"was written. Rewrite the base's grants as acls entries, or upgrade Headscale to 0.29 or newer"),
                 policy_status)
-            return False
-        applied_reason, note = "Applied", ""
+            return None
+        applied_reason, note = "Applied", skipped_note
         if rendered.grants_as_acls:
             applied_reason = "AppliedWithoutGrants"
             note = (f"; Headscale {features.label} has no grants (0.29+), so the {len(rendered.added.grants)} "
-                    "derived grant(s) were written as equivalent acls entries (upgrade Headscale to 0.29+ for grants)")
+                    "derived grant(s) were written as equivalent acls entries (upgrade Headscale to 0.29+ for grants)"
+                    f"{skipped_note}")
         if spec.mode != "Apply":
+            # read-only: Render mode publishes the render and writes nothing to Headscale
             await self._tailnet_status(run, Cond(
                 "PolicyApplied", "False", "RenderOnly",
                 f"mode Render: the render is in ConfigMap {self.namespace}/{policy_status['renderedConfigMap']}; "
-                "set spec.policy.mode to Apply to write it to Headscale"), policy_status)
-            return False
+                f"set spec.policy.mode to Apply to write it to Headscale{skipped_note}"), policy_status)
+            return None
         if live_text.strip() and not diff_needed(live_text, rendered, parsed=self._policies):
             policy_status["appliedHash"] = rendered.hash
             await self._tailnet_status(run, Cond(
                 "PolicyApplied", "True", applied_reason,
                 f"the live policy equals the render {rendered.hash[:12]}{note}"),
                 policy_status)
-            return True
+            return rendered
         if self._stored_differently.get(run.name) == (rendered.hash, live_text):
             # written before and stored as something else: writing again would only add a row
             await self._stored_differently_status(run, rendered.hash, policy_status)
-            return False
+            return None
         try:
             await hs.check_policy(rendered.text)
             await hs.set_policy(rendered.text)
@@ -299,7 +325,7 @@ class PolicyReconciler:
                                           f"Headscale accepted the rendered policy {rendered.hash[:12]} but stores a "
                                           "policy that means something else", action="ApplyPolicy")
                 await self._stored_differently_status(run, rendered.hash, policy_status)
-                return False
+                return None
             self._stored_differently.pop(run.name, None)
             self._policies.remember(rendered.text, rendered.document, source="live policy")
         except PolicyRejected as exc:
@@ -312,14 +338,14 @@ class PolicyReconciler:
                 policy_status)
             await self.events.warning(run.obj, "PolicyRejected",
                                       f"Headscale refused the rendered policy: {exc.message}", action="ApplyPolicy")
-            return False
+            return None
         policy_status["appliedHash"] = rendered.hash
         await self.events.normal(run.obj, "PolicyApplied",
                                  f"wrote the rendered policy {rendered.hash[:12]} to Headscale", action="ApplyPolicy")
         await self._tailnet_status(run, Cond(
             "PolicyApplied", "True", applied_reason, f"wrote the render {rendered.hash[:12]} to Headscale{note}"),
             policy_status)
-        return True
+        return rendered
 
     async def _stored_differently_status(self, run: Run, digest: str, policy_status: JSON) -> None:
         previous = ((run.obj.get("status") or {}).get("policy") or {}).get("appliedHash")
@@ -331,6 +357,27 @@ class PolicyReconciler:
             "write); it is not written again until the render or the live policy changes. Compare "
             "`headscale policy get` with the rendered ConfigMap"), policy_status)
 
+    async def _report_skipped(self, run: Run, skipped: tuple[Skipped, ...], base: str) -> None:
+        """One Warning Event each time the set of left-out entries changes (none when it empties)."""
+        reported = frozenset(skipped)
+        if self._skips_reported.get(run.name, frozenset()) == reported:
+            return
+        if not reported:
+            self._skips_reported.pop(run.name, None)
+            return
+        self._skips_reported[run.name] = reported
+        count = len(skipped)
+        details = "; ".join(f"{s.kind} {s.entry}" + (f" ({', '.join(s.sources)})" if s.sources else "")
+                            + f": {s.reason}" for s in skipped)
+        log.warning("derived policy entries left out of the render", tailnet=run.name, count=count,
+                    entries=[s.entry for s in skipped])
+        await self.events.warning(
+            run.obj, "DerivedEntriesSkipped",
+            f"the render of the base policy {base} leaves out {count} derived "
+            f"{'entry' if count == 1 else 'entries'} the CRs need; the operator does not apply "
+            f"{'it' if count == 1 else 'them'} (a route left out is not approved): {details}",
+            action="RenderPolicy")
+
     async def _publish(self, run: Run, text: str, digest: str) -> None:
         await self.writer.apply(CONFIG_MAP, {
             "metadata": owned_metadata(run.obj, name=rendered_config_map_name(run.name), namespace=self.namespace,
@@ -340,16 +387,20 @@ class PolicyReconciler:
 
     # -- approvals and sites ------------------------------------------------------------------
 
-    async def _replay_approvals(self, run: Run, hs: HeadscaleClient, nodes: list[Node]) -> list[Node]:
+    async def _replay_approvals(self, run: Run, hs: HeadscaleClient, nodes: list[Node],
+                                rendered: Rendered) -> list[Node]:
         """Approve what tagged nodes advertised before the policy approved it automatically.
 
         Headscale auto-approves only when a node advertises, so a site router, the gateway (its
         routes and load-balancer range) or a router of an egress host route that came up before
-        its approver was rendered stays unapproved; every derived approval is replayed here.
+        its approver was rendered stays unapproved. A derived approval is replayed here only where
+        the rendered policy (equal to the live one) grants it to the router's tag
+        (:class:`~tailnet_operator.policy.Replay`): the base's own approvers decide its routes.
         """
+        replay = Replay(rendered.document, run.inputs.derived)
         updated: list[Node] = []
         for node in nodes:
-            wanted = routes_to_approve(run.inputs.derived, node.tags, node.available_routes, node.approved_routes)
+            wanted = replay.routes(node.tags, node.available_routes, node.approved_routes)
             if wanted:
                 node = await hs.add_approved_routes(node, wanted)
                 await self.events.normal(run.obj, "RoutesApproved",
@@ -401,6 +452,14 @@ def _parsed(model: type[M], objects: list[JSON]) -> list[M]:
             log.warning("skipping an object that does not parse", kind=obj.get("kind"),
                         name=obj["metadata"].get("name"), error=str(exc).splitlines()[0])
     return parsed
+
+
+def _skipped_status(skipped: Skipped) -> JSON:
+    """A ``status.policy.skipped`` item, cut to the schema's bounds."""
+    item: JSON = {"kind": skipped.kind, "entry": skipped.entry[:1024], "reason": skipped.reason[:2048]}
+    if skipped.sources:
+        item["sources"] = [source[:253] for source in skipped.sources[:16]]
+    return item
 
 
 def _route_conditions(tag: str, routes: list[str], routers: list[Node]) -> list[Cond]:

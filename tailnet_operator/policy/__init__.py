@@ -12,6 +12,9 @@ these functions and writes the results. Decisions worth knowing (details in each
   ``// tailnet-operator: derived from <Kind> <namespace>/<name>`` comment.
 * Ingresses get a tag entry but no grant: who may reach them is the policy author's choice.
 * No grants are added to a policy without acls and grants (allow-all stays allow-all).
+* Routes advertised before their approver existed are approved from the rendered policy only: a
+  derived approval the render left out (the base wins) is never replayed, and every entry left
+  out is reported (``Rendered.skipped``, with the CRs it came from).
 """
 
 from tailnet_operator.policy.derive import (
@@ -32,6 +35,7 @@ from tailnet_operator.policy.render import (
     Added,
     Missing,
     Rendered,
+    Replay,
     Skipped,
     diff_needed,
     missing,
@@ -52,6 +56,7 @@ __all__ = [
     "Missing",
     "PolicyParseError",
     "Rendered",
+    "Replay",
     "RouteApproval",
     "SiteInput",
     "SiteRoutes",

@@ -62,11 +62,13 @@ _TAILNET_RANGES: tuple[IPNetwork, ...] = (
 
 @dataclass(frozen=True)
 class Skipped:
-    """A derived entry that was not added although the policy lacks it, and why."""
+    """A derived entry that was not added although the policy lacks it, why, and the CRs it came from."""
 
     kind: Literal["route", "grant"]
     entry: str
     reason: str
+    sources: tuple[str, ...] = ()
+    """e.g. ``("TailnetSite branch",)``; empty when the derivation named no source."""
 
 
 @dataclass(frozen=True)
@@ -165,23 +167,44 @@ class _Approvals:
         return False
 
 
-def routes_to_approve(derived: Derived, tags: Iterable[str], available: Iterable[str],
+class Replay:
+    """Which routes a node advertised the operator approves on it: ``policy`` is the rendered
+    document (what Headscale enforces), ``derived`` what the CRs asked for.
+
+    A route is approved for a node when one of the node's tags is a derived approver of it (a
+    site's router tag, the gateway's tag for its range and egress host routes) *and* the policy's
+    ``autoApprovers.routes`` approve it for that same tag (an equal or wider key listing the tag,
+    Headscale's rule). A derived approval the render left out because the base wins is never
+    replayed: the base's approvers decide that route.
+    """
+
+    def __init__(self, policy: Mapping[str, Any], derived: Derived) -> None:
+        routes = _member(_member(policy, "autoApprovers", {}), "routes", {})
+        self._policy = _Approvals(routes if isinstance(routes, Mapping) else {})
+        self._derived = _Approvals({entry.route: entry.approvers for entry in derived.routes})
+
+    def routes(self, tags: Iterable[str], available: Iterable[str], approved: Iterable[str]) -> list[str]:
+        """What to add to the node's approved routes: sorted, empty when there is nothing to replay."""
+        node_tags = sorted(set(tags))
+        out = []
+        for route in sorted(set(available) - set(approved)):
+            network = _as_network(route)
+            if network is not None and any(self._derived.approved(network, tag) and self._policy.approved(network, tag)
+                                           for tag in node_tags):
+                out.append(route)
+        return out
+
+
+def routes_to_approve(policy: Mapping[str, Any], derived: Derived, tags: Iterable[str], available: Iterable[str],
                       approved: Iterable[str]) -> list[str]:
-    """Routes a node advertises, not yet approved, that a derived approver covers for one of its tags.
+    """Routes a node advertises, not yet approved, that the rendered ``policy`` approves for one of its
+    tags as a derived approval asked (see :class:`Replay`).
 
     What Headscale's auto-approval would have granted had the policy existed when the node
     advertised them (it only approves on advertisement): site routes, the gateway's routes and
     load-balancer range, egress host routes. Sorted; empty when there is nothing to replay.
     """
-    node_tags = set(tags)
-    done = set(approved)
-    approvals = _Approvals({entry.route: entry.approvers for entry in derived.routes})
-    out = []
-    for route in sorted(set(available) - done):
-        network = _as_network(route)
-        if network is not None and any(approvals.approved(network, tag) for tag in node_tags):
-            out.append(route)
-    return out
+    return Replay(policy, derived).routes(tags, available, approved)
 
 
 def _port_spec_covers(spec: str, port: int) -> bool:
@@ -390,12 +413,15 @@ def render(base: Mapping[str, Any], derived: Derived, *, memo: TextMemo | None =
             continue
         if network in listed:
             key = listed[network]
+            who = ", ".join(lacking)
             skipped.append(
                 Skipped(
                     "route",
                     approval.route,
-                    f"the base already lists {key} for {routes[key]}; the base wins, so {', '.join(lacking)} "
-                    "is not added and routes it advertises stay unapproved",
+                    f"the base already lists {key} for {', '.join(routes[key]) or 'no approver'}; the base "
+                    f"wins, so {who} is not added and routes it advertises stay unapproved. To have them "
+                    f"approved, add {who} to that entry's approvers in the base policy",
+                    derived.sources(approval),
                 )
             )
             continue
@@ -415,7 +441,7 @@ def render(base: Mapping[str, Any], derived: Derived, *, memo: TextMemo | None =
             "the base has neither acls nor grants, so Headscale allows all traffic; adding a grant would deny "
             "everything else"
         )
-        skipped.extend(Skipped("grant", _label(g), reason) for g in derived.grants)
+        skipped.extend(Skipped("grant", _label(g), reason, derived.sources(g)) for g in derived.grants)
     elif derived.grants:
         target = "grants" if grants else "acls"
         target_key = find_key(doc, target)
@@ -432,7 +458,7 @@ def render(base: Mapping[str, Any], derived: Derived, *, memo: TextMemo | None =
         rules = _Rules(base_grants, acls, _member(doc, "hosts", {}), index=index)
         for grant in derived.grants:
             if undefined := _undefined_hosts(grant, rules.hosts):
-                skipped.append(Skipped("grant", _label(grant), _hosts_reason(undefined)))
+                skipped.append(Skipped("grant", _label(grant), _hosts_reason(undefined), derived.sources(grant)))
             elif not rules.covers(grant):
                 rule = grant.to_json() if grants else acl_entry(grant)
                 entries.append(rule)

@@ -355,3 +355,63 @@ async def test_a_write_headscale_accepts_but_stores_differently_is_reported_and_
     world.clock.advance(30)
     await world.reconcile_policy()
     assert world.headscale.policy_writes == 2 and world.condition("PolicyApplied")["reason"] == "Applied"
+
+
+CONTESTED_BASE = """{
+  "tagOwners": {"tag:lab-router": []},
+  "grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}],
+  "autoApprovers": {"routes": {"10.77.0.0/24": ["tag:lab-router"]}},
+}
+"""
+
+
+async def test_a_route_the_base_gives_to_another_approver_is_not_replayed_and_the_skip_is_reported() -> None:
+    world = await ready_world(base=CONTESTED_BASE)
+    world.headscale.nodes.append(router("7", "tag:branch", ["10.77.0.0/24", "10.78.0.0/24"]))
+    site(world, "branch", ["10.77.0.0/24", "10.78.0.0/24"], "tag:branch")
+
+    await world.reconcile_policy()
+
+    assert world.headscale.nodes[0]["approvedRoutes"] == ["10.78.0.0/24"], "the base wins: 10.77.0.0/24 is not ours"
+    condition = world.condition("PolicyApplied")
+    assert condition["reason"] == "Applied" and "1 derived entry was left out" in condition["message"]
+    [skipped] = world.tailnet_obj()["status"]["policy"]["skipped"]
+    assert skipped["kind"] == "route" and skipped["entry"] == "10.77.0.0/24"
+    assert skipped["sources"] == ["TailnetSite branch"]
+    assert "tag:lab-router" in skipped["reason"] and "tag:branch" in skipped["reason"]
+    assert world.events.reasons.count("DerivedEntriesSkipped") == 1
+    assert world.condition("Approved", "branch", TAILNET_SITE)["status"] == "False"
+
+    world.clock.advance(30)
+    await world.reconcile_policy()
+    assert world.events.reasons.count("DerivedEntriesSkipped") == 1, "reported again only when the skips change"
+
+    base = world.kube.get(CONFIG_MAP, "base", NAMESPACE)
+    assert base is not None
+    world.kube.update(CONFIG_MAP, {**base, "data": {"policy.hujson": OPEN_BASE}})
+    world.clock.advance(30)
+    await world.reconcile_policy()
+    assert sorted(world.headscale.nodes[0]["approvedRoutes"]) == ["10.77.0.0/24", "10.78.0.0/24"]
+    assert "skipped" not in world.tailnet_obj()["status"]["policy"]
+
+
+@pytest.mark.parametrize("mode", ["Render", ""])
+async def test_the_read_only_branches_send_headscale_nothing_but_reads(mode: str) -> None:
+    """Render mode and a Tailnet without spec.policy only read Headscale, even with a router whose
+    advertised route a CR derives an approval for and a live policy that would approve it."""
+    world = await ready_world(mode=mode)
+    world.headscale.policy = json.dumps({"grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}],
+                                         "autoApprovers": {"routes": {"192.168.1.0/24": ["tag:branch"]}}})
+    world.headscale.nodes.append(router("7", "tag:branch", ["192.168.1.0/24"]))
+    site(world, "branch", ["192.168.1.0/24"], "tag:branch")
+    world.headscale.calls.clear()
+
+    for _ in range(2):
+        await world.reconcile_policy()
+        world.clock.advance(30)
+
+    assert world.condition("PolicyApplied")["reason"] == ("RenderOnly" if mode else "PolicyIncomplete")
+    assert world.headscale.calls, "the branch reads Headscale"
+    writes = [call for call in world.headscale.calls if not call.startswith("GET ")]
+    assert writes == [], f"a read-only branch wrote to Headscale: {writes}"
+    assert world.headscale.nodes[0]["approvedRoutes"] == []
