@@ -27,7 +27,7 @@ import pytest
 from hack.localenv import ControlPlane, Headscale
 from tailnet_operator.controllers.gateway import GatewaySettings
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_GATEWAY
-from tailnet_operator.headscale import OWNER_TAG
+from tailnet_operator.headscale import installation_tag
 from tailnet_operator.runtime.client import JSON, Client
 from tailnet_operator.runtime.errors import NotFound
 from tailnet_operator.runtime.kinds import CONFIG_MAP, NAMESPACE, POD, SECRET, SERVICE, STATEFUL_SET, Resource
@@ -124,7 +124,8 @@ async def test_suspended_then_created_once_with_receipts_from_the_registered_nod
         router = tailscale_nodes(f"{gw}-gateway", headscale, authkey=key, advertise_routes=routes)
         receipts = await eventually(lambda: _receipts(admin, gw), timeout=60, what="receipts")
         node = headscale.node_by_name(f"{gw}-gateway")
-        assert node is not None and set(node["tags"]) == {TAG, OWNER_TAG}
+        marker = installation_tag((await admin.get(TAILNET, tailnet))["metadata"]["uid"])
+        assert node is not None and set(node["tags"]) == {TAG, marker}
         assert receipts["nodeId"] == node["id"] and receipts["nodeKey"] == node["nodeKey"]
         assert receipts["stateSecret"] == f"{gw}-gateway-state"
         await eventually(has_condition(admin, TAILNET_GATEWAY, gw, "Registered", "True"), what="Registered")

@@ -18,9 +18,12 @@ import structlog
 from e2e.faultproxy import Fault, FaultProxy
 from hack.localenv import Headscale
 from tailnet_operator.controllers.sweep import list_orphans
-from tailnet_operator.headscale import OWNER_TAG, HeadscaleClient, References, ServerError, sweep_orphans
+from tailnet_operator.headscale import HeadscaleClient, References, ServerError, installation_tag, sweep_orphans
 
 pytestmark = pytest.mark.integration
+
+MARKER = installation_tag("0c6f1c8e-8a8f-4d0b-9a57-3a2d6c1b4e7f")
+"""The installation these tests act for."""
 
 POLICY = '{"tagOwners": {"tag:faults": []}, "grants": [{"src": ["tag:faults"], "dst": ["*"], "ip": ["*"]}]}'
 TIMEOUT = 2.0
@@ -34,7 +37,7 @@ async def proxy(headscale: Headscale) -> AsyncIterator[FaultProxy]:
 
 
 def _client(proxy: FaultProxy, headscale: Headscale) -> HeadscaleClient:
-    return HeadscaleClient(proxy.url, headscale.api_key, timeout=TIMEOUT, backoff=0.05)
+    return HeadscaleClient(proxy.url, headscale.api_key, timeout=TIMEOUT, backoff=0.05, owner_tag=MARKER)
 
 
 def _no_secrets(logs: Sequence[Mapping[str, Any]], *secrets: str) -> None:
@@ -92,7 +95,7 @@ async def test_a_create_whose_answer_is_cut_is_not_repeated_and_its_key_is_swept
         # a gateway 502: Headscale never saw the request, so the create is retried and one key made
         proxy.add(Fault("POST", "/api/v1/preauthkey", status=502, body=b"Bad Gateway"))
         with structlog.testing.capture_logs() as logs:
-            made = await hs.create_preauth_key(acl_tags=["tag:faults", OWNER_TAG], reusable=True, ephemeral=True,
+            made = await hs.create_preauth_key(acl_tags=["tag:faults", MARKER], reusable=True, ephemeral=True,
                                                expiration=dt.timedelta(hours=1))
         assert proxy.seen.count("POST /api/v1/preauthkey") == 2
         assert [k.id for k in await hs.list_preauth_keys()] == [made.id]
@@ -101,7 +104,7 @@ async def test_a_create_whose_answer_is_cut_is_not_repeated_and_its_key_is_swept
         # error names no secret, and the key, unrecorded anywhere, is an orphan the sweep expires
         proxy.add(Fault("POST", "/api/v1/preauthkey", cut=True))
         with structlog.testing.capture_logs() as more, pytest.raises(ServerError) as raised:
-            await hs.create_preauth_key(acl_tags=["tag:faults", OWNER_TAG], reusable=True, ephemeral=True,
+            await hs.create_preauth_key(acl_tags=["tag:faults", MARKER], reusable=True, ephemeral=True,
                                         expiration=dt.timedelta(hours=1))
         assert "hskey-auth-" not in str(raised.value)
         keys = await hs.list_preauth_keys()

@@ -25,7 +25,7 @@ from tailnet_agent.exposes import parse_exposes
 from tailnet_operator.api.crds import install_crds
 from tailnet_operator.controllers.dns import parse_hosts
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_INGRESS
-from tailnet_operator.headscale import OWNER_TAG
+from tailnet_operator.headscale import installation_tag
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import JSON, Client
 from tailnet_operator.runtime.errors import NotFound
@@ -158,7 +158,8 @@ async def test_an_ingress_gets_its_agent_objects_dns_names_and_on_deletion_loses
         key = base64.b64decode(key_secret["data"]["authKey"]).decode()
         key_id = key_secret["metadata"]["annotations"]["tailnet.dev/key-id"]
         [hs_key] = [k for k in scene.headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"] if k["id"] == key_id]
-        assert hs_key["aclTags"] == [TAG, OWNER_TAG] and hs_key["reusable"] and hs_key["ephemeral"]
+        marker = installation_tag((await admin.get(TAILNET, tailnet))["metadata"]["uid"])
+        assert hs_key["aclTags"] == [TAG, marker] and hs_key["reusable"] and hs_key["ephemeral"]
 
         node = tailscale_nodes("shop-gw", scene.headscale, authkey=key)  # as the agent pod would join
         address = node.ipv4()

@@ -26,7 +26,7 @@ from tailnet_operator.controllers.cleanup import SKIP_CLEANUP_ANNOTATION
 from tailnet_operator.controllers.egress import EgressReconciler
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS
 from tailnet_operator.controllers.preauth import auth_key_secret_name
-from tailnet_operator.headscale import OWNER_TAG
+from tailnet_operator.headscale import installation_tag
 from tailnet_operator.runtime import Result
 from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.controller import Request
@@ -100,7 +100,8 @@ async def test_skip_cleanup_then_the_sweep_and_the_bounded_finalizer(
             ids[name] = await eventually(lambda n=name: _key_id(admin, n, ns), timeout=60,  # type: ignore[misc]
                                          what=f"the pre-auth key of {name}")
         keys = {k["id"]: k for k in headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"]}
-        assert keys[ids["gone"]]["aclTags"] == ["tag:egress-gone", OWNER_TAG]
+        marker = installation_tag((await admin.get(TAILNET, tailnet))["metadata"]["uid"])
+        assert keys[ids["gone"]]["aclTags"] == ["tag:egress-gone", marker]
         for name in ("gone", "kept"):
             secret = await admin.get(SECRET, auth_key_secret_name(name), ns)
             tailscale_nodes(f"agent-{name}", headscale, authkey=base64.b64decode(secret["data"]["authKey"]).decode())
@@ -134,7 +135,7 @@ async def test_skip_cleanup_then_the_sweep_and_the_bounded_finalizer(
         assert headscale.node_by_name("agent-kept") is not None and headscale.node_by_name("by-hand") is not None
         assert not expired(ids["kept"]) and not expired(ids["stuck"])
         assert not [k for k in headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"]
-                    if OWNER_TAG not in k["aclTags"] and expired(k["id"])], "a key made by hand was expired"
+                    if marker not in k["aclTags"] and expired(k["id"])], "a key made by hand was expired"
         await eventually(lambda: _has(admin, "default", tailnet, "OrphansSwept"), timeout=30, what="OrphansSwept")
 
         # 4. Headscale down: the finalizer retries, then lets go after the bound

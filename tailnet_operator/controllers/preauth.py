@@ -3,7 +3,7 @@
 An agent's key is reusable, so a restarted pod registers again on its own, and ephemeral, so a
 node whose pod is gone ages out of the tailnet. A gateway's is single-use and not ephemeral
 (:class:`Wanted`): one node, which stays. Tag-only so the node is the tag and nobody's device; the key also carries
-:data:`~tailnet_operator.headscale.OWNER_TAG`, the marker the orphan sweep (:mod:`.sweep`) recognises. The key is
+its installation's marker (``hs.owner_tag``), which the orphan sweep (:mod:`.sweep`) recognises. The key is
 rotated at half its lifetime and when the Tailnet's login URL or the tag changes, in an order
 that survives a crash at any step (the same order as the working API key's):
 
@@ -24,7 +24,7 @@ import contextlib
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from tailnet_operator.headscale import OWNER_TAG, HeadscaleClient, HeadscaleError, NotFound, mask_key
+from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, NotFound, mask_key
 from tailnet_operator.runtime import SECRET, Clock, Writer, certainly_not_written
 from tailnet_operator.types import JSON
 
@@ -151,8 +151,8 @@ class AuthKeyKeeper:
 
     async def _create(self, hs: HeadscaleClient, wanted: Wanted, *, previous: AuthKey | None) -> AuthKey:
         now = self.clock.utcnow()
-        # OWNER_TAG marks the key, and the node made with it, as the operator's (the orphan sweep)
-        created = await hs.create_preauth_key(expiration=now + LIFETIME, acl_tags=[wanted.tag, OWNER_TAG],
+        # the installation's marker makes the key, and the node made with it, this installation's (the orphan sweep)
+        created = await hs.create_preauth_key(expiration=now + LIFETIME, acl_tags=[wanted.tag, hs.owner_tag],
                                               reusable=wanted.reusable, ephemeral=wanted.ephemeral)
         # a key made for another server cannot be expired with this server's API; it ages out there
         previous_id = previous.id if previous and previous.login_url == wanted.login_url else ""

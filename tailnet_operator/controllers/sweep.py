@@ -4,11 +4,19 @@ A finalizer expires a CR's key when the CR is deleted, but a finalizer can be sk
 (``tailnet.dev/skip-cleanup``), give up (Headscale unreachable for its whole bound), or a crash can
 leave a key that was created and never recorded. This controller, one reconcile per Tailnet every
 :data:`SWEEP_SECONDS` (controllers run only on the leader), lists the Tailnet's Headscale and
-expires the pre-auth keys, and deletes the ephemeral nodes, that carry the operator's marker
-(:data:`~tailnet_operator.headscale.OWNER_TAG`) and that no existing CR refers to
-(:func:`~tailnet_operator.headscale.orphans_of` has the rule). Anything without the marker is
-never touched. Each sweep that found something records a Normal Event ``OrphansSwept`` on the
-Tailnet and counts in ``tailnet_operator_orphans_swept_total{kind}``.
+expires the pre-auth keys, and deletes the ephemeral nodes, that carry this installation's marker
+(:func:`~tailnet_operator.headscale.installation_tag` of the Tailnet's uid) and that none of this
+installation's CRs refers to (:func:`~tailnet_operator.headscale.orphans_of` has the rule).
+
+What counts is this Tailnet's own: the TailnetEgresses of the operator's namespace (the only
+ones it acts on), the TailnetIngresses and TailnetGateways that name the Tailnet, and the key
+Secrets those CRs own (a key Secret without an owner counts unless its ``tailnet.dev/tailnet``
+label names another Tailnet). Keys and nodes of another installation sharing the Headscale carry
+another marker, and those made before markers were per installation carry the shared
+:data:`~tailnet_operator.headscale.LEGACY_OWNER_TAG`: the sweep never touches either (see
+:mod:`tailnet_operator.headscale._ownership` for what becomes of the latter). Each sweep that
+found something records a Normal Event ``OrphansSwept`` on the Tailnet and counts in
+``tailnet_operator_orphans_swept_total{kind}``.
 
 :func:`references` and :func:`list_orphans` are the same check without the sweep, for tests and
 tools that must prove there are no orphans.
@@ -25,7 +33,6 @@ from prometheus_client import CollectorRegistry, Counter
 from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.headscale import (
     DEFAULT_GRACE,
-    OWNER_TAG,
     HeadscaleClient,
     HeadscaleError,
     Orphans,
@@ -39,7 +46,8 @@ from tailnet_operator.types import JSON
 from .access import Deps, NoAccess, Problem
 from .kinds import TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS
 
-__all__ = ["SWEEP_SECONDS", "OrphanSweeper", "SweepMetrics", "list_orphans", "references", "references_from"]
+__all__ = ["SWEEP_SECONDS", "OrphanSweeper", "SweepMetrics", "installation_crs", "list_orphans", "references",
+           "references_from"]
 
 log = structlog.get_logger("controllers.sweep")
 
@@ -53,6 +61,7 @@ _KEY_ID = "tailnet.dev/key-id"
 _PREVIOUS_KEY_ID = "tailnet.dev/previous-key-id"
 _KEY_TAG = "tailnet.dev/tag"
 """Only a pre-auth key Secret (:class:`~.preauth.AuthKey`) has it; the working API key's does not."""
+_TAILNET_LABEL = "tailnet.dev/tailnet"
 
 
 def references(secrets: Iterable[JSON], crs: Iterable[JSON]) -> References:
@@ -79,20 +88,35 @@ def references(secrets: Iterable[JSON], crs: Iterable[JSON]) -> References:
     return References(key_ids=frozenset(key_ids), tags=frozenset(tags - {""}))
 
 
-def references_from(reader: Reader) -> References:
-    """:func:`references` over the cache (every namespace).
+def installation_crs(reader: Reader, tailnet: str, namespace: str) -> list[JSON]:
+    """The CRs of this installation that use the Tailnet ``tailnet``: its TailnetIngresses and
+    TailnetGateways, and its TailnetEgresses in the operator's ``namespace`` (one elsewhere is
+    never acted on, so it cannot keep a key or node alive)."""
+    def of_tailnet(obj: JSON) -> bool:
+        return bool(((obj.get("spec") or {}).get("tailnetRef") or {}).get("name") == tailnet)
+
+    return [o for kind in (TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY) for o in reader.list(kind)
+            if of_tailnet(o) and (kind != TAILNET_EGRESS or o["metadata"].get("namespace") == namespace)]
+
+
+def references_from(reader: Reader, tailnet: str, namespace: str) -> References:
+    """:func:`references` over the cache, for the CRs of :func:`installation_crs`.
 
     Outside the operator's namespace the cache holds Secrets by metadata, without annotations: the
-    candidates (the operator's label, or owned by a CR) are read whole, one by one. A body not in
-    the cache yet raises :class:`~tailnet_operator.runtime.cache.NotYetCached`, so no sweep runs on
-    references it could not read (the controller retries once the body is in)."""
-    crs = [o for kind in (TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY) for o in reader.list(kind)]
+    candidates (owned by one of those CRs, or the operator's label and no owner) are read whole,
+    one by one; a Secret labelled for another Tailnet does not count. A body not in the cache yet
+    raises :class:`~tailnet_operator.runtime.cache.NotYetCached`, so no sweep runs on references it
+    could not read (the controller retries once the body is in)."""
+    crs = installation_crs(reader, tailnet, namespace)
     uids = {str(c["metadata"].get("uid") or "") for c in crs}
     whole = []
     for meta_only in reader.list(SECRET):
         meta = meta_only["metadata"]
-        labelled = (meta.get("labels") or {}).get(_MANAGED_BY) == _OPERATOR
-        owned = any(str(o.get("uid") or "") in uids for o in meta.get("ownerReferences") or [])
+        labels = meta.get("labels") or {}
+        owners = meta.get("ownerReferences") or []
+        labelled = (labels.get(_MANAGED_BY) == _OPERATOR and not owners
+                    and labels.get(_TAILNET_LABEL, tailnet) == tailnet)
+        owned = any(str(o.get("uid") or "") in uids for o in owners)
         if labelled or owned:
             secret = reader.get(SECRET, meta["name"], meta.get("namespace"))
             if secret is not None:
@@ -101,11 +125,12 @@ def references_from(reader: Reader) -> References:
 
 
 async def list_orphans(hs: HeadscaleClient, refs: References, *, now: dt.datetime | None = None,
-                       grace: dt.timedelta = dt.timedelta(0), owner_tag: str = OWNER_TAG) -> Orphans:
-    """The operator-owned keys and ephemeral nodes on ``hs`` that no CR refers to (reads only).
+                       grace: dt.timedelta = dt.timedelta(0), owner_tag: str | None = None) -> Orphans:
+    """The installation's keys and ephemeral nodes on ``hs`` that no CR refers to (reads only);
+    the installation is ``owner_tag``, by default the one the client acts for.
 
     ``grace`` defaults to 0 here: a check after things have settled wants every orphan."""
-    return await find_orphans(hs, refs, now=now, grace=grace, owner_tag=owner_tag)
+    return await find_orphans(hs, refs, now=now, grace=grace, owner_tag=owner_tag or hs.owner_tag)
 
 
 class SweepMetrics:
@@ -147,12 +172,15 @@ class OrphanSweeper:
             connection = self.access.working(tailnet)
         except (NoAccess, Problem, ValueError):
             return Result(requeue_after=self.interval)  # the Tailnet's own status says why
-        refs = references_from(self.reader)
-        log.debug("orphan sweep", tailnet=request.name, referenced_keys=sorted(refs.key_ids),
-                  referenced_tags=sorted(refs.tags))
+        if connection.owner_tag is None:
+            return Result(requeue_after=self.interval)  # a Tailnet without a uid: nothing can be this installation's
+        refs = references_from(self.reader, request.name, self.access.namespace)
+        log.debug("orphan sweep", tailnet=request.name, owner_tag=connection.owner_tag,
+                  referenced_keys=sorted(refs.key_ids), referenced_tags=sorted(refs.tags))
         try:
             async with self.access.open(connection) as hs:
-                orphans = await find_orphans(hs, refs, now=self.clock.utcnow(), grace=self.grace)
+                orphans = await find_orphans(hs, refs, owner_tag=connection.owner_tag, now=self.clock.utcnow(),
+                                             grace=self.grace)
                 swept = await sweep_orphans(hs, orphans)
         except HeadscaleError as exc:
             if self.metrics is not None:

@@ -71,6 +71,7 @@ from ._models import (
     parse_time,
     raw_api_key_prefix,
 )
+from ._ownership import check_marker
 from ._transport import AiohttpTransport, Request, Transport
 from ._versions import ServerFeatures, minor_text
 
@@ -159,12 +160,18 @@ class HeadscaleClient:
 
     ``server_version`` (``"v0.29.2"``; ``""`` for a 0.26 without ``/version``) skips asking the
     server which version it runs, for callers that already know.
+
+    ``owner_tag`` is the marker of the installation the client acts for
+    (:func:`~._ownership.installation_tag`): the pre-auth keys the operator makes for its CRs carry
+    it, and the orphan sweep considers only what carries it. The operator's
+    ``HeadscaleAccess`` sets it from the Tailnet; reading it when nobody did raises ValueError.
     """
 
     def __init__(self, url: str, api_key: str, *, ca_bundle: str | Path | None = None,
                  timeout: float = DEFAULT_TIMEOUT, attempts: int = DEFAULT_ATTEMPTS,
                  backoff: float = DEFAULT_BACKOFF, transport: Transport | None = None,
-                 server_version: str | None = None, observer: RequestObserver | None = None) -> None:
+                 server_version: str | None = None, observer: RequestObserver | None = None,
+                 owner_tag: str | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"Headscale URL must be http(s)://host[:port], got {url!r}")
@@ -186,6 +193,19 @@ class HeadscaleClient:
         self._observer = observer
         self._closed = False
         self._features = ServerFeatures.from_reported(server_version) if server_version is not None else None
+        self._owner_tag = check_marker(owner_tag) if owner_tag is not None else None
+
+    @property
+    def owner_tag(self) -> str:
+        """The installation's marker (see the class docstring)."""
+        if self._owner_tag is None:
+            raise ValueError("this Headscale client acts for no installation: it has no owner tag to mark keys "
+                             "with (the operator's HeadscaleAccess sets it from the Tailnet's uid)")
+        return self._owner_tag
+
+    @owner_tag.setter
+    def owner_tag(self, tag: str) -> None:
+        self._owner_tag = check_marker(tag)
 
     def __repr__(self) -> str:
         return f"HeadscaleClient(url={self.url!r}, api_key={mask_key(self._api_key)!r})"

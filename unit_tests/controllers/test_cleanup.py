@@ -9,12 +9,13 @@ from datetime import timedelta
 from prometheus_client import CollectorRegistry
 
 from tailnet_operator.controllers.cleanup import SKIP_CLEANUP_ANNOTATION, Cleanup, skip_cleanup
-from tailnet_operator.controllers.kinds import TAILNET, TAILNET_INGRESS
-from tailnet_operator.controllers.sweep import OrphanSweeper, SweepMetrics, references
-from tailnet_operator.headscale import OWNER_TAG
-from tailnet_operator.runtime import SECRET, Request
+from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS, TAILNET_INGRESS
+from tailnet_operator.controllers.sweep import OrphanSweeper, SweepMetrics, references, references_from
+from tailnet_operator.headscale import installation_tag
+from tailnet_operator.runtime import SECRET, FakeClient, Request
 from tailnet_operator.types import JSON
 
+from .harness import NAMESPACE
 from .test_ingress import TENANT, IngressWorld, world_with_tailnet
 
 
@@ -90,12 +91,13 @@ async def test_the_sweep_expires_the_key_and_deletes_the_node_of_a_gone_ingress_
     await world.reconcile_ingress()
     await world.reconcile_ingress("cart")
     keys = {k["aclTags"][0]: k for k in world.headscale.preauth_keys.values()}
-    assert keys["tag:ingress-shop"]["aclTags"] == ["tag:ingress-shop", OWNER_TAG]
+    marker = installation_tag(world.tailnet_obj()["metadata"]["uid"])
+    assert keys["tag:ingress-shop"]["aclTags"] == ["tag:ingress-shop", marker]
     created = keys["tag:ingress-shop"]["createdAt"]
     # nodes as Headscale lists them: each registered with its CR's key; one nobody made
     for node_id, tag, key in (("1", "tag:ingress-shop", keys["tag:ingress-shop"]),
                               ("2", "tag:ingress-cart", keys["tag:ingress-cart"])):
-        world.headscale.nodes.append({"id": node_id, "name": f"n{node_id}", "tags": [tag, OWNER_TAG],
+        world.headscale.nodes.append({"id": node_id, "name": f"n{node_id}", "tags": [tag, marker],
                                       "createdAt": created, "preAuthKey": {"id": key["id"]}})
     world.headscale.preauth_keys["99"] = {"id": "99", "key": "hskey-auth-aaaaaaaaaaaa-x", "reusable": True,
                                           "ephemeral": True, "aclTags": ["tag:ingress-shop"],
@@ -146,3 +148,36 @@ def test_references_keep_a_secret_without_owner_and_drop_one_whose_cr_is_gone() 
     refs = references(secrets, crs)
     assert refs.key_ids == {"1", "2", "4"} and refs.tags == {"tag:a"}
     assert SECRET.kind == "Secret"
+
+
+def test_the_sweep_counts_only_the_crs_and_key_secrets_of_its_own_tailnet() -> None:
+    """Another Tailnet's CRs (another installation's, or this cluster's other Headscale) keep no key
+    or tag alive here, nor does a TailnetEgress outside the operator's namespace (never acted on)."""
+    kube = FakeClient()
+    crs = {
+        "mine": kube.add(TAILNET_INGRESS, _cr("mine", TENANT, "tn", "tag:ingress-mine")),
+        "theirs": kube.add(TAILNET_INGRESS, _cr("theirs", TENANT, "other", "tag:ingress-theirs")),
+        "egress": kube.add(TAILNET_EGRESS, _cr("egress", NAMESPACE, "tn", "tag:egress-mine")),
+        "stray": kube.add(TAILNET_EGRESS, _cr("stray", TENANT, "tn", "tag:egress-stray")),
+    }
+    for name, cr in crs.items():
+        kube.add(SECRET, {"metadata": {
+            "name": f"{name}-auth-key", "namespace": cr["metadata"]["namespace"],
+            "labels": {"app.kubernetes.io/managed-by": "tailnet-operator", "tailnet.dev/tailnet": "tn"},
+            "annotations": {"tailnet.dev/key-id": f"id-{name}", "tailnet.dev/tag": cr["spec"]["tag"]},
+            "ownerReferences": [{"uid": cr["metadata"]["uid"]}]}})
+    for name, tailnet in (("gw-mine", "tn"), ("gw-theirs", "other")):  # key Secrets with no owner
+        kube.add(SECRET, {"metadata": {
+            "name": name, "namespace": "tailnet-gateway",
+            "labels": {"app.kubernetes.io/managed-by": "tailnet-operator", "tailnet.dev/tailnet": tailnet},
+            "annotations": {"tailnet.dev/key-id": f"id-{name}", "tailnet.dev/tag": "tag:gw"}}})
+
+    refs = references_from(kube, "tn", NAMESPACE)
+
+    assert refs.key_ids == {"id-mine", "id-egress", "id-gw-mine"}
+    assert refs.tags == {"tag:ingress-mine", "tag:egress-mine"}
+
+
+def _cr(name: str, namespace: str, tailnet: str, tag: str) -> JSON:
+    return {"metadata": {"name": name, "namespace": namespace},
+            "spec": {"tailnetRef": {"name": tailnet}, "tag": tag}}

@@ -15,9 +15,9 @@ import pytest
 from tailnet_operator.controllers.egress import EgressReconciler, EgressSettings
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS
 from tailnet_operator.controllers.preauth import auth_key_secret_name
-from tailnet_operator.headscale import OWNER_TAG
 from tailnet_operator.headscale import Request as HsRequest
 from tailnet_operator.headscale import Response as HsResponse
+from tailnet_operator.headscale import installation_tag
 from tailnet_operator.runtime import CONFIG_MAP, FINALIZER, SECRET, SERVICE, Applier, Request, Result, TransportError
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY
 from tailnet_operator.types import JSON
@@ -105,7 +105,8 @@ async def test_an_owned_tag_gets_a_reusable_ephemeral_tag_only_key_and_the_agent
     await world.reconcile_egress()
 
     [key] = world.headscale.preauth_keys.values()
-    assert key["reusable"] and key["ephemeral"] and key["aclTags"] == ["tag:egress-db", OWNER_TAG]
+    marker = installation_tag(world.tailnet_obj()["metadata"]["uid"])
+    assert key["reusable"] and key["ephemeral"] and key["aclTags"] == ["tag:egress-db", marker]
     assert world.stored_key() == key["key"]
     obj = world.egress_obj()
     secret = world.kube.get(SECRET, auth_key_secret_name("db"), NAMESPACE)
@@ -164,7 +165,7 @@ async def test_a_changed_tag_or_login_url_rotates_the_key_with_the_reason() -> N
     second = world.stored_key()
     assert second != first and not world.headscale.preauth_live(first)
     new_key = next(k for k in world.headscale.preauth_keys.values() if k["key"] == second)
-    assert new_key["aclTags"] == ["tag:egress-new", OWNER_TAG]
+    assert new_key["aclTags"] == ["tag:egress-new", installation_tag(world.tailnet_obj()["metadata"]["uid"])]
 
     tailnet = copy.deepcopy(world.tailnet_obj())
     tailnet["spec"]["loginURL"] = "https://other.test:443"

@@ -10,7 +10,7 @@ from typing import Any
 from tailnet_operator.controllers.agents import RESYNC_SECONDS
 from tailnet_operator.controllers.gateway import SETTLING_SECONDS, GatewayReconciler, GatewaySettings
 from tailnet_operator.controllers.kinds import TAILNET_EGRESS, TAILNET_GATEWAY
-from tailnet_operator.headscale import OWNER_TAG
+from tailnet_operator.headscale import installation_tag
 from tailnet_operator.runtime import CONFIG_MAP, FINALIZER, SECRET, SERVICE, Applier, Request, Result
 from tailnet_operator.runtime.kinds import DEPLOYMENT, POD, STATEFUL_SET
 from tailnet_operator.types import JSON
@@ -147,7 +147,8 @@ async def test_unsuspending_mints_a_single_use_key_and_creates_the_router_and_th
     await world.reconcile_gateway()
 
     [key] = world.headscale.preauth_keys.values()
-    assert key["aclTags"] == ["tag:gateway", OWNER_TAG] and not key["reusable"] and not key["ephemeral"]
+    marker = installation_tag(world.tailnet_obj()["metadata"]["uid"])
+    assert key["aclTags"] == ["tag:gateway", marker] and not key["reusable"] and not key["ephemeral"]
     state = world.kube.get(SECRET, "edge-gateway-state", GW_NS)
     assert state is not None and not state.get("data")
     assert state["metadata"]["annotations"]["tailnet.dev/gateway-uid"] == world.obj()["metadata"]["uid"]

@@ -12,7 +12,7 @@ from typing import Any
 
 from tailnet_operator.controllers.ingress import IngressReconciler, IngressSettings
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS, TAILNET_INGRESS
-from tailnet_operator.headscale import OWNER_TAG
+from tailnet_operator.headscale import OWNER_TAG, installation_tag
 from tailnet_operator.runtime import (
     CONFIG_MAP,
     FINALIZER,
@@ -157,7 +157,8 @@ async def test_an_owned_tag_gets_a_key_and_the_agent_objects_in_the_tenant_names
     result = await world.reconcile_ingress()
 
     [key] = world.headscale.preauth_keys.values()
-    assert key["reusable"] and key["ephemeral"] and key["aclTags"] == ["tag:ingress-shop", OWNER_TAG]
+    marker = installation_tag(world.tailnet_obj()["metadata"]["uid"])
+    assert key["reusable"] and key["ephemeral"] and key["aclTags"] == ["tag:ingress-shop", marker]
     assert world.stored_key() == key["key"]
     obj = world.obj()
     assert FINALIZER in obj["metadata"]["finalizers"]
