@@ -19,12 +19,24 @@ object outside that namespace returns its body fetched once per resourceVersion;
 of a version not fetched yet raises :class:`NotYetCached` and starts the fetch, and the
 controller retries the request when the body is in (no error, no backoff). So the cache holds
 the bodies of the objects reconcilers read, and the names of the rest.
+
+A kind can instead be cached *in some namespaces only* (:meth:`SharedCache.cache_in`): whole
+objects there, and nothing listed or watched anywhere else, so the operator needs no
+cluster-wide ``list``/``watch`` on it (a metadata-only watch needs them as much as a whole one).
+A read outside those namespaces fetches the object with one GET: the first read raises
+:class:`NotYetCached` as above, later reads return the last answer, and an answer older than
+the refresh interval is fetched again in the background. A fetched answer that differs from the
+previous one, and the answer of a write, reach the handlers added for all namespaces as an
+informer's events would, so a controller hears of a change to an object it reads at the latest
+when it next reads it. A refusal (403) reads as absent: the operator reads only where it was let
+in, and a namespace that has not let it in holds nothing of its.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -34,7 +46,7 @@ from pydantic import BaseModel
 from tailnet_operator.types import JSON
 
 from .clock import Clock
-from .errors import NotFound
+from .errors import Forbidden, NotFound
 from .informer import (
     NAMESPACE_INDEX,
     DeletedFinalStateUnknown,
@@ -43,6 +55,7 @@ from .informer import (
     Informer,
     MetadataOnly,
     label_selector,
+    matches_labels,
     metadata_of,
     newer,
     store_key,
@@ -81,15 +94,31 @@ class Getter(Protocol):
 FETCH_RETRY_DELAY = 1.0
 """Seconds before the requests waiting on a failed fetch are retried."""
 
+FETCH_REFRESH = 10.0
+"""Seconds a fetched answer of a kind cached in some namespaces is read without a new GET (then
+it is still read, and fetched again in the background)."""
+FETCH_FORGET = 600.0
+"""Seconds after its last read that a fetched answer is dropped."""
+
 
 @dataclass
 class _ByMetadata:
-    """The bodies fetched of one kind cached by metadata (outside ``namespace``)."""
+    """The bodies fetched of one kind cached by metadata (outside ``namespace``), or cached in
+    ``watched`` namespaces only (:meth:`SharedCache.cache_in`: outside them, by GET alone)."""
 
     namespace: str | None
     bodies: dict[str, JSON] = field(default_factory=dict)
     pending: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     waiters: dict[str, list[Callable[[], None]]] = field(default_factory=dict)
+    watched: frozenset[str] | None = None
+    """The namespaces cached whole (``cache_in``); None for a kind cached by metadata."""
+    refresh: float = FETCH_REFRESH
+    answered: dict[str, float] = field(default_factory=dict)
+    """When the last answer for each key fetched came (``cache_in``; absent objects too)."""
+    read: dict[str, float] = field(default_factory=dict)
+    """When each fetched key was last read (``cache_in``)."""
+    handlers: list[tuple[EventHandler, Mapping[str, str] | None]] = field(default_factory=list)
+    """Told of changes to fetched objects (``cache_in``), with their label filter."""
 
 
 class _Refetch:
@@ -137,6 +166,17 @@ class SharedCache(TypedReader):
             self.informer(resource, namespace)
         self.informer(resource).add_handler(_Refetch(self, resource))
 
+    def cache_in(self, resource: Resource, namespaces: Iterable[str], *, refresh: float = FETCH_REFRESH) -> None:
+        """Cache ``resource`` whole in ``namespaces`` and list or watch it nowhere else; a read
+        elsewhere fetches the object (see the module doc). Call before any informer of
+        ``resource`` exists; an informer outside ``namespaces`` is refused afterwards."""
+        if any(r == resource for r, _, _ in self._informers):
+            raise ValueError(f"{resource}: cache_in() must come before its informers")
+        watched = frozenset(namespaces)
+        self._by_metadata[resource] = _ByMetadata(None, watched=watched, refresh=refresh)
+        for namespace in sorted(watched):
+            self.informer(resource, namespace)
+
     def when_fetched(self, error: NotYetCached, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the fetch that ``error`` announced has ended (or at once if it has)."""
         partial = self._by_metadata[error.resource]
@@ -152,8 +192,11 @@ class SharedCache(TypedReader):
         informer = self._informers.get(key)
         if informer is None:
             by_metadata = self._by_metadata.get(resource)
+            if by_metadata is not None and by_metadata.watched is not None and namespace not in by_metadata.watched:
+                raise ValueError(f"{resource} is cached in {sorted(by_metadata.watched)} only: no informer "
+                                 f"{'of all namespaces' if namespace is None else 'in ' + namespace}")
             lister: ListerWatcher = self.client
-            if by_metadata is not None and namespace != by_metadata.namespace:
+            if by_metadata is not None and by_metadata.watched is None and namespace != by_metadata.namespace:
                 lister = MetadataOnly(self.client)
             informer = Informer(lister, resource, namespace, labels=labels, clock=self._clock)
             self._informers[key] = informer
@@ -163,9 +206,22 @@ class SharedCache(TypedReader):
 
     def add_handler(self, resource: Resource, handler: EventHandler, namespace: str | None = None, *,
                     labels: Mapping[str, str] | None = None) -> None:
+        """Tell ``handler`` of every change in that scope. Of a kind cached in some namespaces,
+        all namespaces means the informers of those and the objects fetched elsewhere."""
+        by_metadata = self._by_metadata.get(resource)
+        if namespace is None and by_metadata is not None and by_metadata.watched is not None:
+            for watched in sorted(by_metadata.watched):
+                self.informer(resource, watched, labels=labels).add_handler(handler)
+            by_metadata.handlers.append((handler, dict(labels) if labels else None))
+            return
         self.informer(resource, namespace, labels=labels).add_handler(handler)
 
     def add_indexer(self, resource: Resource, name: str, func: IndexFunc) -> None:
+        by_metadata = self._by_metadata.get(resource)
+        if by_metadata is not None and by_metadata.watched is not None:
+            for watched in sorted(by_metadata.watched):
+                self.informer(resource, watched).add_indexer(name, func)
+            return
         self.informer(resource).add_indexer(name, func)
 
     def observe(self, resource: Resource, obj: JSON) -> None:
@@ -173,10 +229,14 @@ class SharedCache(TypedReader):
         by_metadata = self._by_metadata.get(resource)
         for (res, namespace, _), informer in self._informers.items():
             if res == resource:
-                if by_metadata is not None and namespace != by_metadata.namespace:
+                if by_metadata is not None and by_metadata.watched is None and namespace != by_metadata.namespace:
                     informer.observe(metadata_of(obj))
                 else:
                     informer.observe(obj)
+        if by_metadata is not None and by_metadata.watched is not None:
+            if obj.get("metadata", {}).get("namespace") not in by_metadata.watched:
+                self._answered(resource, by_metadata, store_key(obj), obj)
+            return
         if by_metadata is not None:
             key = store_key(obj)
             current = by_metadata.bodies.get(key)
@@ -210,6 +270,10 @@ class SharedCache(TypedReader):
     def _get_raw(self, resource: Resource, name: str, namespace: str | None) -> JSON | None:
         key = f"{namespace}/{name}" if namespace and resource.namespaced else name
         by_metadata = self._by_metadata.get(resource)
+        if by_metadata is not None and by_metadata.watched is not None:
+            if namespace in by_metadata.watched:
+                return self._informers[(resource, namespace, None)].store.get(key)
+            return self._fetched(resource, by_metadata, key, name, namespace)
         if by_metadata is not None:
             if namespace == by_metadata.namespace:
                 return self._informers[(resource, namespace, None)].store.get(key)
@@ -227,6 +291,61 @@ class SharedCache(TypedReader):
         self._fetch(resource, by_metadata, key, name, namespace)
         raise NotYetCached(resource, key)
 
+    def _now(self) -> float:
+        return self._clock.now() if self._clock is not None else time.monotonic()
+
+    def _fetched(self, resource: Resource, by_metadata: _ByMetadata, key: str, name: str,
+                 namespace: str | None) -> JSON | None:
+        """The last answer fetched for an object outside the namespaces cached whole (see the
+        module doc); NotYetCached before the first."""
+        now = self._now()
+        by_metadata.read[key] = now
+        answered = by_metadata.answered.get(key)
+        if answered is None or now - answered >= by_metadata.refresh:
+            self._fetch(resource, by_metadata, key, name, namespace)
+        if answered is None:
+            raise NotYetCached(resource, key)
+        return by_metadata.bodies.get(key)
+
+    def _answered(self, resource: Resource, by_metadata: _ByMetadata, key: str, obj: JSON | None) -> None:
+        """Record an answer for a fetched key (None: absent); tell the handlers when it differs
+        from the previous answer."""
+        known = key in by_metadata.answered
+        before = by_metadata.bodies.get(key)
+        if obj is not None and before is not None and newer(obj, before) is False:
+            obj = before  # an observed write already newer than this answer
+        by_metadata.answered[key] = self._now()
+        by_metadata.read.setdefault(key, by_metadata.answered[key])
+        if obj is None:
+            by_metadata.bodies.pop(key, None)
+        else:
+            by_metadata.bodies[key] = obj
+        if not known or before is obj:
+            return
+        version = (before or {}).get("metadata", {}).get("resourceVersion")
+        if obj is not None and before is not None and obj.get("metadata", {}).get("resourceVersion") == version:
+            return
+        for handler, labels in list(by_metadata.handlers):
+            try:
+                if before is None and obj is not None:
+                    if matches_labels(obj, labels):
+                        handler.on_add(obj)
+                elif obj is None and before is not None:
+                    if matches_labels(before, labels):
+                        handler.on_delete(before)
+                elif obj is not None and before is not None and (matches_labels(obj, labels)
+                                                                 or matches_labels(before, labels)):
+                    handler.on_update(before, obj)
+            except Exception:
+                log.exception("event handler failed", resource=str(resource), object=key)
+
+    def _forget_unread(self, by_metadata: _ByMetadata) -> None:
+        """Drop the fetched answers nobody read for FETCH_FORGET seconds."""
+        limit = self._now() - FETCH_FORGET
+        for key in [k for k, at in by_metadata.read.items() if at < limit and k not in by_metadata.pending]:
+            for table in (by_metadata.read, by_metadata.answered, by_metadata.bodies):
+                table.pop(key, None)
+
     def _changed(self, resource: Resource, meta: JSON) -> None:
         by_metadata = self._by_metadata[resource]
         key = store_key(meta)
@@ -239,16 +358,31 @@ class SharedCache(TypedReader):
         if key in by_metadata.pending:
             return
         getter: Getter = self.client  # type: ignore[assignment]  # the REST client and the fake's have get()
+        if by_metadata.watched is not None:
+            self._forget_unread(by_metadata)
 
         async def fetch() -> None:
             failed = False
             try:
                 obj = await getter.get(resource, name, namespace)
-                current = by_metadata.bodies.get(key)
-                if current is None or newer(obj, current) is not False:
-                    by_metadata.bodies[key] = obj
+                if by_metadata.watched is not None:
+                    self._answered(resource, by_metadata, key, obj)
+                else:
+                    current = by_metadata.bodies.get(key)
+                    if current is None or newer(obj, current) is not False:
+                        by_metadata.bodies[key] = obj
             except NotFound:
-                by_metadata.bodies.pop(key, None)
+                if by_metadata.watched is not None:
+                    self._answered(resource, by_metadata, key, None)
+                else:
+                    by_metadata.bodies.pop(key, None)
+            except Forbidden as exc:
+                if by_metadata.watched is None:
+                    failed = True
+                    log.warning("fetching a cached-by-metadata object failed", object=key, error=str(exc))
+                else:
+                    log.warning("may not read this object: it reads as absent", object=key, error=str(exc))
+                    self._answered(resource, by_metadata, key, None)
             except Exception as exc:
                 failed = True
                 log.warning("fetching a cached-by-metadata object failed", object=key, error=str(exc))
@@ -262,8 +396,15 @@ class SharedCache(TypedReader):
         by_metadata.pending[key] = asyncio.get_running_loop().create_task(fetch(), name=f"fetch {resource} {key}")
 
     def _list_raw(self, resource: Resource, namespace: str | None, index: tuple[str, str] | None) -> list[JSON]:
-        """(Of a kind cached by metadata, outside its namespace: the objects' metadata only.)"""
+        """(Of a kind cached by metadata, outside its namespace: the objects' metadata only. Of a
+        kind cached in some namespaces: those namespaces' objects; another namespace is a KeyError.)"""
         by_metadata = self._by_metadata.get(resource)
+        if by_metadata is not None and by_metadata.watched is not None:
+            if namespace is not None and namespace not in by_metadata.watched:
+                raise KeyError(f"{resource} is not listed in {namespace}: cached in {sorted(by_metadata.watched)} only")
+            stores = [self._informers[(resource, watched, None)].store for watched in sorted(by_metadata.watched)
+                      if namespace in (None, watched)]
+            return [obj for store in stores for obj in (store.by_index(*index) if index else store.objects())]
         if by_metadata is not None and namespace is not None and namespace == by_metadata.namespace:
             store = self._informers[(resource, namespace, None)].store
         else:
