@@ -94,6 +94,18 @@ def apply(cluster: ClusterUnderTest, docs: Sequence[dict[str, Any]]) -> None:
             stdin=yaml.safe_dump_all(docs))
 
 
+def admit_tenant(cluster: ClusterUnderTest, tailnet: str, namespace: str, tags: list[str],
+                 dns_names: list[str] | None = None) -> None:
+    """Name ``namespace`` a tenant of ``tailnet`` (spec.tenants), as the cluster admin does, with
+    the tags and DNS names it may use."""
+    tenant: dict[str, Any] = {"namespaces": [namespace], "tags": tags}
+    if dns_names:
+        tenant["dnsNames"] = dns_names
+    current = get_json(cluster, TAILNETS, tailnet).get("spec", {}).get("tenants") or []
+    patch = json.dumps({"spec": {"tenants": [*current, tenant]}})
+    kubectl(cluster, "patch", TAILNETS, tailnet, "--type=merge", "-p", patch)
+
+
 def condition(obj: dict[str, Any], kind: str) -> str | None:
     for cond in obj.get("status", {}).get("conditions", []):
         if cond["type"] == kind:

@@ -47,6 +47,7 @@ from e2e.cluster import (
     SITES,
     TAILNETS,
     ClusterUnderTest,
+    admit_tenant,
     apply,
     condition,
     get_json,
@@ -358,6 +359,7 @@ def _named_objects(cluster: ClusterUnderTest, world: GatewayWorld) -> Iterator[t
     suffix = uuid.uuid4().hex[:6]
     egress, ingress, alias = f"db-{suffix}", f"shop-{suffix}", f"db-{suffix}.{ZONE}"
     with namespace(cluster, "tenant", {"pod-security.kubernetes.io/enforce": "restricted"}) as tenant:
+        admit_tenant(cluster, world.tailnet, tenant, [f"tag:ingress-{suffix}"], [f"*.{ZONE}"])
         apply(cluster, [
             {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetEgress",
              "metadata": {"name": egress, "namespace": world.namespace},

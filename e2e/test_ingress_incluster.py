@@ -34,6 +34,7 @@ from e2e.cluster import (
     TAILNETS,
     VENV_PYTHON,
     ClusterUnderTest,
+    admit_tenant,
     apply,
     condition,
     get_json,
@@ -185,6 +186,7 @@ def world(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale:
                                       authkey=cluster_headscale.create_preauth_key(tags=[other]))
     try:
         with namespace(cluster, "tenant", {"pod-security.kubernetes.io/enforce": "restricted"}) as tenant:
+            admit_tenant(cluster, tailnet, tenant, [tag], [f"*.{ZONE}"])
             backend = python_pod("web", tenant, project_image.ref, HTTP_SERVER, labels={"app": "web"}, port=8080)
             grpc = python_pod("grpc", tenant, project_image.ref, GRPC_SERVER, labels={"app": "grpc"}, port=GRPC_PORT,
                               python=VENV_PYTHON)

@@ -26,6 +26,7 @@ from tailnet_operator.api.crds import install_crds
 from tailnet_operator.controllers.dns import parse_hosts
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_INGRESS
 from tailnet_operator.headscale import installation_tag
+from tailnet_operator.resources.ingress import record_name
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import JSON, Client
 from tailnet_operator.runtime.errors import NotFound
@@ -67,11 +68,14 @@ async def _namespace(admin: Client, prefix: str) -> str:
     return name
 
 
-async def _tailnet(admin: Client, headscale: Headscale, namespace: str, *, owned_policy: bool) -> str:
-    """A Tailnet with a hosts file and (``owned_policy``) the base policy in Apply mode."""
+async def _tailnet(admin: Client, headscale: Headscale, namespace: str, tenant: str, *, owned_policy: bool) -> str:
+    """A Tailnet with a hosts file, ``tenant`` as its tenant (any ingress tag, every name in the
+    zone) and (``owned_policy``) the base policy in Apply mode."""
     tailnet = f"{namespace}-tn"
     await create_bootstrap_secret(admin, namespace, "bootstrap", headscale.api_key)
-    spec: dict[str, Any] = {"dns": {"hostsConfigMap": {"namespace": namespace, "name": "hosts"}, "zones": [ZONE]}}
+    spec: dict[str, Any] = {"dns": {"hostsConfigMap": {"namespace": namespace, "name": "hosts"}, "zones": [ZONE]},
+                            "tenants": [{"namespaces": [tenant], "tags": ["tag:ingress-*"],
+                                         "dnsNames": [f"*.{ZONE}"]}]}
     if owned_policy:
         await admin.apply(CONFIG_MAP, {"metadata": {"name": "base", "namespace": namespace},
                                        "data": {"policy.hujson": OPEN_BASE}})
@@ -131,7 +135,7 @@ async def test_an_ingress_gets_its_agent_objects_dns_names_and_on_deletion_loses
     ca = CertificateAuthority(tmp_path / "ca", "shop")
     await admin.create(SECRET, tls_secret("shop-tls", tenant, ca, f"shop.{ZONE}"))
     async with running_operator(scene.kubeconfig, scene.namespace):
-        tailnet = await _tailnet(admin, scene.headscale, scene.namespace, owned_policy=True)
+        tailnet = await _tailnet(admin, scene.headscale, scene.namespace, scene.tenant, owned_policy=True)
         await admin.create(TAILNET_INGRESS, ingress_object("shop", tenant, tailnet, [TCP, WEB],
                                                            dnsTemplate="{hostname}." + ZONE))
 
@@ -156,7 +160,8 @@ async def test_an_ingress_gets_its_agent_objects_dns_names_and_on_deletion_loses
                                        namespace=tenant), what="the TLS Secret found")
         key_secret = await admin.get(SECRET, "shop-ingress-auth-key", tenant)
         key = base64.b64decode(key_secret["data"]["authKey"]).decode()
-        key_id = key_secret["metadata"]["annotations"]["tailnet.dev/key-id"]
+        record = await admin.get(SECRET, record_name(tenant, "shop"), scene.namespace)  # the operator's bookkeeping
+        key_id = record["metadata"]["annotations"]["tailnet.dev/key-id"]
         [hs_key] = [k for k in scene.headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"] if k["id"] == key_id]
         marker = installation_tag((await admin.get(TAILNET, tailnet))["metadata"]["uid"])
         assert hs_key["aclTags"] == [TAG, marker] and hs_key["reusable"] and hs_key["ephemeral"]
@@ -208,7 +213,7 @@ async def test_a_tag_the_live_policy_does_not_own_creates_nothing(scene: Scene) 
     scene.headscale.api("PUT", "/api/v1/policy", {"policy": OPEN_BASE})
     before = len(scene.headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"])
     async with running_operator(scene.kubeconfig, scene.namespace):
-        tailnet = await _tailnet(admin, scene.headscale, scene.namespace, owned_policy=False)
+        tailnet = await _tailnet(admin, scene.headscale, scene.namespace, scene.tenant, owned_policy=False)
         await admin.create(TAILNET_INGRESS, ingress_object("shop", scene.tenant, tailnet, [TCP]))
         cond = await eventually(has_condition(admin, TAILNET_INGRESS, "shop", "Ready", "False", "TagNotOwned",
                                               namespace=scene.tenant), timeout=60, what="TagNotOwned")
@@ -224,7 +229,7 @@ CM_HOST = {"name": f"portal.{ZONE}", "alias": "admin",
 async def test_without_cert_manager_a_host_asking_for_it_gets_a_condition_saying_so(scene: Scene) -> None:
     admin = scene.admin
     async with running_operator(scene.kubeconfig, scene.namespace):
-        tailnet = await _tailnet(admin, scene.headscale, scene.namespace, owned_policy=True)
+        tailnet = await _tailnet(admin, scene.headscale, scene.namespace, scene.tenant, owned_policy=True)
         await admin.create(TAILNET_INGRESS, ingress_object("shop", scene.tenant, tailnet,
                                                            [TCP, {**WEB, "hosts": [CM_HOST]}]))
         cond = await eventually(has_condition(admin, TAILNET_INGRESS, "shop", "CertificatesReady", "False",
@@ -275,7 +280,7 @@ async def test_cert_manager_issues_the_hosts_certificate_from_a_ca_cluster_issue
                                            "metadata": {"name": "e2e-ca"}, "spec": {"ca": {"secretName": "e2e-ca"}}})
         try:
             async with running_operator(plane.kubeconfig, namespace):
-                tailnet = await _tailnet(admin, headscale, namespace, owned_policy=True)
+                tailnet = await _tailnet(admin, headscale, namespace, tenant, owned_policy=True)
                 await admin.create(TAILNET_INGRESS, ingress_object("shop", tenant, tailnet,
                                                                    [{**WEB, "hosts": [CM_HOST]}]))
                 secret_name = f"shop-portal.{ZONE}-tls"

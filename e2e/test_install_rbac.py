@@ -243,6 +243,8 @@ async def test_the_operator_reconciles_with_only_its_service_accounts_permission
         # once the namespace has bound tailnet-operator-tenant (until then its writes are refused).
         tenant = unique("rbac-tenant")
         await admin.create(NAMESPACE, {"metadata": {"name": tenant}})
+        await admin.merge_patch(TAILNET, name, {"spec": {"tenants": [
+            {"namespaces": [tenant], "tags": ["tag:ingress-rbac"]}]}})
         headscale.api("PUT", "/api/v1/policy", {"policy": '{"tagOwners": {"tag:ingress-rbac": []}}'})
         await admin.create(TAILNET_INGRESS, {
             "apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetIngress",

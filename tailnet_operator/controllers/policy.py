@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 import structlog
 from pydantic import BaseModel, ValidationError
 
+from tailnet_operator import tenancy
 from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.api.gateway import TailnetGateway
 from tailnet_operator.api.ingress import TailnetIngress
@@ -183,8 +184,11 @@ class PolicyReconciler:
                          [str(r) for r in tailnet.spec.reserved_networks or []])
         egresses = self._parsed(TailnetEgress, [e for e in self._mine(TAILNET_EGRESS, name)
                                                 if e["metadata"].get("namespace") == self.namespace], seen)
-        ingresses = self._parsed(TailnetIngress, self._mine(TAILNET_INGRESS, name), seen)
         gateways = self._parsed(TailnetGateway, self._mine(TAILNET_GATEWAY, name), seen)
+        # An ingress enters the policy only with a tag its namespace may use (tailnet_operator.tenancy).
+        platform = {e.spec.tag for e in egresses} | {g.spec.tag for g in gateways} | {s.spec.router_tag for s in sites}
+        ingresses = [i for i in self._parsed(TailnetIngress, self._mine(TAILNET_INGRESS, name), seen)
+                     if tenancy.judge(i, tailnet, reserved=platform, names=()) is None]
         if len(self._models) > 2 * len(seen) + 64:
             self._models = {k: v for k, v in self._models.items() if k in seen}
         derived = derive_from_objects(

@@ -24,13 +24,17 @@ import contextlib
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+import structlog
+
 from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, NotFound, mask_key
 from tailnet_operator.runtime import SECRET, Clock, Writer, certainly_not_written
 from tailnet_operator.types import JSON
 
 from .conditions import rfc3339
 
-__all__ = ["AUTH_KEY_FIELD", "LIFETIME", "AuthKey", "AuthKeyKeeper", "Wanted", "auth_key_secret_name"]
+__all__ = ["AUTH_KEY_FIELD", "LIFETIME", "AuthKey", "AuthKeyKeeper", "Wanted", "auth_key_secret_name", "expire_owned"]
+
+log = structlog.get_logger("controllers.preauth")
 
 AUTH_KEY_FIELD = "authKey"
 """The Secret's data key, mounted into the agent as a file."""
@@ -56,6 +60,8 @@ class AuthKey:
     login_url: str
     tag: str
     previous_id: str = ""
+    previous_tag: str = ""
+    """The tag the previous key was made for (the tag may have changed with the rotation)."""
 
     @property
     def prefix(self) -> str:
@@ -77,7 +83,8 @@ class AuthKey:
                        created_at=datetime.fromisoformat(notes[f"{_ANNOTATION}key-created"]),
                        expires_at=datetime.fromisoformat(notes[f"{_ANNOTATION}key-expires"]),
                        login_url=notes[f"{_ANNOTATION}login-url"], tag=notes[f"{_ANNOTATION}tag"],
-                       previous_id=notes.get(f"{_ANNOTATION}previous-key-id", ""))
+                       previous_id=notes.get(f"{_ANNOTATION}previous-key-id", ""),
+                       previous_tag=notes.get(f"{_ANNOTATION}previous-tag", ""))
         except (KeyError, ValueError):
             return None
 
@@ -88,6 +95,7 @@ class AuthKey:
                  f"{_ANNOTATION}login-url": self.login_url, f"{_ANNOTATION}tag": self.tag}
         if self.previous_id:
             notes[f"{_ANNOTATION}previous-key-id"] = self.previous_id
+            notes[f"{_ANNOTATION}previous-tag"] = self.previous_tag or self.tag
         return notes
 
     def status(self) -> JSON:
@@ -155,15 +163,15 @@ class AuthKeyKeeper:
         created = await hs.create_preauth_key(expiration=now + LIFETIME, acl_tags=[wanted.tag, hs.owner_tag],
                                               reusable=wanted.reusable, ephemeral=wanted.ephemeral)
         # a key made for another server cannot be expired with this server's API; it ages out there
-        previous_id = previous.id if previous and previous.login_url == wanted.login_url else ""
+        same_server = previous is not None and previous.login_url == wanted.login_url
         return AuthKey(key=created.key, id=created.id, created_at=created.created_at or now,
                        expires_at=created.expiration or now + LIFETIME, login_url=wanted.login_url,
-                       tag=wanted.tag, previous_id=previous_id)
+                       tag=wanted.tag, previous_id=previous.id if previous and same_server else "",
+                       previous_tag=previous.tag if previous and same_server else "")
 
     async def _expire_previous(self, hs: HeadscaleClient, metadata: JSON, stored: AuthKey) -> AuthKey:
-        with contextlib.suppress(NotFound):
-            await hs.expire_preauth_key(stored.previous_id)
-        done = replace(stored, previous_id="")
+        await expire_owned(hs, [(stored.previous_id, stored.previous_tag or stored.tag)])
+        done = replace(stored, previous_id="", previous_tag="")
         await self.store(metadata, done)
         return done
 
@@ -176,7 +184,28 @@ class AuthKeyKeeper:
 
     async def expire(self, hs: HeadscaleClient, stored: AuthKey) -> None:
         """Expire the key (and a previous one not yet expired) of a CR being deleted."""
-        for key_id in filter(None, (stored.previous_id, stored.id)):
-            with contextlib.suppress(NotFound):
-                await hs.expire_preauth_key(key_id)
+        await expire_owned(hs, [(stored.previous_id, stored.previous_tag or stored.tag), (stored.id, stored.tag)])
+
+
+async def expire_owned(hs: HeadscaleClient, keys: list[tuple[str, str]]) -> list[str]:
+    """Expire each ``(key id, tag)`` whose key Headscale shows carrying that tag and the operator's
+    marker; return the ids left alone. A recorded id is never trusted on its own: whoever could
+    write the record must not be able to expire someone else's key with it."""
+    wanted = [(key_id, tag) for key_id, tag in keys if key_id]
+    if not wanted:
+        return []
+    known = {key.id: key for key in await hs.list_preauth_keys()}
+    skipped = []
+    for key_id, tag in wanted:
+        key = known.get(key_id)
+        if key is None:
+            continue  # gone already: nothing to expire
+        if tag not in key.acl_tags or hs.owner_tag not in key.acl_tags:
+            log.warning("not expiring a pre-auth key that is not this object's", key_id=key_id, tag=tag,
+                        key_tags=list(key.acl_tags))
+            skipped.append(key_id)
+            continue
+        with contextlib.suppress(NotFound):
+            await hs.expire_preauth_key(key_id)
+    return skipped
 

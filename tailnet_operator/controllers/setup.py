@@ -175,10 +175,13 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
     """
     cache = manager.cache
     cache.scheme = cache.scheme.with_models(MODELS)
-    # Secrets and ConfigMaps whole in the operator's namespace, by metadata elsewhere: a Tailnet
-    # may name one in any namespace, but the bodies of a big cluster's others are never held.
+    # Secrets and ConfigMaps whole in the operator's and the gateway namespace, and neither listed
+    # nor watched anywhere else (no cluster-wide access): one read elsewhere (an ingress's TLS
+    # Secret, the hosts ConfigMap) is a GET, where the install lets the operator read
+    # (docs/reference/rbac.md).
+    settings = gateway or GatewaySettings()
     for resource in (SECRET, CONFIG_MAP):
-        cache.cache_by_metadata(resource, namespace=namespace)
+        cache.cache_in(resource, (namespace, settings.namespace))
     for resource in (TAILNET_SITE, TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY):
         cache.add_indexer(resource, TAILNET_INDEX, tailnet_ref_index)
     cache.informer(TAILNET)
@@ -232,14 +235,14 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .watches(SECRET, _ingresses_using_secret(cache))
      .watches(TAILNET, _of_tailnets(cache, TAILNET_INGRESS), TAILNET_ACCESS_CHANGED))
 
-    dns = DnsReconciler(cache, manager.writer(DNS_FIELD_MANAGER), namespace=namespace)
+    dns = DnsReconciler(cache, manager.writer(DNS_FIELD_MANAGER), namespace=namespace, events=events)
     (manager.controller("dns", dns)
      .for_(TAILNET, GenerationChanged())
      .watches(TAILNET_EGRESS, _by_tailnet_ref, GenerationChanged())
-     .watches(TAILNET_INGRESS, _by_tailnet_ref)  # status too: the node's address
+     .watches(TAILNET_INGRESS, _by_tailnet_ref, GenerationChanged())
+     .watches(SECRET, tailnet_of, namespace=namespace, labels=OWNED)  # an ingress record: its node's address
      .watches(SERVICE, tailnet_of, labels=OWNED))
 
-    settings = gateway or GatewaySettings()
     gateways = GatewayReconciler(deps, manager.writer(GATEWAY_FIELD_MANAGER), settings)
     (manager.controller("gateway", gateways)
      .for_(TAILNET_GATEWAY, GenerationChanged())

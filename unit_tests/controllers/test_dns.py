@@ -126,9 +126,10 @@ def add_ingress(world: World, *, addresses: list[str] | None = None, name: str =
         world.kube.add(TAILNET_INGRESS, body)
     if addresses is None:
         return
-    record = {"metadata": {"name": ingress_build.record_name(namespace, name), "namespace": NAMESPACE,
-                           "annotations": {ingress_build.NODE_ADDRESS_ANNOTATION: ",".join(addresses)}}}
-    if (current := world.kube.get(SECRET, record["metadata"]["name"], NAMESPACE)) is None:
+    record_name = ingress_build.record_name(namespace, name)
+    record: JSON = {"metadata": {"name": record_name, "namespace": NAMESPACE,
+                                 "annotations": {ingress_build.NODE_ADDRESS_ANNOTATION: ",".join(addresses)}}}
+    if (current := world.kube.get(SECRET, record_name, NAMESPACE)) is None:
         world.kube.add(SECRET, record)
     else:
         world.kube.update(SECRET, {**current, "metadata": {**current["metadata"], **record["metadata"]}})

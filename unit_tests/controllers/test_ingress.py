@@ -489,6 +489,11 @@ async def test_a_name_outside_the_zones_is_refused_before_a_key_is_made() -> Non
     assert world.headscale.preauth_keys == {}
 
 
+def ready_of(world: IngressWorld, name: str) -> JSON:
+    obj = world.kube.get(TAILNET_INGRESS, name, TENANT) or {}
+    return next(c for c in obj["status"]["conditions"] if c["type"] == "Ready")
+
+
 async def test_a_name_another_ingress_holds_is_refused_on_the_later_one_in_any_order() -> None:
     world = await world_with_tailnet(dns=DNS)
     for name, created in (("late", "2026-02-01T00:00:00Z"), ("early", "2026-01-01T00:00:00Z")):
@@ -500,11 +505,9 @@ async def test_a_name_another_ingress_holds_is_refused_on_the_later_one_in_any_o
     await world.reconcile_ingress("late")
     await world.reconcile_ingress("early")
 
-    late = next(c for c in world.kube.get(TAILNET_INGRESS, "late", TENANT)["status"]["conditions"]
-                if c["type"] == "Ready")
+    late = ready_of(world, "late")
     assert late["reason"] == "DNSNameTaken" and f"TailnetIngress {TENANT}/early" in late["message"]
-    early = next(c for c in world.kube.get(TAILNET_INGRESS, "early", TENANT)["status"]["conditions"]
-                 if c["type"] == "Ready")
+    early = ready_of(world, "early")
     assert early["reason"] != "DNSNameTaken"
     assert len(world.headscale.preauth_keys) == 1
 
