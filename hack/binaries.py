@@ -61,11 +61,11 @@ The build of a set is a two-stage pipeline:
    (network-bound) overlap the compiles (CPU-bound).
 2. At most ``--jobs`` (default 2, 1 on a one-CPU machine) compiles run at once. A second
    compile starts only while ``MemAvailable`` (``/proc/meminfo``) is at least
-   :data:`SECOND_BUILD_MIN_FREE` (6 GiB: two big links plus their compiles peak near 3 GiB
-   each); with less, it waits for the running one to end. One compile always runs, whatever the
-   memory, so the pipeline never stalls. On 2 cores two ``go build`` processes mostly share
-   the same CPUs; what the second one wins is the time the first spends in single-threaded
-   links and in loading packages.
+   :data:`SECOND_BUILD_MIN_FREE` (6 GiB, room for two Kubernetes-sized compiles and links
+   beside whatever else the machine runs); with less, it waits for the running one to end.
+   One compile always runs, whatever the memory, so the pipeline never stalls. On 2 cores two
+   ``go build`` processes mostly share the same CPUs; what the second one wins is the time the
+   first spends in single-threaded links and in loading packages.
 
 Components start longest first (from the durations of their last builds) so that the long
 ones do not end up alone at the tail. The durations are kept in ``<cache>/bin/.timings.json``
@@ -81,10 +81,10 @@ for, and found cached. Every component ``go build``s in the shared default Go ca
 Building less:
 
 * Prometheus and promtool carry no service discovery (``remove_all_sd``): the tests scrape
-  static targets, and the cloud SDKs were most of its compile.
+  static targets, and the discovery plugins bring the cloud SDKs (AWS, Azure, GCE, ...) in.
 * tailscaled and the CLI leave out the AWS parameter-store state store (``ts_omit_aws``, which
-  every version of the range knows): the AWS SDK was a large part of their compile. The
-  Kubernetes-secret state store stays: the gateway's router runs with ``--state=kube:<secret>``.
+  every version of the range knows), and so the AWS SDK. The Kubernetes-secret state store
+  stays: the gateway's router runs with ``--state=kube:<secret>``.
 * CoreDNS is built inside a copy of its module with the plugins that need a cloud SDK or an
   outside service left out of ``core/plugin/zplugin.go`` (:data:`COREDNS_DROPPED_PLUGINS`);
   every plugin a Corefile of this project uses (kubernetes, hosts, file, cache, forward, ...)
