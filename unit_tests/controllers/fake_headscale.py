@@ -55,6 +55,8 @@ class FakeHeadscale:
     policy_writes: int = 0
     version: str = VERSION
     """What ``/version`` reports (the client adapts to it)."""
+    expire_new_api_keys: bool = False
+    """Hand out API keys that no call accepts (a server that mints broken keys)."""
     preauth_keys: dict[str, JSON] = field(default_factory=dict)
     """id -> the pre-auth key as the API shows it (``key`` in full; ``expired`` when expired)."""
 
@@ -102,6 +104,7 @@ class FakeHeadscale:
             key = self.add_key()
             created = self.keys[str(len(self.keys))]
             created.expiration = datetime.fromisoformat(body["expiration"].replace("Z", "+00:00"))
+            created.expired = self.expire_new_api_keys
             return _ok({"apiKey": key})
         if route == ("POST", "/api/v1/apikey/expire"):
             target = self.keys.get(str(body.get("id")))

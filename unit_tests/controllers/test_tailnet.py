@@ -244,3 +244,55 @@ async def test_a_working_key_whose_secret_was_certainly_not_written_is_expired(f
 
     minted = [k for k in world.headscale.keys.values() if k.key != bootstrap]
     assert len(minted) == 1 and minted[0].expired is expired
+
+
+async def test_a_new_working_key_that_does_not_work_is_never_stored() -> None:
+    """The key Headscale returns is proved with a call of its own before it is trusted."""
+    world = World()
+    world.bootstrap_secret()
+    world.add_tailnet()
+    world.headscale.expire_new_api_keys = True
+
+    await world.reconcile_tailnet()
+
+    assert world.working_secret() is None, "a key that Headscale refuses was stored as the working key"
+    assert world.condition("Ready")["status"] == "False"
+
+
+async def test_a_secret_outside_the_operators_namespace_is_never_read() -> None:
+    world = World()
+    world.kube.add(SECRET, {"metadata": {"name": "bootstrap", "namespace": "someone-else"},
+                            "data": {"apiKey": base64.b64encode(world.headscale.add_key().encode()).decode()}})
+    world.add_tailnet(bootstrapKeySecretRef={"namespace": "someone-else", "name": "bootstrap"})
+
+    await world.reconcile_tailnet()
+
+    ready = world.condition("Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "SecretOutsideOperatorNamespace")
+    assert f"operator's namespace {NAMESPACE}" in ready["message"]
+    assert world.headscale.calls == [], "Headscale was contacted with another namespace's Secret"
+
+
+async def test_http_urls_need_the_opt_in_and_then_carry_a_warning_condition() -> None:
+    world = World()
+    world.bootstrap_secret()
+    world.add_tailnet(loginURL="http://headscale.test:8080", allowInsecureHTTP=True)
+
+    await world.reconcile_tailnet()
+
+    assert world.condition("Ready")["status"] == "True"
+    insecure = world.condition("InsecureTransport")
+    assert (insecure["status"], insecure["reason"]) == ("True", "AllowInsecureHTTP")
+    assert "in clear" in insecure["message"]
+
+
+async def test_an_http_url_without_the_opt_in_is_an_invalid_spec() -> None:
+    world = World()
+    world.bootstrap_secret()
+    world.add_tailnet(loginURL="http://headscale.test:8080")
+
+    await world.reconcile_tailnet()
+
+    ready = world.condition("Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert "must be an https:// URL" in ready["message"] and "allowInsecureHTTP" in ready["message"]
