@@ -142,7 +142,8 @@ def world(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale:
     suffix = uuid.uuid4().hex[:6]
     tailnet, gateway, site = f"gw-{suffix}", f"edge-{suffix}", f"cluster-lan-{suffix}"
     tag = f"tag:gateway-{suffix}"
-    secret, base, hosts = f"{tailnet}-bootstrap", f"{tailnet}-policy", f"tailnet-hosts-{suffix}"
+    # the one hosts ConfigMap the install lets the operator write (chart value dns.hostsConfigMaps)
+    secret, base, hosts = f"{tailnet}-bootstrap", f"{tailnet}-policy", "tailnet-hosts"
     apply(cluster, [
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "namespace": ns},
          "stringData": {"apiKey": cluster_headscale.api_key}},

@@ -349,8 +349,23 @@ def _refused(other: str) -> list[dict[str, str]]:
     (``other`` has not bound ``tailnet-operator-tenant``, so no ingress's objects go there)."""
     ns = OPERATOR_NAMESPACE
     return [
-        # (get on Secrets is granted cluster-wide: the cache fetches the body of a Secret outside
-        # the operator's namespace, where it holds only their metadata)
+        # no Secret or ConfigMap anywhere but where it was let in: not listed, watched or read
+        {"resource": "secrets", "verb": "list"},
+        {"resource": "secrets", "verb": "watch"},
+        {"resource": "secrets", "verb": "get"},
+        {"resource": "configmaps", "verb": "list"},
+        {"resource": "configmaps", "verb": "watch"},
+        {"namespace": other, "resource": "secrets", "verb": "get"},
+        {"namespace": other, "resource": "secrets", "verb": "list"},
+        {"namespace": other, "resource": "configmaps", "verb": "get"},
+        {"namespace": "kube-system", "resource": "secrets", "verb": "get"},
+        {"namespace": "kube-system", "resource": "secrets", "verb": "list"},
+        # kube-system: the hosts ConfigMap by name, never CoreDNS's own configuration
+        {"namespace": "kube-system", "resource": "configmaps", "verb": "list"},
+        {"namespace": "kube-system", "resource": "configmaps", "verb": "get", "name": "coredns"},
+        {"namespace": "kube-system", "resource": "configmaps", "verb": "patch", "name": "coredns"},
+        {"namespace": "kube-system", "resource": "configmaps", "verb": "create", "name": "coredns"},
+        {"namespace": "kube-system", "resource": "configmaps", "verb": "delete", "name": "tailnet-hosts"},
         {"namespace": other, "resource": "secrets", "verb": "patch"},
         {"namespace": other, "resource": "secrets", "verb": "delete"},
         {"namespace": other, "resource": "secrets", "verb": "create"},
@@ -398,18 +413,74 @@ async def test_the_service_account_may_do_what_the_rbac_lists_and_is_refused_the
             allowed = [a for a in _refused(other) if await _allowed(sa, a)]
             assert not allowed, f"allowed, though the operator never needs it: {allowed}"
 
-            # Real requests, not only reviews: outside its namespace the operator may fetch a
-            # Secret's body by name (its cache holds only metadata there) but not write one.
-            await sa.get(SECRET, "unrelated", other)
+            # Real requests, not only reviews: in a namespace that has not bound the tenant role
+            # the operator may neither read nor write a Secret.
+            with pytest.raises(Forbidden):
+                await sa.get(SECRET, "unrelated", other)
             with pytest.raises(Forbidden):
                 await sa.apply(SECRET, {"metadata": {"name": "unrelated", "namespace": other},
                                         "data": {"key": base64.b64encode(b"changed").decode()}})
             with pytest.raises(Forbidden):
+                await sa.list(SECRET)
+            with pytest.raises(Forbidden):
                 await sa.delete(TAILNET, "any")
+            # Once it has, the operator reads a Secret there by name, and still lists none.
+            await admin.apply(ROLE_BINDING, {
+                "metadata": {"name": "tailnet-operator", "namespace": other},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "tailnet-operator-tenant"},
+                "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": OPERATOR_NAMESPACE}]})
+            await eventually(lambda: _readable(sa, other), timeout=30, what="the tenant role's get in effect")
+            with pytest.raises(Forbidden):
+                await sa.list(SECRET, other)
         secret = await admin.get(SECRET, "unrelated", other)
         assert base64.b64decode(secret["data"]["key"]) == b"value"
     finally:
         await admin.delete(NAMESPACE, other)
+
+
+async def _readable(sa: Client, namespace: str) -> bool:
+    try:
+        await sa.get(SECRET, "unrelated", namespace)
+    except Forbidden:
+        return False
+    return True
+
+
+async def test_people_edit_ingresses_and_egresses_and_only_the_platform_role_writes_tailnets(
+    installed: Installed, admin: Client
+) -> None:
+    """The roles aggregated into edit and admin write the namespaced kinds only; a Tailnet (a
+    Headscale admin key, and where the operator sends keys), a site and a gateway need the
+    platform role, bound by the cluster admin."""
+    binding = Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding")
+    people = {"editor": "tailnet-operator-edit", "platform": "tailnet-operator-platform"}
+    names = {user: unique(f"rbac-{user}") for user in people}
+    for user, role in people.items():
+        await admin.apply(binding, {"metadata": {"name": names[user]},
+                                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                                "name": role},
+                                    "subjects": [{"kind": "User", "name": names[user],
+                                                  "apiGroup": "rbac.authorization.k8s.io"}]})
+    try:
+        async def may(user: str, verb: str, plural: str, namespace: str = "") -> bool:
+            review = await admin.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body={
+                "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                "spec": {"user": names[user], "groups": ["system:authenticated"], "resourceAttributes": {
+                    k: v for k, v in {"group": "tailnet.dev", "resource": plural, "verb": verb,
+                                      "namespace": namespace}.items() if v}}})
+            return bool(review["status"].get("allowed"))
+
+        for verb in ("create", "update", "patch", "delete"):
+            assert await may("editor", verb, "tailnetingresses", "shop")
+            assert await may("editor", verb, "tailnetegresses", OPERATOR_NAMESPACE)
+            for plural in ("tailnets", "tailnetsites", "tailnetgateways"):
+                assert not await may("editor", verb, plural), f"edit/admin may {verb} {plural}"
+                assert await may("platform", verb, plural)
+    finally:
+        for name in names.values():
+            with contextlib.suppress(NotFound):
+                await admin.delete(binding, name)
 
 
 # -- SubjectAccessReview: the docs' table, for the operator and for the agents ----------------------

@@ -167,8 +167,11 @@ def test_install_has_the_crds_and_the_operator_but_not_the_samples() -> None:
         ("ClusterRole", "", "tailnet-operator-view"),
         ("ClusterRole", "", "tailnet-operator-edit"),
         ("ClusterRole", "", "tailnet-operator-tenant"),
+        ("ClusterRole", "", "tailnet-operator-platform"),
         ("ValidatingAdmissionPolicy", "", "tailnet-egress-operator-namespace"),
         ("ValidatingAdmissionPolicyBinding", "", "tailnet-egress-operator-namespace"),
+        ("ValidatingAdmissionPolicy", "", "tailnet-ingress-tenancy"),
+        ("ValidatingAdmissionPolicyBinding", "", "tailnet-ingress-tenancy"),
         ("Namespace", "", GATEWAY_NAMESPACE),
         ("ServiceAccount", GATEWAY_NAMESPACE, "tailnet-gateway"),
         ("Role", GATEWAY_NAMESPACE, ROUTER_RBAC),
@@ -323,11 +326,16 @@ def _per_namespace(obj: Obj) -> bool:
     return (obj["metadata"].get("labels") or {}).get("tailnet.dev/bind") == "per-namespace"
 
 
+def _bound_by_someone_else(obj: Obj) -> bool:
+    """A role the install ships for someone else to bind: per namespace, or to the platform team."""
+    return "tailnet.dev/bind" in (obj["metadata"].get("labels") or {})
+
+
 def _rbac(kind: str) -> list[Obj]:
     """The operator's own RBAC: the roles aggregated into view/edit/admin are for people, the
-    per-namespace one is bound by namespace admins, not by the install, and the router pods' Role
-    is theirs."""
-    return [o for o in RENDERED if o["kind"] == kind and not _aggregated(o) and not _per_namespace(o)
+    per-namespace one is bound by namespace admins and the platform one by the cluster admin, not
+    by the install, and the router pods' Role is theirs."""
+    return [o for o in RENDERED if o["kind"] == kind and not _aggregated(o) and not _bound_by_someone_else(o)
             and o["metadata"]["name"] != ROUTER_RBAC]
 
 
@@ -409,12 +417,20 @@ def test_kinds_of_the_controllers_not_written_yet_are_not_granted() -> None:
         "the operator reads its own Pod (for its image), watches the router pods, deletes them only with Delete"
 
 
-def test_secrets_are_written_only_in_the_operator_namespace() -> None:
-    secrets = [g for g in granted() if g[1] == "" and g[2] == "secrets"]
-    assert {g[3] for g in secrets if g[0] == "cluster"} == {"get", "list", "watch"}
-    assert {(g[0], g[3]) for g in secrets if g[3] not in ("get", "list", "watch")} == {
-        (NAMESPACE, "create"), (NAMESPACE, "patch"),
-        (GATEWAY_NAMESPACE, "create"), (GATEWAY_NAMESPACE, "patch"), (GATEWAY_NAMESPACE, "delete")}
+def test_no_secret_or_configmap_is_granted_cluster_wide() -> None:
+    """A metadata-only watch needs list and watch as much as a whole one, and list returns whole
+    objects to whoever holds it: Secrets and ConfigMaps are granted per namespace only."""
+    wide = [g for g in granted() if g[0] == "cluster" and g[1] == "" and g[2] in ("secrets", "configmaps")]
+    assert wide == []
+    secrets = {(g[0], g[3]) for g in granted() if g[1] == "" and g[2] == "secrets"}
+    assert secrets == {(NAMESPACE, verb) for verb in ("list", "watch", "create", "patch")} | {
+        (GATEWAY_NAMESPACE, verb) for verb in ("list", "watch", "create", "patch", "delete")}
+
+
+def test_kube_system_is_granted_the_hosts_configmap_by_name_and_nothing_else() -> None:
+    there = [g for g in granted() if g[0] == "kube-system"]
+    assert sorted(there) == sorted(("kube-system", "", "configmaps", verb, ("tailnet-hosts",))
+                                   for verb in ("get", "create", "patch"))
 
 
 def _registered_informers(scope: str | None = None) -> set[tuple[str, str]]:
@@ -426,13 +442,15 @@ def _registered_informers(scope: str | None = None) -> set[tuple[str, str]]:
     assert {namespace for _, namespace, _ in keys} <= {None, NAMESPACE, GATEWAY_NAMESPACE}, "an informer elsewhere"
     whole = {(resource.plural, namespace) for resource, namespace, _ in keys if namespace == NAMESPACE}
     assert whole == {("secrets", NAMESPACE), ("configmaps", NAMESPACE)}, \
-        "only Secrets and ConfigMaps are cached whole in the operator's namespace (and by metadata elsewhere)"
+        "only Secrets and ConfigMaps are cached in the operator's namespace (and in the gateway namespace)"
+    assert not [k for k in keys if k[0].plural in ("secrets", "configmaps") and k[1] is None], \
+        "no Secret or ConfigMap informer of all namespaces"
     return {(resource.group, resource.plural) for resource, namespace, _ in keys if namespace == scope}
 
 
 def test_the_informers_of_the_gateway_namespace_may_list_and_watch_there() -> None:
     informers = _registered_informers(GATEWAY_NAMESPACE)
-    assert informers == {("apps", "statefulsets"), ("", "pods")}
+    assert informers == {("apps", "statefulsets"), ("", "pods"), ("", "secrets"), ("", "configmaps")}
     there = {(g[1], g[2], g[3]) for g in granted() if g[0] == GATEWAY_NAMESPACE}
     assert not [(group, plural, verb) for group, plural in informers for verb in ("list", "watch")
                 if (group, plural, verb) not in there]
@@ -446,8 +464,12 @@ def test_every_informer_the_controllers_register_may_list_and_watch_cluster_wide
     assert not missing, f"informers without list/watch in the ClusterRole: {missing}"
     listed = {(g[1], g[2]) for g in granted() if g[3] in ("list", "watch") and g[0] == "cluster"}
     assert listed == informers, "list/watch granted on a kind no controller watches"
-    there = {(g[1], g[2]) for g in granted() if g[3] in ("list", "watch") and g[0] != "cluster"}
-    assert there == _registered_informers(GATEWAY_NAMESPACE), "list/watch granted where no informer watches"
+    for scope in (NAMESPACE, GATEWAY_NAMESPACE):
+        there = {(g[1], g[2]) for g in granted() if g[3] in ("list", "watch") and g[0] == scope}
+        assert there == _registered_informers(scope), f"list/watch granted in {scope} where no informer watches"
+    elsewhere = [g for g in granted() if g[3] in ("list", "watch") and g[0] not in ("cluster", NAMESPACE,
+                                                                                     GATEWAY_NAMESPACE)]
+    assert elsewhere == []
 
 
 def test_the_lease_role_names_the_managers_lease_in_the_operator_namespace() -> None:
@@ -466,19 +488,38 @@ def test_events_are_written_only_where_the_recorder_puts_them() -> None:
     assert {g[1] for g in events} == {"events.k8s.io"}
 
 
+def _aggregates(role: Obj) -> set[str]:
+    return {k.rpartition("-")[2] for k, v in role["metadata"]["labels"].items()
+            if k.startswith("rbac.authorization.k8s.io/aggregate-to-") and v == "true"}
+
+
 def test_view_and_edit_aggregate_the_custom_resources_and_are_bound_to_nobody() -> None:
     view, edit = one("ClusterRole", "tailnet-operator-view"), one("ClusterRole", "tailnet-operator-edit")
     plurals = {o["spec"]["names"]["plural"] for o in RENDERED if o["kind"] == "CustomResourceDefinition"}
-    for role, verbs, aggregates in ((view, {"get", "list", "watch"}, {"view", "edit", "admin"}),
-                                    (edit, {"create", "update", "patch", "delete"}, {"edit", "admin"})):
-        labels = role["metadata"]["labels"]
-        assert {k.rpartition("-")[2] for k, v in labels.items()
-                if k.startswith("rbac.authorization.k8s.io/aggregate-to-") and v == "true"} == aggregates
+    namespaced = {"tailnetegresses", "tailnetingresses"}
+    for role, verbs, aggregates, resources in (
+            (view, {"get", "list", "watch"}, {"view", "edit", "admin"}, plurals),
+            (edit, {"create", "update", "patch", "delete"}, {"edit", "admin"}, namespaced)):
+        assert _aggregates(role) == aggregates
         [rule] = role["rules"]
-        assert rule["apiGroups"] == ["tailnet.dev"] and set(rule["resources"]) == plurals
+        assert rule["apiGroups"] == ["tailnet.dev"] and set(rule["resources"]) == resources
         assert set(rule["verbs"]) == verbs
     refs = {o["roleRef"]["name"] for o in RENDERED if o["kind"] in ("RoleBinding", "ClusterRoleBinding")}
-    assert not refs & {"tailnet-operator-view", "tailnet-operator-edit"}
+    assert not refs & {"tailnet-operator-view", "tailnet-operator-edit", "tailnet-operator-platform"}
+
+
+def test_tailnets_sites_and_gateways_are_written_by_the_platform_role_alone() -> None:
+    """A Tailnet names a Headscale admin key and where the operator sends keys; a site feeds the
+    autoApprovers; a gateway runs a router: none of them comes with `edit` or `admin`."""
+    platform = {"tailnets", "tailnetsites", "tailnetgateways"}
+    for role in (o for o in RENDERED if o["kind"] == "ClusterRole" and _aggregates(o) & {"edit", "admin"}):
+        writes = {r for rule in role["rules"] if set(rule["verbs"]) & {"create", "update", "patch", "delete"}
+                  for r in rule["resources"]}
+        assert not writes & platform, role["metadata"]["name"]
+    role = one("ClusterRole", "tailnet-operator-platform")
+    assert not _aggregates(role) and role["metadata"]["labels"]["tailnet.dev/bind"] == "platform"
+    [rule] = role["rules"]
+    assert platform <= set(rule["resources"]) and {"create", "update", "patch", "delete"} <= set(rule["verbs"])
 
 
 # -- high availability ----------------------------------------------------------------------------
@@ -532,6 +573,7 @@ def test_the_tenant_role_is_bound_by_nobody_and_grants_only_applying_an_ingresss
     kinds = {("", "secrets"), ("", "configmaps"), ("", "services"), ("apps", "deployments"),
              ("networking.k8s.io", "networkpolicies"), ("cert-manager.io", "certificates"),
              ("events.k8s.io", "events")}
-    assert grants == {(g, r, v) for g, r in kinds for v in ("create", "patch")}
+    # and Secrets read by name (an ingress's TLS Secrets), never listed or watched
+    assert grants == {(g, r, v) for g, r in kinds for v in ("create", "patch")} | {("", "secrets", "get")}
     doc = RBAC_DOC.read_text()
     assert "tailnet-operator-tenant" in doc and all(f"`{r}`" in doc for _, r in kinds)
