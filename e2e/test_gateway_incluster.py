@@ -1,7 +1,9 @@
 """TailnetGateway end to end on a real node: the operator installed with ``kubectl apply -k``
-creates one kernel-mode router pod in the gateway namespace (admitted under ``privileged``), which
-registers once with the minted key and keeps its identity in the state Secret; a deleted pod comes
-back as the same node; a tailscaled laptop reaches the "site LAN" behind the router; and
+creates one kernel-mode router pod in the gateway namespace (admitted under ``privileged``, though
+it runs no privileged container and keeps no capability but NET_ADMIN, as its own ServiceAccount),
+which registers once with the minted key and keeps its identity in the state Secret; a deleted pod
+comes back as the same node; a tailscaled laptop reaches the "site LAN" behind the router (IP
+forwarding inherited from the node, not set by a privileged container); and
 ``deletionPolicy: Delete`` leaves no pod, Secret or node.
 
 The site LAN here is an HTTP server pod of the cluster: the router advertises its address as a
@@ -10,9 +12,12 @@ autoApprovers, and the laptop (userspace tailscaled on the host, --accept-routes
 through its HTTP proxy: laptop -> tailnet -> router pod (kernel TUN, IP forwarding, SNAT) ->
 pod network -> server pod.
 
-The router image is ``hack.image.router_image()``: the project's Debian base plus the pinned
-tailscaled and tailscale, because the local node pulls nothing from registries (the
-tailscale/tailscale image a user runs has the same two programs and a shell).
+The router image is the operator's configuration, not the TailnetGateway's: the module sets it on
+the installed operator (``TAILNET_GATEWAY_ROUTER_IMAGE``, what the chart's
+``gateway.router.image`` sets as a flag) to ``hack.image.router_image()`` and takes it off again
+afterwards: the project's Debian base plus the pinned tailscaled and tailscale, because the local
+node pulls nothing from registries (the tailscale/tailscale image a user runs has the same two
+programs and a shell).
 
 The module runs its own Headscale (on the cluster's host address, as the session's), because split
 DNS is Headscale's configuration file: once the gateway's CoreDNS has its address, the test writes
@@ -84,7 +89,7 @@ class GatewayWorld:
     """The Tailnet's hosts ConfigMap (in kube-system), which the gateway copies into its zone."""
 
     def gateway_object(self, **spec: Any) -> dict[str, Any]:
-        body = {"tailnetRef": {"name": self.tailnet}, "tag": self.tag, "image": self.router_image,
+        body = {"tailnetRef": {"name": self.tailnet}, "tag": self.tag,
                 "siteRoutes": [f"{self.server_ip}/32"], "advertiseLoadBalancerRange": LB_RANGE,
                 "dns": {"zone": ZONE, "image": self.dns_image}, **spec}
         return {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetGateway", "metadata": {"name": self.gateway},
@@ -139,6 +144,26 @@ def world(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale:
     cluster.load_image(router)
     cluster.load_image(coredns)
     ns = installed_operator
+    with _router_image_of_the_operator(cluster, ns, router.ref):
+        yield from _world(cluster, ns, cluster_headscale, project_image, router.ref, coredns.ref)
+
+
+@contextlib.contextmanager
+def _router_image_of_the_operator(cluster: ClusterUnderTest, namespace: str, ref: str) -> Iterator[None]:
+    """The installed operator, rolled out with its routers' image set to ``ref``; set back after."""
+    deployment = "deployment/tailnet-operator"
+    kubectl(cluster, "-n", namespace, "set", "env", deployment, f"TAILNET_GATEWAY_ROUTER_IMAGE={ref}")
+    kubectl(cluster, "-n", namespace, "rollout", "status", deployment, "--timeout=240s", timeout=260)
+    try:
+        yield
+    finally:
+        kubectl(cluster, "-n", namespace, "set", "env", deployment, "TAILNET_GATEWAY_ROUTER_IMAGE-", check=False)
+        kubectl(cluster, "-n", namespace, "rollout", "status", deployment, "--timeout=240s", timeout=260,
+                check=False)
+
+
+def _world(cluster: ClusterUnderTest, ns: str, cluster_headscale: Headscale, project_image: Any, router: str,
+           coredns: str) -> Iterator[GatewayWorld]:
     suffix = uuid.uuid4().hex[:6]
     tailnet, gateway, site = f"gw-{suffix}", f"edge-{suffix}", f"cluster-lan-{suffix}"
     tag = f"tag:gateway-{suffix}"
@@ -167,8 +192,7 @@ def world(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale:
             apply(cluster, [{"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetSite", "metadata": {"name": site},
                              "spec": {"tailnetRef": {"name": tailnet}, "routes": [f"{server_ip}/32"],
                                       "routerTag": tag}}])
-            yield GatewayWorld(ns, tailnet, gateway, tag, site, server_ns, server_ip, router.ref, coredns.ref,
-                               hosts)
+            yield GatewayWorld(ns, tailnet, gateway, tag, site, server_ns, server_ip, router, coredns, hosts)
     finally:
         kubectl(cluster, "patch", GATEWAYS, gateway, "--type=merge", "-p",
                 '{"spec": {"deletionPolicy": "Delete"}}', check=False)
@@ -230,6 +254,7 @@ def test_the_kernel_mode_router_registers_once_and_a_deleted_pod_comes_back_as_t
         raise _diagnose(cluster, world, exc) from exc
     [node] = _tagged(cluster_headscale, world.tag)
     assert receipts["nodeId"] == node["id"] and receipts["nodeKey"] == node["nodeKey"]
+    _assert_least_privilege(cluster, world)
     state = get_json(cluster, "-n", GATEWAY_NAMESPACE, "secret", f"{world.gateway}-gateway-state")
     assert state.get("data"), "tailscaled keeps its state in the Secret"
     assert kubectl(cluster, "-n", GATEWAY_NAMESPACE, "get", "secret", f"{world.gateway}-gateway-auth-key",
@@ -270,6 +295,26 @@ def test_a_new_site_route_waits_for_a_person_to_restart_the_pod_then_is_advertis
                    what="RestartPending False once the pod runs the template")
     except TimeoutError as exc:
         raise _diagnose(cluster, world, exc) from exc
+
+
+NET_ADMIN = 1 << 12
+"""CAP_NET_ADMIN's bit in /proc/<pid>/status."""
+
+
+def _assert_least_privilege(cluster: ClusterUnderTest, world: GatewayWorld) -> None:
+    """The running router: the operator's image, no privileged or init container, its own
+    ServiceAccount, and a process holding NET_ADMIN and nothing else."""
+    spec = get_json(cluster, "-n", GATEWAY_NAMESPACE, "pod", world.pod)["spec"]
+    assert "initContainers" not in spec and spec["serviceAccountName"] == f"{world.gateway}-gateway"
+    [container] = spec["containers"]
+    assert container["image"] == world.router_image
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+    assert not container["securityContext"].get("privileged")
+    status = kubectl(cluster, "-n", GATEWAY_NAMESPACE, "exec", world.pod, "-c", "tailscale", "--",
+                     "cat", "/proc/1/status")
+    caps = {line.split(":")[0]: int(line.split()[1], 16) for line in status.splitlines() if line.startswith("Cap")}
+    assert caps["CapEff"] == caps["CapBnd"] == NET_ADMIN, caps
+    assert "NoNewPrivs:\t1" in status and "Seccomp:\t2" in status, "no privilege escalation, a seccomp filter"
 
 
 def _condition_of(cluster: ClusterUnderTest, world: GatewayWorld, kind: str) -> tuple[str, str] | None:

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from hack.localenv import ControlPlane, Headscale
-from tailnet_operator.controllers.gateway import GatewaySettings
+from tailnet_operator.controllers.gateway import ROLE, ROLE_BINDING, SERVICE_ACCOUNT, GatewaySettings
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_GATEWAY
 from tailnet_operator.headscale import installation_tag
 from tailnet_operator.runtime.client import JSON, Client
@@ -40,6 +40,7 @@ pytestmark = pytest.mark.integration
 
 TAG = "tag:gateway"
 IMAGE = "tailscale/tailscale:v1.98.10"
+"""The operator's router image (its configuration: --gateway-router-image)."""
 POLICY = {"tagOwners": {TAG: []}, "grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]}
 
 
@@ -58,7 +59,7 @@ async def gateway_namespace(admin: Client) -> AsyncIterator[str]:
 
 
 def gateway_object(name: str, tailnet: str, **spec: Any) -> JSON:
-    body = {"tailnetRef": {"name": tailnet}, "tag": TAG, "image": IMAGE, "siteRoutes": ["192.168.77.0/24"],
+    body = {"tailnetRef": {"name": tailnet}, "tag": TAG, "siteRoutes": ["192.168.77.0/24"],
             "dns": {"zone": "corp.example", "image": "registry.k8s.io/coredns/coredns:v1.12.1"}, **spec}
     body = {k: v for k, v in body.items() if v is not None}
     return {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetGateway", "metadata": {"name": name},
@@ -97,13 +98,13 @@ async def test_suspended_then_created_once_with_receipts_from_the_registered_nod
     ns, gw_ns = operator_namespace, gateway_namespace
     tailnet = await setup_tailnet(admin, headscale, ns)
     gw = unique("edge")
-    settings = GatewaySettings(namespace=gw_ns)
+    settings = GatewaySettings(namespace=gw_ns, router_image=IMAGE)
     async with running_operator(control_plane.kubeconfig, ns, gateway=settings) as op:
         await eventually(has_condition(admin, TAILNET, tailnet, "Ready", "True"), timeout=60, what="Tailnet Ready")
         await admin.create(TAILNET_GATEWAY, gateway_object(gw, tailnet))
         await eventually(has_condition(admin, TAILNET_GATEWAY, gw, "Ready", "False", "Suspended"),
                          what="Suspended")
-        for resource in (SECRET, CONFIG_MAP, SERVICE, STATEFUL_SET):
+        for resource in (SECRET, CONFIG_MAP, SERVICE, STATEFUL_SET, SERVICE_ACCOUNT, ROLE, ROLE_BINDING):
             assert await labelled(admin, resource, gw_ns, gw) == [], resource
         assert not [k for k in headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"] if TAG in k["aclTags"]]
 
@@ -111,6 +112,16 @@ async def test_suspended_then_created_once_with_receipts_from_the_registered_nod
         sts = await eventually(lambda: maybe(admin, STATEFUL_SET, f"{gw}-gateway", gw_ns), timeout=30,
                                what="the router StatefulSet")
         assert sts["spec"]["updateStrategy"]["type"] == "OnDelete"
+        pod_spec = sts["spec"]["template"]["spec"]
+        assert pod_spec["containers"][0]["image"] == IMAGE and "initContainers" not in pod_spec
+        assert pod_spec["serviceAccountName"] == f"{gw}-gateway"
+        # the router's own identity reaches its own state Secret, and nothing else
+        router_user = f"system:serviceaccount:{gw_ns}:{gw}-gateway"
+        for verb in ("get", "update", "patch"):
+            assert await _may(admin, router_user, gw_ns, verb, f"{gw}-gateway-state")
+            assert not await _may(admin, router_user, gw_ns, verb, "another-gateway-state")
+        assert not await _may(admin, router_user, gw_ns, "create", "")
+        assert not await _may(admin, router_user, gw_ns, "list", "")
         dns = await admin.get(SERVICE, f"{gw}-gateway-dns", gw_ns)
         routes = env_of(sts)["TS_ROUTES"].split(",")
         assert set(routes) == {f"{dns['spec']['clusterIP']}/32", "192.168.77.0/24"}
@@ -149,12 +160,19 @@ async def test_suspended_then_created_once_with_receipts_from_the_registered_nod
         pod = await _pod_from_template(admin, sts)
         await eventually(has_condition(admin, TAILNET_GATEWAY, gw, "RestartPending", "False", "UpToDate"),
                          what="UpToDate")
-        await admin.merge_patch(TAILNET_GATEWAY, gw, {"spec": {"image": "tailscale/tailscale:v1.98.11"}})
+        # the image a TailnetGateway names is ignored (and it says so); a route change waits for a restart
+        await admin.merge_patch(TAILNET_GATEWAY, gw, {"spec": {"image": "attacker.example/shell:latest"}})
+        ignored = await eventually(has_condition(admin, TAILNET_GATEWAY, gw, "ImageIgnored", "True", "Deprecated"),
+                                   what="ImageIgnored")
+        assert IMAGE in ignored["message"]
+        unchanged = await admin.get(STATEFUL_SET, f"{gw}-gateway", gw_ns)
+        assert unchanged["spec"]["template"] == sts["spec"]["template"]
+        await admin.merge_patch(TAILNET_GATEWAY, gw, {"spec": {"siteRoutes": ["192.168.77.0/24", "192.168.78.0/24"]}})
         pending = await eventually(has_condition(admin, TAILNET_GATEWAY, gw, "RestartPending", "True",
                                                  "TemplateChanged"), what="RestartPending")
         assert f"{gw}-gateway-0" in pending["message"]
         sts = await admin.get(STATEFUL_SET, f"{gw}-gateway", gw_ns)
-        assert sts["spec"]["template"]["spec"]["containers"][0]["image"].endswith("v1.98.11")
+        assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == IMAGE
         same = await admin.get(POD, pod["metadata"]["name"], gw_ns)
         assert same["metadata"]["uid"] == pod["metadata"]["uid"] and "deletionTimestamp" not in same["metadata"]
         before = {r.kind: [o["metadata"]["uid"] for o in (await admin.list(r, gw_ns)).items]
@@ -173,7 +191,7 @@ async def test_suspended_then_created_once_with_receipts_from_the_registered_nod
         await admin.merge_patch(TAILNET_GATEWAY, gw, {"spec": {"deletionPolicy": "Delete"}})
         await admin.delete(TAILNET_GATEWAY, gw)
         await eventually(lambda: _gone(admin, gw), timeout=60, what="the TailnetGateway gone")
-        for resource in (SECRET, CONFIG_MAP, SERVICE, STATEFUL_SET):
+        for resource in (SECRET, CONFIG_MAP, SERVICE, STATEFUL_SET, SERVICE_ACCOUNT, ROLE, ROLE_BINDING):
             assert await labelled(admin, resource, gw_ns, gw) == [], resource
         assert await maybe(admin, POD, f"{gw}-gateway-0", gw_ns) is None
         assert headscale.node_by_name(f"{gw}-gateway") is None
@@ -189,7 +207,8 @@ async def test_retain_leaves_everything_and_a_foreign_state_secret_is_not_adopte
     kept, foreign = unique("kept"), unique("foreign")
     await admin.create(SECRET, {"metadata": {"name": f"{foreign}-gateway-state", "namespace": gw_ns},
                                 "data": {"leftover": base64.b64encode(b"state").decode()}})
-    async with running_operator(control_plane.kubeconfig, ns, gateway=GatewaySettings(namespace=gw_ns)):
+    async with running_operator(control_plane.kubeconfig, ns, gateway=GatewaySettings(namespace=gw_ns,
+                                                                                      router_image=IMAGE)):
         await eventually(has_condition(admin, TAILNET, tailnet, "Ready", "True"), timeout=60, what="Tailnet Ready")
         await admin.create(TAILNET_GATEWAY, gateway_object(foreign, tailnet, suspend=False, dns=None))
         cond = await eventually(has_condition(admin, TAILNET_GATEWAY, foreign, "Ready", "False", "StateSecretExists"),
@@ -213,6 +232,18 @@ async def test_retain_leaves_everything_and_a_foreign_state_secret_is_not_adopte
         assert [n["id"] for n in headscale.nodes() if n.get("name") == f"{kept}-gateway"] == [receipts["nodeId"]]
         events = (await admin.list(Resource("events.k8s.io", "v1", "events", "Event"), "default")).items
         assert any(e.get("reason") == "Retained" and (e.get("regarding") or {}).get("name") == kept for e in events)
+
+
+async def _may(admin: Client, user: str, namespace: str, verb: str, name: str) -> bool:
+    """A SubjectAccessReview: may ``user`` (a ServiceAccount) ``verb`` the Secret ``name``?"""
+    sa_namespace = user.split(":")[2]
+    review = await admin.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body={
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": user, "groups": ["system:serviceaccounts", f"system:serviceaccounts:{sa_namespace}",
+                                          "system:authenticated"],
+                 "resourceAttributes": {k: v for k, v in {"namespace": namespace, "resource": "secrets",
+                                                          "verb": verb, "name": name}.items() if v}}})
+    return bool(review["status"].get("allowed"))
 
 
 async def _receipts(admin: Client, name: str) -> JSON | None:

@@ -58,6 +58,7 @@ ROLE_BINDING = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "Role
 REPO = Path(__file__).resolve().parent.parent
 MANIFESTS = REPO / "manifests"
 OPERATOR_NAMESPACE = "tailnet-system"
+GATEWAY_NAMESPACE = "tailnet-gateway"
 SERVICE_ACCOUNT = "tailnet-operator"
 LEASE_NAME = "tailnet-operator"
 POD = Resource("", "v1", "pods", "Pod")
@@ -323,7 +324,7 @@ def _grants(rendered: list[JSON]) -> list[dict[str, str]]:
     attributes = []
     for binding in (o for o in rendered if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
         if not any(subject.get("name") == SERVICE_ACCOUNT for subject in binding["subjects"]):
-            continue  # the gateway's router pods' Role is theirs, not the operator's
+            continue  # a binding of someone else's
         namespace = binding["metadata"].get("namespace", "")
         ref = binding["roleRef"]
         for rule in roles[(ref["kind"], "" if ref["kind"] == "ClusterRole" else namespace, ref["name"])]["rules"]:
@@ -394,6 +395,16 @@ def _refused(other: str) -> list[dict[str, str]]:
         {"group": "tailnet.dev", "resource": "tailnetegresses", "subresource": "status", "verb": "patch"},
         {"group": "rbac.authorization.k8s.io", "resource": "clusterroles", "verb": "escalate"},
         {"resource": "serviceaccounts", "subresource": "token", "verb": "create", "namespace": ns},
+        # the routers' identities: made in the gateway namespace only, and never used by the operator
+        {"resource": "serviceaccounts", "verb": "create", "namespace": ns},
+        {"resource": "serviceaccounts", "verb": "create", "namespace": other},
+        {"resource": "serviceaccounts", "subresource": "token", "verb": "create", "namespace": GATEWAY_NAMESPACE},
+        {"group": "rbac.authorization.k8s.io", "resource": "roles", "verb": "create", "namespace": other},
+        {"group": "rbac.authorization.k8s.io", "resource": "roles", "verb": "escalate",
+         "namespace": GATEWAY_NAMESPACE},
+        {"group": "rbac.authorization.k8s.io", "resource": "roles", "verb": "bind", "namespace": GATEWAY_NAMESPACE},
+        {"group": "rbac.authorization.k8s.io", "resource": "clusterrolebindings", "verb": "create"},
+        {"resource": "secrets", "verb": "update", "namespace": other},
     ]
 
 

@@ -215,7 +215,7 @@ INVALID_EXAMPLES: tuple[InvalidExample, ...] = (
         "spec.tag",
         _set("spec.tag", "tag:"),
     ),
-    InvalidExample("gw-no-image", "TailnetGateway", "spec.image", _delete("spec.image")),
+    InvalidExample("gw-image", "TailnetGateway", "spec.image", _set("spec.image", "not an image")),
     InvalidExample(
         "gw-lb-overlap",
         "TailnetGateway",

@@ -13,6 +13,7 @@ import structlog
 from tailnet_operator import __version__, logs
 from tailnet_operator.controllers.gateway import GatewaySettings
 from tailnet_operator.controllers.setup import setup
+from tailnet_operator.resources.gateway import DEFAULT_ROUTER_IMAGE
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.errors import KubeError
@@ -50,10 +51,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="labels of the namespaces whose pods may scrape the agents' /metrics "
                              "(their NetworkPolicy admits only the operator otherwise)")
     parser.add_argument("--gateway-namespace", default=os.environ.get("TAILNET_GATEWAY_NAMESPACE", "tailnet-gateway"),
-                        help="where TailnetGateway routers and their CoreDNS run (Pod Security privileged)")
-    parser.add_argument("--gateway-service-account", default="tailnet-gateway",
-                        help="the router pods' ServiceAccount in the gateway namespace (reads and writes the "
-                             "state Secrets)")
+                        help="where TailnetGateway routers and their CoreDNS run (Pod Security privileged: "
+                             "a router needs the TUN device and NET_ADMIN)")
+    parser.add_argument("--gateway-router-image",
+                        default=os.environ.get("TAILNET_GATEWAY_ROUTER_IMAGE") or DEFAULT_ROUTER_IMAGE,
+                        help="the image of the TailnetGateway routers (tailscaled, its CLI and a shell; a "
+                             f"TailnetGateway's spec.image is ignored); default {DEFAULT_ROUTER_IMAGE}")
+    parser.add_argument("--gateway-router-sysctls", action=argparse.BooleanOptionalAction, default=False,
+                        help="set IP forwarding on the router pods with their sysctls (the nodes' kubelets must "
+                             "allow net.ipv4.ip_forward and net.ipv6.conf.all.forwarding); default: off, the "
+                             "pods inherit the node's IPv4 forwarding")
     parser.add_argument("--version", action="version", version=f"tailnet-operator {__version__}")
     return parser.parse_args(argv)
 
@@ -107,8 +114,8 @@ async def run(args: argparse.Namespace) -> int:
           agent_metrics_namespaces=parse_labels(args.agent_metrics_namespace_selector),
           tenant_role=os.environ.get("TAILNET_TENANT_CLUSTER_ROLE") or "tailnet-operator-tenant",
           service_account=os.environ.get("TAILNET_SERVICE_ACCOUNT") or "tailnet-operator",
-          gateway=GatewaySettings(namespace=args.gateway_namespace,
-                                  service_account=args.gateway_service_account))
+          gateway=GatewaySettings(namespace=args.gateway_namespace, router_image=args.gateway_router_image,
+                                  router_sysctls=args.gateway_router_sysctls))
     log.info("starting", version=__version__, api_server=manager.client.config.host, namespace=args.namespace,
              metrics=args.metrics_bind_address, probes=args.health_probe_bind_address,
              leader_election=args.leader_elect)

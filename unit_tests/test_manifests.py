@@ -37,8 +37,6 @@ RBAC_DOC = REPO / "docs" / "reference" / "rbac.md"
 NAMESPACE = "tailnet-system"
 SERVICE_ACCOUNT = "tailnet-operator"
 GATEWAY_NAMESPACE = "tailnet-gateway"
-ROUTER_RBAC = "tailnet-gateway-router"
-"""The router pods' Role and RoleBinding (bound to their ServiceAccount, not the operator's)."""
 IMAGE = "localhost/tailnet-operator:dev"
 PROBE_PORT = 8081
 METRICS_PORT = 8080
@@ -173,9 +171,6 @@ def test_install_has_the_crds_and_the_operator_but_not_the_samples() -> None:
         ("ValidatingAdmissionPolicy", "", "tailnet-ingress-tenancy"),
         ("ValidatingAdmissionPolicyBinding", "", "tailnet-ingress-tenancy"),
         ("Namespace", "", GATEWAY_NAMESPACE),
-        ("ServiceAccount", GATEWAY_NAMESPACE, "tailnet-gateway"),
-        ("Role", GATEWAY_NAMESPACE, ROUTER_RBAC),
-        ("RoleBinding", GATEWAY_NAMESPACE, ROUTER_RBAC),
         ("Role", GATEWAY_NAMESPACE, "tailnet-operator-gateway"),
         ("RoleBinding", GATEWAY_NAMESPACE, "tailnet-operator-gateway"),
     ])
@@ -196,13 +191,17 @@ def test_the_gateway_namespace_admits_the_privileged_router_and_warns_above_base
     assert labels["pod-security.kubernetes.io/warn"] == labels["pod-security.kubernetes.io/audit"] == "baseline"
 
 
-def test_the_router_pods_may_only_read_and_write_secrets_of_the_gateway_namespace() -> None:
-    role = next(o for o in RENDERED if o["kind"] == "Role" and o["metadata"]["name"] == ROUTER_RBAC)
-    assert role["metadata"]["namespace"] == GATEWAY_NAMESPACE
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "update", "patch"]}]
-    binding = next(o for o in RENDERED if o["kind"] == "RoleBinding" and o["metadata"]["name"] == ROUTER_RBAC)
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tailnet-gateway",
-                                    "namespace": GATEWAY_NAMESPACE}]
+def test_no_identity_is_shared_by_the_routers() -> None:
+    """Each router gets its own ServiceAccount and a Role on its own state Secret from the operator
+    (resources/gateway.py); the install makes none that every router would share."""
+    assert not [o for o in RENDERED if o.get("metadata", {}).get("namespace") == GATEWAY_NAMESPACE
+                and o["kind"] in ("ServiceAccount", "Role", "RoleBinding")
+                and o["metadata"]["name"] != "tailnet-operator-gateway"]
+    can = {(g[1], g[2], g[3]) for g in granted() if g[0] == GATEWAY_NAMESPACE}
+    router_role = {("", "secrets", verb) for verb in ("get", "update", "patch")}
+    assert router_role <= can, "the operator holds what it grants a router (RBAC's escalation check)"
+    assert {("", "serviceaccounts", "create"), ("rbac.authorization.k8s.io", "roles", "create"),
+            ("rbac.authorization.k8s.io", "rolebindings", "create")} <= can
 
 
 def test_the_namespace_enforces_the_restricted_pod_security_standard() -> None:
@@ -222,8 +221,7 @@ def test_namespaced_objects_live_in_the_operator_namespace_except_the_events_rol
             assert "namespace" not in obj["metadata"]
             continue
         expected = {"tailnet-operator-events": CLUSTER_SCOPED_NAMESPACE, "tailnet-operator-dns": "kube-system",
-                    "tailnet-operator-gateway": GATEWAY_NAMESPACE, "tailnet-gateway": GATEWAY_NAMESPACE,
-                    ROUTER_RBAC: GATEWAY_NAMESPACE}.get(obj["metadata"]["name"], NAMESPACE)
+                    "tailnet-operator-gateway": GATEWAY_NAMESPACE}.get(obj["metadata"]["name"], NAMESPACE)
         assert obj["metadata"].get("namespace") == expected, f"{obj['kind']} {obj['metadata']['name']}"
 
 
@@ -334,9 +332,8 @@ def _bound_by_someone_else(obj: Obj) -> bool:
 def _rbac(kind: str) -> list[Obj]:
     """The operator's own RBAC: the roles aggregated into view/edit/admin are for people, the
     per-namespace one is bound by namespace admins and the platform one by the cluster admin, not
-    by the install, and the router pods' Role is theirs."""
-    return [o for o in RENDERED if o["kind"] == kind and not _aggregated(o) and not _bound_by_someone_else(o)
-            and o["metadata"]["name"] != ROUTER_RBAC]
+    by the install."""
+    return [o for o in RENDERED if o["kind"] == kind and not _aggregated(o) and not _bound_by_someone_else(o)]
 
 
 def granted() -> list[Grant]:
@@ -409,8 +406,10 @@ def test_bindings_name_only_the_operators_service_account_and_every_role_is_boun
 
 
 def test_kinds_of_the_controllers_not_written_yet_are_not_granted() -> None:
-    later = {"serviceaccounts", "namespaces"}
-    assert not [g for g in granted() if g[2].split("/")[0] in later]
+    assert not [g for g in granted() if g[2].split("/")[0] == "namespaces"]
+    identities = {"serviceaccounts", "roles", "rolebindings", "clusterroles", "clusterrolebindings"}
+    assert {g[0] for g in granted() if g[2] in identities} == {GATEWAY_NAMESPACE}, \
+        "identities are made only for the routers, in the gateway namespace"
     assert sorted(g for g in granted() if g[2] == "pods") == sorted([
         (NAMESPACE, "", "pods", "get", ()), (GATEWAY_NAMESPACE, "", "pods", "list", ()),
         (GATEWAY_NAMESPACE, "", "pods", "watch", ()), (GATEWAY_NAMESPACE, "", "pods", "delete", ())]), \
@@ -424,7 +423,7 @@ def test_no_secret_or_configmap_is_granted_cluster_wide() -> None:
     assert wide == []
     secrets = {(g[0], g[3]) for g in granted() if g[1] == "" and g[2] == "secrets"}
     assert secrets == {(NAMESPACE, verb) for verb in ("list", "watch", "create", "patch")} | {
-        (GATEWAY_NAMESPACE, verb) for verb in ("list", "watch", "create", "patch", "delete")}
+        (GATEWAY_NAMESPACE, verb) for verb in ("list", "watch", "get", "create", "update", "patch", "delete")}
 
 
 def test_kube_system_is_granted_the_hosts_configmap_by_name_and_nothing_else() -> None:

@@ -67,7 +67,14 @@ class TailnetGatewaySpec(ApiModel):
         default=None,
         description="The cluster's tailnet LoadBalancer range to advertise as well, e.g. 10.250.0.0/24.",
     )
-    image: Image = Field(description="Tailscale image of the kernel-mode router Pod.")
+    image: Image | None = Field(
+        default=None,
+        description=(
+            "Deprecated and ignored: the router runs the image the operator is configured with "
+            "(chart value gateway.router.image), never one a TailnetGateway names. While it is set, "
+            "the condition ImageIgnored says so. It goes in the next API version."
+        ),
+    )
     dns: GatewayDNS | None = Field(
         default=None, description="Run a CoreDNS for the Tailnet's zone next to the router."
     )

@@ -5,17 +5,24 @@ and, with ``spec.dns``, the CoreDNS that serves the Tailnet's zone, created exac
 * **Creation**, once: the tag pre-check against the live policy, a single-use, non-ephemeral
   pre-auth key for ``spec.tag`` (the key keeper of :mod:`.preauth`), the empty state Secret
   (annotated with this object's uid), the ConfigMap, the CoreDNS Deployment and Service, then the
-  router's headless Service and StatefulSet (:mod:`tailnet_operator.resources.gateway`). When
+  router's own ServiceAccount and Role (its state Secret alone), its headless Service and
+  StatefulSet (:mod:`tailnet_operator.resources.gateway`). When
   Headscale shows the node registered with that key, the receipts (``nodeId``, ``nodeKey``,
   ``createdAt``, ``stateSecret``) are written once, the key is expired and its Secret deleted:
   from then on nothing can register a second node for this gateway.
 * **Fresh-only**: a state Secret this object did not create is never adopted, and receipts whose
   node is gone from Headscale (or whose state Secret is gone) are reported, not repaired.
-* **Afterwards** it only follows ``spec.image`` and the routes into the StatefulSet's template
-  (``OnDelete``: ``RestartPending`` says when the pod runs an older template) and the Tailnet's
-  hosts file into the zone. It never restarts, adopts or deletes the pod.
+* **Afterwards** it only follows the operator's router image and the routes into the
+  StatefulSet's template (``OnDelete``: ``RestartPending`` says when the pod runs an older
+  template) and the Tailnet's hosts file into the zone. It never restarts, adopts or deletes the
+  pod.
+* **The image** is the operator's (:class:`GatewaySettings`), never the TailnetGateway's: the
+  router is the one component with ``NET_ADMIN`` and a host device, and whoever may create a
+  TailnetGateway must not choose what runs with them. ``spec.image`` is deprecated and ignored;
+  while it is set, the condition ``ImageIgnored`` says so.
 * **Deletion**: ``deletionPolicy: Delete`` deletes the StatefulSet, the pod, the Secrets, the
-  Services, CoreDNS and the Headscale node (retrying Headscale for five minutes); ``Retain``
+  Services, CoreDNS, the router's ServiceAccount and Role and the Headscale node (retrying
+  Headscale for five minutes); ``Retain``
   leaves them and says so in an Event. The objects carry labels, not ownerReferences, so the
   garbage collector never removes the router behind the operator's back.
 """
@@ -70,16 +77,22 @@ WAIT_SECONDS = 2.0
 SETTLING_SECONDS = 5.0
 """How soon a gateway whose routes are not all advertised and approved looks again: approval comes
 from the Policy reconciler or a person, neither of which the gateway watches."""
-CONDITION_TYPES = ("Registered", "RestartPending", "RoutesApproved", "SplitDNS", "TagOwned")
+CONDITION_TYPES = ("ImageIgnored", "Registered", "RestartPending", "RoutesApproved", "SplitDNS", "TagOwned")
+
+SERVICE_ACCOUNT = Resource("", "v1", "serviceaccounts", "ServiceAccount")
+ROLE = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
+ROLE_BINDING = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 
 
 @dataclass(frozen=True)
 class GatewaySettings:
-    """Where routers run: the gateway namespace (Pod Security ``privileged``) and the router
-    pods' ServiceAccount there, which may read and write the state Secrets (the chart makes both)."""
+    """Where routers run, the gateway namespace (Pod Security ``privileged``, the chart makes it),
+    and what they run: ``router_image`` (tailscaled, its CLI and a shell) and, when the nodes'
+    kubelets allow those sysctls, IP forwarding set on the pod (``router_sysctls``)."""
 
     namespace: str = "tailnet-gateway"
-    service_account: str = "tailnet-gateway"
+    router_image: str = build.DEFAULT_ROUTER_IMAGE
+    router_sysctls: bool = False
 
 
 @dataclass(frozen=True)
@@ -271,8 +284,8 @@ class GatewayReconciler(AgentReconciler):
         except Problem:
             ca = None
         return build.Router(namespace=self.namespace, tailnet=str(run.tailnet.metadata.name),
-                            control_url=str(run.tailnet.spec.login_url),
-                            service_account=self.settings.service_account, ca_bundle=ca)
+                            control_url=str(run.tailnet.spec.login_url), image=self.settings.router_image,
+                            ca_bundle=ca, forwarding_sysctls=self.settings.router_sysctls)
 
     async def _apply(self, run: Run) -> Applied:
         """Apply the ConfigMap, CoreDNS and the router; the StatefulSet waits for CoreDNS's address,
@@ -290,6 +303,10 @@ class GatewayReconciler(AgentReconciler):
         routes = build.advertised_routes(run.gateway, self._egress_addresses(run), address)
         router = replace(router, routes=routes)
         sts = build.stateful_set(run.gateway, router)
+        # the pod's identity before the pod: the StatefulSet controller cannot create it without
+        await self._put(SERVICE_ACCOUNT, build.router_service_account(run.gateway, self.namespace))
+        await self._put(ROLE, build.router_role(run.gateway, self.namespace))
+        await self._put(ROLE_BINDING, build.router_role_binding(run.gateway, self.namespace))
         await self._put(SERVICE, build.router_service(run.gateway, router))
         await self._put(STATEFUL_SET, sts)
         return Applied(routes, address, sts["spec"]["template"]["metadata"]["annotations"][
@@ -361,7 +378,8 @@ class GatewayReconciler(AgentReconciler):
         if running == applied.template_hash:
             return Cond("RestartPending", "False", "UpToDate", f"the pod {ref} runs the current template")
         return Cond("RestartPending", "True", "TemplateChanged",
-                    f"the image or the routes changed; the StatefulSet's update strategy is OnDelete, so the pod "
+                    f"the router's template changed (its image, routes or settings); the StatefulSet's update "
+                    f"strategy is OnDelete, so the pod "
                     f"{ref} keeps the old template until a person deletes it (kubectl delete pod -n "
                     f"{self.namespace} {build.pod_name(run.gateway)}); it comes back as the same node from its "
                     "state Secret. The operator never restarts it")
@@ -383,7 +401,18 @@ class GatewayReconciler(AgentReconciler):
 
     async def _write(self, run: Run, conds: list[Cond], fields: JSON | None = None, *,
                      keep: tuple[str, ...] = ()) -> None:
+        if ignored := self._image_ignored(run):
+            conds = [*conds, ignored]
         await self.status.write(TAILNET_GATEWAY, run.obj, conds, fields, keep=keep)
+
+    def _image_ignored(self, run: Run) -> Cond | None:
+        """ImageIgnored while the deprecated ``spec.image`` is set (absent otherwise)."""
+        if not run.gateway.spec.image:
+            return None
+        return Cond("ImageIgnored", "True", "Deprecated",
+                    f"spec.image ({run.gateway.spec.image}) is deprecated and ignored: the router runs "
+                    f"{self.settings.router_image}, the image the operator is configured with "
+                    "(--gateway-router-image, chart value gateway.router.image); remove spec.image")
 
     # -- deletion -------------------------------------------------------------------------------
 
@@ -402,7 +431,8 @@ class GatewayReconciler(AgentReconciler):
             await self.events.normal(obj, "Retained",
                                      f"deletionPolicy Retain: left the router pod {pod}, its state Secret {secret} "
                                      f"and {node} in place; remove them by hand (kubectl delete statefulset,secret,"
-                                     f"service,deployment,configmap -n {self.namespace} -l tailnet.dev/gateway={name}"
+                                     f"service,deployment,configmap,serviceaccount,role,rolebinding -n "
+                                     f"{self.namespace} -l tailnet.dev/gateway={name}"
                                      + (f"; headscale nodes delete -i {node_id})" if node_id else ")"),
                                      action="Retain")
             await remove_finalizer(self.writer, TAILNET_GATEWAY, obj, FINALIZER)
@@ -429,7 +459,8 @@ class GatewayReconciler(AgentReconciler):
         gone = []
         for resource, what in ((STATEFUL_SET, router), (POD, f"{router}-0"), (DEPLOYMENT, dns), (SERVICE, dns),
                                (SERVICE, router), (CONFIG_MAP, router), (SECRET, f"{router}-state"),
-                               (SECRET, f"{router}-auth-key")):
+                               (SECRET, f"{router}-auth-key"), (ROLE_BINDING, router), (ROLE, router),
+                               (SERVICE_ACCOUNT, router)):
             if await self._delete(resource, what):
                 gone.append(f"{resource.kind} {what}")
         return gone

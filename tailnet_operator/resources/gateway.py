@@ -1,9 +1,15 @@
 """Pure builders of what one TailnetGateway creates: desired state in, manifest dicts out.
 
 Everything lives in the gateway namespace (``Router.namespace``), which must admit the
-``privileged`` Pod Security level: the router is a kernel-mode tailscaled (a TUN device, the
-``NET_ADMIN`` capability and an init container that turns IP forwarding on), the one privileged
-component of the product. The CoreDNS next to it meets ``restricted``.
+``privileged`` Pod Security level: the router is a kernel-mode tailscaled, which needs the TUN
+device (a ``hostPath``) and the ``NET_ADMIN`` capability, both beyond ``baseline``. It runs no
+privileged container and no other capability (every other one dropped, no privilege escalation,
+the runtime's default seccomp profile, a read-only root filesystem), from the image the operator
+is configured with (``Router.image``), never one a TailnetGateway names. IP forwarding is the
+pod's network namespace's own: inherited from the node (IPv4), or set with the pod's ``sysctls``
+where the kubelet allows them (``Router.forwarding_sysctls``). Each router has its own
+ServiceAccount and a Role that reaches its own state Secret only (``resourceNames``). The
+CoreDNS next to it meets ``restricted``.
 
 The objects carry labels, not ownerReferences: the garbage collector must never remove the
 router with its TailnetGateway (``deletionPolicy: Retain`` leaves it running), so the Gateway
@@ -30,11 +36,14 @@ from tailnet_operator.api.gateway import TailnetGateway
 from . import MANAGED_BY, http_probe, restricted_pod_security_context, restricted_security_context
 
 __all__ = [
+    "DEFAULT_ROUTER_IMAGE",
     "DNS_HEALTH_PORT",
     "DNS_PORT",
     "DNS_READY_PORT",
+    "FORWARDING_SYSCTLS",
     "KEY_IDS_ANNOTATION",
     "OWNER_UID_ANNOTATION",
+    "ROUTER_CAPABILITIES",
     "STATE_SECRET_ANNOTATION",
     "TEMPLATE_HASH_ANNOTATION",
     "WIREGUARD_PORT",
@@ -55,7 +64,12 @@ __all__ = [
     "pod_name",
     "router_labels",
     "router_name",
+    "router_role",
+    "router_role_binding",
+    "router_security_context",
     "router_service",
+    "router_service_account",
+    "router_service_account_name",
     "state_secret",
     "state_secret_name",
     "stateful_set",
@@ -76,7 +90,17 @@ COREFILE = "Corefile"
 ZONE_FILE = "zone.db"
 CA_FILE = "ca.crt"
 TUN = "/dev/net/tun"
+TMP = "/tmp"
 SOA_TTL = 30
+
+DEFAULT_ROUTER_IMAGE = "docker.io/tailscale/tailscale:v1.98.10"
+"""The router's image unless the operator is told another (``--gateway-router-image``): the
+tailscale image, which has tailscaled, its CLI and a shell."""
+ROUTER_CAPABILITIES = ("NET_ADMIN",)
+"""All the router keeps: the TUN device, addresses, routes and the packet filter (netlink)."""
+FORWARDING_SYSCTLS = (("net.ipv4.ip_forward", "1"), ("net.ipv6.conf.all.forwarding", "1"))
+"""Set on the pod with ``Router.forwarding_sysctls``; the kubelet must allow both
+(``--allowed-unsafe-sysctls``: neither is on its list of safe sysctls)."""
 
 TEMPLATE_HASH_ANNOTATION = "tailnet.dev/template-hash"
 """On the pod template: what the pod was started from; compared with the desired template."""
@@ -97,10 +121,12 @@ class Router:
     """The gateway namespace (Pod Security ``privileged``)."""
     tailnet: str
     control_url: str
-    service_account: str
-    """The router pod's ServiceAccount: may read and write the state Secrets (the chart makes it)."""
+    image: str = DEFAULT_ROUTER_IMAGE
+    """The operator's configuration, not the TailnetGateway's (its ``spec.image`` is ignored)."""
     routes: tuple[str, ...] = ()
     ca_bundle: str | None = None
+    forwarding_sysctls: bool = False
+    """Set IP forwarding with the pod's ``sysctls`` (the nodes' kubelets must allow them)."""
 
 
 def _name(gateway: TailnetGateway) -> str:
@@ -138,6 +164,11 @@ def gateway_labels(gateway: TailnetGateway) -> dict[str, str]:
     """On every object of the gateway: the Gateway reconciler's watches map them back by these."""
     return {**MANAGED_BY, "app.kubernetes.io/name": "tailnet-gateway", "app.kubernetes.io/instance": _name(gateway),
             "tailnet.dev/gateway": _name(gateway), "tailnet.dev/tailnet": gateway.spec.tailnet_ref.name}
+
+
+def router_service_account_name(gateway: TailnetGateway) -> str:
+    """The router's own ServiceAccount, Role and RoleBinding."""
+    return router_name(gateway)
 
 
 def router_labels(gateway: TailnetGateway) -> dict[str, str]:
@@ -211,12 +242,45 @@ def state_secret(gateway: TailnetGateway, namespace: str, owner_uid: str, key_id
             "type": "Opaque"}
 
 
-FORWARDING_SCRIPT = ("echo 1 > /proc/sys/net/ipv4/ip_forward && "
-                     "{ echo 1 > /proc/sys/net/ipv6/conf/all/forwarding || true; }")
-"""The init container's: IP forwarding on in the pod's network namespace (no sysctl binary needed)."""
+def router_service_account(gateway: TailnetGateway, namespace: str) -> Obj:
+    """The router pod's identity: its Role reaches its own state Secret and nothing else."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": _metadata(gateway, router_service_account_name(gateway), namespace, "router")}
+
+
+def router_role(gateway: TailnetGateway, namespace: str) -> Obj:
+    """``get``, ``update`` and ``patch`` on the router's state Secret, by name: tailscaled's
+    Kubernetes state store reads it at start and writes every state change back. No ``create``:
+    a router whose Secret was deleted cannot make a new one and register a new node; and no other
+    router's Secret (its node keys) is within reach."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": _metadata(gateway, router_service_account_name(gateway), namespace, "router"),
+            "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [state_secret_name(gateway)],
+                       "verbs": ["get", "update", "patch"]}]}
+
+
+def router_role_binding(gateway: TailnetGateway, namespace: str) -> Obj:
+    name = router_service_account_name(gateway)
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": _metadata(gateway, name, namespace, "router"),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}
+
 
 ROUTER_SCRIPT = """\
 set -eu
+if [ "$(cat /proc/sys/net/ipv4/ip_forward)" != 1 ]; then
+  echo "tailnet-gateway: IPv4 forwarding is off in this pod's network namespace, so no route could be" \\
+    "served; the node must have net.ipv4.ip_forward=1 (pods inherit it), or the operator must set it with" \\
+    "the pod's sysctls (chart value gateway.router.forwardingSysctls, which the kubelet must allow)" >&2
+  exit 1
+fi
+case "$TS_ROUTES" in *:*)
+  if [ "$(cat /proc/sys/net/ipv6/conf/all/forwarding)" != 1 ]; then
+    echo "tailnet-gateway: IPv6 forwarding is off in this pod's network namespace: the IPv6 routes are" \\
+      "advertised but not served (chart value gateway.router.forwardingSysctls sets it)" >&2
+  fi
+esac
 sock=/tmp/tailscaled.sock
 mkdir -p /tmp/tailscale
 tailscaled --state="kube:${TS_KUBE_SECRET}" --statedir=/tmp/tailscale --socket="$sock" &
@@ -227,11 +291,13 @@ tailscale --socket="$sock" up --login-server="$TS_LOGIN_SERVER" --hostname="$TS_
   --advertise-routes="$TS_ROUTES" --accept-dns=false --timeout=120s ${TS_AUTHKEY:+--authkey="$TS_AUTHKEY"}
 wait "$pid"
 """
-"""The router's entry point: tailscaled in kernel mode with its state in the state Secret
-(``--state=kube:<secret>``, tailscaled's Kubernetes state store, through the pod's ServiceAccount),
-then ``tailscale up`` with the login server, hostname and routes. A first start logs in with the
-pre-auth key; a restart finds the node's keys in the Secret and comes back as the same node (with
-no key at all: the key is expired and its Secret deleted once the node registered)."""
+"""The router's entry point: it stops at once, saying why, when IPv4 forwarding is off in the
+pod's network namespace (a router that cannot forward would register and serve nothing); then
+tailscaled in kernel mode with its state in the state Secret (``--state=kube:<secret>``,
+tailscaled's Kubernetes state store, through the pod's ServiceAccount), then ``tailscale up``
+with the login server, hostname and routes. A first start logs in with the pre-auth key; a
+restart finds the node's keys in the Secret and comes back as the same node (with no key at all:
+the key is expired and its Secret deleted once the node registered)."""
 
 
 def _router_env(gateway: TailnetGateway, router: Router) -> list[Obj]:
@@ -250,32 +316,39 @@ def _router_env(gateway: TailnetGateway, router: Router) -> list[Obj]:
     return env
 
 
+def router_security_context() -> Obj:
+    """The router container's: root (tailscaled configures the kernel's network) with only
+    :data:`ROUTER_CAPABILITIES`, no privilege escalation, a read-only root filesystem."""
+    return {"privileged": False, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"], "add": list(ROUTER_CAPABILITIES)},
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
 def _pod_template(gateway: TailnetGateway, router: Router) -> Obj:
-    image = gateway.spec.image
-    mounts: list[Obj] = [{"name": "tun", "mountPath": TUN}]
-    volumes: list[Obj] = [{"name": "tun", "hostPath": {"path": TUN, "type": "CharDevice"}}]
+    mounts: list[Obj] = [{"name": "tun", "mountPath": TUN}, {"name": "tmp", "mountPath": TMP}]
+    volumes: list[Obj] = [{"name": "tun", "hostPath": {"path": TUN, "type": "CharDevice"}},
+                          {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
     if router.ca_bundle:
         mounts.append({"name": "ca", "mountPath": CA_DIR, "readOnly": True})
         volumes.append({"name": "ca", "configMap": {"name": router_name(gateway),
                                                     "items": [{"key": CA_FILE, "path": CA_FILE}]}})
+    pod_security: Obj = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if router.forwarding_sysctls:
+        pod_security["sysctls"] = [{"name": name, "value": value} for name, value in FORWARDING_SYSCTLS]
     return {
         "metadata": {"labels": {**gateway_labels(gateway), **router_labels(gateway)}},
         "spec": {
-            "serviceAccountName": router.service_account,
+            "serviceAccountName": router_service_account_name(gateway),
+            "automountServiceAccountToken": True,
             "enableServiceLinks": False,
             "terminationGracePeriodSeconds": 10,
-            "initContainers": [{
-                "name": "sysctl", "image": image, "imagePullPolicy": "IfNotPresent",
-                "command": ["/bin/sh", "-c", FORWARDING_SCRIPT],
-                "securityContext": {"privileged": True},
-                "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}},
-            }],
+            "securityContext": pod_security,
             "containers": [{
-                "name": "tailscale", "image": image, "imagePullPolicy": "IfNotPresent",
+                "name": "tailscale", "image": router.image, "imagePullPolicy": "IfNotPresent",
                 "command": ["/bin/sh", "-c", ROUTER_SCRIPT],
                 "env": _router_env(gateway, router),
                 "ports": [{"name": "wireguard", "containerPort": WIREGUARD_PORT, "protocol": "UDP"}],
-                "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}},
+                "securityContext": router_security_context(),
                 "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}},
                 "volumeMounts": mounts,
             }],

@@ -1,6 +1,7 @@
-"""The Gateway reconciler on the fake client and a fake Headscale: suspended, created exactly once,
-receipts from the registered node, fresh-only (a foreign state Secret, a gone node), following the
-image into an OnDelete template, and the two deletion policies."""
+"""The Gateway reconciler on the fake client and a fake Headscale: suspended, created exactly once
+(with the router's own ServiceAccount and Role), receipts from the registered node, fresh-only (a
+foreign state Secret, a gone node), following the operator's image into an OnDelete template (never
+the TailnetGateway's), and the two deletion policies."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import copy
 from typing import Any
 
 from tailnet_operator.controllers.agents import RESYNC_SECONDS
-from tailnet_operator.controllers.gateway import SETTLING_SECONDS, GatewayReconciler, GatewaySettings
+from tailnet_operator.controllers.gateway import (
+    ROLE,
+    ROLE_BINDING,
+    SERVICE_ACCOUNT,
+    SETTLING_SECONDS,
+    GatewayReconciler,
+    GatewaySettings,
+)
 from tailnet_operator.controllers.kinds import TAILNET_EGRESS, TAILNET_GATEWAY
 from tailnet_operator.headscale import installation_tag
 from tailnet_operator.runtime import CONFIG_MAP, FINALIZER, SECRET, SERVICE, Applier, Request, Result
@@ -18,7 +26,8 @@ from tailnet_operator.types import JSON
 from .harness import NAMESPACE, World
 
 GW_NS = "tailnet-gateway"
-IMAGE = "tailscale/tailscale:v1.98.10"
+IMAGE = "registry.example/tailscale:v1.98.10"
+"""The operator's router image (its configuration)."""
 DNS_IP = "10.96.0.53"
 OWNING = ('{"tagOwners": {"tag:gateway": [], "tag:egress-db": []}, '
           '"grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]}')
@@ -28,15 +37,18 @@ HOSTS = "# hosts\n10.96.7.7 db.corp.example\n"
 class GatewayWorld(World):
     def __init__(self) -> None:
         super().__init__()
-        self.gateway = GatewayReconciler(
-            self.deps, Applier(self.kube, self.kube, field_manager="tailnet-operator-gateway"),
-            GatewaySettings(namespace=GW_NS, service_account="tailnet-gateway"))
+        self.gateway = self.reconciler(IMAGE)
+
+    def reconciler(self, image: str) -> GatewayReconciler:
+        """The Gateway reconciler of an operator configured with the router image ``image``."""
+        return GatewayReconciler(self.deps, Applier(self.kube, self.kube, field_manager="tailnet-operator-gateway"),
+                                 GatewaySettings(namespace=GW_NS, router_image=image))
 
     async def reconcile_gateway(self, name: str = "edge") -> Result:
         return await self.gateway.reconcile(Request("", name))
 
     def add_gateway(self, name: str = "edge", **spec: Any) -> JSON:
-        body = {"tailnetRef": {"name": "tn"}, "tag": "tag:gateway", "image": IMAGE,
+        body = {"tailnetRef": {"name": "tn"}, "tag": "tag:gateway",
                 "siteRoutes": ["192.168.10.0/24"], "advertiseLoadBalancerRange": "10.250.0.0/24",
                 "dns": {"zone": "corp.example", "image": "registry.k8s.io/coredns/coredns:v1.12.1"}, **spec}
         return self.kube.add(TAILNET_GATEWAY, {"metadata": {"name": name}, "spec": body})
@@ -85,7 +97,8 @@ class GatewayWorld(World):
     def snapshot(self) -> dict[tuple[str, str], str]:
         """resourceVersion of every object of the gateway namespace."""
         out = {}
-        for resource in (SECRET, CONFIG_MAP, SERVICE, DEPLOYMENT, STATEFUL_SET, POD):
+        for resource in (SECRET, CONFIG_MAP, SERVICE, DEPLOYMENT, STATEFUL_SET, POD, SERVICE_ACCOUNT, ROLE,
+                         ROLE_BINDING):
             for o in self.kube.list(resource, GW_NS):
                 out[(resource.kind, o["metadata"]["name"])] = o["metadata"]["resourceVersion"]
         return out
@@ -165,6 +178,14 @@ async def test_unsuspending_mints_a_single_use_key_and_creates_the_router_and_th
     assert "corp.example:1053" in zone["data"]["Corefile"]
     for resource, name in ((DEPLOYMENT, "edge-gateway-dns"), (SERVICE, "edge-gateway"), (SERVICE, "edge-gateway-dns")):
         assert world.kube.get(resource, name, GW_NS) is not None, (resource, name)
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == IMAGE and "initContainers" not in pod
+    assert pod["serviceAccountName"] == "edge-gateway"
+    assert world.kube.get(SERVICE_ACCOUNT, "edge-gateway", GW_NS) is not None
+    role = world.kube.get(ROLE, "edge-gateway", GW_NS)
+    assert role is not None and role["rules"][0]["resourceNames"] == ["edge-gateway-state"]
+    binding = world.kube.get(ROLE_BINDING, "edge-gateway", GW_NS)
+    assert binding is not None and binding["subjects"][0]["name"] == "edge-gateway"
     assert FINALIZER in world.obj()["metadata"]["finalizers"]
     registered = world.cond("Registered")
     assert (registered["status"], registered["reason"]) == ("False", "Registering")
@@ -337,14 +358,35 @@ async def test_a_gone_state_secret_is_reported_not_recreated() -> None:
 # -- following ------------------------------------------------------------------------------------
 
 
-async def test_an_image_change_reaches_the_template_and_says_a_restart_is_pending() -> None:
+async def test_the_image_a_gateway_names_is_ignored_and_the_gateway_says_so() -> None:
+    world = await registered_world()
+    world.pod_from_template()
+    await world.reconcile_gateway()
+    before = world.snapshot()
+    assert world.cond("ImageIgnored") == {}
+
+    world.edit_spec(image="attacker.example/root-shell:latest")
+    await world.reconcile_gateway()
+
+    assert world.snapshot() == before, "the template, and so the pod, stays as it is"
+    ignored = world.cond("ImageIgnored")
+    assert (ignored["status"], ignored["reason"]) == ("True", "Deprecated")
+    assert "attacker.example/root-shell:latest" in ignored["message"] and IMAGE in ignored["message"]
+    assert world.cond("RestartPending")["reason"] == "UpToDate"
+
+    world.edit_spec(image=None)
+    await world.reconcile_gateway()
+    assert world.cond("ImageIgnored") == {}
+
+
+async def test_the_operators_image_reaches_the_template_and_says_a_restart_is_pending() -> None:
     world = await registered_world()
     world.pod_from_template()
     await world.reconcile_gateway()
     assert world.cond("RestartPending")["reason"] == "UpToDate"
     pod_version = world.kube.get(POD, "edge-gateway-0", GW_NS)["metadata"]["resourceVersion"]  # type: ignore[index]
 
-    world.edit_spec(image="tailscale/tailscale:v1.98.11")
+    world.gateway = world.reconciler("registry.example/tailscale:v1.98.11")  # the operator upgraded
     await world.reconcile_gateway()
 
     sts = world.kube.get(STATEFUL_SET, "edge-gateway", GW_NS)
@@ -413,7 +455,7 @@ async def test_suspending_after_creation_keeps_everything() -> None:
     world = await registered_world()
     before = world.snapshot()
 
-    world.edit_spec(suspend=True, image="tailscale/tailscale:v1.98.11")
+    world.edit_spec(suspend=True, siteRoutes=["192.168.10.0/24", "192.168.20.0/24"])
     await world.reconcile_gateway()
 
     assert world.snapshot() == before
