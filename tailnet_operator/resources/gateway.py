@@ -320,6 +320,7 @@ def router_security_context() -> Obj:
     """The router container's: root (tailscaled configures the kernel's network) with only
     :data:`ROUTER_CAPABILITIES`, no privilege escalation, a read-only root filesystem."""
     return {"privileged": False, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "runAsUser": 0, "runAsGroup": 0,  # a capability is effective for root only (no ambient ones)
             "capabilities": {"drop": ["ALL"], "add": list(ROUTER_CAPABILITIES)},
             "seccompProfile": {"type": "RuntimeDefault"}}
 

@@ -71,6 +71,7 @@ def test_the_router_runs_no_privileged_container_and_keeps_net_admin_alone() -> 
         assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
         assert sc["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
         assert sc["readOnlyRootFilesystem"] is True
+        assert sc["runAsUser"] == 0, "root, for NET_ADMIN to be effective; nothing else comes with it"
         assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
         assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/tmp", "/dev/net/tun"}
     assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
