@@ -572,7 +572,8 @@ def test_the_tenant_role_is_bound_by_nobody_and_grants_only_applying_an_ingresss
     kinds = {("", "secrets"), ("", "configmaps"), ("", "services"), ("apps", "deployments"),
              ("networking.k8s.io", "networkpolicies"), ("cert-manager.io", "certificates"),
              ("events.k8s.io", "events")}
-    # and Secrets read by name (an ingress's TLS Secrets), never listed or watched
-    assert grants == {(g, r, v) for g, r in kinds for v in ("create", "patch")} | {("", "secrets", "get")}
+    # and Secrets and ConfigMaps read by name (TLS Secrets, what it applied), never listed or watched
+    assert grants == {(g, r, v) for g, r in kinds for v in ("create", "patch")} | {
+        ("", "secrets", "get"), ("", "configmaps", "get")}
     doc = RBAC_DOC.read_text()
     assert "tailnet-operator-tenant" in doc and all(f"`{r}`" in doc for _, r in kinds)
