@@ -58,7 +58,7 @@ BASE_TRIM_GLOBS = ("var/cache/apt/archives/*.deb", "var/cache/apt/*.bin", "var/l
 """What the base drops after debootstrap (as Debian's slim images do); /usr/share/doc keeps only
 the copyright files. Part of the base's tag, so that changing it makes a new base."""
 
-PROJECT_FILES = ("Containerfile", "pyproject.toml", "requirements.lock", "README.md", "LICENSE",
+PROJECT_FILES = ("Containerfile", "pyproject.toml", "requirements-image.lock", "README.md", "LICENSE",
                  "native/Cargo.toml", "native/Cargo.lock")
 PROJECT_TREES = ("tailnet_operator", "tailnet_agent", "native/src")
 """The project image's inputs: exactly what the Containerfile copies, so that they make its tag."""
