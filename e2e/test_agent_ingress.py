@@ -274,6 +274,19 @@ async def named_backend(name: str) -> AsyncIterator[int]:
         await runner.cleanup()
 
 
+SPOOFED = (("Tailnet-User-Login", "root@evil.test"), ("Tailnet-Node-Tags", "tag:admin"),
+           ("Tailnet_User_Login", "root@evil.test"), ("tailnet_node_tags", "tag:admin"),
+           ("Tailscale-User-Login", "root@evil.test"), ("Tailscale_User_Name", "Evil"))
+"""What a client claims: the agent's own names, and the same with ``_`` (which CGI and WSGI read as
+the same variable) or in ``tailscale serve``'s namespace."""
+
+
+def identity_names(headers: dict[str, Any]) -> set[str]:
+    """The headers a backend could read as identity: lower-cased, ``_`` read as ``-``, ``tailnet-*``
+    or ``tailscale-*``."""
+    return {k for k in headers if k.lower().replace("_", "-").startswith(("tailnet-", "tailscale-"))}
+
+
 def http_expose(name: str, port: int, backend: dict[str, Any], *hosts: tuple[str, Any]) -> dict[str, Any]:
     return {"name": name, "port": port, "mode": "http", "backend": {"host": "127.0.0.1", **backend},
             "hosts": [{"name": host, "tls": {"certFile": str(pair.cert), "keyFile": str(pair.key)}}
@@ -315,7 +328,8 @@ async def test_grpc_over_h2_with_trailers_sni_across_exposes_and_identity_header
             async with ingress_agent(headscale, "ingress-grpc", key, tmp_path, exposes) as agent:
                 await wait_peer_sees(laptop, "ingress-grpc")
                 laptop_name = str(laptop.status()["Self"]["DNSName"]).rstrip(".")
-                spoofed = (("Tailnet-User-Login", "root@evil.test"), ("Tailnet-Node-Tags", "tag:admin"))
+                spoofed = SPOOFED
+                user_headers = {"tailnet-node-name", "tailnet-user-login", "tailnet-user-name"}
 
                 for expose, scheme in (("grpc", "http"), ("grpcs", "https")):
                     answer = await ask(laptop, agent, ports[expose], ca.cert_path, "grpc.example.test", alpn="h2",
@@ -334,6 +348,7 @@ async def test_grpc_over_h2_with_trailers_sni_across_exposes_and_identity_header
                         scheme, "grpc.example.test", "trailers")
                     assert headers["tailnet-user-login"] == "alice@example.test", headers
                     assert headers["tailnet-node-name"] == laptop_name and "tailnet-node-tags" not in headers
+                    assert identity_names(headers) == user_headers, headers
 
                 for sni, name in (("shop.example.test", "shop"), ("blog.example.test", "blog")):
                     for alpn in ("http/1.1", "h2"):
@@ -348,6 +363,7 @@ async def test_grpc_over_h2_with_trailers_sni_across_exposes_and_identity_header
                         assert headers["tailnet-user-name"] == "=?utf-8?q?Alice_=C3=9Cnal?="
                         assert headers["tailnet-node-name"] == laptop_name
                         assert "tailnet-node-tags" not in headers and headers["x-forwarded-for"] == laptop.ipv4()
+                        assert identity_names(headers) == user_headers, headers
                 wrong = await ask(laptop, agent, ports["web"], ca.cert_path, "shop.example.test", alpn="h2",
                                   host="blog.example.test")
                 assert wrong.status == 421, wrong
@@ -359,6 +375,7 @@ async def test_grpc_over_h2_with_trailers_sni_across_exposes_and_identity_header
                 assert headers["tailnet-node-tags"] == TAG, headers
                 assert headers["tailnet-node-name"] == str(tagged.status()["Self"]["DNSName"]).rstrip(".")
                 assert "tailnet-user-login" not in headers and "tailnet-user-name" not in headers
+                assert identity_names(headers) == {"tailnet-node-name", "tailnet-node-tags"}, headers
                 document = await agent.status()
                 assert {e["name"]: e["listening"] for e in document["exposes"]} == {
                     "grpc": True, "grpcs": True, "shop": True, "blog": True}
