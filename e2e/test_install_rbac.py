@@ -371,7 +371,6 @@ def _refused(other: str) -> list[dict[str, str]]:
         {"namespace": other, "resource": "secrets", "verb": "delete"},
         {"namespace": other, "resource": "secrets", "verb": "create"},
         {"namespace": other, "resource": "configmaps", "verb": "patch"},
-        {"namespace": ns, "resource": "secrets", "verb": "delete"},
         {"namespace": ns, "resource": "secrets", "verb": "update"},
         {"namespace": ns, "resource": "pods", "verb": "create"},
         {"namespace": ns, "resource": "pods", "verb": "list"},

@@ -422,7 +422,7 @@ def test_no_secret_or_configmap_is_granted_cluster_wide() -> None:
     wide = [g for g in granted() if g[0] == "cluster" and g[1] == "" and g[2] in ("secrets", "configmaps")]
     assert wide == []
     secrets = {(g[0], g[3]) for g in granted() if g[1] == "" and g[2] == "secrets"}
-    assert secrets == {(NAMESPACE, verb) for verb in ("list", "watch", "create", "patch")} | {
+    assert secrets == {(NAMESPACE, verb) for verb in ("list", "watch", "create", "patch", "delete")} | {
         (GATEWAY_NAMESPACE, verb) for verb in ("list", "watch", "get", "create", "update", "patch", "delete")}
 
 
