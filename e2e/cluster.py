@@ -104,6 +104,14 @@ def admit_tenant(cluster: ClusterUnderTest, tailnet: str, namespace: str, tags: 
     current = get_json(cluster, TAILNETS, tailnet).get("spec", {}).get("tenants") or []
     patch = json.dumps({"spec": {"tenants": [*current, tenant]}})
     kubectl(cluster, "patch", TAILNETS, tailnet, "--type=merge", "-p", patch)
+    # Admission (the installed tenancy policy) reads the Tailnet from its own cache: wait until a
+    # dry run of an ingress with the first tag is admitted there.
+    probe = {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetIngress",
+             "metadata": {"name": "tenancy-probe", "namespace": namespace},
+             "spec": {"tailnetRef": {"name": tailnet}, "tag": tags[0].replace("*", "probe"), "hostname": "probe",
+                      "exposes": [{"name": "probe", "port": 1, "backend": {"service": "probe", "port": 1}}]}}
+    wait_until(lambda: kubectl(cluster, "create", "--dry-run=server", "-f", "-", stdin=json.dumps(probe)) or True,
+               timeout=30, what=f"admission to take {namespace} as a tenant of {tailnet}")
 
 
 def condition(obj: dict[str, Any], kind: str) -> str | None:

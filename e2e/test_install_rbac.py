@@ -35,7 +35,7 @@ from tailnet_operator.controllers.tailnet import working_key_secret_name
 from tailnet_operator.resources import egress as build
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import JSON, Client
-from tailnet_operator.runtime.errors import Forbidden, NotFound
+from tailnet_operator.runtime.errors import APIError, Forbidden, NotFound
 from tailnet_operator.runtime.kinds import (
     CONFIG_MAP,
     DEPLOYMENT,
@@ -175,6 +175,16 @@ async def _http_text(url: str) -> str | None:
         return None
 
 
+async def _admitted(client: Client, body: JSON) -> bool:
+    """Whether a dry run of creating ``body`` passes admission."""
+    try:
+        await client.request("POST", TAILNET_INGRESS.path(body["metadata"]["namespace"]), body=body,
+                             params={"dryRun": "All"})
+    except APIError:
+        return False
+    return True
+
+
 def _gone(admin: Client, resource: Resource, name: str, namespace: str | None = None) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
         try:
@@ -247,13 +257,16 @@ async def test_the_operator_reconciles_with_only_its_service_accounts_permission
         await admin.merge_patch(TAILNET, name, {"spec": {"tenants": [
             {"namespaces": [tenant], "tags": ["tag:ingress-rbac"]}]}})
         headscale.api("PUT", "/api/v1/policy", {"policy": '{"tagOwners": {"tag:ingress-rbac": []}}'})
-        await admin.create(TAILNET_INGRESS, {
+        shop = {
             "apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetIngress",
             "metadata": {"name": "shop", "namespace": tenant},
             "spec": {"tailnetRef": {"name": name}, "tag": "tag:ingress-rbac", "hostname": "shop",
                      "exposes": [{"name": "web", "mode": "http", "port": 443, "backend": {"service": "web", "port": 80},
                                   "hosts": [{"name": "shop.example.internal", "tls": {"certManager": {
-                                      "issuerRef": {"name": "ca", "kind": "ClusterIssuer"}}}}]}]}})
+                                      "issuerRef": {"name": "ca", "kind": "ClusterIssuer"}}}}]}]}}
+        # the installed tenancy admission policy reads the Tailnet from its own cache
+        await eventually(lambda: _admitted(admin, shop), timeout=30, what="admission to take the tenant")
+        await admin.create(TAILNET_INGRESS, shop)
         cond = await eventually(_while_running(operator, has_condition(
             admin, TAILNET_INGRESS, "shop", "Ready", "False", "NamespaceNotGranted", namespace=tenant)),
             timeout=60, what="NamespaceNotGranted before the tenant lets the operator in")

@@ -11,6 +11,7 @@ without it (the operator alone must hold the line).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,7 +154,7 @@ async def scene(admin: Client, crds: ControlPlane, headscale: Headscale, operato
         async with (Client(rest_config.load(kubeconfig), field_manager="tenant") as tenant,
                     running_operator(crds.kubeconfig, operator_namespace)):
             for namespace in (shop, intruder):
-                await eventually(lambda ns=namespace: _may_create_ingresses(tenant, ns), timeout=30,
+                await eventually(functools.partial(_may_create_ingresses, tenant, namespace), timeout=30,
                                  what=f"the tenant's RoleBindings in {namespace} in force")
             tailnet = await _create_tailnet(admin, headscale, operator_namespace, shop)
             await eventually(has_condition(admin, TAILNET, tailnet, "Ready", "True"), timeout=60,
