@@ -134,9 +134,12 @@ async def test_a_route_the_base_assigns_to_another_approver_is_not_approved_and_
 
         # 2. Render mode: the base no longer assigns CONTESTED, so a render approves it for the
         # router's tag; nothing of that reaches Headscale.
+        await admin.merge_patch(TAILNET, tailnet, {"spec": {"policy": {"mode": "Render"}}})
+        await eventually(has_condition(admin, TAILNET, tailnet, "PolicyApplied", "False", "RenderOnly"),
+                         timeout=60, what="RenderOnly")
+        await two_more_reconciles(op, tailnet)  # none of Apply mode's is still under way
         written = headscale.api("GET", "/api/v1/policy")
         await put_base(admin, namespace, base(headscale, contested_for=None))
-        await admin.merge_patch(TAILNET, tailnet, {"spec": {"policy": {"mode": "Render"}}})
 
         async def rendered_for_the_router() -> bool:
             cm = await admin.get(CONFIG_MAP, rendered_config_map_name(tailnet), namespace)
