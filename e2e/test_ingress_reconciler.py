@@ -171,8 +171,9 @@ async def test_an_ingress_gets_its_agent_objects_dns_names_and_on_deletion_loses
         wanted = {f"shop-gw.{ZONE}": address, f"shop.{ZONE}": address, f"store.{ZONE}": address}
         await eventually(lambda: _hosts_match(admin, scene.namespace, wanted), timeout=90,
                          what="the ingress names in the hosts file")
-        status = (await admin.get(TAILNET_INGRESS, "shop", tenant))["status"]
-        assert address in status["node"]["addresses"]
+        # the record (which DNS reads) is written just before the status: wait for the status too
+        status = await eventually(lambda: _status_with_node(admin, tenant, address), timeout=30,
+                                  what="status.node from Headscale")
         assert status["dnsNames"] == [f"shop-gw.{ZONE}", f"shop.{ZONE}", f"store.{ZONE}"]
         assert [e["name"] for e in status["exposes"]] == ["db", "web"]
         assert status["exposes"][1]["hosts"][0]["alias"] == "store"
@@ -186,6 +187,11 @@ async def test_an_ingress_gets_its_agent_objects_dns_names_and_on_deletion_loses
                          what="garbage collection of the Deployment")
         await eventually(lambda: _hosts_without(admin, scene.namespace, wanted), timeout=60,
                          what="the names leaving the hosts file")
+
+
+async def _status_with_node(admin: Client, namespace: str, address: str) -> JSON | None:
+    status: JSON = (await admin.get(TAILNET_INGRESS, "shop", namespace)).get("status") or {}
+    return status if address in (status.get("node") or {}).get("addresses", []) else None
 
 
 async def _hosts_match(admin: Client, namespace: str, wanted: dict[str, str]) -> bool:
