@@ -19,8 +19,9 @@ Service cannot be read right now (not created yet, no ClusterIP yet, the cache n
 or an ingress whose node has no address yet, keeps the address the current file gives it: a
 failed read never empties the file. A deleted CR's names leave the file.
 
-The ConfigMap is the operator's own: CoreDNS's configuration, a ConfigMap the operator did not
-create and another Tailnet's hosts file are refused (:mod:`.hosts_guard`), with a Warning Event
+The Tailnet owns the ConfigMap (it goes with the Tailnet) only when the operator created it; one
+someone else created is written but never owned. CoreDNS's own configuration and another
+Tailnet's hosts file are refused (:mod:`.hosts_guard`), with a Warning Event
 ``HostsConfigMapRefused`` on the Tailnet, and nothing is written.
 """
 
@@ -36,7 +37,6 @@ from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.resources import ingress as ingress_build
-from tailnet_operator.resources import owned_metadata
 from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Reader, Request, Result, Writer
 from tailnet_operator.runtime.errors import Forbidden
 from tailnet_operator.runtime.events import EventRecorder
@@ -108,7 +108,7 @@ class DnsReconciler:
             entries.setdefault(name, address)
         try:
             await self.writer.apply(CONFIG_MAP, {
-                "metadata": owned_metadata(obj, name=ref.name, namespace=ref.namespace, tailnet=request.name),
+                "metadata": hosts_guard.metadata(obj, ref.namespace, ref.name, current),
                 "data": {HOSTS_KEY: render_hosts(entries)},
             }, field_manager=FIELD_MANAGER)
         except Forbidden as exc:

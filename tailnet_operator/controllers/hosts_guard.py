@@ -1,30 +1,37 @@
-"""Which ConfigMap a Tailnet's hosts file may be: never CoreDNS's own configuration, never one the
-operator did not create, never another Tailnet's.
+"""Which ConfigMap a Tailnet's hosts file may be, and whether the Tailnet owns it.
 
-The DNS reconciler writes ``spec.dns.hostsConfigMap`` with server-side apply and names the Tailnet
-as its controller owner, so the file goes with the Tailnet. Applied to a ConfigMap someone else
-made (CoreDNS's Corefile, say), that apply would take the object over and the Tailnet's deletion
-would garbage-collect it. So the ConfigMap must not exist yet (the operator creates it), or carry
-the operator's ``app.kubernetes.io/managed-by`` label and no other controller than this Tailnet;
-CoreDNS's well-known ConfigMaps are refused by name, whether they exist yet or not. The install's
-RBAC is the second fence: the operator may write only the hosts ConfigMaps the chart names
-(``dns.hostsConfigMaps``, by ``resourceNames``), and a refusal by kube-apiserver is reported the
-same way (:func:`forbidden_message`).
+The DNS reconciler writes ``spec.dns.hostsConfigMap`` (its ``hosts`` key) with server-side apply.
+A ConfigMap the operator creates names the Tailnet as its controller owner, so the file goes with
+the Tailnet. A ConfigMap someone else created (an empty one a cluster admin made for CoreDNS to
+mount, say) is written but never owned: no owner reference, no ``managed-by`` label, only the
+``hosts`` key and the label ``tailnet.dev/tailnet``, so deleting the Tailnet can never
+garbage-collect it (it keeps the last names until another Tailnet names it, or a person empties
+it). Refused outright, and never written: CoreDNS's own configuration by its well-known names
+(whether it exists yet or not), a ConfigMap another live Tailnet holds, and one another
+controller owns. The install's RBAC is the second fence: the operator may write only the hosts
+ConfigMaps the chart names (``dns.hostsConfigMaps``, by ``resourceNames``), and a refusal by
+kube-apiserver is reported the same way (:func:`forbidden_message`).
 """
 
 from __future__ import annotations
 
+from tailnet_operator.resources import owned_metadata
 from tailnet_operator.runtime import Reader
 from tailnet_operator.types import JSON
 
 from .kinds import TAILNET
 
-__all__ = ["COREDNS_CONFIG_MAPS", "forbidden_message", "refusal"]
+__all__ = ["COREDNS_CONFIG_MAPS", "forbidden_message", "metadata", "refusal"]
 
 COREDNS_CONFIG_MAPS = frozenset({"coredns", "coredns-custom", "kube-dns"})
 """The names CoreDNS's (and kube-dns's) own configuration goes by in the common distributions."""
 
 _MANAGED_BY = ("app.kubernetes.io/managed-by", "tailnet-operator")
+_TAILNET_LABEL = "tailnet.dev/tailnet"
+
+
+def _created_by_operator(current: JSON) -> bool:
+    return bool(((current.get("metadata") or {}).get("labels") or {}).get(_MANAGED_BY[0]) == _MANAGED_BY[1])
 
 
 def refusal(namespace: str, name: str, current: JSON | None, tailnet: JSON, reader: Reader) -> str:
@@ -38,18 +45,27 @@ def refusal(namespace: str, name: str, current: JSON | None, tailnet: JSON, read
     if current is None:
         return ""
     meta = current.get("metadata") or {}
-    if (meta.get("labels") or {}).get(_MANAGED_BY[0]) != _MANAGED_BY[1]:
-        return (f"spec.dns.hostsConfigMap names {where}, which exists and was not created by the operator; it "
-                "is not taken over (the Tailnet's deletion would garbage-collect it). Name a ConfigMap that does "
-                "not exist yet, and the operator creates it")
-    uid = (tailnet.get("metadata") or {}).get("uid")
-    holders = [o for o in meta.get("ownerReferences") or [] if o.get("controller") and o.get("uid") != uid
-               and _alive(reader, o)]
+    tailnet_meta = tailnet.get("metadata") or {}
+    holders = [o for o in meta.get("ownerReferences") or [] if o.get("controller")
+               and o.get("uid") != tailnet_meta.get("uid") and _alive(reader, o)]
     if holders:
         holder = holders[0]
-        return (f"spec.dns.hostsConfigMap names {where}, which is the hosts file of {holder.get('kind', 'an object')} "
-                f"{holder.get('name', '')}; each Tailnet needs a hosts ConfigMap of its own")
+        return (f"spec.dns.hostsConfigMap names {where}, which {holder.get('kind', 'another object')} "
+                f"{holder.get('name', '')} controls; each Tailnet needs a hosts ConfigMap of its own")
+    labelled = str((meta.get("labels") or {}).get(_TAILNET_LABEL) or "")
+    if labelled and labelled != tailnet_meta.get("name") and reader.get(TAILNET, labelled) is not None:
+        return (f"spec.dns.hostsConfigMap names {where}, which is the hosts file of Tailnet {labelled}; each "
+                "Tailnet needs a hosts ConfigMap of its own")
     return ""
+
+
+def metadata(tailnet: JSON, namespace: str, name: str, current: JSON | None) -> JSON:
+    """The metadata the hosts file is applied with: owned by the Tailnet when the operator creates
+    it (or created it), only labelled with the Tailnet's name when someone else did."""
+    tailnet_name = str(tailnet["metadata"]["name"])
+    if current is None or _created_by_operator(current):
+        return owned_metadata(tailnet, name=name, namespace=namespace, tailnet=tailnet_name)
+    return {"name": name, "namespace": namespace, "labels": {_TAILNET_LABEL: tailnet_name}}
 
 
 def _alive(reader: Reader, owner: JSON) -> bool:

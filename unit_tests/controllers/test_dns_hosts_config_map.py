@@ -1,6 +1,6 @@
-"""The hosts ConfigMap is the operator's own: CoreDNS's configuration, a ConfigMap the operator
-did not create and another Tailnet's hosts file are never written (so never garbage-collected
-with the Tailnet), and a write kube-apiserver refuses is reported, not retried in a loop."""
+"""The hosts ConfigMap: CoreDNS's configuration and another Tailnet's hosts file are never written;
+a ConfigMap the operator did not create is written but never owned (so never garbage-collected
+with the Tailnet); a write kube-apiserver refuses is reported, not retried in a loop."""
 
 from __future__ import annotations
 
@@ -52,14 +52,33 @@ async def test_corednss_name_is_refused_before_the_configmap_exists() -> None:
     assert world.events.reasons == ["HostsConfigMapRefused"]
 
 
-async def test_a_configmap_the_operator_did_not_create_is_not_taken_over() -> None:
+async def test_a_configmap_the_operator_did_not_create_is_written_but_never_owned() -> None:
     world, _ = world_naming("site-hosts")
-    world.kube.add(CONFIG_MAP, config_map("site-hosts", {"hosts": "10.0.0.1 printer.lan\n"}))
-    before = world.kube.get(CONFIG_MAP, "site-hosts", "kube-system")
+    world.kube.add(CONFIG_MAP, config_map("site-hosts", {"hosts": "# placeholder\n", "README": "for CoreDNS"},
+                                          labels={"app": "coredns-extras"}))
 
     await reconciler(world).reconcile(Request("", "tn"))
 
-    assert world.kube.get(CONFIG_MAP, "site-hosts", "kube-system") == before
+    written = world.kube.get(CONFIG_MAP, "site-hosts", "kube-system")
+    assert written is not None and written["data"]["hosts"].startswith("# Managed by tailnet-operator")
+    assert written["data"]["README"] == "for CoreDNS", "only the hosts key is the operator's"
+    meta = written["metadata"]
+    assert not meta.get("ownerReferences"), "the Tailnet's deletion must not garbage-collect it"
+    assert meta["labels"] == {"app": "coredns-extras", "tailnet.dev/tailnet": "tn"}
+    assert world.events.reasons == []
+
+
+async def test_a_configmap_another_live_tailnet_writes_is_refused() -> None:
+    world, _ = world_naming("site-hosts")
+    world.add_tailnet("other", dns={"hostsConfigMap": {"namespace": "kube-system", "name": "site-hosts"},
+                                    "zones": ["example.internal"]})
+    world.kube.add(CONFIG_MAP, config_map("site-hosts", {"hosts": "# placeholder\n"}))
+    await reconciler(world).reconcile(Request("", "other"))
+    held = world.kube.get(CONFIG_MAP, "site-hosts", "kube-system")
+
+    await reconciler(world).reconcile(Request("", "tn"))
+
+    assert world.kube.get(CONFIG_MAP, "site-hosts", "kube-system") == held
     assert world.events.reasons == ["HostsConfigMapRefused"]
 
 
