@@ -53,8 +53,9 @@ METRICS_ADDRESS = os.environ.get("TAILNET_LOCALENV_METRICS", "127.0.0.1:8080")
 PROBES_ADDRESS = os.environ.get("TAILNET_LOCALENV_PROBES", "127.0.0.1:8081")
 """Where the operator serves /metrics and /healthz, /readyz; override when the ports are taken."""
 
-SAMPLE_NAMESPACES = {"TailnetEgress": OPERATOR_NAMESPACE, "TailnetIngress": "default"}
-"""Where the namespaced samples go: egresses live in the operator's namespace."""
+SAMPLE_NAMESPACES = {"TailnetEgress": OPERATOR_NAMESPACE, "TailnetIngress": "monitoring"}
+"""Where the namespaced samples go: egresses live in the operator's namespace, the ingress in the
+namespace the sample Tailnet names as its tenant."""
 
 BASE_POLICY = """// The base policy the sample Tailnet renders on top of (HuJSON: comments allowed).
 {
