@@ -40,7 +40,9 @@ def egress_object(name: str, namespace: str, tailnet: str, tag: str) -> JSON:
 
 def shipped_admission(operator_namespace: str, name: str) -> tuple[JSON, JSON]:
     """The policy and binding of manifests/install, renamed for this test and pointed at its namespace."""
-    policy, binding = list(yaml.safe_load_all(ADMISSION.read_text()))
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(ADMISSION.read_text()) if d}
+    policy = docs[("ValidatingAdmissionPolicy", "tailnet-egress-operator-namespace")]
+    binding = docs[("ValidatingAdmissionPolicyBinding", "tailnet-egress-operator-namespace")]
     policy["metadata"]["name"] = binding["metadata"]["name"] = binding["spec"]["policyName"] = name
     for variable in policy["spec"]["variables"]:
         if variable["name"] == "operatorNamespace":
