@@ -464,8 +464,9 @@ class Pipeline(Generic[P]):
 
     components: Sequence[Component]
     prepare: Callable[[Component, bool], P | None]
-    compile: Callable[[Component, P, int], object]
-    """``compile(component, prepared, beside)``: ``beside`` is how many compiles run next to it."""
+    compile: Callable[[Component, P, int], float | None]
+    """``compile(component, prepared, beside)``: ``beside`` is how many compiles run next to it;
+    it may return the seconds the whole build took (preparation included) for the progress line."""
     jobs: int = 2
     available: Callable[[], int | None] = mem_available
     min_free: int = SECOND_BUILD_MIN_FREE
@@ -555,13 +556,14 @@ class Pipeline(Generic[P]):
     def _compile_one(self, component: Component, prepared: P, beside: int) -> None:
         started = time.monotonic()
         try:
-            self.compile(component, prepared, beside)
+            took = self.compile(component, prepared, beside)
         except Exception as exc:  # reported below; the other compiles go on
             self._fail(component, exc)
         else:
             with self._cond:
                 self._finished.add(component.key)
-                self._say("built", component, len(self._finished), took=time.monotonic() - started)
+                self._say("built", component, len(self._finished),
+                          took=time.monotonic() - started if took is None else took)
         finally:
             with self._cond:
                 self._running -= 1

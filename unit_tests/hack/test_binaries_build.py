@@ -378,3 +378,28 @@ def test_the_node_and_gateway_corefiles_use_no_dropped_plugin() -> None:
     used = directives(node.COREFILE) | directives(gateway.corefile("corp.example"))
     assert {"kubernetes", "hosts", "file"} <= used
     assert not used & set(binaries.COREDNS_DROPPED_PLUGINS)
+
+
+def test_the_progress_line_gives_the_whole_build_time_the_compile_reports() -> None:
+    lines: list[str] = []
+    made: Pipeline[str] = Pipeline([binaries.KIND], lambda c, wait: c.name, lambda c, p, beside: 42.0,
+                                   report=lines.append)
+    assert made.run() == []
+    assert lines[-1].startswith("binaries [1/1] built kind 0.33.0 in 42s")
+
+
+def test_prepare_leaves_a_locked_component_to_its_builder_and_skips_a_cached_one(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import fcntl
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(binaries, "require_go", lambda: pytest.fail("Go was asked for"))
+    lock_path = binaries.cache_root() / ".build-kind-0.33.0.lock"
+    binaries.cache_root().mkdir(parents=True)
+    with lock_path.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another builder holds it
+        with pytest.raises(binaries.Busy):
+            binaries.prepare(binaries.KIND, wait=False)
+    binaries.KIND.directory.mkdir(parents=True)
+    binaries.KIND.path("kind").write_text("")
+    assert binaries.prepare(binaries.KIND, wait=False) is None
