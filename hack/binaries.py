@@ -485,7 +485,6 @@ class Pipeline(Generic[P]):
         self._prepared_all = False
         self._running = 0
         self._finished: set[str] = set()
-        self._position = 0
 
     def run(self) -> list[Failure]:
         preparer = threading.Thread(target=self._prepare_all, name="binaries-prepare", daemon=True)
@@ -499,9 +498,8 @@ class Pipeline(Generic[P]):
                                              self.min_free):
                     component, prepared = self._ready.pop(0)
                     self._running += 1
-                    self._position += 1
                     self.started.append(component.key)
-                    self._say("building", component, self._position)
+                    self._say("building", component, len(self.started))
                     thread = threading.Thread(target=self._compile_one, args=(component, prepared, self._running - 1),
                                               name=f"binaries-{component.key}", daemon=True)
                     compiles.append(thread)
@@ -524,15 +522,17 @@ class Pipeline(Generic[P]):
             left_seconds=sum(self.estimates.get(c.key, _UNKNOWN_SECONDS) for c in left), took=took))
 
     def _prepare_all(self) -> None:
-        busy: list[Component] = []
-        for component in self.components:
-            if not self._prepare_one(component, wait=False):
-                busy.append(component)
-        for component in busy:
-            self._prepare_one(component, wait=True)
-        with self._cond:
-            self._prepared_all = True
-            self._cond.notify_all()
+        try:
+            busy: list[Component] = []
+            for component in self.components:
+                if not self._prepare_one(component, wait=False):
+                    busy.append(component)
+            for component in busy:
+                self._prepare_one(component, wait=True)
+        finally:  # the compiles of what is ready still finish, and run() returns
+            with self._cond:
+                self._prepared_all = True
+                self._cond.notify_all()
 
     def _prepare_one(self, component: Component, *, wait: bool) -> bool:
         """False when another process holds the component (try again, waiting)."""
@@ -546,8 +546,7 @@ class Pipeline(Generic[P]):
         with self._cond:
             if result is None:
                 self._finished.add(component.key)
-                self._position += 1
-                self._say("cached", component, self._position)
+                self._say("cached", component, len(self._finished))
             else:
                 self._ready.append((component, result))
             self._cond.notify_all()
