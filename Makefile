@@ -31,7 +31,7 @@ NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs
 
 $(VENV)/.installed: pyproject.toml requirements.lock | prereqs
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	@$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements.lock
 	@$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
