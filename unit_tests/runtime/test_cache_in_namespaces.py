@@ -19,6 +19,8 @@ from tailnet_operator.runtime.informer import DeletedFinalStateUnknown
 from tailnet_operator.runtime.kinds import CONFIG_MAP, SECRET, Resource
 from tailnet_operator.types import JSON
 
+from .test_cache_by_metadata import read_when_fetched as read
+
 OPERATOR = "tailnet-system"
 GATEWAY = "tailnet-gateway"
 REFRESH = 10.0
@@ -96,17 +98,6 @@ async def running() -> AsyncIterator[Running]:
     yield Running(fake, client, cache, clock, seen)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-
-
-async def read(cache: SharedCache, read: Callable[[], JSON | None]) -> JSON | None:
-    try:
-        return read()
-    except NotYetCached as pending:
-        fetched = asyncio.Event()
-        cache.when_fetched(pending, fetched.set)
-        async with asyncio.timeout(10):
-            await fetched.wait()
-        return read()
 
 
 async def test_only_the_named_namespaces_are_listed_and_watched(running: Running) -> None:
