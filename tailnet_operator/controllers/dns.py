@@ -186,10 +186,12 @@ def name_holders(reader: Reader, tailnet: Tailnet, namespace: str, *,
     for obj in reader.list(TAILNET_INGRESS, index=(TAILNET_INDEX, name)):
         if obj["metadata"].get("deletionTimestamp"):
             continue
-        try:
-            ingress = TailnetIngress.model_validate(obj)
+        try:  # parsed once per resourceVersion by the cache: this runs in every ingress's reconcile
+            ingress = reader.get(TailnetIngress, obj["metadata"]["name"], obj["metadata"].get("namespace"))
         except ValidationError:
             log.warning("skipping an ingress that does not parse", name=obj["metadata"].get("name"))
+            continue
+        if ingress is None:
             continue
         names = ingress_build.dns_names(ingress, zones)
         if judge(ingress, tailnet, reserved=reserved, names=names) is None:

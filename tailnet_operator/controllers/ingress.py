@@ -169,8 +169,9 @@ class IngressReconciler(AgentReconciler):
         return await self._reconcile(Run(obj, parsed, tailnet))
 
     async def _reconcile(self, run: Run) -> Result:
-        if (refusal := self._tenancy(run, reserved=self._cluster_tags())) is not None:
-            return await self._refuse(run, refusal)  # not even the live policy is read for it
+        first_time = self._record(run.obj) is None
+        if first_time and (refusal := self._tenancy(run, reserved=self._cluster_tags(), claims=False)) is not None:
+            return await self._refuse(run, refusal)  # nothing to revoke: not even the live policy is read
         connection = await self.working_connection(run.obj, run.tailnet)
         if isinstance(connection, Result):
             return connection
@@ -213,24 +214,24 @@ class IngressReconciler(AgentReconciler):
                     tags.add(tag)
         return tags
 
-    def _tenancy(self, run: Run, *, reserved: set[str]) -> Refusal | None:
-        """Why the ingress's namespace may not use the Tailnet as it asks (None when it may)."""
+    def _record(self, obj: JSON) -> AuthKey | None:
+        """The key the ingress's record holds (None before its first key)."""
+        return AuthKey.from_secret(self.reader.get(SECRET, *self.key_location(obj)))
+
+    def _tenancy(self, run: Run, *, reserved: set[str], claims: bool = True) -> Refusal | None:
+        """Why the ingress's namespace may not use the Tailnet as it asks (None when it may);
+        ``claims``: also whether another object holds one of its names (a pass over the Tailnet's
+        ingresses, so done once per reconcile)."""
         names = build.dns_names(run.ingress, run.zones) if run.tailnet.spec.dns is not None else []
-        if (refusal := judge(run.ingress, run.tailnet, reserved=reserved, names=names)) is not None:
+        if (refusal := judge(run.ingress, run.tailnet, reserved=reserved, names=names)) is not None or not claims:
             return refusal
         holders = name_holders(self.reader, run.tailnet, self.settings.operator_namespace, reserved=reserved)
         return taken(names, claim_order(run.obj), holders)
 
     async def _refuse(self, run: Run, refusal: Refusal, hs: HeadscaleClient | None = None) -> Result:
-        """Report the refusal; an ingress that had a key (its tenancy was narrowed) loses it and its node."""
-        stored = AuthKey.from_secret(self.reader.get(SECRET, *self.key_location(run.obj)))
-        if stored is not None and hs is None:
-            connection = await self.working_connection(run.obj, run.tailnet)
-            if isinstance(connection, Result):
-                return connection
-            async with self.access.open(connection) as client:
-                return await self._refuse(run, refusal, client)
-        if stored is not None and hs is not None:
+        """Report the refusal; with ``hs``, an ingress that had a key (its tenancy was narrowed)
+        loses it and its node."""
+        if hs is not None and (stored := self._record(run.obj)) is not None:
             await self._revoke(run, stored, hs)
         await self.status.write(self.kind, run.obj, [Cond("Ready", "False", refusal.reason, refusal.message)],
                                 keep=self.condition_types)
