@@ -34,10 +34,16 @@ def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _distribution_name(filename: str) -> str:
-    """The project name of a wheel or sdist file name."""
+def _name_and_version(filename: str) -> tuple[str, str]:
+    """The project name (as spelled in the file name) and version of a wheel or sdist file."""
     stem = filename.removesuffix(".whl").removesuffix(".tar.gz").removesuffix(".zip")
-    return _normalized(stem.split("-")[0])
+    name, version = stem.split("-")[:2]
+    return name, version
+
+
+def _distribution_name(filename: str) -> str:
+    """The normalized project name of a wheel or sdist file name."""
+    return _normalized(_name_and_version(filename)[0])
 
 
 def pins(text: str) -> list[str]:
@@ -66,8 +72,7 @@ def _download(requirements: list[str], directory: Path, *, constraints: Path | N
                    check=True)
     found = {}
     for path in directory.iterdir():
-        stem = path.name.removesuffix(".whl").removesuffix(".tar.gz").removesuffix(".zip")
-        name, version = stem.split("-")[:2]
+        name, version = _name_and_version(path.name)
         found[_normalized(name)] = f"{name}=={version}"
     return found
 
