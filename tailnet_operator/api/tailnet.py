@@ -223,6 +223,11 @@ class TailnetSpec(ApiModel):
         ),
     )
 
+    def cleartext_urls(self) -> list[tuple[str, str]]:
+        """(field, URL) of each of loginURL and apiURL that is not https://."""
+        return [(field, url) for field, url in (("loginURL", self.login_url), ("apiURL", self.api_url))
+                if url is not None and not url.startswith("https://")]
+
     @model_validator(mode="after")
     def _check(self) -> Self:
         if self.ca_bundle is not None and self.ca_secret_ref is not None:
@@ -231,10 +236,9 @@ class TailnetSpec(ApiModel):
             raise ValueError("caBundle: must contain at least one PEM certificate")
         if parse_go_duration(self.api_key_lifetime) < MIN_API_KEY_LIFETIME_SECONDS:
             raise ValueError("apiKeyLifetime: must be at least 1h")
-        cleartext = [name for name, url in (("loginURL", self.login_url), ("apiURL", self.api_url))
-                     if url is not None and not url.startswith("https://")]
+        cleartext = self.cleartext_urls()
         if cleartext and not self.allow_insecure_http:
-            raise ValueError(f"{cleartext[0]}: must be an https:// URL (agent keys and the operator's admin key "
+            raise ValueError(f"{cleartext[0][0]}: must be an https:// URL (agent keys and the operator's admin key "
                              "travel over it); set allowInsecureHTTP: true only for a Headscale on a trusted network")
         return self
 

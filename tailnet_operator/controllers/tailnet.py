@@ -355,9 +355,7 @@ LOCAL_REASONS = frozenset({"BootstrapSecretMissing", "BootstrapKeyMissing", "CAS
 
 def _transport_conditions(tailnet: Tailnet) -> list[Cond]:
     """InsecureTransport, present (True, a warning) only while allowInsecureHTTP lets a URL be http://."""
-    cleartext = [f"{field} {url}" for field, url in (("loginURL", tailnet.spec.login_url),
-                                                      ("apiURL", tailnet.spec.api_url))
-                 if url is not None and not url.startswith("https://")]
+    cleartext = [f"{field} {url}" for field, url in tailnet.spec.cleartext_urls()]
     if not cleartext:
         return []
     return [Cond("InsecureTransport", "True", "AllowInsecureHTTP",
