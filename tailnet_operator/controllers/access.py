@@ -187,16 +187,26 @@ class HeadscaleAccess:
             client.owner_tag = connection.owner_tag
         return client
 
+    def secrets_outside(self, tailnet: Tailnet) -> str:
+        """Why the Tailnet's Secret references may not be read ("" when they may): only Secrets of the
+        operator's namespace, so creating a Tailnet never reads (and sends to its URL) another's."""
+        refs = [("bootstrapKeySecretRef", tailnet.spec.bootstrap_key_secret_ref),
+                ("caSecretRef", tailnet.spec.ca_secret_ref)]
+        outside = [f"{field} names {ref.namespace}/{ref.name}" for field, ref in refs
+                   if ref is not None and ref.namespace != self.namespace]
+        if not outside:
+            return ""
+        return (f"{'; '.join(outside)}: a Tailnet may name Secrets of the operator's namespace {self.namespace} "
+                "only; nothing was read. Create the Secret there and point the reference at it")
+
     def _ca_bundle(self, tailnet: Tailnet) -> str | None:
         if tailnet.spec.ca_bundle:
             return tailnet.spec.ca_bundle
         ref = tailnet.spec.ca_secret_ref
         if ref is None:
             return None
-        if ref.namespace != self.namespace:
-            raise Problem("SecretOutsideOperatorNamespace",
-                          f"caSecretRef names {ref.namespace}/{ref.name}: only Secrets of the operator's "
-                          f"namespace {self.namespace} are read")
+        if outside := self.secrets_outside(tailnet):
+            raise Problem("SecretOutsideOperatorNamespace", outside)
         secret = self.reader.get(SECRET, ref.name, ref.namespace)
         raw = (secret or {}).get("data", {}).get(ref.key)
         if not raw:

@@ -134,7 +134,7 @@ class TailnetReconciler:
             await self.status.write(TAILNET, obj, [Cond("Ready", "False", "InvalidSpec", message)])
             return Result()  # nothing to retry until the spec changes
         assert tailnet is not None
-        if outside := self._secrets_outside(tailnet):
+        if outside := self.access.secrets_outside(tailnet):
             await self.status.write(TAILNET, obj, [Cond("Ready", "False", "SecretOutsideOperatorNamespace", outside)])
             return Result()  # nothing to retry until the spec changes
         if not has_finalizer(obj, FINALIZER):
@@ -286,18 +286,6 @@ class TailnetReconciler:
         return stored.created_at + lifetime / 2
 
     # -- inputs ---------------------------------------------------------------------------------
-
-    def _secrets_outside(self, tailnet: Tailnet) -> str:
-        """Why the Tailnet's Secret references may not be read ("" when they may): only Secrets of the
-        operator's namespace, so creating a Tailnet never reads (and sends to its URL) another's."""
-        refs = [("bootstrapKeySecretRef", tailnet.spec.bootstrap_key_secret_ref),
-                ("caSecretRef", tailnet.spec.ca_secret_ref)]
-        outside = [f"{field} names {ref.namespace}/{ref.name}" for field, ref in refs
-                   if ref is not None and ref.namespace != self.namespace]
-        if not outside:
-            return ""
-        return (f"{'; '.join(outside)}: a Tailnet may name Secrets of the operator's namespace {self.namespace} "
-                "only; nothing was read. Create the Secret there and point the reference at it")
 
     def _bootstrap_ref(self, tailnet: Tailnet) -> str:
         ref = tailnet.spec.bootstrap_key_secret_ref
