@@ -321,12 +321,6 @@ class TailnetRef(ApiModel):
     name: DNSName = Field(description="Name of the Tailnet object.")
 
 
-class LocalObjectReference(ApiModel):
-    """Names an object in the same namespace."""
-
-    name: DNSName = Field(description="Name of the object.")
-
-
 class NamespacedName(ApiModel):
     """Names an object in a given namespace."""
 

@@ -1,4 +1,4 @@
-"""Load the generated CRDs and samples, and install them into a cluster.
+"""Load the generated CRDs and samples, and install the CRDs into a cluster.
 
 Shared by the e2e tests and ``make run`` so both install exactly what ``hack/codegen.py``
 generated, and both wait for ``Established`` instead of sleeping.
@@ -91,13 +91,6 @@ def wait_established(api_client: Any, names: Iterable[str], *, timeout: float = 
         time.sleep(0.2)
 
 
-def plural_of(kind: str) -> str:
-    """The resource plural of a ``tailnet.dev`` kind."""
-    from tailnet_operator.api.registry import kind_of
-
-    return kind_of(kind).plural
-
-
 def create_object(api_client: Any, obj: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
     """Create one ``tailnet.dev`` object; namespaced kinds go to ``namespace`` unless set."""
     from kubernetes import client
@@ -116,17 +109,3 @@ def create_object(api_client: Any, obj: dict[str, Any], namespace: str | None = 
     else:
         result = api.create_cluster_custom_object(kind.group, kind.version, kind.plural, obj)
     return result
-
-
-def install_samples(api_client: Any, namespace: str) -> list[dict[str, Any]]:
-    """Create every sample (namespaced ones in ``namespace``); existing ones are left alone."""
-    from kubernetes.client.rest import ApiException
-
-    created = []
-    for sample in load_samples():
-        try:
-            created.append(create_object(api_client, sample, namespace))
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    return created

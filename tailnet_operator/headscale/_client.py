@@ -403,18 +403,6 @@ class HeadscaleClient:
     async def delete_node(self, node_id: str | int) -> None:
         await self._call("DELETE", f"/api/v1/node/{_segment(node_id)}")
 
-    async def expire_node(self, node_id: str | int, *, expiry: dt.datetime | None = None) -> Node:
-        """Expire the node's key at ``expiry`` (aware datetime; None: now), forcing a re-login."""
-        query = {"expiry": _rfc3339(expiry)} if expiry is not None else None
-        doc = await self._call("POST", f"/api/v1/node/{_segment(node_id)}/expire", query=query)
-        return Node.from_json(doc["node"])
-
-    async def set_tags(self, node_id: str | int, tags: Sequence[str]) -> Node:
-        """Replace the node's tags. Each must be in the policy's ``tagOwners``; a user-owned node
-        becomes tagged for good."""
-        doc = await self._call("POST", f"/api/v1/node/{_segment(node_id)}/tags", body={"tags": list(tags)})
-        return Node.from_json(doc["node"])
-
     async def approve_routes(self, node_id: str | int, routes: Sequence[str]) -> Node:
         """Set the node's approved routes to exactly ``routes``: it REPLACES the list (``[]`` clears it).
 

@@ -235,11 +235,6 @@ def _ip_covers(entries: Sequence[str], port: int) -> bool:
     return False
 
 
-def _src_covers(entries: Sequence[str], tag: str) -> bool:
-    # Users and groups never match tagged nodes (Headscale 0.28+), so only these do.
-    return any(entry in (tag, "*", "autogroup:tagged") for entry in entries)
-
-
 def _dst_covers(entry: str, dst: str, hosts: Mapping[str, Any]) -> bool:
     address = parse_address(dst)
     if address is None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import quote
 
 
@@ -43,12 +42,6 @@ class Resource:
 
     def __str__(self) -> str:
         return f"{self.plural}.{self.group or 'core'}/{self.version}"
-
-
-def object_key(obj: dict[str, Any]) -> tuple[str, str]:
-    """(namespace, name) of an object; namespace is ``""`` for cluster-scoped ones."""
-    meta = obj.get("metadata", {})
-    return str(meta.get("namespace") or ""), str(meta["name"])
 
 
 CONFIG_MAP = Resource("", "v1", "configmaps", "ConfigMap")

@@ -121,12 +121,6 @@ class Manager:
         manager's), skipping applies that would not change the cached object."""
         return Applier(self.cache, self.client, field_manager=field_manager or self.options.field_manager)
 
-    def add_health_check(self, name: str, check: HealthCheck) -> None:
-        self._health_checks[name] = check
-
-    def add_ready_check(self, name: str, check: HealthCheck) -> None:
-        self._ready_checks[name] = check
-
     def stop(self) -> None:
         """Begin a graceful shutdown; ``run()`` returns when it is complete."""
         self._stop.set()

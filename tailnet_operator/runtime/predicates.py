@@ -47,10 +47,6 @@ class GenerationChanged(_UpdateOnly):
     field = "generation"
 
 
-class ResourceVersionChanged(_UpdateOnly):
-    field = "resourceVersion"
-
-
 class LabelsChanged(_UpdateOnly):
     field = "labels"
 
