@@ -14,15 +14,16 @@ through a :class:`Reader` and writes through a :class:`Writer`, registered on a
     reconciler = WidgetReconciler(manager.cache, manager.writer("widget-controller"), manager.clock)
     manager.controller("widget", reconciler).for_(WIDGET).owns(rt.CONFIG_MAP)
 
-The seams, and what stands behind each in production and in tests:
+The seams, and what stands behind each in production and in tests (the test doubles live in
+:mod:`tailnet_operator.runtime.testing`, which this facade does not export):
 
 ==========================  ==========================================  ======================================
 seam                        production                                  unit tests
 ==========================  ==========================================  ======================================
-:class:`Reader`             ``manager.cache`` (:class:`SharedCache`)     :class:`FakeClient`
-:class:`Writer`             ``manager.writer(name)`` (:class:`Applier`   :class:`FakeClient`, or an
+:class:`Reader`             ``manager.cache`` (:class:`SharedCache`)     ``testing.FakeClient``
+:class:`Writer`             ``manager.writer(name)`` (:class:`Applier`   ``testing.FakeClient``, or an
                             over the REST :class:`Client`)              :class:`Applier` over it
-:class:`ListerWatcher`      :class:`Client`                             ``FakeClient.lister_watcher``
+:class:`ListerWatcher`      :class:`Client`                             ``testing.FakeClient.lister_watcher``
 :class:`Clock`              :class:`RealClock`                          :class:`FakeClock`
 Headscale                   ``headscale.HeadscaleClient``               ``headscale.MockTransport``
 ==========================  ==========================================  ======================================
@@ -64,7 +65,6 @@ from .errors import (
     certainly_not_written,
 )
 from .events import EventRecorder
-from .fake import FakeClient
 from .finalizers import FINALIZER, add_finalizer, has_finalizer, remove_finalizer
 from .interfaces import ListerWatcher, Reader, Writer
 from .kinds import CONFIG_MAP, NAMESPACE, SECRET, SERVICE, Resource
@@ -92,7 +92,6 @@ __all__ = [
     "Controller",
     "ControllerOptions",
     "EventRecorder",
-    "FakeClient",
     "FakeClock",
     "FieldChanged",
     "GenerationChanged",

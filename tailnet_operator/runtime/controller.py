@@ -186,6 +186,7 @@ class Controller:
     def for_(self, resource: Resource, *predicates: Predicate, namespace: str | None = None,
              labels: Mapping[str, str] | None = None) -> Controller:
         """Reconcile every object of ``resource`` (the primary kind; once per controller)."""
+        _check_watch(self.name, "for_", resource, predicates)
         if self._for is not None:
             raise ValueError(f"controller {self.name}: for_() was already called with {self._for}")
         self._for = resource
@@ -199,6 +200,9 @@ class Controller:
         ``owner`` defaults to the kind given to :meth:`for_` (call that first). Only the
         controller owner counts unless ``only_controller`` is False.
         """
+        _check_watch(self.name, "owns", resource, predicates)
+        if owner is not None and not isinstance(owner, Resource):
+            raise TypeError(f"controller {self.name}: owns(owner=...) takes a Resource, not {owner!r}")
         owner = owner or self._for
         if owner is None:
             raise ValueError(f"controller {self.name}: call for_() before owns(), or pass owner=")
@@ -208,6 +212,10 @@ class Controller:
     def watches(self, resource: Resource, mapper: Mapper, *predicates: Predicate,
                 namespace: str | None = None, labels: Mapping[str, str] | None = None) -> Controller:
         """Reconcile whatever ``mapper`` returns for each changed object of ``resource``."""
+        _check_watch(self.name, "watches", resource, predicates)
+        if isinstance(mapper, Resource) or not callable(mapper):
+            raise TypeError(f"controller {self.name}: watches({resource}, ...): the mapper must be a function "
+                            f"of the object returning Requests, not {mapper!r}")
         watch = Watch(resource, mapper, predicates, namespace, labels)
         self._cache.add_handler(resource, _Handler(watch, self.queue.add), namespace, labels=labels)
         return self
@@ -311,6 +319,26 @@ class Controller:
     def _count_error(self, *, terminal: bool = False, timeout: bool = False) -> None:
         if self._metrics:
             self._metrics.errored(self.name, terminal=terminal, timeout=timeout)
+
+
+def _check_watch(controller: str, method: str, resource: object, predicates: Sequence[object]) -> None:
+    """Refuse a wrong argument while the controller is being set up.
+
+    Predicates are only called when events arrive, so a Resource passed where a predicate
+    belongs (``owns(CONFIG_MAP, WIDGET)`` meaning the owner) would otherwise fail on every event
+    of that kind, in the informer's handler, long after setup.
+    """
+    if not isinstance(resource, Resource):
+        raise TypeError(f"controller {controller}: {method}() takes a Resource first, not {resource!r}")
+    for index, predicate in enumerate(predicates, start=1):
+        if isinstance(predicate, Resource):
+            hint = " (the owner kind goes in owner=...)" if method == "owns" else ""
+            raise TypeError(f"controller {controller}: {method}({resource}, ...): predicate {index} is the "
+                            f"Resource {predicate}, not a Predicate{hint}")
+        missing = [m for m in ("create", "update", "delete") if not callable(getattr(predicate, m, None))]
+        if missing:
+            raise TypeError(f"controller {controller}: {method}({resource}, ...): predicate {index} "
+                            f"({predicate!r}) is not a Predicate: it has no {', '.join(missing)}()")
 
 
 def _expected(exc: Exception) -> bool:

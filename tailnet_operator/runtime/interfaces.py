@@ -4,9 +4,9 @@ what an informer lists and watches with.
 =================  =========================================  ==============================
 protocol           production                                 tests
 =================  =========================================  ==============================
-:class:`Reader`    :class:`~.cache.SharedCache` (the cache)   :class:`~.fake.FakeClient`
-:class:`Writer`    :class:`~.client.Client` (or an Applier)   :class:`~.fake.FakeClient`
-ListerWatcher      :class:`~.client.Client`                   :class:`~.fake.FakeClient`
+:class:`Reader`    :class:`~.cache.SharedCache` (the cache)   :class:`~.testing.FakeClient`
+:class:`Writer`    :class:`~.client.Client` (or an Applier)   :class:`~.testing.FakeClient`
+ListerWatcher      :class:`~.client.Client`                   :class:`~.testing.FakeClient`
 =================  =========================================  ==============================
 
 Reads come from the cache, never from the API server. ``get``/``list`` take either a

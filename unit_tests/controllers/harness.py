@@ -23,13 +23,13 @@ from tailnet_operator.runtime import (
     SECRET,
     Applier,
     EventRecorder,
-    FakeClient,
     FakeClock,
     Request,
     Resource,
     Result,
     Scheme,
 )
+from tailnet_operator.runtime.testing import FakeClient
 from tailnet_operator.types import JSON
 
 from .fake_headscale import FakeHeadscale

@@ -12,7 +12,8 @@ from tailnet_operator.controllers.cleanup import SKIP_CLEANUP_ANNOTATION, Cleanu
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS, TAILNET_INGRESS
 from tailnet_operator.controllers.sweep import OrphanSweeper, SweepMetrics, references, references_from
 from tailnet_operator.headscale import installation_tag
-from tailnet_operator.runtime import SECRET, FakeClient, Request
+from tailnet_operator.runtime import SECRET, Request
+from tailnet_operator.runtime.testing import FakeClient
 from tailnet_operator.types import JSON
 
 from .harness import NAMESPACE

@@ -10,8 +10,8 @@ import pytest
 
 from tailnet_operator.runtime.cache import NotYetCached, SharedCache
 from tailnet_operator.runtime.controller import Controller, Request
-from tailnet_operator.runtime.fake import FakeClient
 from tailnet_operator.runtime.kinds import SECRET
+from tailnet_operator.runtime.testing import FakeClient
 from tailnet_operator.types import JSON
 
 OPERATOR = "tailnet-system"

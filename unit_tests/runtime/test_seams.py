@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 from tailnet_operator import runtime as rt
 from tailnet_operator.runtime.controller import Controller
 from tailnet_operator.runtime.informer import DeletedFinalStateUnknown
+from tailnet_operator.runtime.testing import FakeClient
 
 WIDGET = rt.Resource("test.tailnet.dev", "v1", "widgets", "Widget")
 
@@ -30,7 +31,7 @@ def status(**fields: Any) -> rt.JSON:
 
 
 async def test_fake_apply_bumps_resource_version_and_generation_only_on_change() -> None:
-    fake = rt.FakeClient()
+    fake = FakeClient()
     created = fake.add(WIDGET, widget())
     assert created["metadata"]["generation"] == 1 and created["metadata"]["resourceVersion"] == "1"
     same = await fake.apply(WIDGET, widget(), field_manager="m")
@@ -43,7 +44,7 @@ async def test_fake_apply_bumps_resource_version_and_generation_only_on_change()
 
 
 async def test_fake_status_apply_merges_conditions_by_type_per_manager() -> None:
-    fake = rt.FakeClient()
+    fake = FakeClient()
     fake.add(WIDGET, widget())
     await fake.apply_status(WIDGET, status(conditions=[{"type": "Ready", "status": "True"}], note="x"),
                             field_manager="a")
@@ -57,7 +58,7 @@ async def test_fake_status_apply_merges_conditions_by_type_per_manager() -> None
 
 
 async def test_fake_errors_and_finalizers() -> None:
-    fake = rt.FakeClient()
+    fake = FakeClient()
     with pytest.raises(rt.NotFound):
         await fake.apply_status(WIDGET, status(x=1))
     obj = fake.add(WIDGET, widget())
@@ -74,7 +75,7 @@ async def test_fake_errors_and_finalizers() -> None:
 
 
 async def test_applier_writes_only_what_differs_including_fields_to_remove() -> None:
-    fake = rt.FakeClient()
+    fake = FakeClient()
     applier = rt.Applier(fake, fake, field_manager="m")
     cm = {"metadata": {"name": "c", "namespace": "ns", "labels": {"a": "1"}}, "data": {"k": "v"}}
     await applier.apply(rt.CONFIG_MAP, cm)
@@ -103,7 +104,7 @@ def test_needs_apply_reads_managed_fields_as_the_apiserver_writes_them() -> None
 
 
 async def test_cache_reads_typed_objects_and_takes_a_write_answer_before_its_watch_event() -> None:
-    fake = rt.FakeClient()
+    fake = FakeClient()
     fake.add(WIDGET, widget())
     cache = rt.SharedCache(fake.lister_watcher, scheme=rt.Scheme({Widget: WIDGET}))
     events: list[str] = []
@@ -137,7 +138,7 @@ async def test_cache_reads_typed_objects_and_takes_a_write_answer_before_its_wat
 
 
 async def test_informer_scoped_by_namespace_and_labels_holds_only_its_scope() -> None:
-    fake = rt.FakeClient()
+    fake = FakeClient()
     fake.add(rt.CONFIG_MAP, {"metadata": {"name": "mine", "namespace": "a", "labels": {"app": "x"}}})
     fake.add(rt.CONFIG_MAP, {"metadata": {"name": "other-label", "namespace": "a", "labels": {"app": "y"}}})
     fake.add(rt.CONFIG_MAP, {"metadata": {"name": "other-ns", "namespace": "b", "labels": {"app": "x"}}})
@@ -171,7 +172,7 @@ def test_owner_reference_and_set_controller_reference() -> None:
 
 
 def test_owns_infers_the_owner_kind_from_for_and_the_default_worker_count() -> None:
-    fake = rt.FakeClient()
+    fake = FakeClient()
     cache = rt.SharedCache(fake.lister_watcher)
 
     class Nothing:
@@ -195,3 +196,4 @@ def test_the_public_surface_is_complete_and_sorted() -> None:
     assert rt.__all__ == sorted(rt.__all__, key=lambda n: (not n.isupper(), n))
     for name in rt.__all__:
         assert hasattr(rt, name), name
+    assert "FakeClient" not in rt.__all__ and not hasattr(rt, "FakeClient"), "test doubles live in runtime.testing"

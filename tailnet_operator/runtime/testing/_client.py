@@ -37,14 +37,14 @@ from typing import Any
 
 from tailnet_operator.types import JSON
 
-from .client import WATCH_INACTIVITY_TIMEOUT, ObjectList, WatchEvent
-from .clock import Clock, RealClock
-from .errors import Conflict, NotFound
-from .informer import matches_labels
-from .kinds import Resource
-from .reading import TypedReader
-from .scheme import Scheme
-from .ssa import Path, fields_v1, item_key, leaf_paths
+from ..client import WATCH_INACTIVITY_TIMEOUT, ObjectList, WatchEvent
+from ..clock import Clock, RealClock
+from ..errors import Conflict, NotFound
+from ..informer import matches_labels
+from ..kinds import Resource
+from ..reading import TypedReader
+from ..scheme import Scheme
+from ..ssa import Path, fields_v1, item_key, leaf_paths
 
 __all__ = ["FakeClient"]
 
