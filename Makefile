@@ -67,13 +67,25 @@ manifests: $(VENV)/.installed
 unit: $(VENV)/.native
 	$(VENV)/bin/pytest unit_tests -q $(PYTEST_ARGS)
 
-test: $(VENV)/.native binaries-test lint
-	cd native && cargo test --quiet --release
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+# The test set builds in the background, at a lower priority and in the order the suite first needs
+# it, while the virtualenv, lint, cargo test and the first tests run; a test that needs a binary not
+# built yet waits for it (e2e/conftest.py runs the tests that need fewer binaries first). The last
+# step waits for the whole set, so a failed build fails the command; an early exit stops the builds.
+test: prereqs
+	@set -m; nice -n 10 $(PYTHON) -m hack.binaries build --in-order --set test & builder=$$!; set +m; \
+	trap 'kill -TERM -- -$$builder 2>/dev/null; true' EXIT; \
+	$(MAKE) --no-print-directory lint && \
+	(cd native && cargo test --quiet --release) && \
+	$(VENV)/bin/pytest $(PYTEST_ARGS) && \
+	wait $$builder
 
 # OPERATOR=source runs the operator from the source tree against the local cluster (no image build).
-run: $(VENV)/.native binaries-run
-	@TAILNET_RUN_OPERATOR=$(OPERATOR) $(PY) -m hack.localenv
+# The binaries build while the virtualenv is set up.
+run: prereqs
+	@set -m; $(PYTHON) -m hack.binaries build --set run & builder=$$!; set +m; \
+	trap 'kill -TERM -- -$$builder 2>/dev/null; true' EXIT; \
+	$(MAKE) --no-print-directory native && wait $$builder && \
+	TAILNET_RUN_OPERATOR=$(OPERATOR) $(PY) -m hack.localenv
 
 # The cluster tests against kind: the same tests `make test` runs against the local node.
 e2e: $(VENV)/.native

@@ -27,12 +27,14 @@ import datetime as dt
 import os
 import shutil
 import signal
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+import threading
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from hack import binaries
 from hack.localenv import (
     Cluster,
     ControlPlane,
@@ -245,6 +247,68 @@ def installed_operator(cluster: ClusterUnderTest, project_image: Image,
     from e2e.cluster import install_operator_in_cluster
 
     return install_operator_in_cluster(cluster, project_image.ref, tmp_path_factory.mktemp("install"))
+
+
+# -- the order of the tests and the binaries they wait for --------------------------------------
+
+_HEADSCALE_ONLY = frozenset({"headscale", "module_headscale", "tailscale_nodes", "module_tailscale_nodes",
+                             "site_host", "module_site_host"})
+_CONTROL_PLANE = frozenset({"control_plane", "crds", "admin", "operator_namespace"})
+
+
+def binaries_tier(fixtures: Iterable[str]) -> int | None:
+    """How much a test needs built, from the fixtures it uses: 1 Headscale and tailscaled, 2 the
+    control plane too, 3 the local node; None when no fixture says."""
+    names = set(fixtures)
+    if "cluster" in names:
+        return 3
+    if names & _CONTROL_PLANE:
+        return 2
+    return 1 if names & _HEADSCALE_ONLY else None
+
+
+def module_tiers(items: Iterable[tuple[Path, Iterable[str]]]) -> dict[Path, int]:
+    """Each module's tier: the highest of its tests'; 3 for a module none of whose tests uses a
+    fixture that says (it starts its own binaries: chaos, cyclonus, CoreDNS)."""
+    tiers: dict[Path, int | None] = {}
+    for path, fixtures in items:
+        tier = binaries_tier(fixtures)
+        known = tiers.get(path)
+        tiers[path] = tier if known is None else max(known, tier or 0)
+    return {path: 3 if tier is None else tier for path, tier in tiers.items()}
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the unit tests first, then the modules that need fewer binaries.
+
+    ``make test`` builds the binaries in the background, in the order the tiers need them
+    (``hack/binaries.py``, the ``test`` set), so the first tests run while the rest build. A
+    module keeps its tests together and in their order (its fixtures are set up once).
+    """
+    e2e = Path(__file__).parent
+    tiers = module_tiers((item.path, item.fixturenames) for item in items if item.path.is_relative_to(e2e))
+    items.sort(key=lambda item: tiers.get(item.path, 0))
+
+
+@contextlib.contextmanager
+def _timeout_paused() -> Iterator[None]:
+    """Pause the running test's timeout while it waits for a binary to be built.
+
+    pytest-timeout arms ``ITIMER_REAL`` for each test (its ``signal`` method); a component built
+    when a test first needs it is the build's time, not the test's.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    delay, interval = signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        yield
+    finally:
+        if delay > 0:
+            signal.setitimer(signal.ITIMER_REAL, delay, interval)
+
+
+binaries.set_wait_hook(_timeout_paused)
 
 
 # -- reporting and the leak check ---------------------------------------------------------------

@@ -102,6 +102,7 @@ path BINARY | list]``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import fcntl
@@ -115,6 +116,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Generic, TypeVar
@@ -234,7 +236,9 @@ _NODE = (CONTAINERD, RUNC, CNI_PLUGINS, COREDNS)
 
 SETS: dict[str, tuple[Component, ...]] = {
     "run": (*_HOST_TIER, *_NODE),
-    "test": (*_HOST_TIER, *_NODE, TAILSCALE, CYCLONUS, HELM, PROMETHEUS, CERT_MANAGER, METALLB),
+    # In the order the suite first needs them (e2e/conftest.py runs the tests that need fewer
+    # binaries first): Kubernetes, the longest, starts at once beside Headscale and tailscale.
+    "test": (KUBERNETES, HEADSCALE, TAILSCALE, ETCD, PROMETHEUS, *_NODE, HELM, CERT_MANAGER, METALLB, CYCLONUS),
     "bench": (*_HOST_TIER, *_NODE, TAILSCALE),
     "interop": (*_HOST_TIER, TAILSCALE),
     "chaos": (*_HOST_TIER, TAILSCALE),
@@ -301,13 +305,27 @@ def parse_spec(spec: str) -> Component:
     return at_version(component, version)
 
 
+WaitHook = Callable[[], AbstractContextManager[object]]
+_wait_hook: WaitHook = contextlib.nullcontext
+"""What :func:`binary` wraps a build or a wait for a build in (see :func:`set_wait_hook`)."""
+
+
+def set_wait_hook(hook: WaitHook) -> None:
+    """Wrap every build that :func:`binary` waits for in ``hook()``: the test suite pauses a
+    test's timeout there, since a component built when first needed is not the test's time."""
+    global _wait_hook
+    _wait_hook = hook
+
+
 def binary(name: str) -> Path:
-    """The cached path of one binary, building its component first when it is missing."""
+    """The cached path of one binary, building its component first when it is missing (or
+    waiting for the process that holds its lock, such as ``make test``'s background build)."""
     for component in COMPONENTS:
         if name in component.binaries:
             chosen = selected(component)
             if not chosen.is_built():
-                build(chosen)
+                with _wait_hook():
+                    build(chosen)
             return chosen.path(name)
     raise KeyError(f"unknown binary {name!r}")
 
@@ -824,15 +842,17 @@ def build(component: Component) -> float:
     return elapsed
 
 
-def build_all(components: Sequence[Component], *, jobs: int | None = None) -> list[Failure]:
-    """Build every component not cached yet, longest first, through the :class:`Pipeline`."""
+def build_all(components: Sequence[Component], *, jobs: int | None = None, in_order: bool = False
+              ) -> list[Failure]:
+    """Build every component not cached yet through the :class:`Pipeline`: longest first (the
+    least time for all of them), or ``in_order`` as given (the order something will need them)."""
     unique = list({c.key: c for c in components}.values())
     missing = [c for c in unique if not c.is_built()]
     if not missing:
         return []
     require_go()
     timings = load_timings()
-    ordered = longest_first(missing, timings)
+    ordered = missing if in_order else longest_first(missing, timings)
     pipeline: Pipeline[Workspace] = Pipeline(
         ordered, prepare, compile_workspace, jobs=jobs or default_jobs(),
         estimates={c.key: estimate(c, timings) for c in ordered},
@@ -840,20 +860,34 @@ def build_all(components: Sequence[Component], *, jobs: int | None = None) -> li
     return pipeline.run()
 
 
-_USAGE = ("usage: python -m hack.binaries [build [--set NAME]... [--jobs N] [COMPONENT[@VERSION]...] "
+_USAGE = ("usage: python -m hack.binaries [build [--set NAME]... [--jobs N] [--in-order] [COMPONENT[@VERSION]...] "
           "| path BINARY | list]")
 
 
-def _parse_build(args: list[str]) -> tuple[list[Component], int | None]:
-    """The components of ``build [--set NAME]... [--jobs N] [SPEC...]`` (every pinned one when
-    nothing is named) and the number of compiles at a time."""
+@dataclass(frozen=True)
+class BuildRequest:
+    """What ``build`` was asked for."""
+
+    components: list[Component]
+    jobs: int | None = None
+    """Compiles at a time; None: :func:`default_jobs`."""
+    in_order: bool = False
+    """Build in the order named (first needed first) instead of longest first."""
+
+
+def _parse_build(args: list[str]) -> BuildRequest:
+    """``build [--set NAME]... [--jobs N] [--in-order] [SPEC...]`` (every pinned component when
+    nothing is named)."""
     wanted: list[Component] = []
     jobs: int | None = None
+    in_order = False
     named = False
     rest = list(args)
     while rest:
         arg = rest.pop(0)
-        if arg in ("--set", "--jobs") or arg.startswith(("--set=", "--jobs=")):
+        if arg == "--in-order":
+            in_order = True
+        elif arg in ("--set", "--jobs") or arg.startswith(("--set=", "--jobs=")):
             option, _, value = arg.partition("=")
             if not value:
                 if not rest:
@@ -873,7 +907,7 @@ def _parse_build(args: list[str]) -> tuple[list[Component], int | None]:
             named = True
     if not named:
         wanted = [selected(c) for c in COMPONENTS]
-    return wanted, jobs
+    return BuildRequest(wanted, jobs, in_order)
 
 
 def main(argv: list[str]) -> int:
@@ -881,14 +915,14 @@ def main(argv: list[str]) -> int:
     try:
         if command == "build":
             try:
-                wanted, jobs = _parse_build(argv[1:])
+                request = _parse_build(argv[1:])
             except KeyError as exc:
                 print(f"error: {exc.args[0]}", file=sys.stderr)
                 return 2
             started = time.monotonic()
-            failures = build_all(wanted, jobs=jobs)
+            failures = build_all(request.components, jobs=request.jobs, in_order=request.in_order)
             if failures:
-                print(f"binaries: {len(failures)} of {len(wanted)} did not build:", file=sys.stderr)
+                print(f"binaries: {len(failures)} of {len(request.components)} did not build:", file=sys.stderr)
                 for failure in failures:
                     print(f"--- {failure.component.name} {failure.component.version}\n{failure.error}",
                           file=sys.stderr)

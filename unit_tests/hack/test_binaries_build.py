@@ -3,10 +3,12 @@ processes), the timing record, the progress line and the ``go build`` command li
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import re
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -87,11 +89,13 @@ def test_the_node_is_expected_for_root_unless_turned_off() -> None:
 def test_build_arguments_name_sets_and_components(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TAILNET_HEADSCALE_VERSION", raising=False)
     monkeypatch.setattr(binaries, "node_expected", lambda: False)
-    wanted, jobs = binaries._parse_build(["--set", "interop", "--jobs=1", "headscale@0.26.1"])
-    assert [c.key for c in wanted][-1] == "headscale-0.26.1" and jobs == 1
-    assert names(wanted)[:4] == ["etcd", "kubernetes", "headscale", "tailscale"]
-    assert binaries._parse_build([]) == (list(binaries.COMPONENTS), None)
-    assert names(binaries._parse_build(["kind"])[0]) == ["kind"]
+    request = binaries._parse_build(["--set", "interop", "--jobs=1", "headscale@0.26.1"])
+    assert [c.key for c in request.components][-1] == "headscale-0.26.1" and request.jobs == 1
+    assert names(request.components)[:4] == ["etcd", "kubernetes", "headscale", "tailscale"]
+    assert not request.in_order
+    assert binaries._parse_build([]) == binaries.BuildRequest(list(binaries.COMPONENTS))
+    assert names(binaries._parse_build(["kind"]).components) == ["kind"]
+    assert binaries._parse_build(["--in-order", "kind", "etcd"]).in_order
     for bad in (["--jobs", "0"], ["--set"], ["--fast"], ["--set=nope"]):
         with pytest.raises(KeyError):
             binaries._parse_build(bad)
@@ -100,15 +104,18 @@ def test_build_arguments_name_sets_and_components(monkeypatch: pytest.MonkeyPatc
 def test_build_command_takes_a_set_and_reports_failures(monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(binaries, "node_expected", lambda: True)
-    seen: list[tuple[list[str], int | None]] = []
+    seen: list[tuple[list[str], int | None, bool]] = []
 
-    def fake_build_all(components: list[Component], *, jobs: int | None = None) -> list[binaries.Failure]:
-        seen.append((names(components), jobs))
+    def fake_build_all(components: list[Component], *, jobs: int | None = None,
+                       in_order: bool = False) -> list[binaries.Failure]:
+        seen.append((names(components), jobs, in_order))
         return [binaries.Failure(binaries.RUNC, "go build failed:\nno seccomp.h")] if jobs == 1 else []
 
     monkeypatch.setattr(binaries, "build_all", fake_build_all)
     assert binaries.main(["build", "--set", "run"]) == 0
-    assert seen[-1] == (names(binaries.set_components("run", node=True)), None)
+    assert seen[-1] == (names(binaries.set_components("run", node=True)), None, False)
+    assert binaries.main(["build", "--in-order", "--set", "test"]) == 0
+    assert seen[-1] == (names(binaries.set_components("test", node=True)), None, True)
     assert "all binaries ready" in capsys.readouterr().err
     assert binaries.main(["build", "--jobs", "1", "runc"]) == 1
     assert "no seccomp.h" in capsys.readouterr().err
@@ -148,6 +155,58 @@ def test_timings_are_recorded_per_version_and_estimate_the_next_build(tmp_path: 
 
 def test_every_component_has_a_typical_duration() -> None:
     assert set(binaries.TYPICAL_SECONDS) == {c.name for c in binaries.COMPONENTS}
+
+
+def test_in_order_builds_start_in_the_order_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(binaries, "require_go", lambda: "go")
+    started: list[list[str]] = []
+
+    class Recorder:
+        def __init__(self, order: list[Component], *args: object, **kwargs: object) -> None:
+            started.append(names(order))
+
+        def run(self) -> list[binaries.Failure]:
+            return []
+
+    monkeypatch.setattr(binaries, "Pipeline", Recorder)
+    wanted = [binaries.HEADSCALE, binaries.KIND, binaries.KUBERNETES]
+    binaries.build_all(wanted, in_order=True)
+    binaries.build_all(wanted)
+    assert started == [["headscale", "kind", "kubernetes"], ["kubernetes", "headscale", "kind"]]
+
+
+def test_the_suite_gets_its_first_binaries_first() -> None:
+    """The test set starts with what the first integration tests start (Headscale, tailscaled)
+    beside Kubernetes, and ends with what only a few tests use."""
+    order = names(binaries.SETS["test"])
+    assert order[:3] == ["kubernetes", "headscale", "tailscale"]
+    assert order.index("etcd") < order.index("containerd") < order.index("helm")
+
+
+def test_a_wait_for_a_build_runs_inside_the_wait_hook(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    events: list[str] = []
+
+    def fake_build(component: Component) -> float:
+        events.append(f"build {component.name}")
+        for b in component.binaries:
+            component.directory.mkdir(parents=True, exist_ok=True)
+            component.path(b).write_text("")
+        return 1.0
+
+    @contextlib.contextmanager
+    def hook() -> Iterator[None]:
+        events.append("paused")
+        yield
+        events.append("resumed")
+
+    monkeypatch.setattr(binaries, "build", fake_build)
+    monkeypatch.setattr(binaries, "_wait_hook", contextlib.nullcontext)
+    binaries.set_wait_hook(hook)
+    assert binaries.binary("etcd") == binaries.ETCD.path("etcd")
+    assert binaries.binary("etcd") == binaries.ETCD.path("etcd")  # cached: no build, no pause
+    assert events == ["paused", "build etcd", "resumed"]
 
 
 def test_longest_builds_start_first() -> None:

@@ -1,0 +1,26 @@
+"""The suite's order: the tests that need fewer binaries run first, so that ``make test`` runs
+them while its background build makes the rest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from e2e.conftest import binaries_tier, module_tiers
+
+
+def test_a_test_s_fixtures_say_what_it_needs_built() -> None:
+    assert binaries_tier(["headscale", "tailscale_nodes", "site_host", "tmp_path"]) == 1
+    assert binaries_tier(["admin", "headscale", "operator_namespace"]) == 2
+    assert binaries_tier(["control_plane"]) == 2
+    assert binaries_tier(["admin", "cluster", "headscale"]) == 3
+    assert binaries_tier(["tmp_path", "monkeypatch"]) is None
+
+
+def test_a_module_runs_with_its_most_demanding_test() -> None:
+    a, b, c = Path("e2e/test_a.py"), Path("e2e/test_b.py"), Path("e2e/test_c.py")
+    tiers = module_tiers([
+        (a, ["tmp_path"]), (a, ["headscale"]), (a, ["control_plane"]),  # pure tests ride along
+        (b, ["cluster"]), (b, []),
+        (c, ["tmp_path"]), (c, []),  # starts its own binaries: last
+    ])
+    assert tiers == {a: 2, b: 3, c: 3}
