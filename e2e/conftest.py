@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from e2e import skips
 from hack import binaries
 from hack.localenv import (
     Cluster,
@@ -329,6 +330,9 @@ def pytest_runtest_makereport(
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        skips.account(session, reporter, os.environ)
     if _environment is None:
         return
     _environment.close()
@@ -337,7 +341,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for pid, _ in survivors:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if survivors:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         lines = "\n".join(f"  pid {pid}: {cmd}" for pid, cmd in survivors)

@@ -31,6 +31,7 @@ from e2e.cluster import (
     wait_available,
     wait_pod_running,
 )
+from e2e.skips import skip_by_design
 from hack.localenv import wait_until
 from tailnet_operator import __version__
 
@@ -166,7 +167,7 @@ def test_pods_and_the_host_can_only_address_this_machine(cluster: ClusterUnderTe
     from hack.localenv import hostnet, node
 
     if not isinstance(cluster, node.Cluster):
-        pytest.skip("the fences belong to the local node; kind has its own network")
+        skip_by_design("the fences belong to the local node; kind has its own network")
     with namespace(cluster, "fence") as ns:
         apply(cluster, [python_pod("client", ns, project_image.ref, SLEEPER)])
         wait_pod_running(cluster, ns, "client")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e.skips import skip_by_design
 from hack import binaries
 from hack.localenv import ControlPlane, Headscale
 from tailnet_agent.control import ControlClient, ControlOptions, UnsupportedServer
@@ -177,7 +178,7 @@ async def test_a_half_close_through_a_tailscaled_peer_keeps_the_response(
         headscale: Headscale, tailscale_nodes: TailscaleFactory) -> None:
     version = binaries.selected(binaries.TAILSCALE).version
     if tuple(int(p) for p in version.split(".")[:2]) < HALF_CLOSE_FIXED:
-        pytest.skip(f"tailscaled {version} closes both directions when the client half-closes (fixed in 1.86): "
+        skip_by_design(f"tailscaled {version} closes both directions when the client half-closes (fixed in 1.86): "
                     "an egress client that shuts down its write side early loses the reply from such a peer")
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
