@@ -31,6 +31,7 @@ from pathlib import Path
 from benchmarks import paths
 from benchmarks.paths import COLUMNS, MIB, Dial, PathResult, setup_round, throughput_round, upload
 from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until
+from tailnet_agent.contract import environment as env_names
 
 
 def socks5_dialer(node: TailscaleNode, host: str, port: int) -> Dial:
@@ -72,23 +73,23 @@ async def running_agent(env: Environment, headscale: Headscale, target_ip: str, 
     key_file.write_text(headscale.create_preauth_key(tags=["tag:bench-agent"], reusable=True, ephemeral=True))
     config = {
         **os.environ,
-        "AGENT_MODE": "egress",
-        "TAILNET_CONTROL_URL": headscale.url,
-        "TAILNET_AUTH_KEY_FILE": str(key_file),
-        "TAILNET_HOSTNAME": "bench-agent-direct" if direct else "bench-agent-derp",
-        "TAILNET_UDP_PORT": "0" if direct else "off",
-        "TAILNET_CA_BUNDLE": str(headscale.ca_bundle),
-        "TAILNET_TARGETS": json.dumps([{"name": "bench", "address": target_ip,
+        env_names.AGENT_MODE: env_names.EGRESS,
+        env_names.CONTROL_URL: headscale.url,
+        env_names.AUTH_KEY_FILE: str(key_file),
+        env_names.HOSTNAME: "bench-agent-direct" if direct else "bench-agent-derp",
+        env_names.UDP_PORT: "0" if direct else "off",
+        env_names.CA_BUNDLE: str(headscale.ca_bundle),
+        env_names.TARGETS: json.dumps([{"name": "bench", "address": target_ip,
                                         "ports": [{"port": port, "listen": listen}]}]),
-        "TAILNET_BIND_ADDRESS": "127.0.0.1",
-        "TAILNET_HEALTH_ADDRESS": f"127.0.0.1:{free_port()}",
-        "TAILNET_LOG_LEVEL": "warning",
+        env_names.BIND_ADDRESS: "127.0.0.1",
+        env_names.HEALTH_ADDRESS: f"127.0.0.1:{free_port()}",
+        env_names.LOG_LEVEL: "warning",
     }
     log = (env.log_dir / f"agent-{'direct' if direct else 'derp'}.log").open("wb")
     proc = subprocess.Popen(  # noqa: ASYNC220 - started once, before any measurement
         [sys.executable, "-m", "tailnet_agent"], env=config, stdout=log, stderr=subprocess.STDOUT)
     try:
-        health = config["TAILNET_HEALTH_ADDRESS"]
+        health = config[env_names.HEALTH_ADDRESS]
         wait_until(lambda: _fetch(f"http://{health}/readyz"), timeout=60, what="the agent's /readyz")
         yield proc, f"http://{health}/metrics"
     finally:

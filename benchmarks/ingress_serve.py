@@ -52,6 +52,7 @@ from benchmarks.egress import _fetch, stop, until_direct
 from benchmarks.paths import PathResult, throughput_round, upload
 from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until
 from hack.localenv._pki import CertificateAuthority
+from tailnet_agent.contract import environment as env_names
 
 NAME = "web.bench.test"
 """The virtual host: the certificate's name, the SNI and Host of every HTTPS request."""
@@ -231,10 +232,10 @@ def connects(port: int) -> bool:
 def agent_env(env: Environment, headscale: Headscale, exposes_file: Path, health: str) -> dict[str, str]:
     key_file = env.root / "ingress-auth-key"
     key_file.write_text(headscale.create_preauth_key(tags=["tag:bench-agent"], reusable=True, ephemeral=True))
-    return {**os.environ, "AGENT_MODE": "ingress", "TAILNET_CONTROL_URL": headscale.url,
-            "TAILNET_AUTH_KEY_FILE": str(key_file), "TAILNET_HOSTNAME": AGENT, "TAILNET_UDP_PORT": "0",
-            "TAILNET_CA_BUNDLE": str(headscale.ca_bundle), "TAILNET_EXPOSES_FILE": str(exposes_file),
-            "TAILNET_HEALTH_ADDRESS": health, "TAILNET_LOG_LEVEL": "warning"}
+    return {**os.environ, env_names.AGENT_MODE: env_names.INGRESS, env_names.CONTROL_URL: headscale.url,
+            env_names.AUTH_KEY_FILE: str(key_file), env_names.HOSTNAME: AGENT, env_names.UDP_PORT: "0",
+            env_names.CA_BUNDLE: str(headscale.ca_bundle), env_names.EXPOSES_FILE: str(exposes_file),
+            env_names.HEALTH_ADDRESS: health, env_names.LOG_LEVEL: "warning"}
 
 
 def peer_ip(laptop: TailscaleNode, hostname: str) -> str | None:

@@ -17,7 +17,7 @@ import pytest
 from e2e.conftest import TailscaleFactory
 from e2e.polling import eventually
 from hack.localenv import Headscale
-from tailnet_agent.backoff import Backoff
+from tailnet_agent.contract.backoff import Backoff
 from tailnet_agent.control import ControlClient, ControlOptions, NetMap
 
 pytestmark = pytest.mark.integration

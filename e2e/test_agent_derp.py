@@ -20,7 +20,7 @@ from e2e.polling import eventually
 from hack import derp_codec as codec
 from hack.localenv import Headscale
 from hack.localenv._pki import CertificateAuthority
-from tailnet_agent.backoff import Backoff, derp_backoff
+from tailnet_agent.contract.backoff import Backoff, derp_backoff
 from tailnet_agent.control import ControlClient, ControlOptions, NodeKeys
 from tailnet_agent.derp import (
     ConnectionLost,

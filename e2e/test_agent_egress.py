@@ -24,8 +24,8 @@ import pytest
 from e2e.conftest import TailscaleFactory
 from e2e.polling import eventually
 from hack.localenv import Headscale, SiteHost, TailscaleNode, free_port
-from tailnet_agent.backoff import Backoff, derp_backoff
-from tailnet_agent.config import PortMapping, Target
+from tailnet_agent.contract.backoff import Backoff, derp_backoff
+from tailnet_agent.contract.targets import PortMapping, Target
 from tailnet_agent.control import ControlOptions
 from tailnet_agent.forward import EgressForwarder
 from tailnet_agent.health import AgentMetrics

@@ -33,16 +33,16 @@ from hack.grpc_echo import GrpcEcho, grpc_frame, grpc_messages
 from hack.https_client import Answer, request, tunnel
 from hack.localenv import Headscale, TailscaleNode, free_port
 from hack.localenv._pki import CertificateAuthority
-from tailnet_agent.backoff import Backoff, derp_backoff
+from tailnet_agent.contract.backoff import Backoff, derp_backoff
+from tailnet_agent.contract.clock import RealClock
+from tailnet_agent.contract.exposes import Expose, parse_exposes
 from tailnet_agent.control import ControlOptions
-from tailnet_agent.exposes import Expose, parse_exposes
 from tailnet_agent.forward.ingress import Ingress, LocalDialer
 from tailnet_agent.health import AgentMetrics, HealthServer
 from tailnet_agent.node import Node, NodeOptions
 from tailnet_agent.probe import Prober
 from tailnet_agent.status import ingress_status
 from tailnet_agent.targets import TargetsWatcher
-from tailnet_operator.clock import RealClock
 
 pytestmark = pytest.mark.integration
 

@@ -24,8 +24,10 @@ from e2e.conftest import TailscaleFactory
 from e2e.polling import eventually
 from e2e.test_agent_egress import TAG, read_all, wait_peer_sees
 from hack.localenv import Environment, Headscale, SiteHost, free_port
-from tailnet_agent.backoff import Backoff, derp_backoff
-from tailnet_agent.config import PortMapping, Target
+from tailnet_agent.contract.backoff import Backoff, derp_backoff
+from tailnet_agent.contract.clock import RealClock
+from tailnet_agent.contract.endpoints import STATUS_PATH
+from tailnet_agent.contract.targets import PortMapping, Target
 from tailnet_agent.control import ControlOptions
 from tailnet_agent.forward import EgressForwarder
 from tailnet_agent.health import AgentMetrics, HealthServer
@@ -33,7 +35,6 @@ from tailnet_agent.node import Node, NodeOptions
 from tailnet_agent.probe import Prober
 from tailnet_agent.status import egress_status
 from tailnet_agent.targets import TargetsWatcher
-from tailnet_operator.clock import RealClock
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +56,7 @@ class FileAgent:
 
 async def fetch_status(health: HealthServer) -> dict[str, Any]:
     """``GET /status`` of a running health server."""
-    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{health.port}/status") as resp:
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{health.port}{STATUS_PATH}") as resp:
         assert resp.status == 200
         document: dict[str, Any] = await resp.json()
         return document

@@ -26,6 +26,7 @@ from e2e.operator import create_bootstrap_secret, has_condition, running_operato
 from e2e.polling import eventually
 from hack.localenv import Environment, Headscale, ManagedProcess, free_port
 from hack.localenv.controlplane import ControlPlane
+from tailnet_agent.contract import environment as env_names
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS
 from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.errors import AlreadyExists, NotFound
@@ -128,11 +129,11 @@ async def test_status_diagnose_and_check_walk_an_egress_from_broken_to_healthy(
         key_file.write_bytes(base64.b64decode(secret["data"]["authKey"]))
         agent = ManagedProcess(
             f"agent-cli-{ns}", [sys.executable, "-m", "tailnet_agent"],
-            env={"AGENT_MODE": "egress", "TAILNET_CONTROL_URL": headscale.url,
-                 "TAILNET_AUTH_KEY_FILE": str(key_file), "TAILNET_HOSTNAME": "ledger-agent",
-                 "TAILNET_CA_BUNDLE": str(headscale.ca_bundle), "TAILNET_BIND_ADDRESS": "127.0.0.1",
-                 "TAILNET_HEALTH_ADDRESS": f"127.0.0.1:{free_port()}", "TAILNET_UDP_PORT": "0",
-                 "TAILNET_TARGETS": json.dumps([{"name": "books", "address": TARGET,
+            env={env_names.AGENT_MODE: env_names.EGRESS, env_names.CONTROL_URL: headscale.url,
+                 env_names.AUTH_KEY_FILE: str(key_file), env_names.HOSTNAME: "ledger-agent",
+                 env_names.CA_BUNDLE: str(headscale.ca_bundle), env_names.BIND_ADDRESS: "127.0.0.1",
+                 env_names.HEALTH_ADDRESS: f"127.0.0.1:{free_port()}", env_names.UDP_PORT: "0",
+                 env_names.TARGETS: json.dumps([{"name": "books", "address": TARGET,
                                                  "ports": [{"port": 5432, "listen": free_port()}]}])},
             log_dir=environment.log_dir, run_id=environment.run_id, cwd=REPO)
         agent.start()

@@ -10,6 +10,7 @@ import pytest
 
 from hack import binaries
 from hack.netpol import Namespace, Pod, allowed
+from tailnet_agent.contract.endpoints import HEALTH_PORT
 from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.resources import egress as build
 
@@ -35,7 +36,7 @@ def test_only_consumer_namespaces_reach_the_agent_and_only_the_operator_its_heal
                                  operator_labels=OPERATOR_LABELS)
     policy = build.network_policy(OWNER, egress, ports, agent_spec)
     listeners = tuple(sorted(ports.values()))
-    agent = Pod(OPERATOR_NS, "agent", build.agent_labels(egress), (*listeners, build.HEALTH_PORT))
+    agent = Pod(OPERATOR_NS, "agent", build.agent_labels(egress), (*listeners, HEALTH_PORT))
     pods = [agent, Pod("apps", "client"), Pod("web", "client"), Pod("other", "client"),
             Pod(OPERATOR_NS, "operator", OPERATOR_LABELS), Pod(OPERATOR_NS, "stranger")]
     namespaces = [Namespace(n) for n in (OPERATOR_NS, "apps", "web", "other")]
@@ -47,9 +48,9 @@ def test_only_consumer_namespaces_reach_the_agent_and_only_the_operator_its_heal
         assert to_agent[("apps/client", port)] and to_agent[("web/client", port)]
         assert not to_agent[("other/client", port)]
         assert not to_agent[(f"{OPERATOR_NS}/stranger", port)]
-    assert to_agent[(f"{OPERATOR_NS}/operator", build.HEALTH_PORT)]
-    assert not to_agent[("apps/client", build.HEALTH_PORT)]
-    assert not to_agent[(f"{OPERATOR_NS}/stranger", build.HEALTH_PORT)]
+    assert to_agent[(f"{OPERATOR_NS}/operator", HEALTH_PORT)]
+    assert not to_agent[("apps/client", HEALTH_PORT)]
+    assert not to_agent[(f"{OPERATOR_NS}/stranger", HEALTH_PORT)]
 
 
 def test_the_namespace_prometheus_runs_in_reaches_only_the_health_port() -> None:
@@ -62,14 +63,14 @@ def test_the_namespace_prometheus_runs_in_reaches_only_the_health_port() -> None
                                  metrics_namespaces={"kubernetes.io/metadata.name": "monitoring"})
     policy = build.network_policy(OWNER, egress, ports, agent_spec)
     listeners = tuple(sorted(ports.values()))
-    agent = Pod(OPERATOR_NS, "agent", build.agent_labels(egress), (*listeners, build.HEALTH_PORT))
+    agent = Pod(OPERATOR_NS, "agent", build.agent_labels(egress), (*listeners, HEALTH_PORT))
     pods = [agent, Pod("monitoring", "prometheus"), Pod("apps", "client"), Pod("other", "client")]
     namespaces = [Namespace(n) for n in (OPERATOR_NS, "monitoring", "apps", "other")]
 
     verdicts = allowed([policy], namespaces, pods)
 
     to_agent = {(src, port): ok for (src, dst, port), ok in verdicts.items() if dst == f"{OPERATOR_NS}/agent"}
-    assert to_agent[("monitoring/prometheus", build.HEALTH_PORT)]
+    assert to_agent[("monitoring/prometheus", HEALTH_PORT)]
     assert not any(to_agent[("monitoring/prometheus", port)] for port in listeners)
-    assert not to_agent[("other/client", build.HEALTH_PORT)]
-    assert not to_agent[("apps/client", build.HEALTH_PORT)]
+    assert not to_agent[("other/client", HEALTH_PORT)]
+    assert not to_agent[("apps/client", HEALTH_PORT)]

@@ -11,9 +11,9 @@ import pytest
 
 from hack import binaries
 from hack.netpol import Namespace, Pod, allowed
+from tailnet_agent.contract.endpoints import HEALTH_PORT
 from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.resources import ingress as build
-from tailnet_operator.resources.agent import HEALTH_PORT
 
 pytestmark = pytest.mark.integration
 

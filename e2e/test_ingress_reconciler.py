@@ -21,7 +21,7 @@ from e2e.cluster import OPEN_BASE
 from hack.localenv import CertManager, ControlPlane, Environment, Headscale
 from hack.localenv._pki import CertificateAuthority
 from hack.localenv.certmanager import crd_bodies
-from tailnet_agent.exposes import parse_exposes
+from tailnet_agent.contract.exposes import parse_exposes
 from tailnet_operator.api.crds import install_crds
 from tailnet_operator.controllers.dns import parse_hosts
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_INGRESS

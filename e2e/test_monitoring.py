@@ -35,6 +35,7 @@ from hack import binaries
 from hack.localenv import Environment, Headscale, ManagedProcess, free_port
 from hack.localenv.controlplane import ControlPlane
 from hack.render_install import CHART, helm_template
+from tailnet_agent.contract import environment as env_names
 from tailnet_operator.controllers.kinds import TAILNET
 from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.kinds import CONFIG_MAP
@@ -309,12 +310,13 @@ async def test_a_real_prometheus_scrapes_the_operator_and_an_agent_with_the_ship
     key_file.write_text(headscale.create_preauth_key(tags=["tag:egress-mon"], reusable=True, ephemeral=True))
     agent = ManagedProcess(
         "agent-monitoring", [sys.executable, "-m", "tailnet_agent"],
-        env={"AGENT_MODE": "egress", "TAILNET_CONTROL_URL": headscale.url, "TAILNET_AUTH_KEY_FILE": str(key_file),
-             "TAILNET_HOSTNAME": "agent-monitoring", "TAILNET_CA_BUNDLE": str(headscale.ca_bundle),
-             "TAILNET_TARGETS": json.dumps([{"name": "ledger", "address": "100.64.0.250",
+        env={env_names.AGENT_MODE: env_names.EGRESS, env_names.CONTROL_URL: headscale.url,
+             env_names.AUTH_KEY_FILE: str(key_file), env_names.HOSTNAME: "agent-monitoring",
+             env_names.CA_BUNDLE: str(headscale.ca_bundle),
+             env_names.TARGETS: json.dumps([{"name": "ledger", "address": "100.64.0.250",
                                              "ports": [{"port": 5432, "listen": free_port()}]}]),
-             "TAILNET_BIND_ADDRESS": "127.0.0.1", "TAILNET_HEALTH_ADDRESS": f"127.0.0.1:{agent_port}",
-             "TAILNET_UDP_PORT": "0", "TAILNET_LOG_FORMAT": "json"},
+             env_names.BIND_ADDRESS: "127.0.0.1", env_names.HEALTH_ADDRESS: f"127.0.0.1:{agent_port}",
+             env_names.UDP_PORT: "0", env_names.LOG_FORMAT: "json"},
         log_dir=environment.log_dir, run_id=environment.run_id, cwd=REPO)
     agent.start()
     processes.append(agent)

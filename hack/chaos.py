@@ -61,6 +61,8 @@ from pathlib import Path
 from typing import Any
 
 from hack.localenv import ControlPlane, Environment, Headscale, ManagedProcess, TailscaleNode, free_port, wait_until
+from tailnet_agent.contract import environment as env_names
+from tailnet_agent.contract.endpoints import STATUS_PATH
 
 SEED_ENV = "TAILNET_CHAOS_SEED"
 ROUNDS_ENV = "TAILNET_CHAOS_ROUNDS"
@@ -222,7 +224,7 @@ class ShiftedClock:
     """The real clock, with a wall-clock offset read from a file the driver moves forward."""
 
     def __init__(self, path: Path) -> None:
-        from tailnet_operator.clock import RealClock
+        from tailnet_agent.contract.clock import RealClock
 
         self.path = path
         self._real = RealClock()
@@ -262,7 +264,7 @@ class HostAgentStatus:
             return None
         try:
             async with (aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)) as session,
-                        session.get(f"http://127.0.0.1:{port}/status") as resp):
+                        session.get(f"http://127.0.0.1:{port}{STATUS_PATH}") as resp):
                 if resp.status != 200:
                     return None
                 doc: Any = await resp.json()
@@ -642,8 +644,8 @@ class Harness:
                     value = str(workdir / value.lstrip("/"))
             env[var["name"]] = value
         health = free_port()
-        env.update({"TAILNET_HEALTH_ADDRESS": f"127.0.0.1:{health}", "TAILNET_BIND_ADDRESS": "127.0.0.1",
-                    "TAILNET_UDP_PORT": "0", "TAILNET_LOG_FORMAT": "console"})
+        env.update({env_names.HEALTH_ADDRESS: f"127.0.0.1:{health}", env_names.BIND_ADDRESS: "127.0.0.1",
+                    env_names.UDP_PORT: "0", env_names.LOG_FORMAT: "console"})
         process = ManagedProcess(f"agent-{name}", [sys.executable, "-m", "tailnet_agent"], log_dir=self.env.log_dir,
                                  run_id=self.env.run_id, env=env, cwd=REPO)
         agent = Agent(name, owner, template, workdir, health, process)

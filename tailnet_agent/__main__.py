@@ -17,7 +17,7 @@ import sys
 
 import structlog
 
-MODES = ("egress", "ingress")
+from tailnet_agent.contract import environment as env_names
 
 
 class _Stop(Exception):
@@ -25,9 +25,9 @@ class _Stop(Exception):
 
 
 def _configure_logging() -> None:
-    level = logging.getLevelNamesMapping().get(os.environ.get("TAILNET_LOG_LEVEL", "info").upper(), logging.INFO)
+    level = logging.getLevelNamesMapping().get(os.environ.get(env_names.LOG_LEVEL, "info").upper(), logging.INFO)
     renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer() if os.environ.get("TAILNET_LOG_FORMAT") == "json"
+        structlog.processors.JSONRenderer() if os.environ.get(env_names.LOG_FORMAT) == "json"
         else structlog.dev.ConsoleRenderer(colors=False))
     structlog.configure(
         processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -38,16 +38,16 @@ def _configure_logging() -> None:
 
 
 async def run_agent(mode: str) -> int:
-    from collections.abc import Callable, Coroutine
+    from collections.abc import Callable, Coroutine, Mapping
     from typing import Any
 
     from tailnet_agent import config
+    from tailnet_agent.contract.clock import RealClock
     from tailnet_agent.control import ControlOptions, RegistrationError
     from tailnet_agent.health import AgentMetrics, HealthServer
     from tailnet_agent.node import Node, NodeOptions
     from tailnet_agent.probe import Prober
     from tailnet_agent.targets import TargetsWatcher
-    from tailnet_operator.clock import RealClock
 
     cfg = config.load(mode=mode)
     clock = RealClock()
@@ -57,9 +57,9 @@ async def run_agent(mode: str) -> int:
                             udp_port=cfg.udp_port), clock=clock)
     metrics = AgentMetrics(node)
     watcher: TargetsWatcher[Any] | None = None
-    status: Callable[[], dict[str, Any]]
+    status: Callable[[], Mapping[str, object]]
     work: Coroutine[Any, Any, None]
-    if mode == "egress":
+    if mode == env_names.EGRESS:
         from tailnet_agent.forward import EgressForwarder
         from tailnet_agent.status import egress_status
 
@@ -71,7 +71,7 @@ async def run_agent(mode: str) -> int:
                                      initial_digest=cfg.targets_digest, report=metrics.targets_reload_outcome)
         work, status = forwarder.run(), lambda: egress_status(node, forwarder, watcher)
     else:
-        from tailnet_agent.exposes import parse_exposes
+        from tailnet_agent.contract.exposes import parse_exposes
         from tailnet_agent.forward.ingress import Ingress, LocalDialer
         from tailnet_agent.status import ingress_status
 
@@ -112,12 +112,13 @@ async def run_agent(mode: str) -> int:
 
 
 def main() -> int:
-    mode = os.environ.get("AGENT_MODE", "")
-    if mode not in MODES:
+    mode = os.environ.get(env_names.AGENT_MODE, "")
+    if mode not in env_names.MODES:
         shown = repr(mode) if mode else "unset"
-        print(f"tailnet-agent: AGENT_MODE is {shown}; set it to one of: {', '.join(MODES)}", file=sys.stderr)
+        print(f"tailnet-agent: {env_names.AGENT_MODE} is {shown}; set it to one of: {', '.join(env_names.MODES)}",
+              file=sys.stderr)
         return 2
-    from tailnet_agent.config import ConfigError
+    from tailnet_agent.contract.errors import ConfigError
     from tailnet_agent.memory import fix_mmap_threshold
 
     _configure_logging()

@@ -25,9 +25,9 @@ import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from tailnet_agent.contract.clock import Clock
 from tailnet_agent.control import NetMap
 from tailnet_agent.projection import resolve_name
-from tailnet_operator.clock import Clock
 
 MIN_TTL = 5.0
 MAX_TTL = 300.0

@@ -3,7 +3,7 @@
 * ``/healthz`` is 200 while the process serves requests (liveness);
 * ``/readyz`` is 200 once the node has a netmap and its home DERP region is connected, else 503
   with the missing piece named;
-* ``/status`` is the JSON document of :mod:`tailnet_agent.status` (node, targets, routes, probes),
+* ``/status`` is the JSON document of :mod:`tailnet_agent.contract.status` (node, targets, routes, probes),
   404 when the server was given no status provider;
 * ``/metrics`` is Prometheus text from the agent's own registry (never the global one, so tests and
   several agents in one process do not collide).
@@ -29,13 +29,15 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from tailnet_agent.contract.endpoints import HEALTH_PORT, HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, STATUS_PATH
 
 log = structlog.get_logger("agent.health")
 
@@ -132,11 +134,12 @@ class HealthServer:
     """Serves the endpoints on ``host:port`` (port 0 picks one; see :attr:`port`). ``run`` blocks
     until cancelled."""
 
-    def __init__(self, node: NodeStatus, metrics: AgentMetrics, *, host: str = "0.0.0.0", port: int = 9002,
-                 status: Callable[[], dict[str, Any]] | None = None) -> None:
+    def __init__(self, node: NodeStatus, metrics: AgentMetrics, *, host: str = "0.0.0.0", port: int = HEALTH_PORT,
+                 status: Callable[[], Mapping[str, object]] | None = None) -> None:
         self.node = node
         self.status = status
-        """Builds the ``/status`` document (:func:`tailnet_agent.status.status_document`)."""
+        """Builds the ``/status`` document (:func:`tailnet_agent.status.egress_status` or
+        :func:`~tailnet_agent.status.ingress_status`)."""
         self.metrics = metrics
         self.host = host
         self.port = port
@@ -144,10 +147,10 @@ class HealthServer:
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/status", self._status)
-        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get(HEALTHZ_PATH, self._healthz)
+        app.router.add_get(READYZ_PATH, self._readyz)
+        app.router.add_get(STATUS_PATH, self._status)
+        app.router.add_get(METRICS_PATH, self._metrics)
         return app
 
     async def run(self) -> None:

@@ -44,7 +44,8 @@ from typing import Any
 import structlog
 
 from tailnet_agent import _native as nat
-from tailnet_agent.backoff import Backoff
+from tailnet_agent.contract.backoff import Backoff
+from tailnet_agent.contract.clock import Clock, RealClock
 from tailnet_agent.control import ControlClient, ControlOptions, NetMap, NodeKeys
 from tailnet_agent.derp import DerpConnection, tls_context
 from tailnet_agent.direct import DirectPath
@@ -60,7 +61,6 @@ from tailnet_agent.projection import (
 from tailnet_agent.pump import Pump
 from tailnet_agent.relays import Relays
 from tailnet_agent.streams import ClientConnected, DialError, StreamTable, TailnetServer
-from tailnet_operator.clock import Clock, RealClock
 
 log = structlog.get_logger("agent.node")
 

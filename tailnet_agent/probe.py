@@ -14,21 +14,33 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 import structlog
 
 from tailnet_agent.config import Forwarded
+from tailnet_agent.contract.clock import Clock
 from tailnet_agent.health import AgentMetrics
-from tailnet_agent.status import ProbeResult
 from tailnet_agent.streams import error_reason
-from tailnet_operator.clock import Clock
 
 log = structlog.get_logger("agent.probe")
 
 DEFAULT_INTERVAL = 30.0
 DEFAULT_TIMEOUT = 5.0
 JITTER = 0.2
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One reachability probe: a TCP connect through the tailnet to the target's first port."""
+
+    reachable: bool
+    latency_ms: float | None
+    """Connect time in milliseconds when reachable."""
+    checked_at: datetime
+    error: str | None = None
 
 
 class ProbeDialer(Protocol):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from tailnet_agent import _native as nat
-from tailnet_agent.backoff import Backoff, derp_backoff
+from tailnet_agent.contract.backoff import Backoff, derp_backoff
 from tailnet_agent.control import NetMap
 from tailnet_agent.derp import ConnectionHandler, DerpConnection, DerpError, DerpSupervisor
 

@@ -1,22 +1,10 @@
 """What the agent sees, as the JSON of ``GET /status``: its node and, per target, the route to it.
 
-The operator's Egress reconciler reads this document and refines ``NoRoute`` with Headscale's data
-(NotAdvertised / NotApproved / NoGrant), so the field names are an interface::
-
-    {"node": {"id": str|null, "name": str, "addresses": [str]},
-     "targets": [{"name", "address", "ports": [int], "state", "router", "routerId", "message",
-                  "reachable", "latencyMs", "checkedAt"}],
-     "targetsFile": {"error": str|null, "loadedAt": iso8601|null}}
-
-In ingress mode (:func:`ingress_status`) exposes take the place of targets::
-
-    {"node": {...},
-     "exposes": [{"name", "port", "mode", "listening", "message", "backend", "reachable", "latencyMs",
-                  "checkedAt", "backendError", "hosts": [{"name", "alias", "notAfter", "error"}]}],
-     "exposesFile": {"error": str|null, "loadedAt": iso8601|null}}
-
-``state`` is worked out from the netmap alone (:func:`route_state`); ``reachable``, ``latencyMs`` and
-``checkedAt`` come from the last probe (:mod:`tailnet_agent.probe`).
+The document's shape is the contract's (:mod:`tailnet_agent.contract.status`: :class:`EgressStatus`,
+and in ingress mode :class:`IngressStatus`, where exposes take the place of targets); this module
+fills it from what the agent holds in memory. ``state`` is worked out from the netmap alone
+(:func:`route_state`); ``reachable``, ``latencyMs`` and ``checkedAt`` come from the last probe
+(:mod:`tailnet_agent.probe`).
 """
 
 from __future__ import annotations
@@ -27,10 +15,24 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from tailnet_agent.config import Target
+from tailnet_agent.contract.status import (
+    NO_ROUTE,
+    READY,
+    UNKNOWN,
+    UNRESOLVED,
+    EgressStatus,
+    ExposeEntry,
+    FileEntry,
+    IngressStatus,
+    NodeEntry,
+    TargetEntry,
+    iso,
+)
+from tailnet_agent.contract.targets import Target
 from tailnet_agent.control import NetMap
 from tailnet_agent.control import netmap as nm
 from tailnet_agent.dns import Lookup
+from tailnet_agent.probe import ProbeResult
 from tailnet_agent.projection import peer_routes
 
 if TYPE_CHECKING:
@@ -38,23 +40,6 @@ if TYPE_CHECKING:
     from tailnet_agent.forward.ingress import Ingress
     from tailnet_agent.node import Node
     from tailnet_agent.targets import TargetsWatcher
-
-READY = "Ready"
-NO_ROUTE = "NoRoute"
-UNRESOLVED = "Unresolved"
-UNKNOWN = "Unknown"
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    """One reachability probe: a TCP connect through the tailnet to the target's first port."""
-
-    reachable: bool
-    latency_ms: float | None
-    """Connect time in milliseconds when reachable."""
-    checked_at: datetime
-    error: str | None = None
-
 
 @dataclass(frozen=True)
 class RouteState:
@@ -106,7 +91,7 @@ def route_state(netmap: NetMap | None, target: Target, lookup: Lookup | None, *,
 
 
 def target_entry(netmap: NetMap | None, target: Target, lookup: Lookup | None, probe: ProbeResult | None, *,
-                 accept_routes: bool = True) -> dict[str, Any]:
+                 accept_routes: bool = True) -> TargetEntry:
     """One element of ``targets``."""
     route = route_state(netmap, target, lookup, accept_routes=accept_routes)
     message = route.message
@@ -122,11 +107,11 @@ def target_entry(netmap: NetMap | None, target: Target, lookup: Lookup | None, p
         "message": message,
         "reachable": probe.reachable if probe else None,
         "latencyMs": probe.latency_ms if probe else None,
-        "checkedAt": _iso(probe.checked_at) if probe else None,
+        "checkedAt": iso(probe.checked_at) if probe else None,
     }
 
 
-def node_entry(netmap: NetMap | None, hostname: str, addresses: list[str]) -> dict[str, Any]:
+def node_entry(netmap: NetMap | None, hostname: str, addresses: list[str]) -> NodeEntry:
     """``node``: Headscale's node id (as its API spells it) and name once a netmap arrived."""
     if netmap is None:
         return {"id": None, "name": hostname, "addresses": addresses}
@@ -136,17 +121,17 @@ def node_entry(netmap: NetMap | None, hostname: str, addresses: list[str]) -> di
 def status_document(*, netmap: NetMap | None, hostname: str, addresses: list[str], targets: tuple[Target, ...],
                     lookups: Mapping[str, Lookup | None], probes: Mapping[str, ProbeResult],
                     targets_error: str | None = None, loaded_at: datetime | None = None,
-                    accept_routes: bool = True) -> dict[str, Any]:
+                    accept_routes: bool = True) -> EgressStatus:
     """The whole ``/status`` document (``lookups`` by target address, ``probes`` by target name)."""
     return {
         "node": node_entry(netmap, hostname, addresses),
         "targets": [target_entry(netmap, t, lookups.get(t.address), probes.get(t.name), accept_routes=accept_routes)
                     for t in targets],
-        "targetsFile": {"error": targets_error, "loadedAt": _iso(loaded_at) if loaded_at else None},
+        "targetsFile": {"error": targets_error, "loadedAt": iso(loaded_at) if loaded_at else None},
     }
 
 
-def egress_status(node: Node, forwarder: EgressForwarder, watcher: TargetsWatcher[Target] | None) -> dict[str, Any]:
+def egress_status(node: Node, forwarder: EgressForwarder, watcher: TargetsWatcher[Target] | None) -> EgressStatus:
     """The running agent's document: reads only what is in memory (no I/O, no DNS query)."""
     targets = forwarder.targets
     document = status_document(
@@ -161,22 +146,18 @@ def egress_status(node: Node, forwarder: EgressForwarder, watcher: TargetsWatche
     return document
 
 
-def _iso(when: datetime) -> str:
-    return when.isoformat().replace("+00:00", "Z")
-
-
-def file_entry(watcher: TargetsWatcher[Any] | None) -> dict[str, Any]:
+def file_entry(watcher: TargetsWatcher[Any] | None) -> FileEntry:
     """``targetsFile`` / ``exposesFile``: the followed file's last error and when the list was read."""
     loaded = watcher.state.loaded_at if watcher else None
-    return {"error": watcher.state.error if watcher else None, "loadedAt": _iso(loaded) if loaded else None}
+    return {"error": watcher.state.error if watcher else None, "loadedAt": iso(loaded) if loaded else None}
 
 
-def ingress_status(node: Node, ingress: Ingress, watcher: TargetsWatcher[Any] | None) -> dict[str, Any]:
+def ingress_status(node: Node, ingress: Ingress, watcher: TargetsWatcher[Any] | None) -> IngressStatus:
     """The ingress document: per expose whether it listens, the backend's last probe, each host's
     certificate (its files are checked for a change first)."""
     forwarder = ingress.forwarder
     probes = forwarder.prober.results if forwarder.prober else {}
-    exposes = []
+    exposes: list[ExposeEntry] = []
     for expose in forwarder.targets:
         probe = probes.get(expose.name)
         service = ingress.services.get(expose.name)
@@ -185,7 +166,7 @@ def ingress_status(node: Node, ingress: Ingress, watcher: TargetsWatcher[Any] | 
             "listening": forwarder.is_listening(expose.name), "message": forwarder.listen_errors.get(expose.name),
             "backend": f"{expose.backend.host}:{expose.backend.port}",
             "reachable": probe.reachable if probe else None, "latencyMs": probe.latency_ms if probe else None,
-            "checkedAt": _iso(probe.checked_at) if probe else None,
+            "checkedAt": iso(probe.checked_at) if probe else None,
             "backendError": probe.error if probe and not probe.reachable else None,
             "hosts": service.certs.status() if service else [],
         })

@@ -20,8 +20,10 @@ from typing import Generic, Protocol, TypeVar
 
 import structlog
 
-from tailnet_agent.config import ConfigError, Target, parse_targets
-from tailnet_operator.clock import Clock
+from tailnet_agent.contract.clock import Clock
+from tailnet_agent.contract.environment import TARGETS_FILE
+from tailnet_agent.contract.errors import ConfigError
+from tailnet_agent.contract.targets import Target, parse_targets
 
 log = structlog.get_logger("agent.targets")
 
@@ -66,9 +68,9 @@ def diff_targets(old: tuple[N, ...], new: tuple[N, ...]) -> TargetsDiff[N]:
 
 def parse_targets_file(text: str) -> tuple[Target, ...]:
     """The file's targets; an empty list is refused as at startup (egress needs a target)."""
-    targets = parse_targets(text, name="TAILNET_TARGETS_FILE")
+    targets = parse_targets(text, name=TARGETS_FILE)
     if not targets:
-        raise ConfigError("TAILNET_TARGETS_FILE is empty (egress needs at least one target)")
+        raise ConfigError(f"{TARGETS_FILE} is empty (egress needs at least one target)")
     return targets
 
 

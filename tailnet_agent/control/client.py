@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import structlog
 
 from tailnet_agent import __version__
-from tailnet_agent.backoff import Backoff
+from tailnet_agent.contract.backoff import Backoff
 
 from . import compat
 from . import netmap as nm

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import structlog
 
-from tailnet_agent.backoff import Backoff, derp_backoff
+from tailnet_agent.contract.backoff import Backoff, derp_backoff
 
 from .connection import DerpConnection, DerpNodeLike
 from .errors import DerpConnectError, DerpError

@@ -28,7 +28,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
 
-from tailnet_agent.config import Forwarded, PortMapping, Target
+from tailnet_agent.config import Forwarded
+from tailnet_agent.contract.targets import PortMapping, Target
 from tailnet_agent.health import AgentMetrics
 from tailnet_agent.probe import Prober
 from tailnet_agent.streams import error_reason

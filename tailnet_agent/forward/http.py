@@ -51,8 +51,9 @@ import structlog
 from aiohttp import web
 from cryptography import x509
 
+from tailnet_agent.contract.exposes import H2, Expose, VirtualHost
+from tailnet_agent.contract.status import HostEntry
 from tailnet_agent.control.netmap import NetMap
-from tailnet_agent.exposes import H2, Expose, VirtualHost
 
 from .egress import Closable
 from .h2backend import BackendError, H2Backend
@@ -230,7 +231,8 @@ class CertificateStore:
             log.error("certificate not loaded; the one in force stays", host=host.name, error=error)
         state.stamp, state.error = stamp, error
 
-    def status(self) -> list[dict[str, Any]]:
+    def status(self) -> list[HostEntry]:
+        """Each host's entry of ``/status`` (its files are checked for a change first)."""
         self.refresh()
         return [{"name": h.name, "alias": h.alias, "error": self._loaded[h.name].error,
                  "notAfter": _iso(self._loaded[h.name].not_after)} for h in self.hosts]

@@ -18,9 +18,9 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-from tailnet_agent.config import PortMapping
+from tailnet_agent.contract.exposes import HTTP, Expose
+from tailnet_agent.contract.targets import PortMapping
 from tailnet_agent.control.netmap import NetMap
-from tailnet_agent.exposes import HTTP, Expose
 from tailnet_agent.health import AgentMetrics
 from tailnet_agent.probe import Prober
 

@@ -28,11 +28,13 @@ import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
+from tailnet_agent.contract import status as agent_status
+from tailnet_agent.contract.endpoints import HEALTH_PORT, STATUS_PATH
 from tailnet_operator.api.egress import EgressTarget, TailnetEgress
 from tailnet_operator.headscale import Node
 from tailnet_operator.policy import EgressInput, derive, missing
 from tailnet_operator.policy import EgressTarget as PolicyTarget
-from tailnet_operator.resources.egress import HEALTH_PORT, agent_name
+from tailnet_operator.resources.egress import agent_name
 from tailnet_operator.types import JSON
 
 __all__ = ["STATUS_MAX_BYTES", "STATUS_TIME_LIMIT", "AgentStatusDocument", "AgentStatusReader", "HttpAgentStatus",
@@ -72,7 +74,9 @@ class StatusUnavailable(Exception):
 
 class _Part(BaseModel):
     """Strict JSON types (no ``"1"`` for 1, no NaN); keys the model does not name are accepted and
-    left out of what the reconcilers get."""
+    left out of what the reconcilers get. Each model reads one shape of
+    :mod:`tailnet_agent.contract.status` with every key optional (unit_tests/test_agent_contract.py
+    checks that the keys are the contract's)."""
 
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, alias_generator=to_camel,
                               frozen=True)
@@ -179,7 +183,7 @@ class HttpAgentStatus:
     def status_url(self, owner: Any) -> str:
         if self._url is not None:
             return self._url(owner)
-        return f"http://{self.service(owner)}.{owner.metadata.namespace}.svc:{HEALTH_PORT}/status"
+        return f"http://{self.service(owner)}.{owner.metadata.namespace}.svc:{HEALTH_PORT}{STATUS_PATH}"
 
     async def read(self, owner: Any) -> JSON | None:
         url = self.status_url(owner)
@@ -317,18 +321,18 @@ def _from_agent(name: str, service: str, entry: JSON | None, read: bool,
     if entry is None:
         why = "the agent does not list the target yet" if read else "the agent's /status could not be read"
         return TargetState(name, service, "Unknown", why)
-    state, router = str(entry.get("state") or "Unknown"), _router_name(entry, nodes)
+    state, router = str(entry.get("state") or agent_status.UNKNOWN), _router_name(entry, nodes)
     message = str(entry.get("message") or "")
-    if state == "Ready":
+    if state == agent_status.READY:
         if entry.get("reachable") is False:
             message = message or "routed, but the agent's probe did not connect"
         return TargetState(name, service, "Ready", message or "routed", router, entry)
-    if state == "Unresolved":
+    if state == agent_status.UNRESOLVED:
         return TargetState(name, service, "Unresolved", (
             f"{message or 'the address does not resolve'}: the agent resolves names with the tailnet's DNS "
             "(MagicDNS names, and the nameservers Headscale hands out); check the spelling, or give an IP "
             "address"), router, entry)
-    if state == "NoRoute":
+    if state == agent_status.NO_ROUTE:
         return TargetState(name, service, "NoGrant", message or "the agent's netmap has no route to the target; "
                            "the policy probably does not grant the tag access", router, entry)
     return TargetState(name, service, "Unknown", message or f"the agent reports {state}", router, entry)

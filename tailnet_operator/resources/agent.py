@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tailnet_agent.contract import environment as env_names
+from tailnet_agent.contract.endpoints import HEALTH_PORT, HEALTHZ_PATH, READYZ_PATH
 from tailnet_operator.api.egress import AgentResources
 
 from . import http_probe, restricted_pod_security_context, restricted_security_context
@@ -22,7 +24,6 @@ __all__ = [
     "AUTH_DIR",
     "CONFIG_DIR",
     "DEFAULT_RESOURCES",
-    "HEALTH_PORT",
     "AgentSpec",
     "base_env",
     "common_env",
@@ -35,8 +36,6 @@ __all__ = [
 
 Obj = dict[str, Any]
 
-HEALTH_PORT = 9002
-"""/healthz, /readyz, /status and /metrics of the agent."""
 CONFIG_DIR = "/etc/tailnet-agent/config"
 AUTH_DIR = "/etc/tailnet-agent/auth"
 CA_FILE = "ca.crt"
@@ -75,20 +74,20 @@ def owned_metadata(owner: Obj, *, name: str, labels: dict[str, str], tailnet: st
 
 
 def base_env(agent: AgentSpec, *, mode: str, hostname: str) -> list[Obj]:
-    """The variables every agent needs; the CA bundle is the ConfigMap's ``ca.crt`` when set."""
-    env = [{"name": "AGENT_MODE", "value": mode},
-           {"name": "TAILNET_CONTROL_URL", "value": agent.control_url},
-           {"name": "TAILNET_HOSTNAME", "value": hostname},
-           {"name": "TAILNET_AUTH_KEY_FILE", "value": f"{AUTH_DIR}/authKey"}]
+    """The variables every agent needs (names: :mod:`tailnet_agent.contract.environment`)."""
+    env = [{"name": env_names.AGENT_MODE, "value": mode},
+           {"name": env_names.CONTROL_URL, "value": agent.control_url},
+           {"name": env_names.HOSTNAME, "value": hostname},
+           {"name": env_names.AUTH_KEY_FILE, "value": f"{AUTH_DIR}/authKey"}]
     return env
 
 
 def common_env(agent: AgentSpec) -> list[Obj]:
     """The variables after the mode's own: health address, log format and the CA bundle."""
-    env = [{"name": "TAILNET_HEALTH_ADDRESS", "value": f"0.0.0.0:{HEALTH_PORT}"},
-           {"name": "TAILNET_LOG_FORMAT", "value": "json"}]
+    env = [{"name": env_names.HEALTH_ADDRESS, "value": f"0.0.0.0:{HEALTH_PORT}"},
+           {"name": env_names.LOG_FORMAT, "value": "json"}]
     if agent.ca_bundle:
-        env.append({"name": "TAILNET_CA_BUNDLE", "value": f"{CONFIG_DIR}/{CA_FILE}"})
+        env.append({"name": env_names.CA_BUNDLE, "value": f"{CONFIG_DIR}/{CA_FILE}"})
     return env
 
 
@@ -113,8 +112,8 @@ def deployment(metadata: Obj, labels: dict[str, str], agent: AgentSpec, *, env: 
         "name": "agent", "image": agent.image, "imagePullPolicy": "IfNotPresent", "command": ["/tailnet-agent"],
         "env": env,
         "ports": [{"name": "metrics", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
-        "livenessProbe": http_probe("/healthz", HEALTH_PORT, 20),
-        "readinessProbe": http_probe("/readyz", HEALTH_PORT, 5),
+        "livenessProbe": http_probe(HEALTHZ_PATH, HEALTH_PORT, 20),
+        "readinessProbe": http_probe(READYZ_PATH, HEALTH_PORT, 5),
         "resources": resources(resource_spec),
         "securityContext": restricted_security_context(AGENT_UID),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},

@@ -7,19 +7,21 @@ agent reloads, so adding, changing or removing a target never restarts the pod.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
+from tailnet_agent.contract import environment as env_names
+from tailnet_agent.contract.errors import ConfigError
+from tailnet_agent.contract.targets import PortMapping, Target, parse_targets
+from tailnet_agent.contract.targets import targets_document as agent_targets_document
 from tailnet_operator.api.egress import TailnetEgress
 
 from . import agent as pod
-from .agent import CA_FILE, CONFIG_DIR, HEALTH_PORT, AgentSpec
+from .agent import CA_FILE, CONFIG_DIR, AgentSpec
 
 __all__ = [
     "CONFIG_DIR",
     "FIRST_LISTEN_PORT",
-    "HEALTH_PORT",
     "AgentSpec",
     "agent_labels",
     "agent_name",
@@ -95,18 +97,18 @@ def previous_listen_ports(config: Obj | None) -> ListenPorts:
     """The assignment in the ConfigMap as it is now (empty when it is missing or unreadable)."""
     text = ((config or {}).get("data") or {}).get(TARGETS_FILE)
     try:
-        doc = json.loads(text) if text else []
-        return {(str(t["name"]), int(p["port"])): int(p["listen"]) for t in doc for p in t["ports"]}
-    except (ValueError, KeyError, TypeError):
+        targets = parse_targets(text) if isinstance(text, str) and text else ()
+    except ConfigError:
         return {}
+    return {(t.name, p.port): p.listen for t in targets for p in t.ports}
 
 
 def targets_document(egress: TailnetEgress, ports: ListenPorts) -> str:
-    """The agent's targets file (tailnet_agent.config), stable for equal input."""
-    doc = [{"name": t.name, "address": str(t.address),
-            "ports": [{"port": p.port, "listen": ports[(t.name, p.port)]} for p in t.ports]}
-           for t in egress.spec.targets]
-    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    """The agent's targets file (:mod:`tailnet_agent.contract.targets`), stable for equal input."""
+    return agent_targets_document(
+        Target(name=t.name, address=str(t.address),
+               ports=tuple(PortMapping(port=p.port, listen=ports[(t.name, p.port)]) for p in t.ports))
+        for t in egress.spec.targets)
 
 
 # -- objects --------------------------------------------------------------------------------------
@@ -121,8 +123,8 @@ def config_map(owner: Obj, egress: TailnetEgress, ports: ListenPorts, ca_bundle:
 
 
 def _env(egress: TailnetEgress, agent: AgentSpec) -> list[Obj]:
-    return [*pod.base_env(agent, mode="egress", hostname=f"{_name(egress)}-{_namespace(egress)}"),
-            {"name": "TAILNET_TARGETS_FILE", "value": f"{CONFIG_DIR}/{TARGETS_FILE}"},
+    return [*pod.base_env(agent, mode=env_names.EGRESS, hostname=f"{_name(egress)}-{_namespace(egress)}"),
+            {"name": env_names.TARGETS_FILE, "value": f"{CONFIG_DIR}/{TARGETS_FILE}"},
             *pod.common_env(agent)]
 
 

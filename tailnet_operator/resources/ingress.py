@@ -1,7 +1,7 @@
 """Pure builders of what one TailnetIngress owns: desired state in, manifest dicts out.
 
 The agent runs in the CR's namespace with ``AGENT_MODE=ingress``. Its exposes live in a mounted
-ConfigMap in the agent's exposes-file format (:mod:`tailnet_agent.exposes`), which the agent
+ConfigMap in the agent's exposes-file format (:mod:`tailnet_agent.contract.exposes`), which the agent
 reloads, so adding, changing or removing an expose never restarts the pod. Every host's TLS
 Secret (its own ``tls.secretName``, or the one cert-manager fills for ``tls.certManager``) and
 every https backend's CA are projected into one directory; kubelet updates projected files in
@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 from typing import Any
 
+from tailnet_agent.contract import environment as env_names
+from tailnet_agent.contract import exposes as agent_exposes
 from tailnet_operator.api.ingress import Expose, TailnetIngress, VirtualHost, render_dns_template
 
 from . import MANAGED_BY
@@ -180,35 +181,29 @@ def _ca_path(expose: Expose) -> str:
     return f"ca/{expose.name}/ca.crt"
 
 
-def _expose_entry(ingress: TailnetIngress, expose: Expose, zones: list[str]) -> Obj:
-    backend: Obj = {"host": backend_host(ingress, expose), "port": expose.backend.port}
-    entry: Obj = {"name": expose.name, "port": expose.port, "backend": backend}
+def _agent_expose(ingress: TailnetIngress, expose: Expose, zones: list[str]) -> agent_exposes.Expose:
+    """One expose as the agent reads it: its backend by Service name, its hosts' files in the projection."""
+    host, port = backend_host(ingress, expose), expose.backend.port
     if expose.mode == "tcp":
-        return entry
-    entry["mode"] = "http"
-    backend["scheme"] = expose.backend.scheme
-    if expose.backend.protocol != "http1":
-        backend["protocol"] = expose.backend.protocol
-    if expose.backend.ca_secret_ref is not None:
-        backend["caFile"] = f"{CERTS_DIR}/{_ca_path(expose)}"
+        return agent_exposes.Expose(name=expose.name, port=expose.port,
+                                    backend=agent_exposes.Backend(host=host, port=port))
+    ca_file = f"{CERTS_DIR}/{_ca_path(expose)}" if expose.backend.ca_secret_ref is not None else None
+    backend = agent_exposes.Backend(host=host, port=port, scheme=expose.backend.scheme,
+                                    protocol=expose.backend.protocol, ca_file=ca_file)
     hosts = []
-    for host in expose.hosts or []:
-        secret_dir = f"{CERTS_DIR}/{_tls_dir(host_secret_name(ingress, host))}"
-        item: Obj = {"name": host.name.lower(),
-                     "tls": {"certFile": f"{secret_dir}/tls.crt", "keyFile": f"{secret_dir}/tls.key"}}
-        if host.alias:
-            item["alias"] = host.alias
-            if fqdns := alias_names(host, zones):
-                item["aliases"] = fqdns
-        hosts.append(item)
-    entry["hosts"] = hosts
-    return entry
+    for vhost in expose.hosts or []:
+        secret_dir = f"{CERTS_DIR}/{_tls_dir(host_secret_name(ingress, vhost))}"
+        hosts.append(agent_exposes.VirtualHost(
+            name=vhost.name.lower(), alias=vhost.alias or None,
+            aliases=tuple(alias_names(vhost, zones)) if vhost.alias else (),
+            cert_file=f"{secret_dir}/tls.crt", key_file=f"{secret_dir}/tls.key"))
+    return agent_exposes.Expose(name=expose.name, port=expose.port, backend=backend, mode=agent_exposes.HTTP,
+                                hosts=tuple(hosts))
 
 
 def exposes_document(ingress: TailnetIngress, zones: list[str]) -> str:
-    """The agent's exposes file (tailnet_agent.exposes), stable for equal input."""
-    doc = [_expose_entry(ingress, e, zones) for e in ingress.spec.exposes]
-    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    """The agent's exposes file (:mod:`tailnet_agent.contract.exposes`), stable for equal input."""
+    return agent_exposes.exposes_document(_agent_expose(ingress, e, zones) for e in ingress.spec.exposes)
 
 
 # -- objects --------------------------------------------------------------------------------------
@@ -240,8 +235,8 @@ def _certs_volume(ingress: TailnetIngress) -> Obj | None:
 
 def deployment(owner: Obj, ingress: TailnetIngress, agent: AgentSpec) -> Obj:
     """One agent pod; the exposes, the key and the certificates are mounted directories."""
-    env = [*pod.base_env(agent, mode="ingress", hostname=ingress.spec.hostname),
-           {"name": "TAILNET_EXPOSES_FILE", "value": f"{CONFIG_DIR}/{EXPOSES_FILE}"},
+    env = [*pod.base_env(agent, mode=env_names.INGRESS, hostname=ingress.spec.hostname),
+           {"name": env_names.EXPOSES_FILE, "value": f"{CONFIG_DIR}/{EXPOSES_FILE}"},
            *pod.common_env(agent)]
     certs = _certs_volume(ingress)
     return pod.deployment(owned_metadata(owner, ingress, agent_name(ingress)), agent_labels(ingress), agent,

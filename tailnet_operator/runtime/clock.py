@@ -1,9 +1,10 @@
-"""The runtime's `Clock` seam; the implementation lives in :mod:`tailnet_operator.clock`.
+"""The runtime's `Clock` seam; the implementation lives in :mod:`tailnet_agent.contract.clock`.
 
-It sits outside the runtime package so the agent can share it without importing the runtime (and
-with it the Kubernetes client, about a second and a hundred megabytes).
+It sits in the contract between the operator and the agent so both share one Clock without the
+agent importing the operator (and with it the Kubernetes client, about a second and a hundred
+megabytes).
 """
 
-from tailnet_operator.clock import Clock, FakeClock, RealClock
+from tailnet_agent.contract.clock import Clock, FakeClock, RealClock
 
 __all__ = ["Clock", "FakeClock", "RealClock"]

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from tailnet_agent.backoff import Backoff
+from tailnet_agent.contract.backoff import Backoff
 from tailnet_operator.types import JSON
 
 from .client import WATCH_INACTIVITY_TIMEOUT, Client, ObjectList, WatchEvent

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tailnet_agent.config import ConfigError, PortMapping, Target, load, parse_targets
+from tailnet_agent.config import load
+from tailnet_agent.contract.errors import ConfigError
+from tailnet_agent.contract.targets import PortMapping, Target, parse_targets
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tailnet_agent.contract.clock import FakeClock
 from tailnet_agent.control import netmap as nm
 from tailnet_agent.dns import (
     DnsError,
@@ -20,7 +21,6 @@ from tailnet_agent.dns import (
     resolver_endpoint,
     split_route,
 )
-from tailnet_operator.clock import FakeClock
 
 from .test_projection import ROUTER, netmap
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from tailnet_agent.config import PortMapping, Target
+from tailnet_agent.contract.targets import PortMapping, Target
 from tailnet_agent.forward import EgressForwarder
 from tailnet_agent.health import AgentMetrics, HealthServer
 

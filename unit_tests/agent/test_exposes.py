@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from tailnet_agent.config import ConfigError, PortMapping
-from tailnet_agent.exposes import Backend, Expose, VirtualHost, parse_exposes
+from tailnet_agent.contract.errors import ConfigError
+from tailnet_agent.contract.exposes import Backend, Expose, VirtualHost, parse_exposes
+from tailnet_agent.contract.targets import PortMapping
 from tailnet_agent.targets import diff_targets
 
 TLS = {"certFile": "/tls/shop/tls.crt", "keyFile": "/tls/shop/tls.key"}

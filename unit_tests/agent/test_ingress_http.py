@@ -22,8 +22,8 @@ from hack.grpc_echo import GrpcEcho, grpc_frame, grpc_messages
 from hack.https_client import Answer, request
 from hack.localenv import free_port
 from hack.localenv._pki import CertificateAuthority
+from tailnet_agent.contract.exposes import Backend, Expose, VirtualHost
 from tailnet_agent.control import netmap as nm
-from tailnet_agent.exposes import Backend, Expose, VirtualHost
 from tailnet_agent.forward.egress import Closable
 from tailnet_agent.forward.http import (
     Identity,

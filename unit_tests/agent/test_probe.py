@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from tailnet_agent.config import PortMapping, Target
+from tailnet_agent.contract.clock import FakeClock
+from tailnet_agent.contract.targets import PortMapping, Target
 from tailnet_agent.health import AgentMetrics
 from tailnet_agent.probe import Prober, probe_once
 from tailnet_agent.streams import NoRouteError
-from tailnet_operator.clock import FakeClock
 
 TARGET = Target(name="db", address="198.18.5.9", ports=(PortMapping(port=5432, listen=15432),
                                                         PortMapping(port=443, listen=8443)))

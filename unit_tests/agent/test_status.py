@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from tailnet_agent.config import PortMapping, Target
+from tailnet_agent.contract.targets import PortMapping, Target
 from tailnet_agent.dns import Lookup
-from tailnet_agent.status import ProbeResult, find_router, route_state, status_document
+from tailnet_agent.probe import ProbeResult
+from tailnet_agent.status import find_router, route_state, status_document
 
 from .test_projection import KEY_A, ROUTER, netmap, node
 

@@ -9,9 +9,9 @@ import json
 import os
 from pathlib import Path
 
-from tailnet_agent.config import PortMapping, Target
+from tailnet_agent.contract.clock import FakeClock
+from tailnet_agent.contract.targets import PortMapping, Target
 from tailnet_agent.targets import TargetsWatcher, diff_targets
-from tailnet_operator.clock import FakeClock
 
 
 def t(name: str, address: str, *ports: int) -> Target:

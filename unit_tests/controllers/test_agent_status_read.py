@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from tailnet_agent.config import PortMapping, Target
-from tailnet_agent.status import ProbeResult, status_document
+from tailnet_agent.contract.targets import PortMapping, Target
+from tailnet_agent.probe import ProbeResult
+from tailnet_agent.status import status_document
 from tailnet_operator.controllers.agents import node_status
 from tailnet_operator.controllers.egress_status import HttpAgentStatus, StatusUnavailable, parse_status
 

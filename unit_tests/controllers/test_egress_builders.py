@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tailnet_agent.config import parse_targets
+from tailnet_agent.contract.endpoints import HEALTH_PORT
+from tailnet_agent.contract.targets import parse_targets
 from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.resources import egress as build
 
@@ -50,9 +51,9 @@ def test_the_agent_container_gets_its_mode_url_files_probes_and_metrics_port() -
     assert env["TAILNET_CA_BUNDLE"].startswith(build.CONFIG_DIR) and env["TAILNET_AUTH_KEY_FILE"]
     assert env["TAILNET_HOSTNAME"] == "db-tailnet-system"
     assert container["image"] == "img:1" and container["resources"] == {"limits": {"memory": "96Mi"}}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": build.HEALTH_PORT}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": build.HEALTH_PORT}
-    assert container["ports"] == [{"name": "metrics", "containerPort": build.HEALTH_PORT, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": HEALTH_PORT}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": HEALTH_PORT}
+    assert container["ports"] == [{"name": "metrics", "containerPort": HEALTH_PORT, "protocol": "TCP"}]
     assert all("subPath" not in m for m in container["volumeMounts"]), "subPath mounts never update"
 
 

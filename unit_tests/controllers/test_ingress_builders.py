@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tailnet_agent.exposes import parse_exposes
+from tailnet_agent.contract.endpoints import HEALTH_PORT
+from tailnet_agent.contract.exposes import parse_exposes
 from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.resources import agent as pod
 from tailnet_operator.resources import egress as egress_build
@@ -52,9 +53,9 @@ def test_the_agent_container_runs_in_ingress_mode_with_its_files_probes_and_metr
     assert env["AGENT_MODE"] == "ingress" and env["TAILNET_HOSTNAME"] == "shop-gw"
     assert env["TAILNET_EXPOSES_FILE"] == f"{pod.CONFIG_DIR}/exposes.json"
     assert env["TAILNET_CA_BUNDLE"].startswith(pod.CONFIG_DIR) and env["TAILNET_AUTH_KEY_FILE"]
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": pod.HEALTH_PORT}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": pod.HEALTH_PORT}
-    assert container["ports"] == [{"name": "metrics", "containerPort": pod.HEALTH_PORT, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": HEALTH_PORT}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": HEALTH_PORT}
+    assert container["ports"] == [{"name": "metrics", "containerPort": HEALTH_PORT, "protocol": "TCP"}]
     assert all("subPath" not in m for m in container["volumeMounts"]), "subPath mounts never update"
     assert not any(v["name"] == "certs" for v in build.deployment(OWNER, ingress([DB]), AGENT)["spec"]["template"][
         "spec"]["volumes"]), "a tcp-only ingress mounts no certificates"
@@ -136,7 +137,7 @@ def test_the_network_policy_admits_only_the_operator_from_its_namespace_and_leav
     spec = policy["spec"]
     assert spec["policyTypes"] == ["Ingress"], "the agent must reach backends, Headscale and DERP"
     [rule] = spec["ingress"]
-    assert rule["ports"] == [{"protocol": "TCP", "port": pod.HEALTH_PORT}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": HEALTH_PORT}]
     assert rule["from"] == [{"podSelector": {"matchLabels": {"app": "op"}},
                              "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "tailnet-system"}}}]
     bare = build.network_policy(OWNER, ingress([DB]), build.AgentSpec("img", "https://hs", "s"), "tailnet-system")
@@ -148,7 +149,7 @@ def test_the_network_policy_admits_the_metrics_namespaces_to_the_health_port_onl
                             metrics_namespaces={"kubernetes.io/metadata.name": "monitoring"})
     _, metrics = build.network_policy(OWNER, ingress([DB]), agent, "tailnet-system")["spec"]["ingress"]
     assert metrics == {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
-                       "ports": [{"protocol": "TCP", "port": pod.HEALTH_PORT}]}
+                       "ports": [{"protocol": "TCP", "port": HEALTH_PORT}]}
 
 
 def test_egress_and_ingress_agents_share_one_pod_shape() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tailnet_operator.clock import FakeClock
+from tailnet_agent.contract.clock import FakeClock
 from tailnet_operator.runtime.errors import AlreadyExists, Conflict, NotFound
 from tailnet_operator.runtime.kinds import Resource
 from tailnet_operator.runtime.leaderelection import LeaderElectionConfig, LeaderElectionUnhealthy, LeaderElector

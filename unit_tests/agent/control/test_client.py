@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from tailnet_agent.backoff import Backoff
+from tailnet_agent.contract.backoff import Backoff
 from tailnet_agent.control.client import ControlClient, ControlOptions, ControlTransport, StreamingBody
 from tailnet_agent.control.controlconn import Response
 from tailnet_agent.control.errors import ConnectionLost, RegistrationError

@@ -8,7 +8,7 @@ import os
 from collections.abc import AsyncIterator
 
 from hack import derp_codec as codec
-from tailnet_agent.backoff import derp_backoff
+from tailnet_agent.contract.backoff import derp_backoff
 from tailnet_agent.derp import frames as f
 from tailnet_agent.derp.connection import DerpConnection, DerpNode, DerpNodeLike
 from tailnet_agent.derp.errors import DerpConnectError

@@ -1,5 +1,6 @@
 """Jittered exponential backoff: the project's one implementation, used by the agent's control
-client and DERP supervisor and by the operator's informers (stdlib only, so cheap to import)."""
+client and DERP supervisor and by the operator's informers (stdlib only, so cheap to import; in
+the contract so that neither package imports the other for it)."""
 
 from __future__ import annotations
 

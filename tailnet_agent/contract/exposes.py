@@ -1,6 +1,8 @@
-"""The ingress exposes file (``TAILNET_EXPOSES_FILE``): pure parsing, no I/O.
+"""The ingress exposes file (``TAILNET_EXPOSES_FILE``): pure parsing and writing, no I/O.
 
-A JSON list; every problem is a :class:`~tailnet_agent.config.ConfigError` naming the entry::
+The operator writes it into the agent's ConfigMap (:func:`exposes_document`); the agent parses it
+at startup and on every change (:func:`parse_exposes`). A JSON list; every problem is a
+:class:`~tailnet_agent.contract.errors.ConfigError` naming the entry::
 
     [{"name": "db", "port": 5432, "backend": {"host": "db.shop.svc", "port": 5432}},
      {"name": "web", "port": 443, "mode": "http",
@@ -30,12 +32,17 @@ A JSON list; every problem is a :class:`~tailnet_agent.config.ConfigError` namin
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tailnet_agent.config import ConfigError, PortMapping
+from .environment import EXPOSES_FILE
+from .errors import ConfigError
+from .targets import PortMapping
 
-NAME = "TAILNET_EXPOSES_FILE"
+__all__ = ["H2", "HTTP", "HTTP1", "TCP", "Backend", "Expose", "VirtualHost", "exposes_document", "parse_exposes"]
+
+NAME = EXPOSES_FILE
 TCP = "tcp"
 HTTP = "http"
 HTTP1 = "http1"
@@ -56,6 +63,21 @@ class Backend:
     protocol: str = HTTP1
     """``http1`` or ``h2`` (http exposes only): the HTTP version spoken to the backend."""
 
+    def to_json(self, mode: str) -> dict[str, Any]:
+        """The ``backend`` object; for tcp only host and port, for http no key left at its default
+        but ``scheme``."""
+        out: dict[str, Any] = {"host": self.host, "port": self.port}
+        if mode == TCP:
+            return out
+        out["scheme"] = self.scheme
+        if self.protocol != HTTP1:
+            out["protocol"] = self.protocol
+        if self.ca_file:
+            out["caFile"] = self.ca_file
+        if self.server_name:
+            out["serverName"] = self.server_name
+        return out
+
 
 @dataclass(frozen=True, kw_only=True)
 class VirtualHost:
@@ -70,6 +92,14 @@ class VirtualHost:
     def names(self) -> tuple[str, ...]:
         """What SNI and Host may say for this host."""
         return tuple(dict.fromkeys(n for n in (self.name, self.alias, *self.aliases) if n))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "tls": {"certFile": self.cert_file, "keyFile": self.key_file}}
+        if self.alias:
+            out["alias"] = self.alias
+        if self.aliases:
+            out["aliases"] = list(self.aliases)
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +119,19 @@ class Expose:
     def ports(self) -> tuple[PortMapping, ...]:
         """One mapping: listen on the tailnet port, dial the backend's."""
         return (PortMapping(port=self.backend.port, listen=self.port),)
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as :func:`parse_exposes` reads it; a tcp expose leaves ``mode`` out."""
+        out: dict[str, Any] = {"name": self.name, "port": self.port, "backend": self.backend.to_json(self.mode)}
+        if self.mode != TCP:
+            out["mode"] = self.mode
+            out["hosts"] = [h.to_json() for h in self.hosts]
+        return out
+
+
+def exposes_document(exposes: Iterable[Expose]) -> str:
+    """The file as the operator writes it, stable for equal input."""
+    return json.dumps([e.to_json() for e in exposes], indent=1, sort_keys=True) + "\n"
 
 
 def _port(value: Any, where: str) -> int:

@@ -1,0 +1,54 @@
+"""The environment of the agent's container: the variable names and the modes.
+
+The operator sets these on every agent Deployment (``tailnet_operator.resources.agent``); the
+agent reads them at startup (``tailnet_agent.config``, whose docstring gives each one's meaning
+and default). One spelling here keeps the two from drifting.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "ACCEPT_ROUTES",
+    "AGENT_MODE",
+    "AUTH_KEY_FILE",
+    "BIND_ADDRESS",
+    "CA_BUNDLE",
+    "CONTROL_URL",
+    "DIAL_TIMEOUT",
+    "EGRESS",
+    "EXPOSES_FILE",
+    "HEALTH_ADDRESS",
+    "HOSTNAME",
+    "INGRESS",
+    "LOG_FORMAT",
+    "LOG_LEVEL",
+    "MODES",
+    "TARGETS",
+    "TARGETS_FILE",
+    "UDP_PORT",
+]
+
+AGENT_MODE: Final = "AGENT_MODE"
+"""The direction, one of :data:`MODES`; no default (the agent exits 2 without it)."""
+EGRESS: Final = "egress"
+INGRESS: Final = "ingress"
+MODES: Final = (EGRESS, INGRESS)
+
+CONTROL_URL: Final = "TAILNET_CONTROL_URL"
+AUTH_KEY_FILE: Final = "TAILNET_AUTH_KEY_FILE"
+HOSTNAME: Final = "TAILNET_HOSTNAME"
+CA_BUNDLE: Final = "TAILNET_CA_BUNDLE"
+TARGETS: Final = "TAILNET_TARGETS"
+TARGETS_FILE: Final = "TAILNET_TARGETS_FILE"
+EXPOSES_FILE: Final = "TAILNET_EXPOSES_FILE"
+BIND_ADDRESS: Final = "TAILNET_BIND_ADDRESS"
+HEALTH_ADDRESS: Final = "TAILNET_HEALTH_ADDRESS"
+ACCEPT_ROUTES: Final = "TAILNET_ACCEPT_ROUTES"
+DIAL_TIMEOUT: Final = "TAILNET_DIAL_TIMEOUT"
+UDP_PORT: Final = "TAILNET_UDP_PORT"
+LOG_FORMAT: Final = "TAILNET_LOG_FORMAT"
+"""``json`` for JSON lines; anything else (or unset): console lines."""
+LOG_LEVEL: Final = "TAILNET_LOG_LEVEL"
+"""A logging level name; unset: ``info``."""
