@@ -25,7 +25,7 @@ from hack.localenv import ControlPlane, Environment, Headscale
 from tailnet_operator.api.crds import install_crds
 from tailnet_operator.controllers.cleanup import SKIP_CLEANUP_ANNOTATION
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS
-from tailnet_operator.controllers.preauth import auth_key_secret_name
+from tailnet_operator.names import auth_key_secret_name
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import JSON, Client
 from tailnet_operator.runtime.errors import NotFound
@@ -75,7 +75,7 @@ async def _admin(plane: ControlPlane) -> AsyncIterator[Client]:
 
 async def _secret(admin: Client, egress: str, namespace: str) -> JSON | None:
     try:
-        return await admin.get(SECRET, auth_key_secret_name(egress), namespace)
+        return await admin.get(SECRET, auth_key_secret_name("TailnetEgress", egress), namespace)
     except NotFound:
         return None
 

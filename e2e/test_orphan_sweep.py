@@ -25,8 +25,8 @@ from hack.localenv import ControlPlane, Headscale
 from tailnet_operator.controllers.cleanup import SKIP_CLEANUP_ANNOTATION
 from tailnet_operator.controllers.egress import EgressReconciler
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS
-from tailnet_operator.controllers.preauth import auth_key_secret_name
 from tailnet_operator.headscale import installation_tag
+from tailnet_operator.names import auth_key_secret_name
 from tailnet_operator.runtime import Result
 from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.controller import Request
@@ -51,7 +51,7 @@ def _egress(name: str, tailnet: str, namespace: str) -> dict[str, object]:
 
 async def _key_id(admin: Client, egress: str, namespace: str) -> str | None:
     try:
-        secret = await admin.get(SECRET, auth_key_secret_name(egress), namespace)
+        secret = await admin.get(SECRET, auth_key_secret_name("TailnetEgress", egress), namespace)
     except NotFound:
         return None
     return (secret["metadata"].get("annotations") or {}).get("tailnet.dev/key-id")
@@ -103,7 +103,7 @@ async def test_skip_cleanup_then_the_sweep_and_the_bounded_finalizer(
         marker = installation_tag((await admin.get(TAILNET, tailnet))["metadata"]["uid"])
         assert keys[ids["gone"]]["aclTags"] == ["tag:egress-gone", marker]
         for name in ("gone", "kept"):
-            secret = await admin.get(SECRET, auth_key_secret_name(name), ns)
+            secret = await admin.get(SECRET, auth_key_secret_name("TailnetEgress", name), ns)
             tailscale_nodes(f"agent-{name}", headscale, authkey=base64.b64decode(secret["data"]["authKey"]).decode())
             await eventually(lambda n=name: headscale.node_by_name(f"agent-{n}"), timeout=60,  # type: ignore[misc]
                              what=f"agent-{name} registered")

@@ -36,8 +36,9 @@ from hack.secretscan import SecretScanner
 from tailnet_agent.status import egress_status
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS
 from tailnet_operator.controllers.policy import POLICY_KEY
-from tailnet_operator.controllers.preauth import AUTH_KEY_FIELD, auth_key_secret_name
+from tailnet_operator.controllers.preauth import AUTH_KEY_FIELD
 from tailnet_operator.controllers.tailnet import working_key_secret_name
+from tailnet_operator.names import auth_key_secret_name
 from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.errors import NotFound
 from tailnet_operator.runtime.kinds import CONFIG_MAP, EVENT, SECRET
@@ -136,7 +137,8 @@ async def test_no_secret_in_logs_events_status_or_metrics(
             "metadata": {"name": egress, "namespace": ns},
             "spec": {"tailnetRef": {"name": tailnet}, "tag": TAG, "consumerNamespaces": [ns],
                      "targets": [{"name": "web", "address": peer.ipv4(), "ports": [{"port": port}]}]}}, ns)
-        auth_key = await eventually(lambda: secret_value(admin, auth_key_secret_name(egress), ns, AUTH_KEY_FIELD),
+        key_secret = auth_key_secret_name("TailnetEgress", egress)
+        auth_key = await eventually(lambda: secret_value(admin, key_secret, ns, AUTH_KEY_FIELD),
                                     timeout=60, what="the egress's pre-auth key")
         scanner.add("egress pre-auth key", auth_key)
 

@@ -22,6 +22,7 @@ from tailnet_operator.api import BY_KIND
 from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.controllers.egress_status import classify
 from tailnet_operator.headscale import Node
+from tailnet_operator.names import auth_key_secret_name
 from tailnet_operator.policy import EgressInput, PolicyParseError, derive, missing, parse_hujson
 from tailnet_operator.policy import EgressTarget as PolicyTarget
 from tailnet_operator.policy.derive import parse_address
@@ -324,7 +325,8 @@ def egress_status(facts: Facts, *, only_target: str | None = None) -> Report:
                     f"next rotation {age(parse_time(key.get('nextRotationAt')), facts.now)}")
         if expires <= facts.now:
             report.find("PreAuthKeyExpired", f"the agent's pre-auth key expired {age(expires, facts.now)}",
-                        f"kubectl -n {namespace} delete secret {name}-auth-key (the operator makes a new key); "
+                        f"kubectl -n {namespace} delete secret {auth_key_secret_name('TailnetEgress', name)} "
+                        "(the operator makes a new key); "
                         "see docs/runbooks/TailnetPreAuthKeyExpiringSoon.md")
     first = egress.spec.targets[0] if egress.spec.targets else None
     target_name = only_target or (first.name if first else "TARGET")

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.headscale import HeadscaleClient
+from tailnet_operator.names import auth_key_secret_name
 from tailnet_operator.policy import missing
 from tailnet_operator.policy.derive import Derived
 from tailnet_operator.runtime import (
@@ -73,7 +74,7 @@ class AgentReconciler:
 
     def key_secret_name(self, name: str) -> str:
         """The Secret that holds the pre-auth key of the CR ``name`` (see :meth:`key_namespace`)."""
-        raise NotImplementedError
+        return auth_key_secret_name(self.kind.kind, name)
 
     def key_namespace(self, obj: JSON) -> str | None:
         """Where the key Secret of ``obj`` lives: beside a namespaced CR by default."""

@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.api.tailnet import Tailnet
+from tailnet_operator.names import TAILNET_LABEL
 from tailnet_operator.resources import ingress as ingress_build
 from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Reader, Request, Result, Writer
 from tailnet_operator.runtime.errors import Forbidden
@@ -214,5 +215,5 @@ def node_address(record: JSON | None) -> str:
 
 def tailnet_of(obj: JSON) -> list[Request]:
     """A Service the Egress reconciler owns carries its Tailnet's name as a label."""
-    name = (obj["metadata"].get("labels") or {}).get("tailnet.dev/tailnet")
+    name = (obj["metadata"].get("labels") or {}).get(TAILNET_LABEL)
     return [Request("", name)] if name else []

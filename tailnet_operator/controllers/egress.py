@@ -44,7 +44,7 @@ from .conditions import Cond, Status
 from .dns import in_zone
 from .egress_status import AgentStatusReader, HttpAgentStatus, TargetState, classify
 from .kinds import TAILNET_EGRESS
-from .preauth import AuthKey, auth_key_secret_name
+from .preauth import AuthKey
 
 __all__ = ["FIELD_MANAGER", "EgressReconciler", "EgressSettings"]
 
@@ -94,9 +94,6 @@ class EgressReconciler(AgentReconciler):
         self.settings = settings
         self.agent_status = agent_status or HttpAgentStatus()
 
-    def key_secret_name(self, name: str) -> str:
-        return auth_key_secret_name(name)
-
     @property
     def namespace(self) -> str:
         return self.access.namespace
@@ -130,7 +127,7 @@ class EgressReconciler(AgentReconciler):
     # -- tag and key ----------------------------------------------------------------------------
 
     def _secret_metadata(self, run: Run) -> JSON:
-        return build.owned_metadata(run.obj, run.egress, auth_key_secret_name(run.name))
+        return build.owned_metadata(run.obj, run.egress, self.key_secret_name(run.name))
 
     # -- objects --------------------------------------------------------------------------------
 
@@ -140,7 +137,7 @@ class EgressReconciler(AgentReconciler):
         except Problem:
             ca = None
         return build.AgentSpec(image=self.settings.agent_image, control_url=key.login_url,
-                               auth_secret=auth_key_secret_name(run.name), ca_bundle=ca,
+                               auth_secret=self.key_secret_name(run.name), ca_bundle=ca,
                                operator_labels=self.settings.operator_labels,
                                metrics_namespaces=self.settings.metrics_namespaces)
 

@@ -143,9 +143,6 @@ class GatewayReconciler(AgentReconciler):
     def namespace(self) -> str:
         return self.settings.namespace
 
-    def key_secret_name(self, name: str) -> str:
-        return build.auth_key_secret_name(name)
-
     def key_namespace(self, obj: JSON) -> str | None:
         return self.namespace
 
@@ -459,7 +456,7 @@ class GatewayReconciler(AgentReconciler):
         gone = []
         for resource, what in ((STATEFUL_SET, router), (POD, f"{router}-0"), (DEPLOYMENT, dns), (SERVICE, dns),
                                (SERVICE, router), (CONFIG_MAP, router), (SECRET, f"{router}-state"),
-                               (SECRET, f"{router}-auth-key"), (ROLE_BINDING, router), (ROLE, router),
+                               (SECRET, self.key_secret_name(name)), (ROLE_BINDING, router), (ROLE, router),
                                (SERVICE_ACCOUNT, router)):
             if await self._delete(resource, what):
                 gone.append(f"{resource.kind} {what}")

@@ -15,6 +15,7 @@ kube-apiserver is reported the same way (:func:`forbidden_message`).
 
 from __future__ import annotations
 
+from tailnet_operator.names import TAILNET_LABEL, managed_by_operator
 from tailnet_operator.resources import owned_metadata
 from tailnet_operator.runtime import Reader
 from tailnet_operator.types import JSON
@@ -25,13 +26,6 @@ __all__ = ["COREDNS_CONFIG_MAPS", "forbidden_message", "metadata", "refusal"]
 
 COREDNS_CONFIG_MAPS = frozenset({"coredns", "coredns-custom", "kube-dns"})
 """The names CoreDNS's (and kube-dns's) own configuration goes by in the common distributions."""
-
-_MANAGED_BY = ("app.kubernetes.io/managed-by", "tailnet-operator")
-_TAILNET_LABEL = "tailnet.dev/tailnet"
-
-
-def _created_by_operator(current: JSON) -> bool:
-    return bool(((current.get("metadata") or {}).get("labels") or {}).get(_MANAGED_BY[0]) == _MANAGED_BY[1])
 
 
 def refusal(namespace: str, name: str, current: JSON | None, tailnet: JSON, reader: Reader) -> str:
@@ -52,7 +46,7 @@ def refusal(namespace: str, name: str, current: JSON | None, tailnet: JSON, read
         holder = holders[0]
         return (f"spec.dns.hostsConfigMap names {where}, which {holder.get('kind', 'another object')} "
                 f"{holder.get('name', '')} controls; each Tailnet needs a hosts ConfigMap of its own")
-    labelled = str((meta.get("labels") or {}).get(_TAILNET_LABEL) or "")
+    labelled = str((meta.get("labels") or {}).get(TAILNET_LABEL) or "")
     if labelled and labelled != tailnet_meta.get("name") and reader.get(TAILNET, labelled) is not None:
         return (f"spec.dns.hostsConfigMap names {where}, which is the hosts file of Tailnet {labelled}; each "
                 "Tailnet needs a hosts ConfigMap of its own")
@@ -63,9 +57,9 @@ def metadata(tailnet: JSON, namespace: str, name: str, current: JSON | None) -> 
     """The metadata the hosts file is applied with: owned by the Tailnet when the operator creates
     it (or created it), only labelled with the Tailnet's name when someone else did."""
     tailnet_name = str(tailnet["metadata"]["name"])
-    if current is None or _created_by_operator(current):
+    if current is None or managed_by_operator(current):
         return owned_metadata(tailnet, name=name, namespace=namespace, tailnet=tailnet_name)
-    return {"name": name, "namespace": namespace, "labels": {_TAILNET_LABEL: tailnet_name}}
+    return {"name": name, "namespace": namespace, "labels": {TAILNET_LABEL: tailnet_name}}
 
 
 def _alive(reader: Reader, owner: JSON) -> bool:

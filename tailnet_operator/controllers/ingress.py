@@ -152,9 +152,6 @@ class IngressReconciler(AgentReconciler):
         self.settings = settings
         self.agent_status = agent_status or HttpAgentStatus(service=build.agent_name)
 
-    def key_secret_name(self, name: str) -> str:
-        return build.auth_secret_name(name)
-
     def key_location(self, obj: JSON) -> tuple[str, str | None]:
         """The ingress's record in the operator's namespace, which the tenant cannot write."""
         meta = obj["metadata"]
@@ -259,7 +256,7 @@ class IngressReconciler(AgentReconciler):
 
     def _agent(self, run: Run, key: AuthKey) -> build.AgentSpec:
         return build.AgentSpec(image=self.settings.agent_image, control_url=key.login_url,
-                               auth_secret=build.auth_secret_name(run.name), ca_bundle=self._ca(run),
+                               auth_secret=self.key_secret_name(run.name), ca_bundle=self._ca(run),
                                operator_labels=self.settings.operator_labels,
                                metrics_namespaces=self.settings.metrics_namespaces)
 

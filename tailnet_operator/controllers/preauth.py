@@ -32,7 +32,7 @@ from tailnet_operator.types import JSON
 
 from .conditions import rfc3339
 
-__all__ = ["AUTH_KEY_FIELD", "LIFETIME", "AuthKey", "AuthKeyKeeper", "Wanted", "auth_key_secret_name", "expire_owned"]
+__all__ = ["AUTH_KEY_FIELD", "LIFETIME", "AuthKey", "AuthKeyKeeper", "Wanted", "expire_owned"]
 
 log = structlog.get_logger("controllers.preauth")
 
@@ -43,10 +43,6 @@ LIFETIME = timedelta(hours=24)
 """Lifetime of a pre-auth key; it is replaced after half of it."""
 
 _ANNOTATION = "tailnet.dev/"
-
-
-def auth_key_secret_name(egress: str) -> str:
-    return f"{egress}-auth-key"
 
 
 @dataclass(frozen=True)

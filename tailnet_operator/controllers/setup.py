@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from tailnet_operator.monitoring import HeadscaleMetrics, StateCollector, register_build_info
+from tailnet_operator.names import MANAGED_BY
 from tailnet_operator.runtime import (
     CONFIG_MAP,
     SECRET,
@@ -81,7 +82,7 @@ def _by_tailnet_ref(obj: JSON) -> list[Request]:
     return [Request("", name) for name in tailnet_ref_index(obj)]
 
 
-OWNED = {"app.kubernetes.io/managed-by": "tailnet-operator"}
+OWNED = MANAGED_BY
 """The label on every object the operator owns: its Deployment, Service and NetworkPolicy
 informers watch only those, cluster-wide (the Role limits writes to the operator's namespace)."""
 

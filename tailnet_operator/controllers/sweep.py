@@ -40,6 +40,7 @@ from tailnet_operator.headscale import (
     find_orphans,
     sweep_orphans,
 )
+from tailnet_operator.names import TAILNET_LABEL, managed_by_operator
 from tailnet_operator.runtime import SECRET, Reader, Request, Result
 from tailnet_operator.types import JSON
 
@@ -56,12 +57,10 @@ SWEEP_SECONDS = 600.0
 RETRY_SECONDS = 60.0
 """How soon a sweep that could not reach Headscale is tried again."""
 
-_MANAGED_BY, _OPERATOR = "app.kubernetes.io/managed-by", "tailnet-operator"
 _KEY_ID = "tailnet.dev/key-id"
 _PREVIOUS_KEY_ID = "tailnet.dev/previous-key-id"
 _KEY_TAG = "tailnet.dev/tag"
 """Only a pre-auth key Secret (:class:`~.preauth.AuthKey`) has it; the working API key's does not."""
-_TAILNET_LABEL = "tailnet.dev/tailnet"
 
 
 def references(secrets: Iterable[JSON], crs: Iterable[JSON]) -> References:
@@ -114,8 +113,8 @@ def references_from(reader: Reader, tailnet: str, namespace: str) -> References:
         meta = meta_only["metadata"]
         labels = meta.get("labels") or {}
         owners = meta.get("ownerReferences") or []
-        labelled = (labels.get(_MANAGED_BY) == _OPERATOR and not owners
-                    and labels.get(_TAILNET_LABEL, tailnet) == tailnet)
+        labelled = (managed_by_operator(meta_only) and not owners
+                    and labels.get(TAILNET_LABEL, tailnet) == tailnet)
         owned = any(str(o.get("uid") or "") in uids for o in owners)
         if labelled or owned:
             secret = reader.get(SECRET, meta["name"], meta.get("namespace"))

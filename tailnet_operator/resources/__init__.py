@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-MANAGED_BY = {"app.kubernetes.io/managed-by": "tailnet-operator"}
+from tailnet_operator.names import MANAGED_BY, TAILNET_LABEL
+
+__all__ = ["MANAGED_BY", "controller_reference", "http_probe", "owned_metadata", "restricted_pod_security_context",
+           "restricted_security_context"]
 
 
 def controller_reference(owner: dict[str, Any]) -> dict[str, Any]:
@@ -21,7 +24,7 @@ def owned_metadata(owner: dict[str, Any], *, name: str, namespace: str, tailnet:
     ``owner`` as controller and optional annotations."""
     meta: dict[str, Any] = {
         "name": name, "namespace": namespace,
-        "labels": {**MANAGED_BY, **(labels or {}), "tailnet.dev/tailnet": tailnet},
+        "labels": {**MANAGED_BY, **(labels or {}), TAILNET_LABEL: tailnet},
         "ownerReferences": [controller_reference(owner)],
     }
     if annotations:

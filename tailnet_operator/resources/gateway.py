@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailnet_operator.api.gateway import TailnetGateway
+from tailnet_operator.names import MANAGED_BY, TAILNET_LABEL, auth_key_secret_name
 
-from . import MANAGED_BY, http_probe, restricted_pod_security_context, restricted_security_context
+from . import http_probe, restricted_pod_security_context, restricted_security_context
 
 __all__ = [
     "DEFAULT_ROUTER_IMAGE",
@@ -51,7 +52,6 @@ __all__ = [
     "advertised_routes",
     "auth_key_metadata",
     "auth_key_secret",
-    "auth_key_secret_name",
     "config_map",
     "corefile",
     "dns_deployment",
@@ -146,13 +146,9 @@ def state_secret_name(gateway: TailnetGateway) -> str:
     return f"{router_name(gateway)}-state"
 
 
-def auth_key_secret_name(name: str) -> str:
-    """The pre-auth key's Secret of the gateway ``name`` (by name: a gateway being deleted may not parse)."""
-    return f"{name}-gateway-auth-key"
-
-
 def auth_key_secret(gateway: TailnetGateway) -> str:
-    return auth_key_secret_name(_name(gateway))
+    """The router's pre-auth key Secret (:func:`tailnet_operator.names.auth_key_secret_name`)."""
+    return auth_key_secret_name("TailnetGateway", _name(gateway))
 
 
 def dns_name(gateway: TailnetGateway) -> str:
@@ -163,7 +159,7 @@ def dns_name(gateway: TailnetGateway) -> str:
 def gateway_labels(gateway: TailnetGateway) -> dict[str, str]:
     """On every object of the gateway: the Gateway reconciler's watches map them back by these."""
     return {**MANAGED_BY, "app.kubernetes.io/name": "tailnet-gateway", "app.kubernetes.io/instance": _name(gateway),
-            "tailnet.dev/gateway": _name(gateway), "tailnet.dev/tailnet": gateway.spec.tailnet_ref.name}
+            "tailnet.dev/gateway": _name(gateway), TAILNET_LABEL: gateway.spec.tailnet_ref.name}
 
 
 def router_service_account_name(gateway: TailnetGateway) -> str:

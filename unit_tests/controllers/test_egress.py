@@ -14,10 +14,10 @@ import pytest
 
 from tailnet_operator.controllers.egress import EgressReconciler, EgressSettings
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS
-from tailnet_operator.controllers.preauth import auth_key_secret_name
 from tailnet_operator.headscale import Request as HsRequest
 from tailnet_operator.headscale import Response as HsResponse
 from tailnet_operator.headscale import installation_tag
+from tailnet_operator.names import auth_key_secret_name
 from tailnet_operator.runtime import CONFIG_MAP, FINALIZER, SECRET, SERVICE, Applier, Request, Result, TransportError
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY
 from tailnet_operator.types import JSON
@@ -64,7 +64,7 @@ class EgressWorld(World):
                      if c["type"] == type_), {})
 
     def stored_key(self, name: str = "db") -> str:
-        secret = self.kube.get(SECRET, auth_key_secret_name(name), NAMESPACE)
+        secret = self.kube.get(SECRET, auth_key_secret_name("TailnetEgress", name), NAMESPACE)
         assert secret is not None
         return base64.b64decode(secret["data"]["authKey"]).decode()
 
@@ -95,7 +95,7 @@ async def test_a_tag_the_policy_does_not_own_creates_nothing_and_gives_a_snippet
     assert '"tag:egress-db"' in ready["message"] and "tagOwners" in ready["message"]
     assert world.headscale.preauth_keys == {}
     assert world.kube.get(DEPLOYMENT, "db-egress-agent", NAMESPACE) is None
-    assert world.kube.get(SECRET, auth_key_secret_name("db"), NAMESPACE) is None
+    assert world.kube.get(SECRET, auth_key_secret_name("TailnetEgress", "db"), NAMESPACE) is None
 
 
 async def test_an_owned_tag_gets_a_reusable_ephemeral_tag_only_key_and_the_agent_objects() -> None:
@@ -109,7 +109,7 @@ async def test_an_owned_tag_gets_a_reusable_ephemeral_tag_only_key_and_the_agent
     assert key["reusable"] and key["ephemeral"] and key["aclTags"] == ["tag:egress-db", marker]
     assert world.stored_key() == key["key"]
     obj = world.egress_obj()
-    secret = world.kube.get(SECRET, auth_key_secret_name("db"), NAMESPACE)
+    secret = world.kube.get(SECRET, auth_key_secret_name("TailnetEgress", "db"), NAMESPACE)
     assert secret is not None and secret["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
     status = obj["status"]["preAuthKey"]
     assert status["id"] == key["id"] and key["key"] not in str(obj["status"])
@@ -150,7 +150,7 @@ async def test_rotation_at_half_life_stores_the_new_key_before_expiring_the_old(
     new = world.stored_key()
     assert new != old and world.headscale.preauth_live(new) and not world.headscale.preauth_live(old)
     assert order == [f"expire while the Secret holds {new}"]
-    secret = world.kube.get(SECRET, auth_key_secret_name("db"), NAMESPACE)
+    secret = world.kube.get(SECRET, auth_key_secret_name("TailnetEgress", "db"), NAMESPACE)
     assert secret is not None and "tailnet.dev/previous-key-id" not in secret["metadata"]["annotations"]
 
 
@@ -172,7 +172,7 @@ async def test_a_changed_tag_or_login_url_rotates_the_key_with_the_reason() -> N
     world.kube.update(TAILNET, tailnet)
     await world.reconcile_egress()
     assert world.stored_key() != second
-    secret = world.kube.get(SECRET, auth_key_secret_name("db"), NAMESPACE)
+    secret = world.kube.get(SECRET, auth_key_secret_name("TailnetEgress", "db"), NAMESPACE)
     assert secret is not None and secret["metadata"]["annotations"]["tailnet.dev/login-url"] == \
         "https://other.test:443"
     assert world.events.reasons.count("PreAuthKeyRotated") == 3
@@ -188,7 +188,7 @@ async def test_a_crash_after_storing_is_finished_by_the_next_reconcile() -> None
 
     await world.reconcile_egress()
 
-    secret = world.kube.get(SECRET, auth_key_secret_name("db"), NAMESPACE)
+    secret = world.kube.get(SECRET, auth_key_secret_name("TailnetEgress", "db"), NAMESPACE)
     assert secret is not None and secret["metadata"]["annotations"]["tailnet.dev/previous-key-id"] == old_id
     assert world.headscale.preauth_live(world.stored_key()), "the new key is in place before the old one goes"
     del world.headscale.refuse["POST /api/v1/preauthkey/expire"]
@@ -320,7 +320,7 @@ async def test_a_key_whose_secret_was_certainly_not_written_is_expired(failure: 
     apply = world.kube.apply
 
     async def failing(resource: Any, body: Any, **kwargs: Any) -> Any:
-        if resource == SECRET and body["metadata"]["name"] == auth_key_secret_name("db"):
+        if resource == SECRET and body["metadata"]["name"] == auth_key_secret_name("TailnetEgress", "db"):
             raise failure
         return await apply(resource, body, **kwargs)
 
