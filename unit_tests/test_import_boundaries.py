@@ -26,15 +26,15 @@ PACKAGES = ("tailnet_operator", "tailnet_agent")
 CONTRACT = "tailnet_agent.contract"
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def _modules(package: str) -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted((ROOT / package).rglob("*.py"))}
+def _modules(package: str, root: Path = ROOT) -> dict[str, Path]:
+    return {_module_name(p, root): p for p in sorted((root / package).rglob("*.py"))}
 
 
 def _is_package(path: Path) -> bool:
@@ -64,19 +64,19 @@ def _within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
-def _edges(package: str) -> dict[str, set[str]]:
+def _edges(package: str, root: Path = ROOT) -> dict[str, set[str]]:
     """module -> the modules of the same package it imports (a name that is not a module, such as a
     class, counts as its module; a package's own ``__init__`` counts too)."""
-    modules = _modules(package)
+    modules = _modules(package, root)
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
         for name, _ in _imported(module, path):
             if not _within(name, package):
                 continue
             target = name
-            while target not in modules:
+            while target and target not in modules:  # a class, or an extension module (.so)
                 target = target.rpartition(".")[0]
-            if target != module:
+            if target and target != module:
                 graph[module].add(target)
     return graph
 
@@ -116,13 +116,13 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _crossings(package: str, allowed: set[str] | None = None) -> list[str]:
+def _crossings(package: str, allowed: set[str] | None = None, root: Path = ROOT) -> list[str]:
     other = next(p for p in PACKAGES if p != package)
     out = []
-    for module, path in _modules(package).items():
+    for module, path in _modules(package, root).items():
         for name, line in _imported(module, path):
             if _within(name, other) and not (allowed and any(_within(name, a) for a in allowed)):
-                out.append(f"{path.relative_to(ROOT)}:{line}: {name}")
+                out.append(f"{path.relative_to(root)}:{line}: {name}")
     return sorted(set(out))
 
 
@@ -146,3 +146,29 @@ def test_the_contract_imports_only_itself() -> None:
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_cycles(package: str) -> None:
     assert _cycles(_edges(package)) == []
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_the_checks_see_imports_inside_functions_and_under_type_checking(tmp_path: Path) -> None:
+    """The checks themselves: a cycle closed by an in-function import or a TYPE_CHECKING import,
+    relative imports, and a crossing hidden in a function all count."""
+    _write(tmp_path, {
+        "tailnet_agent/__init__.py": "",
+        "tailnet_agent/a.py": "from tailnet_agent.b import B\n",
+        "tailnet_agent/b.py": "def f() -> None:\n    from . import a\n",
+        "tailnet_agent/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .pkg.d import D\n",
+        "tailnet_agent/pkg/__init__.py": "",
+        "tailnet_agent/pkg/d.py": "from ..c import C\n\ndef g() -> None:\n    import tailnet_operator.clock\n",
+        "tailnet_operator/__init__.py": "",
+        "tailnet_operator/x.py": "from tailnet_agent.contract.clock import Clock\nfrom tailnet_agent import status\n",
+    })
+    assert _cycles(_edges("tailnet_agent", tmp_path)) == [
+        ["tailnet_agent.a", "tailnet_agent.b"], ["tailnet_agent.c", "tailnet_agent.pkg.d"]]
+    assert _crossings("tailnet_agent", root=tmp_path) == ["tailnet_agent/pkg/d.py:4: tailnet_operator.clock"]
+    assert _crossings("tailnet_operator", {CONTRACT}, tmp_path) == ["tailnet_operator/x.py:2: tailnet_agent.status"]

@@ -128,7 +128,7 @@ class AgentFile(_Part):
 
 
 class AgentStatusDocument(_Part):
-    """The agent's ``/status`` (:mod:`tailnet_agent.status`): ``targets`` and ``targetsFile`` from
+    """The agent's ``/status`` (:mod:`tailnet_agent.contract.status`): ``targets`` and ``targetsFile`` from
     an egress agent, ``exposes`` and ``exposesFile`` from an ingress agent."""
 
     node: AgentNode | None = None

@@ -1,6 +1,6 @@
 """The status of a TailnetIngress: its node, its names, its certificates and every expose.
 
-The agent's ``GET /status`` (:func:`tailnet_agent.status.ingress_status`) says, per expose,
+The agent's ``GET /status`` (:class:`tailnet_agent.contract.status.IngressStatus`) says, per expose,
 whether its tailnet listener is bound, whether the last probe of the backend connected, and for
 http exposes each host's certificate (``notAfter``, or why its files do not load). The cache says
 whether each host's TLS Secret exists; the reconciler says what cert-manager answered. Headscale
