@@ -6,7 +6,7 @@ from typing import Any
 
 from tailnet_operator.names import MANAGED_BY, TAILNET_LABEL
 
-__all__ = ["MANAGED_BY", "controller_reference", "http_probe", "owned_metadata", "restricted_pod_security_context",
+__all__ = ["controller_reference", "http_probe", "owned_metadata", "restricted_pod_security_context",
            "restricted_security_context"]
 
 

@@ -19,8 +19,8 @@ from typing import Any
 from tailnet_agent.contract import environment as env_names
 from tailnet_agent.contract import exposes as agent_exposes
 from tailnet_operator.api.ingress import Expose, TailnetIngress, VirtualHost, render_dns_template
+from tailnet_operator.names import MANAGED_BY, TAILNET_LABEL, auth_key_secret_name
 
-from . import MANAGED_BY
 from . import agent as pod
 from .agent import CONFIG_DIR, AgentSpec
 
@@ -33,7 +33,6 @@ __all__ = [
     "agent_service",
     "alias_names",
     "auth_secret",
-    "auth_secret_name",
     "backend_host",
     "certificate",
     "certificate_name",
@@ -83,11 +82,6 @@ def config_map_name(ingress: TailnetIngress) -> str:
     return f"{_name(ingress)}-ingress-config"
 
 
-def auth_secret_name(name: str) -> str:
-    """The pre-auth key's Secret (in the ingress's namespace)."""
-    return f"{name}-ingress-auth-key"
-
-
 RECORD_NAMESPACE_LABEL = "tailnet.dev/ingress-namespace"
 RECORD_NAME_LABEL = "tailnet.dev/ingress-name"
 NODE_ADDRESS_ANNOTATION = "tailnet.dev/node-address"
@@ -102,7 +96,7 @@ def record_name(namespace: str, name: str) -> str:
 
 def record_metadata(ingress: TailnetIngress, operator_namespace: str) -> Obj:
     """metadata of the record: no owner (it lives in another namespace; the finalizer removes it)."""
-    labels = {**MANAGED_BY, "tailnet.dev/tailnet": ingress.spec.tailnet_ref.name,
+    labels = {**MANAGED_BY, TAILNET_LABEL: ingress.spec.tailnet_ref.name,
               RECORD_NAMESPACE_LABEL: _namespace(ingress)}
     if len(_name(ingress)) <= 63:
         labels[RECORD_NAME_LABEL] = _name(ingress)
@@ -112,7 +106,8 @@ def record_metadata(ingress: TailnetIngress, operator_namespace: str) -> Obj:
 
 def auth_secret(owner: Obj, ingress: TailnetIngress, key: str) -> Obj:
     """The Secret the agent mounts: the pre-auth key alone (its bookkeeping stays in the record)."""
-    return {"metadata": owned_metadata(owner, ingress, auth_secret_name(_name(ingress))), "type": "Opaque",
+    name = auth_key_secret_name("TailnetIngress", _name(ingress))
+    return {"metadata": owned_metadata(owner, ingress, name), "type": "Opaque",
             "data": {"authKey": base64.b64encode(key.encode()).decode()}}
 
 
