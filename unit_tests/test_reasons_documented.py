@@ -80,6 +80,8 @@ class ReasonCollector:
         """Reason -> where it is written (``path:line``)."""
         self.unresolved: list[str] = []
         self._seen: set[Sink] = set()
+        self._visited: set[tuple[int, int | None, bool]] = set()
+        """Values already followed: a function that returns a call of a namesake would loop."""
 
     def collect(self) -> None:
         pending = [Sink("Cond", "reason", strict=True)]
@@ -113,6 +115,9 @@ class ReasonCollector:
 
     def _resolve(self, source: _Source, expr: ast.expr, scope: Scope, element: int | None,
                  strict: bool) -> Iterator[Sink]:
+        if (id(expr), element, strict) in self._visited:
+            return
+        self._visited.add((id(expr), element, strict))
         where = f"{source.path.relative_to(ROOT)}:{expr.lineno}"
         if isinstance(expr, ast.Constant) and element is None:
             if isinstance(expr.value, str) and (strict or REASON.match(expr.value)):
