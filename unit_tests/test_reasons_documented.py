@@ -63,6 +63,7 @@ class ReasonCollector:
     """Walks the package's sources from ``Cond``'s reason to every literal that can reach it."""
 
     def __init__(self, package: Path = PACKAGE) -> None:
+        self.root = package.parent
         self.sources = [_Source(p, ast.parse(p.read_text(encoding="utf-8"), str(p)))
                         for p in sorted(package.rglob("*.py"))]
         self._calls: dict[str, list[tuple[_Source, ast.Call]]] = defaultdict(list)
@@ -118,7 +119,7 @@ class ReasonCollector:
         if (id(expr), element, strict) in self._visited:
             return
         self._visited.add((id(expr), element, strict))
-        where = f"{source.path.relative_to(ROOT)}:{expr.lineno}"
+        where = f"{source.path.relative_to(self.root)}:{expr.lineno}"
         if isinstance(expr, ast.Constant) and element is None:
             if isinstance(expr.value, str) and (strict or REASON.match(expr.value)):
                 self.reasons.setdefault(expr.value, set()).add(where)
@@ -153,7 +154,7 @@ class ReasonCollector:
         if not values and not isinstance(scope, ast.Module):
             values = list(_assignments(source.tree, name.id, element))
         if not values and strict:
-            self.unresolved.append(f"{source.path.relative_to(ROOT)}:{name.lineno}: {name.id}")
+            self.unresolved.append(f"{source.path.relative_to(self.root)}:{name.lineno}: {name.id}")
         for value, index in values:
             yield from self._resolve(source, value, scope, index, strict)
 
@@ -266,6 +267,51 @@ def test_every_condition_reason_is_documented() -> None:
         + "\n".join(f"  {r} ({', '.join(w)})" for r, w in sorted(missing.items())))
     malformed = sorted(r for r in collector.reasons if not REASON.match(r))
     assert not malformed, f"reasons must be one CamelCase word: {malformed}"
+
+
+def test_collector_follows_the_shapes_reasons_take(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "m.py").write_text('''
+from dataclasses import dataclass
+
+@dataclass
+class Cond:
+    type: str
+    status: str
+    reason: str
+    message: str = ""
+
+@dataclass
+class Problem:
+    reason: str
+    message: str
+
+def problem() -> Problem:
+    return Problem("FromAField", "m")
+
+def pair(ok: bool) -> tuple[str, str] | None:
+    return ("FromATuple", "m") if ok else None
+
+def not_ready(obj, status, reason, message):
+    return Cond("Ready", status, reason, message)
+
+def reconcile(obj, error: Exception) -> None:
+    Cond("Ready", "True", "Literal")
+    Cond(type="Ready", status="False", reason="Keyword", message="")
+    chosen, note = "Unpacked", ""
+    Cond("Ready", "True", chosen if obj else "Chosen", note)
+    not_ready(obj, "False", "ThroughAParameter", "m")
+    if found := pair(True):
+        not_ready(obj, "False", *found)
+    Cond("Ready", "False", problem().reason, "")
+    Cond("Ready", "False", str(error), "")
+''')
+    collector = ReasonCollector(package)
+    collector.collect()
+    assert set(collector.reasons) == {"Literal", "Keyword", "Unpacked", "Chosen", "ThroughAParameter", "FromATuple",
+                                      "FromAField"}
+    assert [u.split(": ", 1)[1] for u in collector.unresolved] == ["str(error)"]
 
 
 def test_documented_reasons_reads_only_the_reason_column() -> None:
