@@ -287,7 +287,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     module keeps its tests together and in their order (its fixtures are set up once).
     """
     e2e = Path(__file__).parent
-    tiers = module_tiers((item.path, item.fixturenames) for item in items if item.path.is_relative_to(e2e))
+    tiers = module_tiers((item.path, getattr(item, "fixturenames", ())) for item in items
+                         if item.path.is_relative_to(e2e))
     items.sort(key=lambda item: tiers.get(item.path, 0))
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from tailnet_operator.runtime import (
     CONFIG_MAP,
@@ -23,6 +24,12 @@ from tailnet_operator.runtime import (
     Writer,
     set_controller_reference,
 )
+from tailnet_operator.runtime.client import Client
+
+from .polling import eventually
+
+if TYPE_CHECKING:
+    from tailnet_operator.runtime import Manager
 
 GROUP = "test.tailnet.dev"
 WIDGET = Resource(GROUP, "v1", "widgets", "Widget")
@@ -98,3 +105,30 @@ class WidgetReconciler:
             return Result()
         finally:
             self.in_flight -= 1
+
+
+async def quiet(manager: Manager, reconciler: WidgetReconciler, client: Client, namespace: str,
+                names: Iterable[str]) -> None:
+    """Wait until the manager has nothing left to do about the Widgets ``names``.
+
+    First its cache must hold the apiserver's current version of each Widget and of its
+    ConfigMap: every event of the writes so far has then reached the handlers (or was the
+    manager's own write, which causes none). Then no reconcile may be queued or running. No
+    fixed wait: a reconcile that writes once too often is counted before this returns.
+    """
+    wanted = [(resource, name) for widget_name in names
+              for resource, name in ((WIDGET, widget_name), (CONFIG_MAP, f"{widget_name}-data"))]
+
+    async def caught_up() -> bool:
+        for resource, name in wanted:
+            server = await client.get(resource, name, namespace)
+            cached = manager.cache.get(resource, name, namespace)
+            if cached is None or cached["metadata"]["resourceVersion"] != server["metadata"]["resourceVersion"]:
+                return False
+        return True
+
+    def idle() -> bool:
+        return all(c.queue.len() == 0 for c in manager.controllers) and reconciler.in_flight == 0
+
+    await eventually(caught_up, what="the manager's cache to hold the latest versions")
+    await eventually(idle, what="the queue to drain")
