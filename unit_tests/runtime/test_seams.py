@@ -54,7 +54,8 @@ async def test_fake_status_apply_merges_conditions_by_type_per_manager() -> None
     assert obj["status"] == {"conditions": [{"type": "Ready", "status": "False"},
                                             {"type": "Applied", "status": "True"}]}, "a's note is removed"
     assert obj["metadata"]["generation"] == 1, "status does not move the generation"
-    assert {e["manager"] for e in obj["metadata"]["managedFields"]} == {"a", "b"}
+    assert {(e["manager"], e["operation"], e.get("subresource", "")) for e in obj["metadata"]["managedFields"]} == {
+        ("a", "Apply", "status"), ("b", "Apply", "status"), ("fake", "Update", "")}, "add() is a create by 'fake'"
 
 
 async def test_fake_errors_and_finalizers() -> None:
