@@ -46,12 +46,18 @@ async def test_create_and_update_record_their_field_manager_and_take_the_fields_
     fake = FakeClient(field_manager="user")
     created = fake.add(WIDGET, widget(labels={"team": "x"}))
     assert managers(created) == {("user", "Update")}
+    assert created["metadata"]["managedFields"][0]["fieldsV1"] == {
+        "f:metadata": {"f:labels": {".": {}, "f:team": {}}}, "f:spec": {".": {}, "f:value": {}}}
     applied = await fake.apply(WIDGET, widget("b"), field_manager="ctrl")
     assert managers(applied) == {("user", "Update"), ("ctrl", "Apply")}, "user still owns the label"
     edited = fake.update(WIDGET, {**applied, "spec": {"value": "mine"}}, field_manager="editor")
     assert managers(edited) == {("user", "Update"), ("editor", "Update")}, "the PUT took spec.value from ctrl"
     again = await fake.apply(WIDGET, widget("b"), field_manager="ctrl")
     assert again["spec"] == {"value": "b"} and managers(again) == {("user", "Update"), ("ctrl", "Apply")}
+    unlabelled = {k: v for k, v in again["metadata"].items() if k != "labels"}
+    bare = fake.update(WIDGET, {**again, "metadata": unlabelled, "spec": {}})
+    assert managers(bare) == {("user", "Update")} and bare["metadata"]["managedFields"][0]["fieldsV1"] == {
+        "f:spec": {}}, "the PUT removed the labels and spec.value: every other entry went empty"
 
 
 def test_a_put_that_changes_nothing_keeps_the_resource_version() -> None:
@@ -94,7 +100,11 @@ async def test_a_watch_from_compacted_history_is_gone_and_from_now_sees_what_fol
     fake.add(rt.CONFIG_MAP, {"metadata": {"name": "b", "namespace": "ns"}})
     events = fake.lister_watcher.watch(rt.CONFIG_MAP, "ns", resource_version=old["metadata"]["resourceVersion"])
     assert (await anext(events)).object["metadata"]["name"] == "b", "before compaction the history is there"
+    last = fake.add(rt.CONFIG_MAP, {"metadata": {"name": "c", "namespace": "ns"}})
     fake.compact()
+    before_last = str(int(last["metadata"]["resourceVersion"]) - 1)
+    since_b = fake.lister_watcher.watch(rt.CONFIG_MAP, "ns", resource_version=before_last)
+    assert (await anext(since_b)).object["metadata"]["name"] == "c", "the compaction revision itself is kept"
     expired = fake.lister_watcher.watch(rt.CONFIG_MAP, "ns", resource_version=old["metadata"]["resourceVersion"])
     with pytest.raises(Gone) as gone:
         await anext(expired)
@@ -102,9 +112,9 @@ async def test_a_watch_from_compacted_history_is_gone_and_from_now_sees_what_fol
     now = (await fake.lister_watcher.list(rt.CONFIG_MAP, "ns")).resource_version
     live = fake.lister_watcher.watch(rt.CONFIG_MAP, "ns", resource_version=now)
     nxt = asyncio.ensure_future(anext(live))
-    fake.add(rt.CONFIG_MAP, {"metadata": {"name": "c", "namespace": "ns"}})
+    fake.add(rt.CONFIG_MAP, {"metadata": {"name": "d", "namespace": "ns"}})
     event = await asyncio.wait_for(nxt, 5)
-    assert (event.type, event.object["metadata"]["name"]) == ("ADDED", "c")
+    assert (event.type, event.object["metadata"]["name"]) == ("ADDED", "d")
 
 
 async def test_a_watch_from_zero_starts_with_the_objects_as_added() -> None:

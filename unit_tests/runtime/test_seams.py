@@ -3,7 +3,9 @@ typed cache reads, write feedback into the cache, owner references and the contr
 
 from __future__ import annotations
 
+import ast
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -198,3 +200,22 @@ def test_the_public_surface_is_complete_and_sorted() -> None:
     for name in rt.__all__:
         assert hasattr(rt, name), name
     assert "FakeClient" not in rt.__all__ and not hasattr(rt, "FakeClient"), "test doubles live in runtime.testing"
+
+
+def test_no_product_module_imports_the_testing_room() -> None:
+    package = Path(rt.__file__).resolve().parents[1]
+    testing = package / "runtime" / "testing"
+    importers = []
+    for path in sorted(package.rglob("*.py")):
+        if testing in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [f"{'.' * node.level}{node.module or ''}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            if any(".testing" in name or name.startswith("testing") for name in names):
+                importers.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert not importers, f"the product imports its test doubles: {importers}"

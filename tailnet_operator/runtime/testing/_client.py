@@ -140,10 +140,12 @@ class FakeClient(TypedReader):
         return self._commit(resource, key, current, body)
 
     def compact(self) -> None:
-        """Forget the watch history up to now, as etcd's compaction does: a watch from an older
-        resourceVersion then raises :class:`~..errors.Gone` and an informer relists."""
+        """Forget the watch history before the current resourceVersion, as etcd's compaction at
+        its current revision does: a watch must then start from that version or the one before
+        (it asks for what follows); from an older one it raises :class:`~..errors.Gone` and an
+        informer relists."""
         self._compacted = self._version
-        self._events = [e for e in self._events if e[0] > self._compacted]
+        self._events = [e for e in self._events if e[0] >= self._compacted]
 
     def add_indexer(self, resource: Resource, name: str, func: Callable[[JSON], Iterable[str]]) -> None:
         self._indexers.setdefault(resource, {})[name] = func
@@ -273,8 +275,8 @@ class FakeClient(TypedReader):
         else:
             since = int(resource_version)
         while True:
-            if since < self._compacted:
-                raise Gone(410, "Expired", f"too old resource version: {since} ({self._compacted})")
+            if since + 1 < self._compacted:
+                raise Gone(410, "Expired", "The resourceVersion for the provided watch is too old.")
             for version, res, event in list(self._events):
                 meta = event.object.get("metadata", {})
                 if (version > since and res == resource and (not namespace or meta.get("namespace") == namespace)
@@ -320,11 +322,16 @@ class FakeClient(TypedReader):
 
     def _took(self, key: Key, owner: Owner, before: JSON, after: JSON) -> None:
         """Ownership after an Update-operation write (create or PUT): ``owner`` gains the fields it
-        set or changed and every manager loses the changed and the removed ones."""
+        set or changed, and the maps and lists it created (their ``.`` entry, which keeps its
+        managedFields entry alive after an applier took every value), and every manager loses
+        the changed and the removed ones."""
         old_tree, new_tree = _to_tree(_content(before)), _to_tree(_content(after))
         old_paths, new_paths = set(leaf_paths(_content(before))), set(leaf_paths(_content(after)))
         changed = {p for p in new_paths if _at(old_tree, p) != _at(new_tree, p)}
         removed = old_paths - new_paths
+        old_maps, new_maps = _maps(old_tree), _maps(new_tree)
+        changed |= new_maps - old_maps
+        removed |= old_maps - new_maps
         owners = self._owned.setdefault(key, {})
         for other, paths in owners.items():
             paths -= removed | (changed if other != owner else set())
@@ -466,6 +473,21 @@ def _set_generation(resource: Resource, meta: JSON, current: JSON | None, new: J
     else:
         generation = int(current["metadata"].get("generation", 1))
         meta["generation"] = generation + 1 if _spec_of(new) != _spec_of(current) else generation
+
+
+def _maps(tree: Any, prefix: Path = ()) -> set[Path]:
+    """``(..., ".")`` for every non-empty map or list of a tree but ``metadata``: how an Update
+    entry records that its manager created that map or list."""
+    found: set[Path] = set()
+    if not isinstance(tree, dict):
+        return found
+    for part, child in tree.items():
+        path = (*prefix, part)
+        if isinstance(child, dict) and child:
+            if part.startswith("f:") and path != ("f:metadata",):
+                found.add((*path, "."))
+            found |= _maps(child, path)
+    return found
 
 
 def _content(obj: JSON) -> JSON:
