@@ -184,11 +184,13 @@ async def test_a_replaced_certificate_serves_new_handshakes(ca: CertificateAutho
             second = await ask(expose.port, ca, "a.example.test")
             assert first.certificate != second.certificate
             assert subject_names(second.certificate) == ["a.example.test", "renewed.example.test"]
-            assert ingress.services["web"].certs.status()[0]["notAfter"] >= before
+            after = ingress.services["web"].certs.status()[0]["notAfter"]
+            assert before is not None and after is not None and after >= before
             install(a, renewed.cert.read_bytes(), b"not a key")
             third = await ask(expose.port, ca, "a.example.test")
             assert third.certificate == second.certificate, "a broken file keeps the certificate in force"
-            assert "cannot load" in ingress.services["web"].certs.status()[0]["error"]
+            error = ingress.services["web"].certs.status()[0]["error"]
+            assert error is not None and "cannot load" in error
 
 
 async def test_https_backend_is_verified(ca: CertificateAuthority, tmp_path: Path) -> None:
