@@ -4,8 +4,8 @@ Everything in the operator that reads the time or waits goes through a `Clock`: 
 delays, the token bucket, the informer's backoff, leader election, Events, and the reconcilers'
 timestamps (key expiry, condition transitions); in the agent, the targets watcher, the probes,
 DNS and the node. It is part of the contract so that neither package imports the other for it.
-Tests run on `FakeClock` and assert exact virtual times without sleeping (the seam controller-runtime's priority queue keeps in its `now`/`tick`
-fields, trio's `MockClock`).
+Tests run on `FakeClock` and assert exact virtual times without sleeping (the seam
+controller-runtime's priority queue keeps in its `now`/`tick` fields, trio's `MockClock`).
 
 `now()` is float seconds on a monotonic scale with an arbitrary origin, for durations and
 deadlines; `utcnow()` is the wall clock (an aware UTC datetime) for what is written down: status
