@@ -276,6 +276,35 @@ async def test_admission_lets_the_tenant_use_what_it_was_given(scene: Scene) -> 
                                                 dnsTemplate=f"web.shop.{ZONE}")) is None
 
 
+@pytest.mark.usefixtures("admission")
+async def test_a_withdrawn_tenant_s_ingress_can_still_be_finalized_but_not_changed(scene: Scene) -> None:
+    """The policy judges what a tenant writes into the spec. Once the cluster admin withdraws the
+    namespace, a write that leaves the spec alone (the operator's finalizer, a label) is still
+    admitted, so the operator can revoke the ingress and let it go; a change of the spec is not."""
+    body = ingress("web", scene.shop, scene.tailnet, "tag:shop-web", dnsTemplate=f"web.shop.{ZONE}")
+    await scene.tenant.create(TAILNET_INGRESS, body, scene.shop)
+    await eventually(lambda: _has_finalizer(scene.admin, scene.shop, "web"), timeout=60,
+                     what="the operator's finalizer on the ingress")
+
+    await scene.admin.merge_patch(TAILNET, scene.tailnet, {"spec": {"tenants": [
+        {"namespaces": [scene.intruder], "tags": ["tag:other-*"]}]}})
+    probe = ingress("probe", scene.shop, scene.tailnet, "tag:shop-probe")
+    await eventually(lambda: _refusal(scene.admin, probe), timeout=30, what="the withdrawal in force")
+
+    await scene.tenant.merge_patch(TAILNET_INGRESS, "web", {"metadata": {"labels": {"team": "shop"}}}, scene.shop)
+    with pytest.raises(APIError, match=f"namespace {scene.shop} is not a tenant"):
+        await scene.tenant.merge_patch(TAILNET_INGRESS, "web", {"spec": {"hostname": "web2"}}, scene.shop)
+
+    await scene.tenant.delete(TAILNET_INGRESS, "web", scene.shop)
+    await eventually(lambda: _gone(scene.admin, TAILNET_INGRESS, "web", scene.shop), timeout=60,
+                     what="the ingress deleted (the operator removed its finalizer)")
+
+
+async def _has_finalizer(client: Client, namespace: str, name: str) -> bool:
+    obj = await client.get(TAILNET_INGRESS, name, namespace)
+    return bool(obj["metadata"].get("finalizers"))
+
+
 # -- the operator alone -----------------------------------------------------------------------------
 
 

@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 
+from tailnet_operator.api.crds import load_samples
 from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.api.tailnet import Tailnet
+from tailnet_operator.controllers.ingress import zones_of
 from tailnet_operator.resources import ingress as build
 from tailnet_operator.tenancy import (
     Claim,
@@ -141,3 +143,15 @@ def test_the_policys_grant_sources_and_approvers_are_reserved() -> None:
               "acls": [{"action": "accept", "src": ["tag:ops"], "dst": ["*:*"]}],
               "autoApprovers": {"routes": {"10.0.0.0/8": ["tag:router"]}, "exitNode": ["tag:exit"]}}
     assert policy_reserved_tags(policy) == {"tag:ci", "tag:ops", "tag:router", "tag:exit"}
+
+
+def test_the_shipped_samples_are_within_their_tenancy() -> None:
+    """The sample TailnetIngress (make run applies it in namespace monitoring) asks only what the
+    sample Tailnet's spec.tenants gives that namespace: its tag, its name and its alias under
+    every zone."""
+    samples = {s["kind"]: s for s in load_samples()}
+    sample_tailnet = Tailnet.model_validate(samples["Tailnet"])
+    raw = samples["TailnetIngress"]
+    sample_ingress = TailnetIngress.model_validate({**raw, "metadata": {**raw["metadata"], "namespace": "monitoring"}})
+    names = build.dns_names(sample_ingress, zones_of(sample_tailnet))
+    assert judge(sample_ingress, sample_tailnet, reserved=set(), names=names) is None
