@@ -72,7 +72,7 @@ async def test_no_new_finalizer_once_deletion_started() -> None:
     obj = fake.add(WIDGET, widget())
     await rt.add_finalizer(fake, WIDGET, obj, "a.example/one")
     deleting = await fake.delete(WIDGET, "w", "ns")
-    assert deleting["metadata"]["deletionTimestamp"]
+    assert deleting["metadata"]["deletionTimestamp"] and deleting["metadata"]["generation"] == 2
     with pytest.raises(rt.Invalid, match="no new finalizers can be added if the object is being deleted") as refused:
         await rt.add_finalizer(fake, WIDGET, deleting, "b.example/two", field_manager="other")
     assert refused.value.status == 422 and refused.value.causes[0]["field"] == "metadata.finalizers"

@@ -20,9 +20,9 @@ kube-apiserver by ``e2e/test_fake_contract.py``):
   (a create or a PUT: the manager owns what it set or changed, and takes it from others);
 * the status subresource: a main apply ignores ``status``, a status apply only sets ``status``
   and needs the object to exist;
-* deletion: delete sets ``deletionTimestamp`` while finalizers remain, and removing the last one
-  deletes; once deletion has started no new finalizer may be added (:class:`~..errors.Invalid`,
-  as the API server's metadata validation answers);
+* deletion: delete sets ``deletionTimestamp`` (and moves the generation) while finalizers remain,
+  and removing the last one deletes; once deletion has started no new finalizer may be added
+  (:class:`~..errors.Invalid`, as the API server's metadata validation answers);
 * list and watch through :attr:`FakeClient.lister_watcher`, so a real
   :class:`~..informer.Informer` or :class:`~..cache.SharedCache` can run on it. A watch from
   ``""`` or ``"0"`` starts with the objects as ADDED events; :meth:`FakeClient.compact` forgets
@@ -240,6 +240,8 @@ class FakeClient(TypedReader):
                 obj = copy.deepcopy(current)
                 obj["metadata"]["deletionTimestamp"] = _rfc3339(self._clock)
                 obj["metadata"]["deletionGracePeriodSeconds"] = 0
+                if "generation" in obj["metadata"]:  # so a GenerationChanged predicate passes the deletion
+                    obj["metadata"]["generation"] += 1
                 self._store(resource, key, obj, "MODIFIED")
                 return obj
             return current
