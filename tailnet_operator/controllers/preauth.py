@@ -11,8 +11,10 @@ that survives a crash at any step (the same order as the working API key's):
 2. store it in the Secret, recording the old key's id as ``previous``;
 3. expire the old key, then forget ``previous``.
 
-A crash after 1 leaves an unused key that expires on its own; after 2, the next reconcile finds
-``previous`` and finishes step 3. The old key is never expired before the new Secret is in place,
+A failed step 2 that may have stored the key stores the same key again on the next attempt
+(:mod:`.unconfirmed`); one that certainly wrote nothing expires it. A crash after 1 leaves an
+unused marked key that the orphan sweep expires; after 2, the next reconcile finds ``previous``
+and finishes step 3. The old key is never expired before the new Secret is in place,
 so a pod restarting in between always finds a valid key. The key itself never leaves the Secret:
 status carries only its id, masked prefix and times.
 """
@@ -27,10 +29,11 @@ from datetime import datetime, timedelta
 import structlog
 
 from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, NotFound, mask_key
-from tailnet_operator.runtime import SECRET, Clock, Writer, certainly_not_written
+from tailnet_operator.runtime import SECRET, Clock, Writer
 from tailnet_operator.types import JSON
 
 from .conditions import rfc3339
+from .unconfirmed import Unconfirmed
 
 __all__ = ["AUTH_KEY_FIELD", "LIFETIME", "AuthKey", "AuthKeyKeeper", "Wanted", "expire_owned"]
 
@@ -119,6 +122,8 @@ class AuthKeyKeeper:
         self.writer = writer
         self.clock = clock
         self.field_manager = field_manager
+        self.unconfirmed: Unconfirmed[AuthKey] = Unconfirmed()
+        """Keys created whose Secret write may have landed, stored again before any other is made."""
 
     def why_rotate(self, stored: AuthKey | None, wanted: Wanted) -> str:
         """Why a new key is needed now ("" when the stored one is fine)."""
@@ -134,24 +139,35 @@ class AuthKeyKeeper:
 
     async def ensure(self, hs: HeadscaleClient, metadata: JSON, stored: AuthKey | None,
                      wanted: Wanted) -> tuple[AuthKey, str]:
-        """The key to use, rotated when due (and the reason, "" when nothing was rotated)."""
+        """The key to use, rotated when due (and the reason, "" when nothing was rotated).
+
+        A key minted by an earlier attempt whose Secret write may have landed is stored again
+        first (:mod:`.unconfirmed`): a retry never mints a second key."""
+        slot = f"{metadata.get('namespace', '')}/{metadata['name']}"
+        reason = ""
+        held = self.unconfirmed.held(slot)
+        if (pending := self.unconfirmed.pending(slot, stored_id=stored.id if stored else None)) is not None:
+            await self._store_new(hs, slot, metadata, pending)
+            stored = pending
+        if held is not None and stored is not None and held.id == stored.id:
+            reason = "created before; its Secret write had an uncertain outcome"
         if stored is not None and stored.previous_id:
             stored = await self._expire_previous(hs, metadata, stored)
-        reason = self.why_rotate(stored, wanted)
-        if not reason:
+        if not (why := self.why_rotate(stored, wanted)):
             assert stored is not None
-            return stored, ""
+            return stored, reason
         new = await self._create(hs, wanted, previous=stored)
-        try:
-            await self.store(metadata, new)
-        except Exception as exc:
-            if certainly_not_written(exc):  # nothing refers to the new key: expire it, or every retry leaks one
-                with contextlib.suppress(HeadscaleError):
-                    await hs.expire_preauth_key(new.id)
-            raise
+        await self._store_new(hs, slot, metadata, new)
         if new.previous_id:
             new = await self._expire_previous(hs, metadata, new)
-        return new, reason
+        return new, why
+
+    async def _store_new(self, hs: HeadscaleClient, slot: str, metadata: JSON, new: AuthKey) -> None:
+        async def abandon(key: AuthKey) -> None:  # nothing refers to it: expire it, or every retry leaks one
+            with contextlib.suppress(HeadscaleError):
+                await hs.expire_preauth_key(key.id)
+
+        await self.unconfirmed.store(slot, new, lambda key: self.store(metadata, key), abandon)
 
     async def _create(self, hs: HeadscaleClient, wanted: Wanted, *, previous: AuthKey | None) -> AuthKey:
         now = self.clock.utcnow()

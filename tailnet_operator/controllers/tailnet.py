@@ -11,10 +11,12 @@ Rotation at half the key's lifetime, in an order that survives a crash at any st
 3. store it, recording the old key's id as ``previous`` in the Secret;
 4. expire the old key, then forget ``previous``.
 
-A crash after 1 leaves the old key in place (the new one is never used and expires on its
-own); after 3, the next reconcile finds ``previous`` and finishes step 4. A working key that
-Headscale rejects (expired or deleted by hand) is replaced from the bootstrap key, with an
-Event saying so.
+A store (3) that may have landed but failed is not followed by another mint: the next attempt
+stores the same key again (:mod:`.unconfirmed`); one that certainly wrote nothing expires the new
+key. A crash after 1 leaves the old key in place (the new one is never used and expires on its
+own: API keys carry no marker the orphan sweep could recognise); after 3, the next reconcile
+finds ``previous`` and finishes step 4. A working key that Headscale rejects (expired or deleted
+by hand) is replaced from the bootstrap key, with an Event saying so.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ from tailnet_operator.runtime import (
     Result,
     Writer,
     add_finalizer,
-    certainly_not_written,
     has_finalizer,
     remove_finalizer,
 )
@@ -61,6 +62,7 @@ from .cleanup import GIVE_UP, Cleanup
 from .conditions import Cond, Status, rfc3339
 from .kinds import TAILNET
 from .status import StatusWriter
+from .unconfirmed import Unconfirmed
 
 __all__ = [
     "FIELD_MANAGER",
@@ -116,6 +118,8 @@ class TailnetReconciler:
         self.status = StatusWriter(writer, deps.clock, field_manager=FIELD_MANAGER)
         self.after_store = after_store
         self.cleanup = Cleanup(deps.events, deps.clock)
+        self.unconfirmed: Unconfirmed[StoredKey] = Unconfirmed()
+        """Working keys minted whose Secret write may have landed, stored again before any other is minted."""
 
     @property
     def namespace(self) -> str:
@@ -175,6 +179,11 @@ class TailnetReconciler:
 
     async def _ensure_access(self, run: Run) -> tuple[StoredKey, str]:
         stored = self.access.stored_key(run.tailnet)
+        held = self.unconfirmed.held(run.name)
+        if (pending := self.unconfirmed.pending(run.name, stored_id=stored.id if stored else None)) is not None:
+            stored = await self._store_unconfirmed(run, pending, stored)
+        elif held is not None:
+            await self._announce(run, held)  # the write that seemed to fail was stored
         if stored is not None:
             try:
                 version = await self._verify(run, stored.key)
@@ -197,6 +206,33 @@ class TailnetReconciler:
         if self.clock.utcnow() >= self._rotation_due(stored, run.tailnet):
             stored, version = await self._rotate(run, stored)
         return stored, version
+
+    async def _store_unconfirmed(self, run: Run, pending: StoredKey, stored: StoredKey | None) -> StoredKey | None:
+        """Store again a key minted by an earlier attempt whose write may have landed (:mod:`.unconfirmed`),
+        once Headscale is seen to accept it; the key to go on with."""
+        try:
+            await self._verify(run, pending.key)
+        except Unauthorized:
+            self.unconfirmed.forget(run.name)  # rejected (expired by hand?): nothing can use it, nothing to expire
+            return stored
+        except HeadscaleError as exc:
+            raise problem_from(exc, "checking the working key minted before") from exc
+        await self.unconfirmed.store(run.name, pending, lambda key: self._store(run, key), self._never_abandoned)
+        await self._announce(run, pending)
+        return pending
+
+    async def _announce(self, run: Run, key: StoredKey) -> None:
+        """The Event of a mint or rotation whose store first seemed to fail."""
+        if key.previous_id:
+            await self.events.normal(run.obj, "WorkingKeyRotated", f"rotated the working key to {key.prefix} "
+                                     "(its Secret write had an uncertain outcome)", action="Rotate")
+        else:
+            await self.events.normal(run.obj, "WorkingKeyMinted", f"minted working key {key.prefix} from the "
+                                     "bootstrap key (its Secret write had an uncertain outcome)", action="Mint")
+
+    @staticmethod
+    async def _never_abandoned(key: StoredKey) -> None:
+        raise AssertionError(f"a key whose store was uncertain is never abandoned ({key.id})")
 
     async def _verify(self, run: Run, key: str) -> str:
         """A call made with ``key``: proves it works and returns the server's version."""
@@ -228,12 +264,11 @@ class TailnetReconciler:
         except HeadscaleError as exc:
             raise problem_from(exc, "proving the new working key") from exc
         stored = self._stored(secret_key, info, lifetime, previous_id=previous.id if previous else "")
-        try:
-            await self._store(run, stored)
-        except Exception as exc:
-            if certainly_not_written(exc):  # an admin key nothing refers to: expire it, or every retry leaks one
-                await self._abandon(run, with_key, stored.id)
-            raise
+
+        async def abandon(key: StoredKey) -> None:  # an admin key nothing refers to: expire it, or retries leak
+            await self._abandon(run, with_key, key.id)
+
+        await self.unconfirmed.store(run.name, stored, lambda key: self._store(run, key), abandon)
         return stored, version
 
     async def _abandon(self, run: Run, with_key: str, key_id: str) -> None:

@@ -330,3 +330,31 @@ async def test_a_key_whose_secret_was_certainly_not_written_is_expired(failure: 
 
     [key] = world.headscale.preauth_keys.values()
     assert bool(key.get("expired")) is expired
+
+
+@pytest.mark.parametrize("land", [False, True])
+async def test_a_key_whose_store_may_have_landed_is_stored_again_not_created_again(land: bool) -> None:
+    world = await world_with_tailnet()
+    world.add_egress()
+    apply = world.kube.apply
+    failures: list[Exception] = [TransportError("PATCH: timed out"), TransportError("PATCH: timed out"),
+                                 TransportError("PATCH: connect failed", unsent=True)]
+
+    async def failing(resource: Any, body: Any, **kwargs: Any) -> Any:
+        if resource == SECRET and body["metadata"]["name"] == auth_key_secret_name("TailnetEgress", "db") and failures:
+            if land:  # etcd committed it; the answer was lost
+                await apply(resource, body, **kwargs)
+            raise failures.pop(0)
+        return await apply(resource, body, **kwargs)
+
+    world.kube.apply = failing  # type: ignore[method-assign]
+    for _ in range(3):
+        with contextlib.suppress(TransportError):
+            await world.reconcile_egress()
+    world.kube.apply = apply  # type: ignore[method-assign]
+    await world.reconcile_egress()
+
+    [key] = world.headscale.preauth_keys.values()
+    assert not key.get("expired"), "a retry that certainly failed must not expire a key that may be stored"
+    secret = world.kube.get(SECRET, auth_key_secret_name("TailnetEgress", "db"), NAMESPACE)
+    assert secret is not None and secret["metadata"]["annotations"]["tailnet.dev/key-id"] == str(key["id"])

@@ -4,6 +4,7 @@ and no write when nothing changed."""
 from __future__ import annotations
 
 import base64
+import contextlib
 from typing import Any
 
 import pytest
@@ -244,6 +245,67 @@ async def test_a_working_key_whose_secret_was_certainly_not_written_is_expired(f
 
     minted = [k for k in world.headscale.keys.values() if k.key != bootstrap]
     assert len(minted) == 1 and minted[0].expired is expired
+
+
+def uncertain_secret_writes(world: World, failures: list[Exception], *, land: bool = False) -> None:
+    """The working key's Secret writes fail with ``failures`` in turn (then succeed); with ``land``
+    each failed write is stored all the same (a timeout after etcd committed it)."""
+    apply = world.kube.apply
+
+    async def failing(resource: Any, body: Any, **kwargs: Any) -> Any:
+        if resource == SECRET and body["metadata"]["name"] != "bootstrap" and failures:
+            if land:
+                await apply(resource, body, **kwargs)
+            raise failures.pop(0)
+        return await apply(resource, body, **kwargs)
+
+    world.kube.apply = failing  # type: ignore[method-assign]
+
+
+def minted_keys(world: World, bootstrap: str) -> list[Any]:
+    return [k for k in world.headscale.keys.values() if k.key != bootstrap]
+
+
+@pytest.mark.parametrize("land", [False, True])
+async def test_a_working_key_whose_store_may_have_landed_is_stored_again_not_minted_again(land: bool) -> None:
+    world = World()
+    bootstrap = world.bootstrap_secret()
+    world.add_tailnet()
+    uncertain_secret_writes(world, [TransportError("PATCH: timed out"),
+                                    ServerError(500, "InternalError", "etcdserver: request timed out"),
+                                    TransportError("PATCH: connect failed", unsent=True)], land=land)
+    for _ in range(3):  # once landed, the key is seen stored and nothing is written again
+        with contextlib.suppress(TransportError, ServerError):
+            await world.reconcile_tailnet()
+
+    await world.reconcile_tailnet()
+
+    [minted] = minted_keys(world, bootstrap)
+    assert world.working_key() == minted.key and world.headscale.live(minted.key), \
+        "a retry that certainly failed must not expire a key an earlier uncertain write may have stored"
+    assert world.condition("Ready")["reason"] == "Connected"
+    assert world.events.reasons == ["WorkingKeyMinted"]
+
+
+async def test_a_rotation_whose_store_may_have_landed_is_finished_with_the_same_key() -> None:
+    world = World()
+    bootstrap = world.bootstrap_secret()
+    world.add_tailnet(lifetime="2h")
+    await world.reconcile_tailnet()
+    old = world.working_key()
+    uncertain_secret_writes(world, [TransportError("PATCH: timed out"), TransportError("PATCH: timed out")])
+    world.clock.advance(3601)  # past half-life
+    for _ in range(2):
+        with pytest.raises(TransportError):
+            await world.reconcile_tailnet()
+
+    await world.reconcile_tailnet()
+
+    keys = minted_keys(world, bootstrap)
+    assert len(keys) == 2, "one key minted at first, one for the rotation: no more"
+    new = world.working_key()
+    assert new != old and world.headscale.live(new) and not world.headscale.live(old)
+    assert world.events.reasons == ["WorkingKeyMinted", "WorkingKeyRotated"]
 
 
 async def test_a_new_working_key_that_does_not_work_is_never_stored() -> None:

@@ -1,0 +1,78 @@
+"""Keys minted but not yet known to be stored: stored again, never minted again.
+
+The working API key (:mod:`.tailnet`) and the pre-auth keys (:mod:`.preauth`) are both created in
+Headscale first and recorded in a Secret second. When that write fails, one of two things is known:
+
+- it **certainly** wrote nothing (a 4xx answer, or the request was never sent:
+  :func:`~tailnet_operator.runtime.certainly_not_written`): nothing refers to the key, so it is
+  expired at once (``abandon``);
+- it **may** have been stored (a timeout, a broken connection, a 5xx: etcd may have committed it):
+  expiring the key could leave the Secret holding a dead key, and minting another on the retry
+  would leak one key per retry. So the key is remembered here, by the Secret it was meant for, and
+  the next attempt stores the *same* key again (an apply of the same content is idempotent);
+  if the Secret turns out to hold it, it is simply forgotten.
+
+A key that was once uncertain is never abandoned later, even when a retry certainly failed: the
+first write may still have landed. The record lives in the process: a leader that exits between
+the two steps leaves its key behind (pre-auth keys carry the installation's marker and the
+orphan sweep expires them; API keys carry none: see docs/reliability.md, "Chaos").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Generic, Protocol, TypeVar
+
+from tailnet_operator.runtime import certainly_not_written
+
+__all__ = ["Unconfirmed"]
+
+
+class _Key(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+K = TypeVar("K", bound=_Key)
+
+
+class Unconfirmed(Generic[K]):
+    """Minted keys whose store had an uncertain outcome, one per slot (the Secret's ``namespace/name``)."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, K] = {}
+
+    def held(self, slot: str) -> K | None:
+        """The key remembered for ``slot``, confirmed or not (to tell what :meth:`pending` confirmed)."""
+        return self._keys.get(slot)
+
+    def pending(self, slot: str, *, stored_id: str | None) -> K | None:
+        """The key minted for ``slot`` that must be stored before anything else is minted, or None.
+        ``stored_id`` is the id the Secret is seen to hold: when it is that key's, the key is
+        confirmed and forgotten."""
+        key = self._keys.get(slot)
+        if key is not None and key.id == stored_id:
+            del self._keys[slot]
+            return None
+        return key
+
+    def forget(self, slot: str) -> None:
+        """Drop the record (the key turned out to be unusable: nothing more can be done with it)."""
+        self._keys.pop(slot, None)
+
+    async def store(self, slot: str, key: K, write: Callable[[K], Awaitable[None]],
+                    abandon: Callable[[K], Awaitable[None]]) -> None:
+        """``write(key)``; on failure, ``abandon(key)`` if nothing can refer to it, else remember it
+        for the next attempt. The error is raised again either way."""
+        held = self._keys.get(slot)
+        was_uncertain = held is not None and held.id == key.id
+        try:
+            await write(key)
+        except Exception as exc:
+            if certainly_not_written(exc) and not was_uncertain:
+                self._keys.pop(slot, None)
+                await abandon(key)
+            else:
+                self._keys[slot] = key
+            raise
+        self._keys.pop(slot, None)
