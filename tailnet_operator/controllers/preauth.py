@@ -147,8 +147,11 @@ class AuthKeyKeeper:
         reason = ""
         held = self.unconfirmed.held(slot)
         if (pending := self.unconfirmed.pending(slot, stored_id=stored.id if stored else None)) is not None:
-            await self._store_new(hs, slot, metadata, pending)
-            stored = pending
+            if await _usable(hs, pending.id, self.clock.utcnow()):
+                await self._store_new(hs, slot, metadata, pending)
+                stored = pending
+            else:  # expired meanwhile (the orphan sweep, after its grace): nothing can use it
+                self.unconfirmed.forget(slot)
         if held is not None and stored is not None and held.id == stored.id:
             reason = "created before; its Secret write had an uncertain outcome"
         if stored is not None and stored.previous_id:
@@ -197,6 +200,12 @@ class AuthKeyKeeper:
     async def expire(self, hs: HeadscaleClient, stored: AuthKey) -> None:
         """Expire the key (and a previous one not yet expired) of a CR being deleted."""
         await expire_owned(hs, [(stored.previous_id, stored.previous_tag or stored.tag), (stored.id, stored.tag)])
+
+
+async def _usable(hs: HeadscaleClient, key_id: str, now: datetime) -> bool:
+    """Whether Headscale still lists the key ``key_id`` unexpired."""
+    key = next((k for k in await hs.list_preauth_keys() if k.id == key_id), None)
+    return key is not None and (key.expiration is None or key.expiration > now)
 
 
 async def expire_owned(hs: HeadscaleClient, keys: list[tuple[str, str]]) -> list[str]:

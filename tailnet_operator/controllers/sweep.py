@@ -6,7 +6,9 @@ leave a key that was created and never recorded. This controller, one reconcile 
 :data:`SWEEP_SECONDS` (controllers run only on the leader), lists the Tailnet's Headscale and
 expires the pre-auth keys, and deletes the ephemeral nodes, that carry this installation's marker
 (:func:`~tailnet_operator.headscale.installation_tag` of the Tailnet's uid) and that none of this
-installation's CRs refers to (:func:`~tailnet_operator.headscale.orphans_of` has the rule).
+installation's CRs refers to (:func:`~tailnet_operator.headscale.orphans_of` has the rule); and
+deletes the installation's ephemeral nodes offline for longer than ``stale_after``
+(:func:`stale_nodes`), which Headscale should have aged out.
 
 What counts is this Tailnet's own: the TailnetEgresses of the operator's namespace (the only
 ones it acts on), the TailnetIngresses and TailnetGateways that name the Tailnet, and the key
@@ -35,9 +37,13 @@ from tailnet_operator.headscale import (
     DEFAULT_GRACE,
     HeadscaleClient,
     HeadscaleError,
+    Node,
     Orphans,
+    PreAuthKey,
     References,
     find_orphans,
+    orphans_of,
+    owned_node,
     sweep_orphans,
 )
 from tailnet_operator.names import TAILNET_LABEL, managed_by_operator
@@ -47,13 +53,17 @@ from tailnet_operator.types import JSON
 from .access import Deps, NoAccess, Problem
 from .kinds import TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS
 
-__all__ = ["SWEEP_SECONDS", "OrphanSweeper", "SweepMetrics", "installation_crs", "list_orphans", "references",
-           "references_from"]
+__all__ = ["STALE_AFTER", "SWEEP_SECONDS", "OrphanSweeper", "SweepMetrics", "installation_crs", "list_orphans",
+           "references", "references_from", "stale_nodes"]
 
 log = structlog.get_logger("controllers.sweep")
 
 SWEEP_SECONDS = 600.0
 """How often each Tailnet's Headscale is swept."""
+STALE_AFTER = dt.timedelta(hours=1)
+"""How long an ephemeral node of the installation may stay offline before the sweep deletes it even
+though a CR has its tag: twice Headscale's default ``ephemeral_node_inactivity_timeout`` (30 min),
+so it is only what Headscale should have aged out and did not (a SIGKILL loses its expiry timers)."""
 RETRY_SECONDS = 60.0
 """How soon a sweep that could not reach Headscale is tried again."""
 
@@ -132,6 +142,17 @@ async def list_orphans(hs: HeadscaleClient, refs: References, *, now: dt.datetim
     return await find_orphans(hs, refs, now=now, grace=grace, owner_tag=owner_tag or hs.owner_tag)
 
 
+def stale_nodes(keys: Iterable[PreAuthKey], nodes: Iterable[Node], *, owner_tag: str, now: dt.datetime,
+                offline_for: dt.timedelta) -> list[Node]:
+    """The installation's ephemeral nodes offline (by ``lastSeen``, else creation) for ``offline_for``
+    or longer, whatever their tags: Headscale ages these out itself, unless it was killed while
+    they were offline (its expiry timers live in memory; chaos runs have seen four such nodes)."""
+    ephemeral = {k.id for k in keys if k.ephemeral}
+    return [n for n in nodes
+            if owned_node(n, owner_tag) and (n.pre_auth_key_id or "") in ephemeral and not n.online
+            and (seen := n.last_seen or n.created_at) is not None and now - seen >= offline_for]
+
+
 class SweepMetrics:
     """``tailnet_operator_orphans_swept_total{kind}``: pre-auth keys expired and nodes deleted by
     the sweep; ``tailnet_operator_orphan_sweeps_total{result}``: sweeps, ``ok`` or ``error``."""
@@ -153,11 +174,15 @@ class OrphanSweeper:
     """Reconciles a Tailnet by sweeping its Headscale; requeues itself every ``interval`` seconds."""
 
     def __init__(self, deps: Deps, *, metrics: SweepMetrics | None = None, grace: dt.timedelta = DEFAULT_GRACE,
-                 interval: float = SWEEP_SECONDS) -> None:
+                 interval: float = SWEEP_SECONDS, stale_after: dt.timedelta = STALE_AFTER) -> None:
         self.reader, self.access, self.events, self.clock = deps.reader, deps.access, deps.events, deps.clock
         self.metrics = metrics
         self.grace = grace
+        """How old an unreferenced key or node must be to go (default 10 min: longer than a create-then-store)."""
         self.interval = interval
+        """Seconds between sweeps of one Tailnet (default :data:`SWEEP_SECONDS`)."""
+        self.stale_after = stale_after
+        """How long an owned ephemeral node may be offline before it goes (default :data:`STALE_AFTER`)."""
         self.last: Orphans = Orphans()
         """What the last sweep removed (for tests and diagnostics)."""
 
@@ -178,9 +203,12 @@ class OrphanSweeper:
                   referenced_keys=sorted(refs.key_ids), referenced_tags=sorted(refs.tags))
         try:
             async with self.access.open(connection) as hs:
-                orphans = await find_orphans(hs, refs, owner_tag=connection.owner_tag, now=self.clock.utcnow(),
-                                             grace=self.grace)
-                swept = await sweep_orphans(hs, orphans)
+                keys, nodes = await hs.list_preauth_keys(), await hs.list_nodes()
+                now = self.clock.utcnow()
+                orphans = orphans_of(keys, nodes, refs, owner_tag=connection.owner_tag, now=now, grace=self.grace)
+                stale = stale_nodes(keys, nodes, owner_tag=connection.owner_tag, now=now, offline_for=self.stale_after)
+                extra = tuple(n for n in stale if n.id not in {o.id for o in orphans.nodes})
+                swept = await sweep_orphans(hs, Orphans(keys=orphans.keys, nodes=orphans.nodes + extra))
         except HeadscaleError as exc:
             if self.metrics is not None:
                 self.metrics.sweeps.labels("error").inc()

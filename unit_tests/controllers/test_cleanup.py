@@ -134,6 +134,34 @@ async def test_the_sweep_expires_the_key_and_deletes_the_node_of_a_gone_ingress_
     assert not sweeper.last, "an expired key is no orphan: a second sweep finds nothing"
 
 
+async def test_the_sweep_deletes_an_ephemeral_node_offline_past_stale_after_even_with_a_live_tag() -> None:
+    """Headscale forgets to age out an ephemeral node offline across its own restart; the sweep
+    deletes such a node once offline for ``stale_after``, and never an online one or another's."""
+    world = await world_with_tailnet()
+    world.add_ingress()
+    world.headscale.policy = ('{"tagOwners": {"tag:ingress-shop": []}, '
+                              '"grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]}')
+    await world.reconcile_ingress()
+    [key] = world.headscale.preauth_keys.values()
+    marker = installation_tag(world.tailnet_obj()["metadata"]["uid"])
+    seen = key["createdAt"]
+    for node_id, online, tags in (("1", False, ["tag:ingress-shop", marker]), ("2", True, ["tag:ingress-shop", marker]),
+                                  ("3", False, ["tag:ingress-shop"])):
+        world.headscale.nodes.append({"id": node_id, "name": f"n{node_id}", "tags": tags, "online": online,
+                                      "createdAt": seen, "lastSeen": seen, "preAuthKey": {"id": key["id"]}})
+    sweeper = OrphanSweeper(world.deps, stale_after=timedelta(minutes=5))
+
+    world.clock.advance(timedelta(minutes=4).total_seconds())
+    await sweeper.reconcile(Request("", "tn"))
+    assert not sweeper.last, "offline for less than stale_after: left to Headscale"
+
+    world.clock.advance(timedelta(minutes=2).total_seconds())
+    await sweeper.reconcile(Request("", "tn"))
+
+    assert [n.id for n in sweeper.last.nodes] == ["1"] and not sweeper.last.keys
+    assert [n["id"] for n in world.headscale.nodes] == ["2", "3"]
+
+
 def test_references_keep_a_secret_without_owner_and_drop_one_whose_cr_is_gone() -> None:
     notes = {"tailnet.dev/key-id": "1", "tailnet.dev/previous-key-id": "2", "tailnet.dev/tag": "tag:a"}
     secrets: list[JSON] = [

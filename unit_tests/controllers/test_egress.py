@@ -358,3 +358,29 @@ async def test_a_key_whose_store_may_have_landed_is_stored_again_not_created_aga
     assert not key.get("expired"), "a retry that certainly failed must not expire a key that may be stored"
     secret = world.kube.get(SECRET, auth_key_secret_name("TailnetEgress", "db"), NAMESPACE)
     assert secret is not None and secret["metadata"]["annotations"]["tailnet.dev/key-id"] == str(key["id"])
+
+
+async def test_a_key_expired_while_its_store_was_uncertain_is_replaced() -> None:
+    """The orphan sweep may expire a key whose Secret write is still unconfirmed (an outage longer
+    than its grace): the retry must not store a dead key."""
+    world = await world_with_tailnet()
+    world.add_egress()
+    apply = world.kube.apply
+    name = auth_key_secret_name("TailnetEgress", "db")
+
+    async def failing(resource: Any, body: Any, **kwargs: Any) -> Any:
+        if resource == SECRET and body["metadata"]["name"] == name:
+            raise TransportError("PATCH: timed out")
+        return await apply(resource, body, **kwargs)
+
+    world.kube.apply = failing  # type: ignore[method-assign]
+    with contextlib.suppress(TransportError):
+        await world.reconcile_egress()
+    [first] = world.headscale.preauth_keys.values()
+    first["expired"], first["expiration"] = True, "2026-01-01T00:00:00Z"
+    world.kube.apply = apply  # type: ignore[method-assign]
+    await world.reconcile_egress()
+
+    secret = world.kube.get(SECRET, name, NAMESPACE)
+    assert secret is not None and secret["metadata"]["annotations"]["tailnet.dev/key-id"] != str(first["id"])
+    assert len(world.headscale.preauth_keys) == 2
