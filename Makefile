@@ -80,11 +80,12 @@ test: prereqs
 	wait $$builder
 
 # OPERATOR=source runs the operator from the source tree against the local cluster (no image build).
-# The binaries build while the virtualenv is set up.
+# The binaries build in the background from the start; the virtualenv is set up beside them, then
+# hack.localenv starts the project's image build and waits for each binary as it needs it.
 run: prereqs
 	@set -m; $(PYTHON) -m hack.binaries build --set run & builder=$$!; set +m; \
 	trap 'kill -TERM -- -$$builder 2>/dev/null; true' EXIT; \
-	$(MAKE) --no-print-directory native && wait $$builder && \
+	$(MAKE) --no-print-directory native && \
 	TAILNET_RUN_OPERATOR=$(OPERATOR) $(PY) -m hack.localenv
 
 # The cluster tests against kind: the same tests `make test` runs against the local node.

@@ -27,6 +27,7 @@ import datetime as dt
 import os
 import shutil
 import signal
+import subprocess
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -286,10 +287,28 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     (``hack/binaries.py``, the ``test`` set), so the first tests run while the rest build. A
     module keeps its tests together and in their order (its fixtures are set up once).
     """
+    _prebuild_project_image(config, items)
     e2e = Path(__file__).parent
     tiers = module_tiers((item.path, getattr(item, "fixturenames", ())) for item in items
                          if item.path.is_relative_to(e2e))
     items.sort(key=lambda item: tiers.get(item.path, 0))
+
+
+_prebuild: subprocess.Popen[bytes] | None = None
+
+
+def _prebuild_project_image(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Start the project's image build now when a collected test will need it: it needs no Go
+    binary, so it runs while the first tiers do and the binaries build, instead of on the
+    cluster tier's critical path (``project_image`` then finds it cached, or waits for it)."""
+    global _prebuild
+    if config.option.collectonly or os.geteuid() != 0:
+        return
+    if not any("project_image" in getattr(item, "fixturenames", ()) for item in items):
+        return
+    from hack import image
+
+    _prebuild = image.build_in_background(_session_environment().log_dir / "image-build.log", "project")
 
 
 @contextlib.contextmanager
@@ -334,6 +353,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         skips.account(session, reporter, os.environ)
+    if _prebuild is not None:
+        from hack import image
+
+        image.stop_background(_prebuild)
     if _environment is None:
         return
     _environment.close()

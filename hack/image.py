@@ -673,6 +673,32 @@ def project_image() -> Image:
     return _project()[0]
 
 
+def build_in_background(log: Path, *targets: str) -> subprocess.Popen[bytes]:
+    """Start ``python -m hack.image build TARGETS`` in its own process group, its output in ``log``.
+
+    A caller that needs the image later finds it cached, or waits on the build lock for this
+    build to end: ``make run`` and the test session start the project's image this way while the
+    binaries still build, so it is off their critical path. :func:`stop_background` ends it.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "hack.image", "build", *targets], cwd=REPO_ROOT,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_background(build: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """Stop a build of :func:`build_in_background` that is still running (and reap it)."""
+    if build.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(build.pid, signal.SIGTERM)
+        try:
+            build.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(build.pid, signal.SIGKILL)
+            build.wait()
+
+
 # --- the real check -------------------------------------------------------------------------
 
 

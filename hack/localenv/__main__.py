@@ -125,10 +125,12 @@ def _prepare(plane: ControlPlane, headscale: Headscale, env: Environment) -> Pat
     return key_file
 
 
-def _install_in_cluster(cluster: Cluster, env: Environment) -> None:
+def _install_in_cluster(cluster: Cluster, env: Environment, prebuild: subprocess.Popen[bytes] | None) -> None:
     from hack import image
 
     print("building the project's image (cached by content) ...", flush=True)
+    if prebuild is not None:
+        prebuild.wait()  # then cached, or built (and its error told) below
     built = image.project_image()
     cluster.load_image(built)
     install_operator(cluster.kubeconfig, install_overlay(env.root / "install", built.ref))
@@ -145,9 +147,15 @@ def main() -> int:
         shutil.rmtree(root)
     env = Environment(root, run_id=f"localenv-{os.getpid()}")
     operator: subprocess.Popen[bytes] | None = None
+    prebuild: subprocess.Popen[bytes] | None = None
     from_source = os.environ.get("TAILNET_RUN_OPERATOR", "cluster") == "source"
     try:
         no_node = _wants_node()
+        if no_node is None and not from_source:
+            from hack import image
+
+            # The image does not need the binaries: it builds while they do, or while the node starts.
+            prebuild = image.build_in_background(env.log_dir / "image-build.log", "project")
         cluster: Cluster | None = None
         if no_node is None:
             print("starting the local node: control plane, containerd, kubelet, kube-proxy, CoreDNS ...", flush=True)
@@ -164,7 +172,7 @@ def main() -> int:
             headscale = env.headscale("headscale")
         key_file = _prepare(plane, headscale, env)
         if cluster is not None and not from_source:
-            _install_in_cluster(cluster, env)
+            _install_in_cluster(cluster, env, prebuild)
         bin_dir = _link_kubectl(env)
         where = "from the source tree" if from_source else "in the cluster (kubectl -n tailnet-system logs follows)"
         print(f"""
@@ -203,6 +211,10 @@ running tailnet-operator; Ctrl-C stops everything.
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
+        if prebuild is not None:
+            from hack import image
+
+            image.stop_background(prebuild)
         if operator is not None and operator.poll() is None:
             operator.send_signal(signal.SIGTERM)
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
 import tarfile
 from pathlib import Path, PurePosixPath
 
@@ -199,3 +200,17 @@ def test_stale_images_keep_the_kept_builds_layers_and_other_repositories() -> No
 def test_parse_listing_strips_padding_and_the_digest_algorithm() -> None:
     listing = "sha256:ab12   |localhost/tailnet-operator:x  \nsha256:cd34|<none>:<none>\n\n"
     assert image.parse_listing(listing) == [("ab12", "localhost/tailnet-operator:x"), ("cd34", "<none>:<none>")]
+
+
+def test_a_background_build_writes_its_output_to_its_log(tmp_path: Path) -> None:
+    build = image.build_in_background(tmp_path / "logs" / "image-build.log", "no-such-image")
+    assert build.wait(timeout=60) == 2
+    assert "usage: python -m hack.image" in (tmp_path / "logs" / "image-build.log").read_text()
+
+
+def test_stopping_a_background_build_ends_its_whole_process_group() -> None:
+    build = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    image.stop_background(build, timeout=10)
+    assert build.returncode is not None
+    leftover = subprocess.run(["pgrep", "-g", str(build.pid)], capture_output=True, text=True)
+    assert leftover.stdout == "", "the sleep the build started is gone too"
