@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tailnet_operator.runtime.client import Client
+from tailnet_operator.runtime.errors import Conflict
 from tailnet_operator.runtime.kinds import LEASE
+
+from .polling import eventually
 
 
 @dataclass
@@ -56,3 +59,18 @@ async def lease_history(client: Client, name: str, namespace: str) -> AsyncItera
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def hijack(client: Client, name: str, namespace: str, holder: str, *, timeout: float = 30.0) -> None:
+    """Write another holder into the Lease, as a rival that ignores the protocol would: read, change,
+    replace, again on a Conflict (the leader renews in between), until ``timeout``."""
+    async def replaced() -> bool:
+        lease = await client.get(LEASE, name, namespace)
+        lease["spec"]["holderIdentity"] = holder
+        try:
+            await client.replace(LEASE, lease)
+        except Conflict:
+            return False
+        return True
+
+    await eventually(replaced, timeout=timeout, interval=0.05, what=f"{holder} written into the Lease {name}")

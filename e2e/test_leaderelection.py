@@ -36,7 +36,7 @@ from tailnet_operator.runtime.leaderelection import (
     LeaderElector,
 )
 
-from .leases import lease_history
+from .leases import hijack, lease_history
 from .polling import eventually
 
 pytestmark = pytest.mark.integration
@@ -248,11 +248,9 @@ async def test_a_leader_that_sees_another_holder_reports_the_loss_at_once(candid
     leader = candidates.start("hijacked", registry=registry)
     await within(leader.wait_leading(), 10)
 
-    lease = await candidates.lease()
-    lease["spec"]["holderIdentity"] = "usurper"
-    await candidates.client.replace(LEASE, lease)
+    await hijack(candidates.client, candidates.lease_name, NAMESPACE, "usurper")
 
-    await within(leader.wait_lost(), 2.2 * RETRY_PERIOD + 1.0)
+    await within(leader.wait_lost(), TAKEOVER_DEADLINE)
     assert not leader.is_leader
     await within(candidates.tasks["hijacked"], 1)  # run() returns after a loss
     labels = {"name": candidates.lease_name}
