@@ -46,6 +46,7 @@ from urllib.parse import quote, urlencode, urlsplit
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential
 
+from tailnet_agent.contract.clock import Clock, RealClock
 from tailnet_operator.types import JSON
 
 from ._errors import (
@@ -161,6 +162,9 @@ class HeadscaleClient:
     ``server_version`` (``"v0.29.2"``; ``""`` for a 0.26 without ``/version``) skips asking the
     server which version it runs, for callers that already know.
 
+    ``clock``: what the waits between attempts go through (the real one by default; a
+    ``FakeClock`` in tests, so that a retry is observable without waiting).
+
     ``owner_tag`` is the marker of the installation the client acts for
     (:func:`~._ownership.installation_tag`): the pre-auth keys the operator makes for its CRs carry
     it, and the orphan sweep considers only what carries it. The operator's
@@ -171,7 +175,7 @@ class HeadscaleClient:
                  timeout: float = DEFAULT_TIMEOUT, attempts: int = DEFAULT_ATTEMPTS,
                  backoff: float = DEFAULT_BACKOFF, transport: Transport | None = None,
                  server_version: str | None = None, observer: RequestObserver | None = None,
-                 owner_tag: str | None = None) -> None:
+                 owner_tag: str | None = None, clock: Clock | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"Headscale URL must be http(s)://host[:port], got {url!r}")
@@ -185,6 +189,7 @@ class HeadscaleClient:
         self._timeout = timeout
         self._attempts = attempts
         self._backoff = backoff
+        self._clock: Clock = clock or RealClock()
         self._owned: AiohttpTransport | None = None
         if transport is None:
             self._owned = AiohttpTransport(ca_bundle=ca_bundle)
@@ -486,6 +491,7 @@ class HeadscaleClient:
             wait=wait_exponential(multiplier=self._backoff, max=MAX_BACKOFF),
             retry=retry_if_exception(lambda exc: _should_retry(exc, idempotent=idempotent)),
             before_sleep=log_retry,
+            sleep=self._clock.sleep,
             reraise=True,
         )
         async for attempt in retrying:

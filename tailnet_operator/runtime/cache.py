@@ -35,7 +35,6 @@ in, and a namespace that has not let it in holds nothing of its.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -45,7 +44,7 @@ from pydantic import BaseModel
 
 from tailnet_operator.types import JSON
 
-from .clock import Clock
+from .clock import Clock, RealClock
 from .errors import Forbidden, NotFound
 from .informer import (
     NAMESPACE_INDEX,
@@ -150,7 +149,7 @@ class SharedCache(TypedReader):
     def __init__(self, client: ListerWatcher, *, scheme: Scheme | None = None, clock: Clock | None = None) -> None:
         self.client = client
         self.scheme = scheme or Scheme()
-        self._clock = clock
+        self._clock: Clock = clock or RealClock()
         self._informers: dict[InformerKey, Informer] = {}
         self._parsed: dict[tuple[Resource, str], tuple[str, BaseModel]] = {}
         self._group: asyncio.TaskGroup | None = None
@@ -292,7 +291,7 @@ class SharedCache(TypedReader):
         raise NotYetCached(resource, key)
 
     def _now(self) -> float:
-        return self._clock.now() if self._clock is not None else time.monotonic()
+        return self._clock.now()
 
     def _fetched(self, resource: Resource, by_metadata: _ByMetadata, key: str, name: str,
                  namespace: str | None) -> JSON | None:
@@ -389,7 +388,7 @@ class SharedCache(TypedReader):
             finally:
                 by_metadata.pending.pop(key, None)
             if failed:
-                await asyncio.sleep(FETCH_RETRY_DELAY)
+                await self._clock.sleep(FETCH_RETRY_DELAY)
             for callback in by_metadata.waiters.pop(key, []):
                 callback()
 

@@ -15,6 +15,7 @@ import pytest
 import structlog
 
 import tailnet_operator.headscale as hs
+from tailnet_agent.contract.clock import FakeClock
 from tailnet_operator.headscale import (
     AlreadyExists,
     APIError,
@@ -195,6 +196,24 @@ async def test_a_retry_that_succeeds_returns_the_answer() -> None:
     async with client(server) as hsc:
         assert await hsc.list_users() == []
     assert server.attempts == 3
+
+
+async def test_the_waits_between_attempts_go_through_the_clock() -> None:
+    """With a fake clock the retry happens only once the clock has moved past its wait: no real
+    time passes, and a test can watch the backoff."""
+    clock = FakeClock()
+    server = Server(ConnectError("refused"), ok({"users": []}))
+    hsc = HeadscaleClient(URL, KEY, transport=MockTransport(server), backoff=2, clock=clock,
+                          server_version="v0.29.2")
+    async with hsc:
+        call = asyncio.create_task(hsc.list_users())
+        await clock.wait_for_sleepers()
+        assert server.attempts == 1
+        deadline = clock.next_deadline
+        assert deadline is not None and deadline > clock.now()
+        clock.advance(deadline - clock.now())
+        assert await call == []
+    assert server.attempts == 2
 
 
 @pytest.mark.parametrize("failure", [
