@@ -27,13 +27,12 @@ import pytest
 from hack.localenv import ControlPlane
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client, WatchEvent
-from tailnet_operator.runtime.errors import AlreadyExists, APIError, NotFound
-from tailnet_operator.runtime.kinds import CONFIG_MAP, CUSTOM_RESOURCE_DEFINITION, NAMESPACE, Resource
+from tailnet_operator.runtime.errors import APIError, NotFound
+from tailnet_operator.runtime.kinds import CONFIG_MAP, NAMESPACE, Resource
 from tailnet_operator.runtime.testing import FakeClient
 from tailnet_operator.types import JSON
 
-from .polling import eventually
-from .widgets import WIDGET, WIDGET_CRD
+from .widgets import WIDGET, install_widget_crd
 
 pytestmark = pytest.mark.integration
 
@@ -349,24 +348,12 @@ async def real(control_plane: ControlPlane) -> AsyncIterator[Real]:
     namespace = f"contract-{uuid.uuid4().hex[:8]}"
     config = rest_config.load(control_plane.kubeconfig)
     async with Client(config, field_manager=USER, user_agent=USER) as client:
-        await _install_widget_crd(client)
+        await install_widget_crd(client)
         await client.create(NAMESPACE, {"metadata": {"name": namespace}})
         try:
             yield Real(client, control_plane, namespace)
         finally:
             await client.delete(NAMESPACE, namespace)
-
-
-async def _install_widget_crd(client: Client) -> None:
-    with contextlib.suppress(AlreadyExists):  # installed by an earlier test of the session
-        await client.create(CUSTOM_RESOURCE_DEFINITION, WIDGET_CRD)
-
-    async def established() -> bool:
-        crd = await client.get(CUSTOM_RESOURCE_DEFINITION, WIDGET_CRD["metadata"]["name"])
-        return any(c["type"] == "Established" and c["status"] == "True"
-                   for c in (crd.get("status") or {}).get("conditions") or [])
-
-    await eventually(established, what="the Widget CRD to be Established")
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.__name__ for s in SCENARIOS])

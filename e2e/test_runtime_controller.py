@@ -4,7 +4,6 @@ zero writes when nothing changes, and outages of the API server."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -18,30 +17,18 @@ from hack.localenv.tcpproxy import TcpProxy
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.controller import Request
-from tailnet_operator.runtime.errors import AlreadyExists, NotFound
-from tailnet_operator.runtime.kinds import CONFIG_MAP, CUSTOM_RESOURCE_DEFINITION, NAMESPACE
+from tailnet_operator.runtime.errors import NotFound
+from tailnet_operator.runtime.kinds import CONFIG_MAP, NAMESPACE
 from tailnet_operator.runtime.manager import Manager, ManagerOptions
 
 from .leases import hijack, lease_history
 from .polling import eventually
-from .widgets import WIDGET, WIDGET_CRD, WidgetReconciler, quiet, widget
+from .widgets import WIDGET, WidgetReconciler, install_widget_crd, quiet, widget
 
 pytestmark = pytest.mark.integration
 
 WRITE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 
-
-
-async def install_widget_crd(client: Client) -> None:
-    with contextlib.suppress(AlreadyExists):  # installed by an earlier test of the session
-        await client.create(CUSTOM_RESOURCE_DEFINITION, WIDGET_CRD)
-
-    async def established() -> bool:
-        crd = await client.get(CUSTOM_RESOURCE_DEFINITION, WIDGET_CRD["metadata"]["name"])
-        return any(c["type"] == "Established" and c["status"] == "True"
-                   for c in (crd.get("status") or {}).get("conditions") or [])
-
-    await eventually(established, what="the Widget CRD to be Established")
 
 
 async def config_map_value(client: Client, namespace: str, name: str) -> str | None:

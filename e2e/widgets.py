@@ -10,6 +10,7 @@ Applier, which sends only what differs from the cache).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,8 @@ from tailnet_operator.runtime import (
     set_controller_reference,
 )
 from tailnet_operator.runtime.client import Client
+from tailnet_operator.runtime.errors import AlreadyExists
+from tailnet_operator.runtime.kinds import CUSTOM_RESOURCE_DEFINITION
 
 from .polling import eventually
 
@@ -132,3 +135,16 @@ async def quiet(manager: Manager, reconciler: WidgetReconciler, client: Client, 
 
     await eventually(caught_up, what="the manager's cache to hold the latest versions")
     await eventually(idle, what="the queue to drain")
+
+
+async def install_widget_crd(client: Client) -> None:
+    """The Widget CRD, installed once per control plane and Established."""
+    with contextlib.suppress(AlreadyExists):  # installed by an earlier test of the session
+        await client.create(CUSTOM_RESOURCE_DEFINITION, WIDGET_CRD)
+
+    async def established() -> bool:
+        crd = await client.get(CUSTOM_RESOURCE_DEFINITION, WIDGET_CRD["metadata"]["name"])
+        return any(c["type"] == "Established" and c["status"] == "True"
+                   for c in (crd.get("status") or {}).get("conditions") or [])
+
+    await eventually(established, what="the Widget CRD to be Established")
