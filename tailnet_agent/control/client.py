@@ -145,7 +145,6 @@ class ControlClient:
         self.server_version: str | None = None
         """What the server's ``/version`` said ("" for none, None until asked or when unreachable)."""
         self._sleep = _sleep
-        self._updated = asyncio.Event()
         self.preferred_derp = 0
         """Home DERP region reported in Hostinfo.NetInfo; 0 until the data plane picks one."""
         self.endpoints: list[tuple[str, int]] = []
@@ -217,10 +216,6 @@ class ControlClient:
     def connected(self) -> bool:
         """Whether a control connection is open right now (registered or registering)."""
         return self._conn is not None
-
-    async def wait_updated(self) -> None:
-        """Wait for the next netmap change."""
-        await self._updated.wait()
 
     # -- register -------------------------------------------------------------------------------
 
@@ -363,8 +358,6 @@ class ControlClient:
             return
         self.netmap = updated
         log.debug("netmap updated", peers=len(updated.peers), regions=len(updated.derp_map.regions))
-        previous, self._updated = self._updated, asyncio.Event()
-        previous.set()
         if self._on_netmap is not None:
             self._on_netmap(updated)
         if updated.self_node.expired:

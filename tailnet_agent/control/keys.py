@@ -62,9 +62,6 @@ class PublicKey:
         """The first 5 hex digits in brackets, as Tailscale's ``ShortString`` logs keys."""
         return f"[{self.raw.hex()[:5]}]"
 
-    def is_zero(self) -> bool:
-        return self.raw == bytes(KEY_LEN)
-
     @classmethod
     def parse(cls, text: str, prefix: str) -> Self:
         return cls(_parse_hex(text, prefix), prefix)

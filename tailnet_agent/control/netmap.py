@@ -243,9 +243,6 @@ class NetMap:
         """All named filters concatenated in name order."""
         return tuple(rule for name in sorted(self.packet_filters) for rule in self.packet_filters[name])
 
-    def peer_by_key(self, node_key: str) -> Node | None:
-        return next((p for p in self.peers.values() if p.key == node_key), None)
-
     def peer_by_address(self, ip: str) -> Node | None:
         """The peer whose own tailnet address ``ip`` is (not one it routes for), if any."""
         try:
