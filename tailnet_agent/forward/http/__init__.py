@@ -55,8 +55,8 @@ from tailnet_agent.contract.exposes import H2, Expose, VirtualHost
 from tailnet_agent.contract.status import HostEntry
 from tailnet_agent.control.netmap import NetMap
 
-from .egress import Closable
-from .h2backend import BackendError, H2Backend
+from ..egress import Closable
+from ..h2backend import BackendError, H2Backend
 
 log = structlog.get_logger("agent.http")
 
