@@ -367,6 +367,30 @@ def render(base: Mapping[str, Any], derived: Derived, *, memo: TextMemo | None =
 
     Raises PolicyParseError if a block Headscale knows has the wrong JSON type.
     """
+    _check_base(base, memo)
+    # Copy on write: the render shares every object of the base it does not add to (the base
+    # is read-only), so rendering costs what is added, and a memo of the base's text applies.
+    doc: JSONObject = dict(base)
+    skipped: list[Skipped] = []
+    added = Added(
+        tuple(_add_tag_owners(doc, derived)),
+        tuple(_add_route_approvals(doc, derived, skipped)),
+        tuple(_add_grants(doc, derived, skipped, memo=memo, grants=grants)),
+    )
+    out = _rendered_text(doc, base, derived, added, memo=memo, grants=grants, text=text)
+    return Rendered(
+        text=out,
+        document=doc,
+        hash=hashlib.sha256(out.encode()).hexdigest(),
+        added=added,
+        skipped=tuple(skipped),
+        grants_as_acls=not grants and bool(added.grants),
+        unsupported=() if grants or find_key(doc, "grants") is None else ("grants",),
+    )
+
+
+def _check_base(base: Mapping[str, Any], memo: TextMemo | None) -> None:
+    """Validate the base once per memo: a render of an unchanged base skips the walk."""
     if memo is None:
         validate_structure(base, source="base policy")
     elif memo.document is not base:
@@ -374,32 +398,37 @@ def render(base: Mapping[str, Any], derived: Derived, *, memo: TextMemo | None =
     elif not memo.cache.get("valid"):
         validate_structure(base, source="base policy")
         memo.cache["valid"] = True
-    # Copy on write: the render shares every object of the base it does not add to (the base
-    # is read-only), so rendering costs what is added, and a memo of the base's text applies.
-    doc: JSONObject = dict(base)
-    skipped: list[Skipped] = []
 
-    owners_key = find_key(doc, "tagOwners")
-    owners: JSONObject = dict(doc[owners_key]) if owners_key is not None else {}
-    if owners_key is not None:
-        doc[owners_key] = owners
-    added_owners = [entry for entry in derived.tag_owners if entry.tag not in owners]
-    for entry in added_owners:
+
+def _own_copy(parent: JSONObject, name: str) -> tuple[str | None, JSONObject]:
+    """The key of block ``name`` in ``parent`` (None when absent) and a copy of it put in its place,
+    so the render adds to its own object and the base's stays as it was (copy on write)."""
+    key = find_key(parent, name)
+    block: JSONObject = dict(parent[key]) if key is not None else {}
+    if key is not None:
+        parent[key] = block
+    return key, block
+
+
+def _add_tag_owners(doc: JSONObject, derived: Derived) -> list[TagOwner]:
+    """``tagOwners``: each derived tag the base does not own yet (a tag it owns is left alone)."""
+    owners_key, owners = _own_copy(doc, "tagOwners")
+    added = [entry for entry in derived.tag_owners if entry.tag not in owners]
+    for entry in added:
         owners[entry.tag] = list(entry.owners)
-    if owners_key is None and added_owners:
+    if owners_key is None and added:
         doc["tagOwners"] = owners
+    return added
 
-    approvers_key = find_key(doc, "autoApprovers")
-    auto: JSONObject = dict(doc[approvers_key]) if approvers_key is not None else {}
-    if approvers_key is not None:
-        doc[approvers_key] = auto
-    routes_key = find_key(auto, "routes")
-    routes: JSONObject = dict(auto[routes_key]) if routes_key is not None else {}
-    if routes_key is not None:
-        auto[routes_key] = routes
+
+def _add_route_approvals(doc: JSONObject, derived: Derived, skipped: list[Skipped]) -> list[RouteApproval]:
+    """``autoApprovers.routes``: each derived approver no equal or wider key grants yet; a route the
+    base lists for others is left to the base (and reported in ``skipped``)."""
+    approvers_key, auto = _own_copy(doc, "autoApprovers")
+    routes_key, routes = _own_copy(auto, "routes")
     listed = {net: key for key in routes if (net := _as_network(key)) is not None}
     approvals = _Approvals(routes)
-    added_routes: list[RouteApproval] = []
+    added: list[RouteApproval] = []
     for approval in derived.routes:
         network = _network_of(approval.route)
         assert network is not None  # derived routes are CIDRs
@@ -407,76 +436,89 @@ def render(base: Mapping[str, Any], derived: Derived, *, memo: TextMemo | None =
         if not lacking:
             continue
         if network in listed:
-            key = listed[network]
-            who = ", ".join(lacking)
-            skipped.append(
-                Skipped(
-                    "route",
-                    approval.route,
-                    f"the base already lists {key} for {', '.join(routes[key]) or 'no approver'}; the base "
-                    f"wins, so {who} is not added and routes it advertises stay unapproved. To have them "
-                    f"approved, add {who} to that entry's approvers in the base policy",
-                    derived.sources(approval),
-                )
-            )
+            skipped.append(_route_skipped(approval, lacking, listed[network], routes, derived))
             continue
         routes[approval.route] = list(lacking)
         approvals.add(approval.route, routes[approval.route])
         listed[network] = approval.route
-        added_routes.append(RouteApproval(approval.route, lacking))
-    if added_routes:
+        added.append(RouteApproval(approval.route, lacking))
+    if added:
         if routes_key is None:
             auto["routes"] = routes
         if approvers_key is None:
             doc["autoApprovers"] = auto
+    return added
 
-    added_grants: list[Grant] = []
-    if derived.grants and _allow_all(doc):
+
+def _route_skipped(approval: RouteApproval, lacking: tuple[str, ...], key: str, routes: JSONObject,
+                   derived: Derived) -> Skipped:
+    """Why a derived approver of a route the base already lists is not added."""
+    who = ", ".join(lacking)
+    return Skipped(
+        "route",
+        approval.route,
+        f"the base already lists {key} for {', '.join(routes[key]) or 'no approver'}; the base "
+        f"wins, so {who} is not added and routes it advertises stay unapproved. To have them "
+        f"approved, add {who} to that entry's approvers in the base policy",
+        derived.sources(approval),
+    )
+
+
+def _add_grants(doc: JSONObject, derived: Derived, skipped: list[Skipped], *, memo: TextMemo | None,
+                grants: bool) -> list[Grant]:
+    """``grants`` (``acls`` without grants): each derived grant the policy does not allow yet; none
+    when the base allows all traffic (a grant would deny everything else)."""
+    if not derived.grants:
+        return []
+    if _allow_all(doc):
         reason = (
             "the base has neither acls nor grants, so Headscale allows all traffic; adding a grant would deny "
             "everything else"
         )
         skipped.extend(Skipped("grant", _label(g), reason, derived.sources(g)) for g in derived.grants)
-    elif derived.grants:
-        target = "grants" if grants else "acls"
-        target_key = find_key(doc, target)
-        # Copy on write: the list the render appends to is its own; the base's stays as it was.
-        entries: list[Any] = list(doc[target_key]) if target_key is not None else []
-        if target_key is not None:
-            doc[target_key] = entries
-        base_grants, acls = _member(doc, "grants", []), _member(doc, "acls", [])
-        index = None
-        if memo is not None:  # the base's own rules are filed once per base
-            index = memo.cache.get("rules")
-            if index is None:
-                index = memo.cache["rules"] = _Rules.index_of(base_grants, acls)
-        rules = _Rules(base_grants, acls, _member(doc, "hosts", {}), index=index)
-        for grant in derived.grants:
-            if undefined := _undefined_hosts(grant, rules.hosts):
-                skipped.append(Skipped("grant", _label(grant), _hosts_reason(undefined), derived.sources(grant)))
-            elif not rules.covers(grant):
-                rule = grant.to_json() if grants else acl_entry(grant)
-                entries.append(rule)
-                rules.add(rule, grant=grants)
-                added_grants.append(grant)
-        if target_key is None and added_grants:
-            doc[target] = entries
+        return []
+    target = "grants" if grants else "acls"
+    target_key = find_key(doc, target)
+    # Copy on write: the list the render appends to is its own; the base's stays as it was.
+    entries: list[Any] = list(doc[target_key]) if target_key is not None else []
+    if target_key is not None:
+        doc[target_key] = entries
+    rules = _base_rules(doc, memo)
+    added: list[Grant] = []
+    for grant in derived.grants:
+        if undefined := _undefined_hosts(grant, rules.hosts):
+            skipped.append(Skipped("grant", _label(grant), _hosts_reason(undefined), derived.sources(grant)))
+        elif not rules.covers(grant):
+            rule = grant.to_json() if grants else acl_entry(grant)
+            entries.append(rule)
+            rules.add(rule, grant=grants)
+            added.append(grant)
+    if target_key is None and added:
+        doc[target] = entries
+    return added
 
-    added = Added(tuple(added_owners), tuple(added_routes), tuple(added_grants))
+
+def _base_rules(doc: JSONObject, memo: TextMemo | None) -> _Rules:
+    """The rules of the base, filed once per base when a memo keeps them."""
+    base_grants, acls = _member(doc, "grants", []), _member(doc, "acls", [])
+    index = None
+    if memo is not None:
+        index = memo.cache.get("rules")
+        if index is None:
+            index = memo.cache["rules"] = _Rules.index_of(base_grants, acls)
+    return _Rules(base_grants, acls, _member(doc, "hosts", {}), index=index)
+
+
+def _rendered_text(doc: JSONObject, base: Mapping[str, Any], derived: Derived, added: Added, *,
+                   memo: TextMemo | None, grants: bool, text: str | None) -> str:
+    """The base's own text with ``added`` inserted, or canonical JSON when there is no text (or it is
+    not the text the base was parsed from)."""
     out = None
     if text is not None:
         out = _patched(_layout(text, memo), base, derived, added, grants=grants)
     if out is None:
         out = canonical_text(doc, memo=memo)
-    return Rendered(
-        text=out,
-        document=doc,
-        hash=hashlib.sha256(out.encode()).hexdigest(),
-        added=added,
-        skipped=tuple(skipped),
-        grants_as_acls=not grants and bool(added_grants),
-        unsupported=() if grants or find_key(doc, "grants") is None else ("grants",),
-    )
+    return out
 
 
 def _layout(text: str, memo: TextMemo | None) -> Layout:
