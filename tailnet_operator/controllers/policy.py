@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import structlog
 from pydantic import BaseModel, ValidationError
@@ -49,7 +49,7 @@ from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.api.gateway import TailnetGateway
 from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.api.site import TailnetSite
-from tailnet_operator.api.tailnet import Tailnet
+from tailnet_operator.api.tailnet import PolicyConfigMapRef, Tailnet
 from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, Node, PolicyRejected
 from tailnet_operator.policy import (
     Derived,
@@ -67,7 +67,7 @@ from tailnet_operator.policy import (
 from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.policy.cache import ParsedPolicies
 from tailnet_operator.resources import owned_metadata
-from tailnet_operator.runtime import CONFIG_MAP, Request, Resource, Result, Writer
+from tailnet_operator.runtime import CONFIG_MAP, Reader, Request, Resource, Result, Writer
 from tailnet_operator.types import JSON
 
 from .access import Deps, NoAccess, TailnetRun, live_tailnet, name_of
@@ -112,82 +112,124 @@ class Run(TailnetRun):
     inputs: Inputs
 
 
-class PolicyReconciler:
-    """Reconciles one Tailnet's policy and the status of its TailnetSites.
+Step = Literal["unsupported", "render-only", "in-sync", "stored-differently", "write", "written"]
+"""Where a render stands: "write" is the decision to write it, "written" the write that stuck; every
+other value writes nothing to Headscale."""
 
-    Works with ``deps`` (Headscale is reached with the working key the Tailnet reconciler keeps)
-    and writes through ``writer`` as :data:`FIELD_MANAGER`.
+
+@dataclass(frozen=True)
+class _Base:
+    """The base policy as read from its ConfigMap: its ``text``, the parsed ``document``, and ``where``
+    it came from (for messages)."""
+
+    text: str
+    document: JSON
+    where: str
+
+
+@dataclass(frozen=True)
+class _Summary:
+    """What status says about a render, whatever becomes of it."""
+
+    hash: str
+    server: str
+    """Headscale's version label, for messages."""
+    config_map: str
+    policy_status: JSON
+    """``status.policy`` before the outcome adds ``appliedHash``."""
+    skipped_note: str
+    """Appended to messages when derived entries were left out; empty otherwise."""
+    applied_reason: str
+    note: str
+    """Appended to the Applied message: the skipped note, and the acls fallback when it was used."""
+
+    @classmethod
+    def of(cls, rendered: Rendered, server: str, tailnet: str) -> _Summary:
+        config_map = rendered_config_map_name(tailnet)
+        policy_status: JSON = {"renderedHash": rendered.hash, "renderedConfigMap": config_map}
+        skipped_note = ""
+        if rendered.skipped:
+            policy_status["skipped"] = [_skipped_status(s) for s in rendered.skipped[:SKIPPED_IN_STATUS]]
+            count = len(rendered.skipped)
+            skipped_note = (f"; {count} derived {'entry was' if count == 1 else 'entries were'} left out "
+                            "(see status.policy.skipped)")
+        applied_reason, note = "Applied", skipped_note
+        if rendered.grants_as_acls:
+            applied_reason = "AppliedWithoutGrants"
+            note = (f"; Headscale {server} has no grants (0.29+), so the {len(rendered.added.grants)} "
+                    "derived grant(s) were written as equivalent acls entries (upgrade Headscale to 0.29+ for grants)"
+                    f"{skipped_note}")
+        return cls(rendered.hash, server, config_map, policy_status, skipped_note, applied_reason, note)
+
+
+def _unwritten_condition(summary: _Summary, outcome: Step, namespace: str) -> Cond:
+    """The PolicyApplied condition of an outcome that wrote nothing (``namespace``: where the render is)."""
+    digest = summary.hash[:12]
+    if outcome == "unsupported":
+        return Cond("PolicyApplied", "False", "GrantsUnsupported",
+                    f"Headscale {summary.server} does not understand the base policy's grants (Headscale 0.29+); "
+                    "nothing was written. Rewrite the base's grants as acls entries, or upgrade Headscale to "
+                    "0.29 or newer")
+    if outcome == "render-only":
+        return Cond("PolicyApplied", "False", "RenderOnly",
+                    f"mode Render: the render is in ConfigMap {namespace}/{summary.config_map}; "
+                    f"set spec.policy.mode to Apply to write it to Headscale{summary.skipped_note}")
+    if outcome == "in-sync":
+        return Cond("PolicyApplied", "True", summary.applied_reason,
+                    f"the live policy equals the render {digest}{summary.note}")
+    return Cond("PolicyApplied", "False", "StoredDifferently",
+                f"Headscale accepted the render {digest} but what it stores differs from it (read back after "
+                "the write); it is not written again until the render or the live policy changes. Compare "
+                "`headscale policy get` with the rendered ConfigMap")
+
+
+def _status_fields(run: Run, summary: _Summary, outcome: Step) -> JSON:
+    """``status.policy`` for an outcome that wrote nothing: the render applied when the live policy
+    equals it, the hash applied before when a write did not stick."""
+    if outcome == "in-sync":
+        return {**summary.policy_status, "appliedHash": summary.hash}
+    if outcome == "stored-differently":
+        return _keep_applied_hash(run, summary.policy_status)
+    return dict(summary.policy_status)
+
+
+def _keep_applied_hash(run: Run, policy_status: JSON) -> JSON:
+    """``policy_status`` with the ``appliedHash`` status already has: the live policy is still that one."""
+    previous = ((run.obj.get("status") or {}).get("policy") or {}).get("appliedHash")
+    return {**policy_status, "appliedHash": previous} if previous else dict(policy_status)
+
+
+class _InputReader:
+    """Reads one Tailnet's CRs from the cache, and what they derive for the policy.
+
+    Keeps the parsed CRs by (uid, resourceVersion), so a reconcile validates only the objects that
+    changed. TailnetEgresses count only in the operator's ``namespace``.
     """
 
-    def __init__(self, deps: Deps, writer: Writer) -> None:
-        self.reader, self.access, self.events, self.clock = deps.reader, deps.access, deps.events, deps.clock
-        self.writer = writer
-        self.status = StatusWriter(writer, deps.clock, field_manager=FIELD_MANAGER)
-        self._ignored: set[str] = set()
-        """uids of TailnetEgresses outside the operator's namespace already reported."""
-        self._policies = ParsedPolicies()
-        """Parsed base and live policies: the base by its ConfigMap's uid and resourceVersion, the
-        live text by itself (the render written last is remembered, so reading it back is free)."""
-        self._stored_differently: dict[str, tuple[str, str]] = {}
-        """Tailnet -> (render hash, the text Headscale stored instead) of a write that did not stick."""
+    def __init__(self, reader: Reader, namespace: str) -> None:
+        self.reader, self.namespace = reader, namespace
         self._models: dict[tuple[str, str], BaseModel] = {}
         """Parsed CRs by (uid, resourceVersion): a reconcile validates only the objects that changed."""
-        self._skips_reported: dict[str, frozenset[Skipped]] = {}
-        """Tailnet -> the left-out entries its last DerivedEntriesSkipped Event reported."""
 
-    @property
-    def namespace(self) -> str:
-        return self.access.namespace
-
-    async def reconcile(self, request: Request) -> Result:
-        live = live_tailnet(self.reader, request.name)
-        if live is None:
-            return Result()
-        obj, tailnet = live.obj, live.tailnet
-        run = Run(obj, tailnet, self._inputs(tailnet))
-        await self._report_foreign_egresses(obj, request.name)
-        try:
-            connection = self.access.working(tailnet)
-        except NoAccess as exc:
-            await self._tailnet_status(run, Cond("PolicyApplied", "Unknown", "WaitingForAccess", str(exc)))
-            await self._sites_status(run.inputs, nodes=None)
-            return Result(requeue_after=RESYNC_SECONDS)
-        try:
-            async with self.access.open(connection) as hs:
-                nodes = await hs.list_nodes()
-                live_text, _ = await hs.get_policy()
-                if tailnet.spec.policy is None:
-                    # read-only: the policy is not the operator's, so nothing is written to Headscale
-                    await self._report_missing(run, live_text)
-                elif (applied := await self._render_and_apply(run, live_text, hs)) is not None:
-                    nodes = await self._replay_approvals(run, hs, nodes, applied)
-        except HeadscaleError as exc:
-            await self._tailnet_status(run, Cond("PolicyApplied", "Unknown", "HeadscaleUnavailable",
-                                                 f"cannot read or write the policy: {exc}"))
-            await self._sites_status(run.inputs, nodes=None)
-            return Result(requeue_after=RESYNC_SECONDS)
-        await self._sites_status(run.inputs, nodes=nodes)
-        return Result(requeue_after=RESYNC_SECONDS)
-
-    # -- inputs ---------------------------------------------------------------------------------
-
-    def _mine(self, resource: Resource, name: str) -> list[JSON]:
+    def mine(self, resource: Resource, name: str) -> list[JSON]:
+        """The objects of ``resource`` that name the Tailnet ``name`` and are not being deleted."""
         return [o for o in self.reader.list(resource, index=(TAILNET_INDEX, name))
                 if not o["metadata"].get("deletionTimestamp")]
 
-    def _inputs(self, tailnet: Tailnet) -> Inputs:
+    def of(self, tailnet: Tailnet) -> Inputs:
+        """The Tailnet's CRs, parsed, the sites' overlap verdicts, and what the CRs derive."""
         name = name_of(tailnet)
         seen: set[tuple[str, str]] = set()
-        sites = self._parsed(TailnetSite, self._mine(TAILNET_SITE, name), seen)
+        sites = self._parsed(TailnetSite, self.mine(TAILNET_SITE, name), seen)
         verdicts = judge([SiteRoutes(name_of(s), _created(getattr(s.metadata, 'creationTimestamp', '')),
                                      tuple(str(r) for r in s.spec.routes)) for s in sites],
                          [str(r) for r in tailnet.spec.reserved_networks or []])
-        egresses = self._parsed(TailnetEgress, [e for e in self._mine(TAILNET_EGRESS, name)
+        egresses = self._parsed(TailnetEgress, [e for e in self.mine(TAILNET_EGRESS, name)
                                                 if e["metadata"].get("namespace") == self.namespace], seen)
-        gateways = self._parsed(TailnetGateway, self._mine(TAILNET_GATEWAY, name), seen)
+        gateways = self._parsed(TailnetGateway, self.mine(TAILNET_GATEWAY, name), seen)
         # An ingress enters the policy only with a tag its namespace may use (tailnet_operator.tenancy).
         platform = {e.spec.tag for e in egresses} | {g.spec.tag for g in gateways} | {s.spec.router_tag for s in sites}
-        ingresses = [i for i in self._parsed(TailnetIngress, self._mine(TAILNET_INGRESS, name), seen)
+        ingresses = [i for i in self._parsed(TailnetIngress, self.mine(TAILNET_INGRESS, name), seen)
                      if tenancy.judge(i, tailnet, reserved=platform, names=()) is None]
         if len(self._models) > 2 * len(seen) + 64:
             self._models = {k: v for k, v in self._models.items() if k in seen}
@@ -213,13 +255,103 @@ class PolicyReconciler:
             seen.add(key)
         return out
 
+
+class _SiteStatus:
+    """Writes each TailnetSite's status from its overlap verdict and the routers Headscale lists."""
+
+    def __init__(self, reader: Reader, status: StatusWriter) -> None:
+        self.reader, self.status = reader, status
+
+    async def write(self, inputs: Inputs, *, nodes: list[Node] | None) -> None:
+        """Blocked / Advertised / Approved / Ready of every site; ``nodes`` None when Headscale cannot be read."""
+        for site in inputs.sites:
+            verdict = inputs.verdicts[name_of(site)]
+            routes = [str(r) for r in site.spec.routes]
+            fields: dict[str, Any] = {}
+            conds: list[Cond]
+            if verdict.blocked:
+                fields["blockedBy"] = verdict.blocked_by
+                conds = [Cond("Blocked", "True", "RoutesOverlap", verdict.message),
+                         Cond("Ready", "False", "Blocked", verdict.message)]
+            elif nodes is None:
+                conds = [Cond("Blocked", "False", "NoOverlap", "no overlap with reserved networks or older sites"),
+                         Cond("Ready", "Unknown", "HeadscaleUnavailable", "the routers' state cannot be read")]
+            else:
+                routers = [n for n in nodes if str(site.spec.router_tag) in n.tags]
+                fields["routers"] = [
+                    {"node": n.name, "advertised": sorted(set(n.available_routes) & set(routes)),
+                     "approved": sorted(set(n.approved_routes) & set(routes))} for n in routers]
+                conds = [Cond("Blocked", "False", "NoOverlap", "no overlap with reserved networks or older sites"),
+                         *_route_conditions(str(site.spec.router_tag), routes, routers)]
+            raw = self.reader.get(TAILNET_SITE, name_of(site))
+            if raw is not None:
+                await self.status.write(TAILNET_SITE, raw, conds, fields, keep=("Advertised", "Approved"))
+
+
+class PolicyReconciler:
+    """Reconciles one Tailnet's policy and the status of its TailnetSites.
+
+    Works with ``deps`` (Headscale is reached with the working key the Tailnet reconciler keeps)
+    and writes through ``writer`` as :data:`FIELD_MANAGER`.
+    """
+
+    def __init__(self, deps: Deps, writer: Writer) -> None:
+        self.reader, self.access, self.events, self.clock = deps.reader, deps.access, deps.events, deps.clock
+        self.writer = writer
+        self.status = StatusWriter(writer, deps.clock, field_manager=FIELD_MANAGER)
+        self._ignored: set[str] = set()
+        """uids of TailnetEgresses outside the operator's namespace already reported."""
+        self._policies = ParsedPolicies()
+        """Parsed base and live policies: the base by its ConfigMap's uid and resourceVersion, the
+        live text by itself (the render written last is remembered, so reading it back is free)."""
+        self._stored_differently: dict[str, tuple[str, str]] = {}
+        """Tailnet -> (render hash, the text Headscale stored instead) of a write that did not stick."""
+        self._inputs = _InputReader(deps.reader, deps.access.namespace)
+        self._sites = _SiteStatus(deps.reader, self.status)
+        self._skips_reported: dict[str, frozenset[Skipped]] = {}
+        """Tailnet -> the left-out entries its last DerivedEntriesSkipped Event reported."""
+
+    @property
+    def namespace(self) -> str:
+        return self.access.namespace
+
+    async def reconcile(self, request: Request) -> Result:
+        live = live_tailnet(self.reader, request.name)
+        if live is None:
+            return Result()
+        obj, tailnet = live.obj, live.tailnet
+        run = Run(obj, tailnet, self._inputs.of(tailnet))
+        await self._report_foreign_egresses(obj, request.name)
+        try:
+            connection = self.access.working(tailnet)
+        except NoAccess as exc:
+            await self._tailnet_status(run, Cond("PolicyApplied", "Unknown", "WaitingForAccess", str(exc)))
+            await self._sites.write(run.inputs, nodes=None)
+            return Result(requeue_after=RESYNC_SECONDS)
+        try:
+            async with self.access.open(connection) as hs:
+                nodes = await hs.list_nodes()
+                live_text, _ = await hs.get_policy()
+                if tailnet.spec.policy is None:
+                    # read-only: the policy is not the operator's, so nothing is written to Headscale
+                    await self._report_missing(run, live_text)
+                elif (applied := await self._render_and_apply(run, live_text, hs)) is not None:
+                    nodes = await self._replay_approvals(run, hs, nodes, applied)
+        except HeadscaleError as exc:
+            await self._tailnet_status(run, Cond("PolicyApplied", "Unknown", "HeadscaleUnavailable",
+                                                 f"cannot read or write the policy: {exc}"))
+            await self._sites.write(run.inputs, nodes=None)
+            return Result(requeue_after=RESYNC_SECONDS)
+        await self._sites.write(run.inputs, nodes=nodes)
+        return Result(requeue_after=RESYNC_SECONDS)
+
     async def _report_foreign_egresses(self, tailnet: JSON, name: str) -> None:
         """Log and record, once per object, each TailnetEgress outside the operator's namespace.
 
         The Event goes on the Tailnet: its namespace is one the operator already writes Events
         to, so honouring a tenant's object is never a reason to write into the tenant's namespace.
         """
-        for egress in self._mine(TAILNET_EGRESS, name):
+        for egress in self._inputs.mine(TAILNET_EGRESS, name):
             meta = egress["metadata"]
             if meta.get("namespace") == self.namespace or meta.get("uid") in self._ignored:
                 continue
@@ -256,10 +388,25 @@ class PolicyReconciler:
     async def _render_and_apply(self, run: Run, live_text: str, hs: HeadscaleClient) -> Rendered | None:
         """Render, publish and (in Apply mode) write; the render when the live policy equals it, else None.
 
-        Only Apply mode writes to Headscale; every other way out of here has only read it."""
+        Three steps: decide what the render calls for, write it when that is the decision, report
+        the outcome. Only Apply mode writes to Headscale; every other way out has only read it."""
         spec = run.tailnet.spec.policy
         assert spec is not None
-        ref = spec.base_config_map_ref
+        base = await self._read_base(run, spec.base_config_map_ref)
+        if base is None:
+            return None
+        features = await hs.features()
+        rendered = render(base.document, run.inputs.derived, memo=self._policies.memo(base.document),
+                          grants=features.grants, text=base.text)
+        await self._publish(run, rendered.text, rendered.hash)
+        await self._report_skipped(run, rendered.skipped, base.where)
+        step = self._decide(run, rendered, live_text, apply=spec.mode == "Apply")
+        outcome = await self._write(run, rendered, hs) if step == "write" else step
+        await self._report(run, _Summary.of(rendered, features.label, run.name), outcome)
+        return rendered if outcome in ("in-sync", "written") else None
+
+    async def _read_base(self, run: Run, ref: PolicyConfigMapRef) -> _Base | None:
+        """The base policy from its ConfigMap; None, with status saying why, when it is missing or invalid."""
         base_cm = self.reader.get(CONFIG_MAP, ref.name, ref.namespace)
         if base_cm is None or ref.key not in (base_cm.get("data") or {}):
             what = "does not exist" if base_cm is None else f"has no key {ref.key}"
@@ -267,58 +414,34 @@ class PolicyReconciler:
                 "PolicyApplied", "False", "BasePolicyMissing",
                 f"the base policy ConfigMap {ref.namespace}/{ref.name} {what}; nothing was rendered or written"))
             return None
-        base_text = base_cm["data"][ref.key]
+        text = base_cm["data"][ref.key]
+        where = f"ConfigMap {ref.namespace}/{ref.name}"
         try:
             meta = base_cm["metadata"]
-            base = self._policies.parse(base_text, source=f"ConfigMap {ref.namespace}/{ref.name}",
-                                        version=f"{meta.get('uid')}/{meta.get('resourceVersion')}/{ref.key}")
+            document = self._policies.parse(text, source=where,
+                                            version=f"{meta.get('uid')}/{meta.get('resourceVersion')}/{ref.key}")
         except PolicyParseError as exc:
             await self._tailnet_status(run, Cond("PolicyApplied", "False", "BasePolicyInvalid", str(exc)))
             return None
-        features = await hs.features()
-        rendered = render(base, run.inputs.derived, memo=self._policies.memo(base), grants=features.grants,
-                          text=base_text)
-        await self._publish(run, rendered.text, rendered.hash)
-        policy_status: dict[str, Any] = {"renderedHash": rendered.hash,
-                                         "renderedConfigMap": rendered_config_map_name(run.name)}
-        skipped_note = ""
-        if rendered.skipped:
-            policy_status["skipped"] = [_skipped_status(s) for s in rendered.skipped[:SKIPPED_IN_STATUS]]
-            count = len(rendered.skipped)
-            skipped_note = (f"; {count} derived {'entry was' if count == 1 else 'entries were'} left out "
-                            "(see status.policy.skipped)")
-        await self._report_skipped(run, rendered.skipped, f"ConfigMap {ref.namespace}/{ref.name}")
+        return _Base(text, document, where)
+
+    def _decide(self, run: Run, rendered: Rendered, live_text: str, *, apply: bool) -> Step:
+        """What the render calls for, without touching Headscale: a write only in Apply mode, when the
+        server understands the render, the live policy differs, and the same write did not already
+        come back stored differently (writing it again would only add a row)."""
         if rendered.unsupported:
-            await self._tailnet_status(run, Cond(
-                "PolicyApplied", "False", "GrantsUnsupported",
-                f"Headscale {features.label} does not understand the base policy's grants (Headscale 0.29+); nothing "
-                f"was written. Rewrite the base's grants as acls entries, or upgrade Headscale to 0.29 or newer"),
-                policy_status)
-            return None
-        applied_reason, note = "Applied", skipped_note
-        if rendered.grants_as_acls:
-            applied_reason = "AppliedWithoutGrants"
-            note = (f"; Headscale {features.label} has no grants (0.29+), so the {len(rendered.added.grants)} "
-                    "derived grant(s) were written as equivalent acls entries (upgrade Headscale to 0.29+ for grants)"
-                    f"{skipped_note}")
-        if spec.mode != "Apply":
-            # read-only: Render mode publishes the render and writes nothing to Headscale
-            await self._tailnet_status(run, Cond(
-                "PolicyApplied", "False", "RenderOnly",
-                f"mode Render: the render is in ConfigMap {self.namespace}/{policy_status['renderedConfigMap']}; "
-                f"set spec.policy.mode to Apply to write it to Headscale{skipped_note}"), policy_status)
-            return None
+            return "unsupported"
+        if not apply:
+            return "render-only"
         if live_text.strip() and not diff_needed(live_text, rendered, parsed=self._policies):
-            policy_status["appliedHash"] = rendered.hash
-            await self._tailnet_status(run, Cond(
-                "PolicyApplied", "True", applied_reason,
-                f"the live policy equals the render {rendered.hash[:12]}{note}"),
-                policy_status)
-            return rendered
+            return "in-sync"
         if self._stored_differently.get(run.name) == (rendered.hash, live_text):
-            # written before and stored as something else: writing again would only add a row
-            await self._stored_differently_status(run, rendered.hash, policy_status)
-            return None
+            return "stored-differently"
+        return "write"
+
+    async def _write(self, run: Run, rendered: Rendered, hs: HeadscaleClient) -> Step | PolicyRejected:
+        """Check, write and read back the render: "written", "stored-differently" (Headscale keeps a
+        policy that means something else), or Headscale's refusal."""
         try:
             await hs.check_policy(rendered.text)
             await hs.set_policy(rendered.text)
@@ -328,38 +451,32 @@ class PolicyReconciler:
                 await self.events.warning(run.obj, "PolicyStoredDifferently",
                                           f"Headscale accepted the rendered policy {rendered.hash[:12]} but stores a "
                                           "policy that means something else", action="ApplyPolicy")
-                await self._stored_differently_status(run, rendered.hash, policy_status)
-                return None
+                return "stored-differently"
             self._stored_differently.pop(run.name, None)
             self._policies.remember(rendered.text, rendered.document, source="live policy")
         except PolicyRejected as exc:
-            previous = ((run.obj.get("status") or {}).get("policy") or {}).get("appliedHash")
-            if previous:
-                policy_status["appliedHash"] = previous
+            return exc
+        return "written"
+
+    async def _report(self, run: Run, summary: _Summary, outcome: Step | PolicyRejected) -> None:
+        """The PolicyApplied condition and ``status.policy`` for the outcome, and its Events."""
+        digest, policy_status = summary.hash[:12], summary.policy_status
+        if isinstance(outcome, PolicyRejected):
             await self._tailnet_status(run, Cond(
                 "PolicyApplied", "False", "PolicyRejected",
-                f"Headscale refused the render {rendered.hash[:12]}; the live policy is unchanged: {exc.message}"),
-                policy_status)
+                f"Headscale refused the render {digest}; the live policy is unchanged: {outcome.message}"),
+                _keep_applied_hash(run, policy_status))
             await self.events.warning(run.obj, "PolicyRejected",
-                                      f"Headscale refused the rendered policy: {exc.message}", action="ApplyPolicy")
-            return None
-        policy_status["appliedHash"] = rendered.hash
-        await self.events.normal(run.obj, "PolicyApplied",
-                                 f"wrote the rendered policy {rendered.hash[:12]} to Headscale", action="ApplyPolicy")
-        await self._tailnet_status(run, Cond(
-            "PolicyApplied", "True", applied_reason, f"wrote the render {rendered.hash[:12]} to Headscale{note}"),
-            policy_status)
-        return rendered
-
-    async def _stored_differently_status(self, run: Run, digest: str, policy_status: JSON) -> None:
-        previous = ((run.obj.get("status") or {}).get("policy") or {}).get("appliedHash")
-        if previous:
-            policy_status["appliedHash"] = previous
-        await self._tailnet_status(run, Cond(
-            "PolicyApplied", "False", "StoredDifferently",
-            f"Headscale accepted the render {digest[:12]} but what it stores differs from it (read back after the "
-            "write); it is not written again until the render or the live policy changes. Compare "
-            "`headscale policy get` with the rendered ConfigMap"), policy_status)
+                                      f"Headscale refused the rendered policy: {outcome.message}", action="ApplyPolicy")
+        elif outcome == "written":
+            await self.events.normal(run.obj, "PolicyApplied", f"wrote the rendered policy {digest} to Headscale",
+                                     action="ApplyPolicy")
+            await self._tailnet_status(run, Cond("PolicyApplied", "True", summary.applied_reason,
+                                                 f"wrote the render {digest} to Headscale{summary.note}"),
+                                       {**policy_status, "appliedHash": summary.hash})
+        else:
+            await self._tailnet_status(run, _unwritten_condition(summary, outcome, self.namespace),
+                                       _status_fields(run, summary, outcome))
 
     async def _report_skipped(self, run: Run, skipped: tuple[Skipped, ...], base: str) -> None:
         """One Warning Event each time the set of left-out entries changes (none when it empties)."""
@@ -412,30 +529,6 @@ class PolicyReconciler:
                                          action="ApproveRoutes")
             updated.append(node)
         return updated
-
-    async def _sites_status(self, inputs: Inputs, *, nodes: list[Node] | None) -> None:
-        for site in inputs.sites:
-            verdict = inputs.verdicts[name_of(site)]
-            routes = [str(r) for r in site.spec.routes]
-            fields: dict[str, Any] = {}
-            conds: list[Cond]
-            if verdict.blocked:
-                fields["blockedBy"] = verdict.blocked_by
-                conds = [Cond("Blocked", "True", "RoutesOverlap", verdict.message),
-                         Cond("Ready", "False", "Blocked", verdict.message)]
-            elif nodes is None:
-                conds = [Cond("Blocked", "False", "NoOverlap", "no overlap with reserved networks or older sites"),
-                         Cond("Ready", "Unknown", "HeadscaleUnavailable", "the routers' state cannot be read")]
-            else:
-                routers = [n for n in nodes if str(site.spec.router_tag) in n.tags]
-                fields["routers"] = [
-                    {"node": n.name, "advertised": sorted(set(n.available_routes) & set(routes)),
-                     "approved": sorted(set(n.approved_routes) & set(routes))} for n in routers]
-                conds = [Cond("Blocked", "False", "NoOverlap", "no overlap with reserved networks or older sites"),
-                         *_route_conditions(str(site.spec.router_tag), routes, routers)]
-            raw = self.reader.get(TAILNET_SITE, name_of(site))
-            if raw is not None:
-                await self.status.write(TAILNET_SITE, raw, conds, fields, keep=("Advertised", "Approved"))
 
     async def _tailnet_status(self, run: Run, cond: Cond, policy: JSON | None = None) -> None:
         """Apply ``status.policy`` (kept as it was when ``policy`` is None) and the PolicyApplied condition."""
