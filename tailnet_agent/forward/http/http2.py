@@ -1,0 +1,207 @@
+"""HTTP/2 to clients: the ``h2`` library's state machine under one reading task per connection.
+
+One task reads and feeds ``h2``; each request is a task of its own that forwards it and writes the
+answer within the stream's flow-control window. Trailers cross only where both sides are HTTP/2
+(gRPC): an HTTP/2 client's request trailers reach an h2 backend, an h2 backend's response trailers
+reach the client. A backend that fails after the response began resets the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import structlog
+
+from tailnet_agent.contract.exposes import VirtualHost
+
+from ..h2backend import BackendError
+from .handover import Pending, hand_over
+from .headers import (
+    Headers,
+    misdirected,
+    misdirected_text,
+    request_headers,
+    request_trailers,
+    response_headers,
+    trailer_headers,
+)
+from .identity import Identity
+from .upstream import CHUNK, BadGateway, UpstreamClient
+
+log = structlog.get_logger("agent.http")
+
+PLAIN_TEXT = [("content-type", "text/plain; charset=utf-8")]
+
+
+@dataclass
+class _Stream:
+    id: int
+    ended: bool = False
+    task: asyncio.Task[None] | None = None
+    trailers: Headers = field(default_factory=list)
+    """The request's trailers (complete once its body ended)."""
+
+    def __post_init__(self) -> None:
+        self.body: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
+
+
+class _Connection:
+    """One HTTP/2 connection's state shared by its stream tasks (one task reads, all may write)."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+        self.writer = writer
+        self.streams: dict[int, _Stream] = {}
+        self._window = asyncio.Event()
+
+    def flush(self) -> None:
+        if data := self.conn.data_to_send():
+            self.writer.write(data)
+
+    def windows_changed(self) -> None:
+        self._window.set()
+        self._window = asyncio.Event()
+
+    async def body(self, stream: _Stream) -> AsyncIterator[bytes]:
+        """The request body, acknowledged (window given back) as the backend takes it."""
+        while (item := await stream.body.get()) is not None:
+            data, length = item
+            with contextlib.suppress(h2.exceptions.StreamClosedError):
+                self.conn.acknowledge_received_data(length, stream.id)
+            self.flush()
+            yield data
+
+    def reset(self, stream_id: int) -> None:
+        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            self.flush()
+
+    async def respond(self, stream_id: int, status: int, headers: Headers, body: Any,
+                      trailers: Callable[[], Headers] = list, *, end_with_headers: bool = False) -> None:
+        """Headers, the body within the stream's window, then trailers (if any) or END_STREAM."""
+        self.conn.send_headers(stream_id, [(":status", str(status)), *headers], end_stream=end_with_headers)
+        if end_with_headers:
+            self.flush()
+            return
+        self.flush()
+        async for chunk in _aiter(body):
+            view = memoryview(chunk)
+            while view:
+                room = min(self.conn.local_flow_control_window(stream_id), self.conn.max_outbound_frame_size)
+                if room <= 0:
+                    await self._window.wait()
+                    continue
+                self.conn.send_data(stream_id, view[:room].tobytes())
+                self.flush()
+                view = view[room:]
+            await self.writer.drain()
+        if extra := trailers():
+            self.conn.send_headers(stream_id, extra, end_stream=True)
+        else:
+            self.conn.end_stream(stream_id)
+        self.flush()
+
+
+class Http2Server:
+    """Serves the HTTP/2 connections of one expose."""
+
+    def __init__(self, upstream: UpstreamClient) -> None:
+        self.upstream = upstream
+
+    async def serve(self, tls: asyncio.Transport, pending: Pending, host: VirtualHost, client: str,
+                    identity: Identity | None) -> None:
+        """Serve the TLS connection (ALPN ``h2``) until it ends."""
+        reader = asyncio.StreamReader(limit=1 << 20)
+        protocol = asyncio.StreamReaderProtocol(reader)
+        hand_over(tls, pending, protocol)
+        writer = asyncio.StreamWriter(tls, protocol, reader, asyncio.get_running_loop())
+        h2c = _Connection(writer)
+        h2c.conn.initiate_connection()
+        h2c.flush()
+        async with asyncio.TaskGroup() as tg:
+            try:
+                while data := await reader.read(CHUNK):
+                    try:
+                        events = h2c.conn.receive_data(data)
+                    except h2.exceptions.ProtocolError:
+                        break
+                    for event in events:
+                        stream = h2c.streams.get(getattr(event, "stream_id", None) or 0)
+                        if isinstance(event, h2.events.RequestReceived) and event.stream_id is not None:
+                            stream = h2c.streams[event.stream_id] = _Stream(event.stream_id)
+                            stream.ended = event.stream_ended is not None
+                            stream.task = tg.create_task(self._request(h2c, stream, list(event.headers or ()),
+                                                                       host, client, identity))
+                        elif isinstance(event, h2.events.DataReceived) and stream is not None:
+                            stream.body.put_nowait((event.data or b"", event.flow_controlled_length or 0))
+                        elif isinstance(event, h2.events.TrailersReceived) and stream is not None:
+                            stream.trailers.extend((_text(k), _text(v)) for k, v in event.headers or ())
+                        elif isinstance(event, h2.events.StreamEnded) and stream is not None:
+                            stream.body.put_nowait(None)
+                        elif isinstance(event, h2.events.StreamReset) and stream is not None:
+                            del h2c.streams[stream.id]
+                            if stream.task is not None:
+                                stream.task.cancel()
+                        elif isinstance(event, h2.events.ConnectionTerminated):
+                            return
+                        h2c.windows_changed()
+                    h2c.flush()
+            finally:
+                for stream in h2c.streams.values():
+                    if stream.task is not None:
+                        stream.task.cancel()
+                writer.transport.abort()
+
+    async def _request(self, h2c: _Connection, stream: _Stream, raw: list[tuple[Any, Any]], host: VirtualHost,
+                       client: str, identity: Identity | None) -> None:
+        headers = [(_text(k), _text(v)) for k, v in raw]
+        pseudo = dict(h for h in headers if h[0].startswith(":"))
+        authority = pseudo.get(":authority") or next((v for k, v in headers if k == "host"), "")
+        try:
+            if misdirected(host, authority):
+                await h2c.respond(stream.id, 421, PLAIN_TEXT, [misdirected_text(host, authority).encode()])
+                return
+            forwarded = request_headers(headers, client=client, authority=authority, identity=identity,
+                                        trailers=self.upstream.trailers)
+            body = None if stream.ended else h2c.body(stream)
+            try:
+                async with self.upstream.request(pseudo.get(":method", "GET"), authority, pseudo.get(":path", "/"),
+                                                 forwarded, body, lambda: request_trailers(stream.trailers),
+                                                 ) as upstream:
+                    out = [(k.lower(), v) for k, v in response_headers(upstream.headers)]
+                    if upstream.headers_only:  # gRPC's trailers-only answer stays one HEADERS frame
+                        await h2c.respond(stream.id, upstream.status, out, [], end_with_headers=True)
+                    else:
+                        await h2c.respond(stream.id, upstream.status, out, upstream.body(),
+                                          lambda: trailer_headers(upstream.trailers))
+            except BadGateway as exc:
+                await h2c.respond(stream.id, 502, PLAIN_TEXT, [f"{exc}\n".encode()])
+            except BackendError as exc:  # after the response began: the client must see it fail
+                log.warning("backend failed during the response", expose=self.upstream.expose.name, error=str(exc))
+                h2c.reset(stream.id)
+        except (h2.exceptions.StreamClosedError, ConnectionError):
+            pass
+        finally:
+            h2c.streams.pop(stream.id, None)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def _aiter(body: Any) -> AsyncIterator[bytes]:
+    if hasattr(body, "__aiter__"):
+        async for chunk in body:
+            yield chunk
+    else:
+        for chunk in body:
+            yield chunk
