@@ -19,7 +19,8 @@ from tailnet_operator.runtime.reading import TypedReader
 from tailnet_operator.runtime.scheme import Scheme
 from tailnet_operator.types import JSON
 
-from .logic import CheckFacts, Facts, HeadscaleView, event_key
+from .check import CheckFacts
+from .facts import Facts, HeadscaleView, event_key
 
 __all__ = ["KINDS", "check_facts", "egress_facts_all", "get_object", "headscale_view", "object_facts", "resolve_kind"]
 
@@ -115,7 +116,7 @@ async def _events(client: Client, objects: Sequence[JSON]) -> dict[str, list[JSO
 
 async def object_facts(client: Client, resource: Resource, name: str, namespace: str, *,
                        operator_namespace: str, with_headscale: bool = True) -> Facts | None:
-    """Everything :func:`~.logic.object_status` needs about one object; None when it does not exist."""
+    """Everything :func:`~.status.object_status` needs about one object; None when it does not exist."""
     obj = await get_object(client, resource, name, namespace if resource.namespaced else None)
     if obj is None:
         return None
@@ -147,7 +148,7 @@ async def egress_facts_all(client: Client, operator_namespace: str) -> tuple[lis
 
 
 async def check_facts(client: Client, operator_namespace: str) -> CheckFacts:
-    """The installation as :func:`~.logic.check` judges it."""
+    """The installation as :func:`~.check.check` judges it."""
     version = await client.request("GET", "/version")
     crds = await client.list(CUSTOM_RESOURCE_DEFINITION)
     ours = tuple(c for c in crds.items if str((c.get("spec") or {}).get("group")) == "tailnet.dev")

@@ -21,7 +21,7 @@ from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.errors import KubeError
 
-from . import fetch, logic
+from . import check, diagnose, fetch, status
 from .report import Report
 
 __all__ = ["COMMANDS", "main"]
@@ -41,19 +41,20 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"tailnet-operator {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    status = sub.add_parser("status", parents=[common],
-                            help="walk one object's chain: CR, agent pod, Headscale node, policy, Tailnet")
-    status.add_argument("object", help="KIND/NAME, e.g. tailnetegress/office or tailnet/home")
-    status.add_argument("-n", "--namespace", default=None, help="the object's namespace (default: the operator's)")
-    diagnose = sub.add_parser("diagnose", parents=[common], help="why can't POD reach TARGET")
-    diagnose.add_argument("pod", help="the client pod (NAME or NAMESPACE/NAME)")
-    diagnose.add_argument("target", help="TARGET[.NAMESPACE.svc][:PORT], EGRESS/TARGET, or the target's address")
-    diagnose.add_argument("-n", "--namespace", default="default", help="the pod's namespace (default: default)")
-    check = sub.add_parser("check", parents=[common],
-                           help="verify CRDs, operator readiness, Headscale, keys and versions")
-    check.add_argument("--wait", type=float, default=0.0,
-                       help="retry for up to this many seconds until the check passes (post-install hook)")
-    check.add_argument("--interval", type=float, default=5.0, help="seconds between retries with --wait")
+    status_parser = sub.add_parser("status", parents=[common],
+                                   help="walk one object's chain: CR, agent pod, Headscale node, policy, Tailnet")
+    status_parser.add_argument("object", help="KIND/NAME, e.g. tailnetegress/office or tailnet/home")
+    status_parser.add_argument("-n", "--namespace", default=None,
+                               help="the object's namespace (default: the operator's)")
+    diagnose_parser = sub.add_parser("diagnose", parents=[common], help="why can't POD reach TARGET")
+    diagnose_parser.add_argument("pod", help="the client pod (NAME or NAMESPACE/NAME)")
+    diagnose_parser.add_argument("target", help="TARGET[.NAMESPACE.svc][:PORT], EGRESS/TARGET, or the target's address")
+    diagnose_parser.add_argument("-n", "--namespace", default="default", help="the pod's namespace (default: default)")
+    check_parser = sub.add_parser("check", parents=[common],
+                                  help="verify CRDs, operator readiness, Headscale, keys and versions")
+    check_parser.add_argument("--wait", type=float, default=0.0,
+                              help="retry for up to this many seconds until the check passes (post-install hook)")
+    check_parser.add_argument("--interval", type=float, default=5.0, help="seconds between retries with --wait")
     return parser
 
 
@@ -69,7 +70,7 @@ async def _status(client: Client, args: argparse.Namespace) -> Report:
         report = Report(f"{resource.kind} {name}")
         report.find("NotFound", f"{resource.kind} {name} does not exist{where}", f"kubectl get {resource.plural} -A")
         return report
-    return logic.object_status(facts)
+    return status.object_status(facts)
 
 
 async def _diagnose(client: Client, args: argparse.Namespace) -> Report:
@@ -77,14 +78,14 @@ async def _diagnose(client: Client, args: argparse.Namespace) -> Report:
     namespace = namespace or args.namespace
     pod = await fetch.get_object(client, fetch.POD, pod_name, namespace)
     egresses, facts = await fetch.egress_facts_all(client, args.operator_namespace)
-    return logic.diagnose(pod, f"{namespace}/{pod_name}", args.target, egresses, facts)
+    return diagnose.diagnose(pod, f"{namespace}/{pod_name}", args.target, egresses, facts)
 
 
 async def _check(client: Client, args: argparse.Namespace) -> Report:
     deadline = time.monotonic() + max(0.0, args.wait)
     while True:
         try:
-            report = logic.check(await fetch.check_facts(client, args.operator_namespace))
+            report = check.check(await fetch.check_facts(client, args.operator_namespace))
         except KubeError as exc:
             report = Report("tailnet-operator installation")
             report.find("APIUnavailable", f"kube-apiserver: {exc}", "check the kubeconfig and RBAC")
