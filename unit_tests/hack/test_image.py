@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import tarfile
+import time
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -208,9 +209,27 @@ def test_a_background_build_writes_its_output_to_its_log(tmp_path: Path) -> None
     assert "usage: python -m hack.image" in (tmp_path / "logs" / "image-build.log").read_text()
 
 
+def _alive_in_group(pgid: int) -> list[int]:
+    """Processes of the group that still run (a zombie waiting for init to reap it is gone)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
+
+
 def test_stopping_a_background_build_ends_its_whole_process_group() -> None:
-    build = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    build = subprocess.Popen(["sh", "-c", "sleep 60 & echo started; wait"], start_new_session=True,
+                             stdout=subprocess.PIPE)
+    assert build.stdout is not None and build.stdout.readline() == b"started\n"
+    assert len(_alive_in_group(build.pid)) == 2
     image.stop_background(build, timeout=10)
     assert build.returncode is not None
-    leftover = subprocess.run(["pgrep", "-g", str(build.pid)], capture_output=True, text=True)
-    assert leftover.stdout == "", "the sleep the build started is gone too"
+    deadline = time.monotonic() + 10
+    while _alive_in_group(build.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _alive_in_group(build.pid) == [], "the sleep the build started is gone too"
