@@ -119,15 +119,17 @@ async def quiet(manager: Manager, reconciler: WidgetReconciler, client: Client, 
     manager's own write, which causes none). Then no reconcile may be queued or running. No
     fixed wait: a reconcile that writes once too often is counted before this returns.
     """
-    wanted = [(resource, name) for widget_name in names
-              for resource, name in ((WIDGET, widget_name), (CONFIG_MAP, f"{widget_name}-data"))]
+    wanted = {WIDGET: set(names)}
+    wanted[CONFIG_MAP] = {f"{name}-data" for name in wanted[WIDGET]}
 
     async def caught_up() -> bool:
-        for resource, name in wanted:
-            server = await client.get(resource, name, namespace)
-            cached = manager.cache.get(resource, name, namespace)
-            if cached is None or cached["metadata"]["resourceVersion"] != server["metadata"]["resourceVersion"]:
-                return False
+        for resource, of_interest in wanted.items():  # one list per kind, not a get per object
+            current = {o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+                       for o in (await client.list(resource, namespace)).items}
+            for name in of_interest:
+                cached = manager.cache.get(resource, name, namespace)
+                if cached is None or cached["metadata"]["resourceVersion"] != current.get(name):
+                    return False
         return True
 
     def idle() -> bool:
