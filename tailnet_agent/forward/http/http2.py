@@ -4,6 +4,11 @@ One task reads and feeds ``h2``; each request is a task of its own that forwards
 answer within the stream's flow-control window. Trailers cross only where both sides are HTTP/2
 (gRPC): an HTTP/2 client's request trailers reach an h2 backend, an h2 backend's response trailers
 reach the client. A backend that fails after the response began resets the stream.
+
+Every received DATA byte is acknowledged once, whether the backend read it or not: a response that
+ends before its request body (421, 502, an early answer) gives the unread body's window back and
+resets the stream with NO_ERROR, and DATA that arrives for a stream whose response is over is
+acknowledged as it is dropped, so the connection window never leaks.
 """
 
 from __future__ import annotations
@@ -75,14 +80,37 @@ class _Connection:
         """The request body, acknowledged (window given back) as the backend takes it."""
         while (item := await stream.body.get()) is not None:
             data, length = item
-            with contextlib.suppress(h2.exceptions.StreamClosedError):
-                self.conn.acknowledge_received_data(length, stream.id)
-            self.flush()
+            self.acknowledge(length, stream.id)
             yield data
+        stream.ended = True
 
-    def reset(self, stream_id: int) -> None:
+    def acknowledge(self, length: int, stream_id: int) -> None:
+        """Count ``length`` received bytes as consumed (connection and stream windows) and flush."""
+        with contextlib.suppress(h2.exceptions.StreamClosedError):
+            self.conn.acknowledge_received_data(length, stream_id)
+        self.flush()
+
+    def finish(self, stream: _Stream) -> None:
+        """The stream's response is over: forget it, give back the window of the body nobody will
+        read, and ask the client to stop sending a body the response did not wait for (RST_STREAM
+        NO_ERROR, RFC 9113 8.1). Without this, the bytes left count against the connection window
+        for good and every other stream on the connection stalls once it is used up."""
+        self.streams.pop(stream.id, None)
+        unread = 0
+        while not stream.body.empty():
+            item = stream.body.get_nowait()
+            if item is None:
+                stream.ended = True
+            else:
+                unread += item[1]
+        if unread:
+            self.acknowledge(unread, stream.id)
+        if not stream.ended:
+            self.reset(stream.id, h2.errors.ErrorCodes.NO_ERROR)
+
+    def reset(self, stream_id: int, code: h2.errors.ErrorCodes = h2.errors.ErrorCodes.INTERNAL_ERROR) -> None:
         with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            self.conn.reset_stream(stream_id, code)
             self.flush()
 
     async def respond(self, stream_id: int, status: int, headers: Headers, body: Any,
@@ -141,14 +169,18 @@ class Http2Server:
                             stream.ended = event.stream_ended is not None
                             stream.task = tg.create_task(self._request(h2c, stream, list(event.headers or ()),
                                                                        host, client, identity))
-                        elif isinstance(event, h2.events.DataReceived) and stream is not None:
-                            stream.body.put_nowait((event.data or b"", event.flow_controlled_length or 0))
+                        elif isinstance(event, h2.events.DataReceived):
+                            if stream is not None:
+                                stream.body.put_nowait((event.data or b"", event.flow_controlled_length or 0))
+                            else:  # its response is over: the bytes are dropped, their window given back
+                                h2c.acknowledge(event.flow_controlled_length or 0, event.stream_id or 0)
                         elif isinstance(event, h2.events.TrailersReceived) and stream is not None:
                             stream.trailers.extend((_text(k), _text(v)) for k, v in event.headers or ())
                         elif isinstance(event, h2.events.StreamEnded) and stream is not None:
                             stream.body.put_nowait(None)
                         elif isinstance(event, h2.events.StreamReset) and stream is not None:
-                            del h2c.streams[stream.id]
+                            stream.ended = True  # no RST_STREAM back
+                            h2c.finish(stream)
                             if stream.task is not None:
                                 stream.task.cancel()
                         elif isinstance(event, h2.events.ConnectionTerminated):
@@ -191,7 +223,7 @@ class Http2Server:
         except (h2.exceptions.StreamClosedError, ConnectionError):
             pass
         finally:
-            h2c.streams.pop(stream.id, None)
+            h2c.finish(stream)
 
 
 def _text(value: Any) -> str:

@@ -1,0 +1,245 @@
+"""The agent's HTTP/2 server under a real TLS client, a real backend and the agent's own listener
+code (:class:`HttpPort`, :class:`HttpService`), bound on 127.0.0.1 instead of the tailnet: flow
+control across streams of one connection, and the limits against abusive clients (concurrent
+streams, rapid reset, idle connections, connections per agent).
+
+The tailnet under the listener is the same for every connection and is covered by
+``test_agent_ingress``; what is tested here is the HTTP/2 state of one connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.settings
+import pytest
+from aiohttp import web
+
+from hack.localenv import free_port
+from hack.localenv._pki import CertificateAuthority
+from tailnet_agent.contract.exposes import parse_exposes
+from tailnet_agent.forward.http import HttpPort, HttpService
+
+HOST = "shop.example.test"
+WINDOW = 65_535
+"""HTTP/2's initial connection window (RFC 9113 6.9.2), which the agent keeps."""
+
+
+# Backend ----------------------------------------------------------------------------------------
+
+async def echo_length(request: web.Request) -> web.Response:
+    """Reads the whole body and answers its length."""
+    return web.Response(text=str(len(await request.read())))
+
+
+async def early(request: web.Request) -> web.Response:
+    """Answers at once without reading the body (an early response: 413, an auth failure)."""
+    return web.Response(status=413, text="too large\n")
+
+
+async def slow(request: web.Request) -> web.Response:
+    await asyncio.sleep(float(request.query.get("s", "30")))
+    return web.Response(text="late\n")
+
+
+@dataclass
+class Backend:
+    port: int
+    started: int = 0
+    """Requests that reached the backend."""
+
+
+@contextlib.asynccontextmanager
+async def backend() -> AsyncIterator[Backend]:
+    state = Backend(free_port())
+
+    @web.middleware
+    async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+        state.started += 1
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    app = web.Application(middlewares=[count], client_max_size=1 << 30)
+    app.router.add_post("/echo", echo_length)
+    app.router.add_post("/early", early)
+    app.router.add_get("/slow", slow)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", state.port).start()
+    try:
+        yield state
+    finally:
+        await runner.cleanup()
+
+
+# The agent's listener on 127.0.0.1 --------------------------------------------------------------
+
+@dataclass
+class Listener:
+    port: int
+    ca: Path
+    service: HttpService
+
+
+@contextlib.asynccontextmanager
+async def listener(tmp_path: Path, backend_port: int) -> AsyncIterator[Listener]:
+    ca = CertificateAuthority(tmp_path / "pki", "h2")
+    pair = ca.issue("shop", common_name=HOST, hosts=(HOST,))
+    expose = parse_exposes(json.dumps([{
+        "name": "web", "port": free_port(), "mode": "http", "backend": {"host": "127.0.0.1", "port": backend_port},
+        "hosts": [{"name": HOST, "tls": {"certFile": str(pair.cert), "keyFile": str(pair.key)}}]}]))[0]
+    loop = asyncio.get_running_loop()
+
+    async def bind(factory: Any, port: int) -> asyncio.Server:
+        return await loop.create_server(factory, "127.0.0.1", port)
+
+    port = HttpPort(expose.port)
+    async with HttpService(expose) as service:
+        port.services[expose.name] = service
+        lease = await port.lease(bind)
+        try:
+            yield Listener(expose.port, ca.cert_path, service)
+        finally:
+            lease.close()
+            del port.services[expose.name]
+            await port.drain()
+
+
+# A client that keeps several streams open on one connection ------------------------------------
+
+@dataclass
+class StreamState:
+    status: int = 0
+    body: bytearray = field(default_factory=bytearray)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    reset: h2.errors.ErrorCodes | None = None
+
+
+class Client:
+    """HTTP/2 over TLS to the listener, any number of streams, flow control obeyed both ways."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.streams: dict[int, StreamState] = {}
+        self.window = asyncio.Event()
+        self.closed = asyncio.Event()
+        self.goaway: h2.errors.ErrorCodes | None = None
+        self.settings = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(cls, target: Listener) -> AsyncIterator[Client]:
+        context = ssl.create_default_context(cafile=str(target.ca))
+        context.set_alpn_protocols(["h2"])
+        reader, writer = await asyncio.open_connection("127.0.0.1", target.port, ssl=context, server_hostname=HOST)
+        assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "h2"
+        client = cls(reader, writer)
+        client.conn.initiate_connection()
+        client.flush()
+        client._task = asyncio.create_task(client._read())
+        try:
+            yield client
+        finally:
+            client._task.cancel()
+            writer.close()
+
+    def flush(self) -> None:
+        if data := self.conn.data_to_send():
+            self.writer.write(data)
+
+    async def _read(self) -> None:
+        try:
+            while data := await self.reader.read(1 << 16):
+                for event in self.conn.receive_data(data):
+                    state = self.streams.get(getattr(event, "stream_id", 0) or 0)
+                    if isinstance(event, h2.events.ResponseReceived) and state is not None:
+                        state.status = int(dict(event.headers or ())[b":status"])
+                    elif isinstance(event, h2.events.DataReceived) and state is not None:
+                        state.body += event.data or b""
+                        self.conn.acknowledge_received_data(event.flow_controlled_length or 0, event.stream_id or 0)
+                    elif isinstance(event, h2.events.StreamEnded) and state is not None:
+                        state.ended.set()
+                    elif isinstance(event, h2.events.StreamReset) and state is not None:
+                        state.reset = h2.errors.ErrorCodes(event.error_code or 0)
+                        state.ended.set()
+                    elif isinstance(event, h2.events.RemoteSettingsChanged):
+                        self.settings.set()
+                    elif isinstance(event, h2.events.ConnectionTerminated):
+                        self.goaway = h2.errors.ErrorCodes(event.error_code or 0)
+                    self.window.set()
+                    self.window = asyncio.Event()
+                self.flush()
+        except (ConnectionError, ssl.SSLError, h2.exceptions.ProtocolError):
+            pass
+        finally:
+            self.closed.set()
+            for state in self.streams.values():
+                state.ended.set()
+            self.window.set()
+
+    def open(self, method: str, path: str, *, authority: str = HOST, end: bool = True) -> int:
+        stream_id: int = self.conn.get_next_available_stream_id()
+        self.streams[stream_id] = StreamState()
+        self.conn.send_headers(stream_id, [(":method", method), (":path", path), (":scheme", "https"),
+                                           (":authority", authority)], end_stream=end)
+        self.flush()
+        return stream_id
+
+    async def send(self, stream_id: int, data: bytes, *, end: bool) -> None:
+        """Send ``data`` within the windows the server grants (waits for WINDOW_UPDATE)."""
+        view = memoryview(data)
+        while view:
+            if self.closed.is_set() or self.streams[stream_id].ended.is_set():
+                raise ConnectionError("stream ended while sending")
+            room = min(self.conn.local_flow_control_window(stream_id), self.conn.max_outbound_frame_size)
+            if room <= 0:
+                await self.window.wait()
+                continue
+            self.conn.send_data(stream_id, view[:room].tobytes())
+            view = view[room:]
+            self.flush()
+        if end:
+            self.conn.end_stream(stream_id)
+            self.flush()
+
+    def reset(self, stream_id: int) -> None:
+        self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        self.flush()
+
+
+# Flow control -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("authority", "path", "status"), [("elsewhere.example.test", "/echo", 421),
+                                                           (HOST, "/early", 413)])
+async def test_a_response_that_ends_before_the_request_body_gives_the_window_back(
+        tmp_path: Path, authority: str, path: str, status: int) -> None:
+    """A client-streaming call answered before its body was read (421 from the agent, an early
+    answer from the backend) whose client sent a whole connection window: the bytes the agent
+    dropped still count as received, so a second stream on the same connection can send its body."""
+    async with backend() as app, listener(tmp_path, app.port) as target, Client.connect(target) as client:
+        first = client.open("POST", path, authority=authority, end=False)
+        await asyncio.wait_for(client.send(first, b"x" * WINDOW, end=False), 30)
+        await asyncio.wait_for(client.streams[first].ended.wait(), 30)
+        assert client.streams[first].status == status
+        second = client.open("POST", "/echo", end=False)
+        body = b"y" * (4 * WINDOW)
+        try:
+            await asyncio.wait_for(client.send(second, body, end=True), 15)
+        except TimeoutError:
+            window = client.conn.outbound_flow_control_window
+            pytest.fail(f"the second stream could not send its body: the connection window is {window} bytes")
+        await asyncio.wait_for(client.streams[second].ended.wait(), 30)
+        assert (client.streams[second].status, bytes(client.streams[second].body)) == (200, str(len(body)).encode())
