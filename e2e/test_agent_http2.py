@@ -26,10 +26,13 @@ import h2.settings
 import pytest
 from aiohttp import web
 
+from e2e.polling import eventually
 from hack.localenv import free_port
 from hack.localenv._pki import CertificateAuthority
 from tailnet_agent.contract.exposes import parse_exposes
 from tailnet_agent.forward.http import HttpPort, HttpService
+from tailnet_agent.health import AgentMetrics
+from tailnet_agent.limits import ConnectionGate, Limits
 
 HOST = "shop.example.test"
 WINDOW = 65_535
@@ -74,7 +77,7 @@ async def backend() -> AsyncIterator[Backend]:
     app.router.add_post("/echo", echo_length)
     app.router.add_post("/early", early)
     app.router.add_get("/slow", slow)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", state.port).start()
     try:
@@ -90,10 +93,14 @@ class Listener:
     port: int
     ca: Path
     service: HttpService
+    metrics: AgentMetrics
+
+    def sample(self, name: str, **labels: str) -> float:
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
 @contextlib.asynccontextmanager
-async def listener(tmp_path: Path, backend_port: int) -> AsyncIterator[Listener]:
+async def listener(tmp_path: Path, backend_port: int, limits: Limits | None = None) -> AsyncIterator[Listener]:
     ca = CertificateAuthority(tmp_path / "pki", "h2")
     pair = ca.issue("shop", common_name=HOST, hosts=(HOST,))
     expose = parse_exposes(json.dumps([{
@@ -104,12 +111,14 @@ async def listener(tmp_path: Path, backend_port: int) -> AsyncIterator[Listener]
     async def bind(factory: Any, port: int) -> asyncio.Server:
         return await loop.create_server(factory, "127.0.0.1", port)
 
-    port = HttpPort(expose.port)
-    async with HttpService(expose) as service:
+    limits = limits or Limits()
+    metrics = AgentMetrics()
+    port = HttpPort(expose.port, gate=ConnectionGate(limits.max_connections, metrics))
+    async with HttpService(expose, limits=limits, metrics=metrics) as service:
         port.services[expose.name] = service
         lease = await port.lease(bind)
         try:
-            yield Listener(expose.port, ca.cert_path, service)
+            yield Listener(expose.port, ca.cert_path, service, metrics)
         finally:
             lease.close()
             del port.services[expose.name]
@@ -243,3 +252,78 @@ async def test_a_response_that_ends_before_the_request_body_gives_the_window_bac
             pytest.fail(f"the second stream could not send its body: the connection window is {window} bytes")
         await asyncio.wait_for(client.streams[second].ended.wait(), 30)
         assert (client.streams[second].status, bytes(client.streams[second].body)) == (200, str(len(body)).encode())
+
+
+# Limits -----------------------------------------------------------------------------------------
+
+async def test_the_concurrent_streams_limit_is_advertised_and_enforced(tmp_path: Path) -> None:
+    """SETTINGS_MAX_CONCURRENT_STREAMS is the configured limit; a client that opens one more
+    stream than it allows gets a connection error, and the backend never sees that stream."""
+    async with backend() as app, listener(tmp_path, app.port, Limits(http2_max_streams=3)) as target, \
+            Client.connect(target) as client:
+        await asyncio.wait_for(client.settings.wait(), 30)
+        assert client.conn.remote_settings.max_concurrent_streams == 3
+        for _ in range(3):
+            client.open("GET", "/slow?s=30")
+        await eventually(lambda: app.started == 3, what="three requests at the backend")
+        # a misbehaving client: its own h2 would refuse to open a fourth stream, so it is told 100
+        client.conn.remote_settings._settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS].appendleft(100)
+        client.open("GET", "/slow?s=30")
+        await asyncio.wait_for(client.closed.wait(), 30)
+        assert client.goaway == h2.errors.ErrorCodes.PROTOCOL_ERROR
+        assert app.started == 3
+        assert target.sample("tailnet_agent_http2_goaway_total", reason="protocol_error") == 1
+
+
+async def test_rapid_reset_ends_the_connection_with_enhance_your_calm(tmp_path: Path) -> None:
+    """CVE-2023-44487: a client that opens streams and resets each at once gets GOAWAY
+    ENHANCE_YOUR_CALM once over its budget, and the backend is asked a bounded number of times."""
+    async with backend() as app, listener(tmp_path, app.port, Limits(http2_max_resets=50)) as target, \
+            Client.connect(target) as client:
+        await asyncio.wait_for(client.settings.wait(), 30)
+        sent = 0
+        while client.goaway is None and not client.closed.is_set() and sent < 5000:
+            stream_id = client.open("GET", "/slow?s=30")
+            client.reset(stream_id)
+            sent += 1
+            if sent % 50 == 0:
+                await client.writer.drain()
+                await asyncio.sleep(0)
+        await asyncio.wait_for(client.closed.wait(), 30)
+        assert client.goaway == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, (sent, client.goaway)
+        assert app.started <= 60, app.started
+        assert target.sample("tailnet_agent_http2_goaway_total", reason="rapid_reset") == 1
+
+
+async def test_an_idle_connection_is_ended_after_the_idle_timeout(tmp_path: Path) -> None:
+    """A connection with no request in progress gets GOAWAY NO_ERROR after the idle timeout; one
+    with a request in progress is kept past it."""
+    async with backend() as app, listener(tmp_path, app.port, Limits(idle_timeout=1.0)) as target, \
+            Client.connect(target) as client:
+        busy = client.open("GET", "/slow?s=3")
+        await asyncio.wait_for(client.streams[busy].ended.wait(), 30)
+        assert (client.streams[busy].status, bytes(client.streams[busy].body)) == (200, b"late\n")
+        await asyncio.wait_for(client.closed.wait(), 30)
+        assert client.goaway == h2.errors.ErrorCodes.NO_ERROR
+        assert target.sample("tailnet_agent_http2_goaway_total", reason="idle") == 1
+
+
+async def test_connections_over_the_agent_limit_are_closed_as_accepted(tmp_path: Path) -> None:
+    """With a limit of 2, a third connection is closed before its handshake; once one of the two
+    ends, a new one is served."""
+    async with backend() as app, listener(tmp_path, app.port, Limits(max_connections=2)) as target:
+        async with Client.connect(target) as one, Client.connect(target) as two:
+            for client in (one, two):
+                await asyncio.wait_for(client.settings.wait(), 30)
+            with pytest.raises((ConnectionError, ssl.SSLError)):
+                async with Client.connect(target):
+                    pass
+            assert target.sample("tailnet_agent_connections_refused_total") == 1
+            assert target.sample("tailnet_agent_open_connections") == 2
+        await eventually(lambda: target.sample("tailnet_agent_open_connections") == 0, what="no connection open")
+        async with Client.connect(target) as three:
+            stream_id = three.open("POST", "/echo", end=False)
+            await three.send(stream_id, b"z" * 10, end=True)
+            await asyncio.wait_for(three.streams[stream_id].ended.wait(), 30)
+            assert three.streams[stream_id].status == 200
+

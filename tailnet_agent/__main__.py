@@ -45,6 +45,7 @@ async def run_agent(mode: str) -> int:
     from tailnet_agent.contract.clock import RealClock
     from tailnet_agent.control import ControlOptions, RegistrationError
     from tailnet_agent.health import AgentMetrics, HealthServer
+    from tailnet_agent.limits import ConnectionGate
     from tailnet_agent.node import Node, NodeOptions
     from tailnet_agent.probe import Prober
     from tailnet_agent.targets import TargetsWatcher
@@ -56,6 +57,8 @@ async def run_agent(mode: str) -> int:
     node = Node(NodeOptions(control=control, accept_routes=cfg.accept_routes, dial_timeout=cfg.dial_timeout,
                             udp_port=cfg.udp_port), clock=clock)
     metrics = AgentMetrics(node)
+    cfg.limits.report(metrics)
+    gate = ConnectionGate(cfg.limits.max_connections, metrics)
     watcher: TargetsWatcher[Any] | None = None
     status: Callable[[], Mapping[str, object]]
     work: Coroutine[Any, Any, None]
@@ -65,7 +68,7 @@ async def run_agent(mode: str) -> int:
 
         forwarder = EgressForwarder(node, cfg.targets, bind_address=cfg.bind_address,
                                     dial_timeout=cfg.dial_timeout, metrics=metrics,
-                                    prober=Prober(node, clock, metrics=metrics))
+                                    prober=Prober(node, clock, metrics=metrics), gate=gate)
         if cfg.targets_file is not None:
             watcher = TargetsWatcher(cfg.targets_file, forwarder.apply, clock=clock,
                                      initial_digest=cfg.targets_digest, report=metrics.targets_reload_outcome)
@@ -76,7 +79,7 @@ async def run_agent(mode: str) -> int:
         from tailnet_agent.status import ingress_status
 
         ingress = Ingress(node, cfg.exposes, dial_timeout=cfg.dial_timeout, metrics=metrics,
-                          prober=Prober(LocalDialer(), clock, metrics=metrics))
+                          prober=Prober(LocalDialer(), clock, metrics=metrics), limits=cfg.limits, gate=gate)
         assert cfg.exposes_file is not None
         watcher = TargetsWatcher(cfg.exposes_file, ingress.forwarder.apply, clock=clock,
                                  initial_digest=cfg.targets_digest, report=metrics.targets_reload_outcome,

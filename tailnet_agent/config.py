@@ -2,24 +2,33 @@
 
 Every problem is a :class:`ConfigError` with a one-line message naming the variable. Variables:
 
-=========================  ======================================================================
-``TAILNET_CONTROL_URL``    Headscale URL (``https://...``). Required.
-``TAILNET_AUTH_KEY_FILE``  File holding the pre-auth key (the operator mounts a Secret). Required.
-                           The key is never logged or shown in ``repr``.
-``TAILNET_HOSTNAME``       Node hostname on the tailnet. Required.
-``TAILNET_CA_BUNDLE``      PEM file of CAs trusted for control and DERP TLS. Unset: system store.
-``TAILNET_TARGETS``        Egress targets as JSON. Required for egress.
-``TAILNET_TARGETS_FILE``   The same JSON read from a file; used when ``TAILNET_TARGETS`` is unset.
-                           The file is followed: a change applies without a restart.
-``TAILNET_EXPOSES_FILE``   Ingress exposes as JSON (:mod:`tailnet_agent.contract.exposes`). Required for
-                           ingress; followed like the targets file.
-``TAILNET_BIND_ADDRESS``   Address the egress listeners bind. Default ``0.0.0.0``.
-``TAILNET_HEALTH_ADDRESS`` ``host:port`` of /healthz, /readyz and /metrics. Default ``0.0.0.0:9002``.
-``TAILNET_ACCEPT_ROUTES``  Use peers' subnet routes (``true``/``false``). Default true for egress.
-``TAILNET_DIAL_TIMEOUT``   Seconds a tailnet dial may take. Default 30.
-``TAILNET_UDP_PORT``       UDP port for direct paths to peers (disco and WireGuard), ``0`` for any
-                           free port, ``off`` for DERP only. Default 41641 (tailscaled's).
-=========================  ======================================================================
+=============================  ======================================================================
+``TAILNET_CONTROL_URL``        Headscale URL (``https://...``). Required.
+``TAILNET_AUTH_KEY_FILE``      File holding the pre-auth key (the operator mounts a Secret). Required.
+                               The key is never logged or shown in ``repr``.
+``TAILNET_HOSTNAME``           Node hostname on the tailnet. Required.
+``TAILNET_CA_BUNDLE``          PEM file of CAs trusted for control and DERP TLS. Unset: system store.
+``TAILNET_TARGETS``            Egress targets as JSON. Required for egress.
+``TAILNET_TARGETS_FILE``       The same JSON read from a file; used when ``TAILNET_TARGETS`` is unset.
+                               The file is followed: a change applies without a restart.
+``TAILNET_EXPOSES_FILE``       Ingress exposes as JSON (:mod:`tailnet_agent.contract.exposes`). Required for
+                               ingress; followed like the targets file.
+``TAILNET_BIND_ADDRESS``       Address the egress listeners bind. Default ``0.0.0.0``.
+``TAILNET_HEALTH_ADDRESS``     ``host:port`` of /healthz, /readyz and /metrics. Default ``0.0.0.0:9002``.
+``TAILNET_ACCEPT_ROUTES``      Use peers' subnet routes (``true``/``false``). Default true for egress.
+``TAILNET_DIAL_TIMEOUT``       Seconds a tailnet dial may take. Default 30.
+``TAILNET_UDP_PORT``           UDP port for direct paths to peers (disco and WireGuard), ``0`` for any
+                               free port, ``off`` for DERP only. Default 41641 (tailscaled's).
+``TAILNET_MAX_CONNECTIONS``    Client connections open at once, all listeners. Default 4096; ``0``:
+                               no limit. One more is closed as it is accepted.
+``TAILNET_HTTP2_MAX_STREAMS``  HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (ingress http). Default 100.
+``TAILNET_HTTP2_MAX_RESETS``   Streams an HTTP/2 client may reset per 10 s before GOAWAY
+                               ENHANCE_YOUR_CALM (rapid reset). Default 200; ``0``: no limit.
+``TAILNET_IDLE_TIMEOUT``       Seconds an HTTP connection with no request in progress stays open.
+                               Default 120; ``0``: no timeout.
+=============================  ======================================================================
+
+The limits are :class:`tailnet_agent.limits.Limits`' (each one's meaning is documented there).
 
 The targets and exposes files are the contract's (:mod:`tailnet_agent.contract.targets`,
 :mod:`tailnet_agent.contract.exposes`); the variable names are :mod:`tailnet_agent.contract.environment`'s.
@@ -41,6 +50,13 @@ from tailnet_agent.contract.endpoints import DEFAULT_HEALTH_ADDRESS, HEALTH_PORT
 from tailnet_agent.contract.errors import ConfigError
 from tailnet_agent.contract.exposes import Expose, parse_exposes
 from tailnet_agent.contract.targets import PortMapping, Target, parse_targets
+from tailnet_agent.limits import (
+    DEFAULT_HTTP2_MAX_RESETS,
+    DEFAULT_HTTP2_MAX_STREAMS,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    Limits,
+)
 
 DEFAULT_BIND_ADDRESS = "0.0.0.0"
 DEFAULT_DIAL_TIMEOUT = 30.0
@@ -85,6 +101,8 @@ class AgentConfig:
     """Seconds; a dial without a SYN-ACK by then fails as timed out."""
     udp_port: int | None = DEFAULT_UDP_PORT
     """UDP port for direct paths; 0 any; None: DERP only."""
+    limits: Limits = field(default_factory=Limits)
+    """What clients may hold (connections, HTTP/2 streams and resets, idle time)."""
 
 
 def _required(env: Mapping[str, str], name: str) -> str:
@@ -178,7 +196,32 @@ def load(env: Mapping[str, str] | None = None, *, mode: str = env_names.EGRESS) 
                        targets=targets, targets_file=targets_file, targets_digest=targets_digest,
                        exposes=exposes, exposes_file=exposes_file,
                        bind_address=bind, health_host=health_host, health_port=health_port,
-                       accept_routes=accept_routes, dial_timeout=dial_timeout, udp_port=parse_udp_port(env))
+                       accept_routes=accept_routes, dial_timeout=dial_timeout, udp_port=parse_udp_port(env),
+                       limits=parse_limits(env))
+
+
+def _number(env: Mapping[str, str], name: str, default: float, *, integer: bool, minimum: float = 0) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        raise ConfigError(f"{name} must be {'a whole number' if integer else 'seconds'}, got {text!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum:g}, got {text!r}")
+    return value
+
+
+def parse_limits(env: Mapping[str, str]) -> Limits:
+    """The ``TAILNET_MAX_CONNECTIONS``, ``..._HTTP2_MAX_STREAMS``, ``..._HTTP2_MAX_RESETS`` and
+    ``..._IDLE_TIMEOUT`` variables (unset: :class:`Limits`' defaults)."""
+    return Limits(
+        max_connections=int(_number(env, env_names.MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS, integer=True)),
+        http2_max_streams=int(_number(env, env_names.HTTP2_MAX_STREAMS, DEFAULT_HTTP2_MAX_STREAMS, integer=True,
+                                      minimum=1)),
+        http2_max_resets=int(_number(env, env_names.HTTP2_MAX_RESETS, DEFAULT_HTTP2_MAX_RESETS, integer=True)),
+        idle_timeout=_number(env, env_names.IDLE_TIMEOUT, DEFAULT_IDLE_TIMEOUT, integer=False))
 
 
 def parse_udp_port(env: Mapping[str, str]) -> int | None:

@@ -18,6 +18,10 @@ Metrics (``direction`` is ``sent`` towards the target or ``received`` from it)::
     tailnet_agent_target_probe_seconds{target}       histogram of successful probes' connect time
     tailnet_agent_targets_reload_errors_total        targets files that could not be applied
     tailnet_agent_targets_file_valid                 0 while the file on disk is not the one in force
+    tailnet_agent_limit{limit}                       configured limits (tailnet_agent.forward.limits)
+    tailnet_agent_open_connections                   client connections open, all listeners together
+    tailnet_agent_connections_refused_total          connections closed as accepted, over the limit
+    tailnet_agent_http2_goaway_total{reason}         reason: idle, rapid_reset, protocol_error
     tailnet_agent_control_connected                  1 while the control connection is up
     tailnet_agent_derp_connected                     1 while the home DERP region is connected
     tailnet_agent_direct_peers                       peers reached over a direct UDP path (not DERP)
@@ -115,6 +119,16 @@ class AgentMetrics:
                                         "0 while the targets file on disk is not the one in force.",
                                         registry=self.registry)
         self.targets_file_valid.set(1)
+        self.limit = Gauge("tailnet_agent_limit", "The agent's configured limits (0: none).", ["limit"],
+                           registry=self.registry)
+        self.open_connections = Gauge("tailnet_agent_open_connections",
+                                      "Client connections open, all listeners, against the connection limit.",
+                                      registry=self.registry)
+        self.refused = Counter("tailnet_agent_connections_refused",
+                               "Client connections closed as accepted because the agent held its limit.",
+                               registry=self.registry)
+        self.http2_goaway = Counter("tailnet_agent_http2_goaway", "HTTP/2 connections the agent ended, by reason.",
+                                    ["reason"], registry=self.registry)
         if node is not None:
             self.registry.register(_NodeCollector(node))
 

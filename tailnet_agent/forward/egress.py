@@ -31,6 +31,7 @@ import structlog
 from tailnet_agent.config import Forwarded
 from tailnet_agent.contract.targets import PortMapping, Target
 from tailnet_agent.health import AgentMetrics
+from tailnet_agent.limits import ConnectionGate, Refused
 from tailnet_agent.probe import Prober
 from tailnet_agent.streams import error_reason
 from tailnet_agent.targets import TargetsDiff, diff_targets
@@ -92,8 +93,11 @@ class Forwarder(Generic[F]):
     def __init__(self, node: Dialer, targets: tuple[F, ...], *, bind_address: str = "0.0.0.0",
                  dial_timeout: float = 30.0, metrics: AgentMetrics | None = None,
                  prober: Prober | None = None, listen: Listen | None = None, session: Session | None = None,
-                 kind: str = "egress", pin_half_closed: bool | None = None) -> None:
+                 kind: str = "egress", pin_half_closed: bool | None = None,
+                 gate: ConnectionGate | None = None) -> None:
         self.node = node
+        self.gate = gate
+        """Counts the client connections against the agent's limit (None: not counted)."""
         self.targets = targets
         """The targets in force (in the order of the file)."""
         self.bind_address = bind_address
@@ -226,13 +230,21 @@ class Forwarder(Generic[F]):
             return splice.a, self._forward(target, mapping, splice), splice.abort
 
         def accept() -> asyncio.Protocol:
+            gate = self.gate
+            if gate is not None and not gate.admit():
+                return Refused()
             # The task first runs after connection_made has given the protocol its transport.
             protocol, coro, abort = (serve or splice_to_dial)(mapping)
             try:
-                tg.create_task(coro, name=f"{self.kind}-{target.name}-{mapping.port}")
+                task = tg.create_task(coro, name=f"{self.kind}-{target.name}-{mapping.port}")
             except RuntimeError:  # the target is being removed: refuse the connection
                 coro.close()
                 asyncio.get_running_loop().call_soon(abort)
+                if gate is not None:
+                    gate.release()
+            else:
+                if gate is not None:
+                    task.add_done_callback(lambda _: gate.release())
             return protocol
 
         return accept

@@ -22,6 +22,7 @@ from tailnet_agent.contract.exposes import HTTP, Expose
 from tailnet_agent.contract.targets import PortMapping
 from tailnet_agent.control.netmap import NetMap
 from tailnet_agent.health import AgentMetrics
+from tailnet_agent.limits import ConnectionGate, Limits
 from tailnet_agent.probe import Prober
 
 from .egress import Accept, Closable, Connection, Forwarder
@@ -61,14 +62,19 @@ class Ingress:
     """The exposes of one agent; ``forwarder.run`` serves them, ``forwarder.apply`` changes them."""
 
     def __init__(self, node: Listener, exposes: tuple[Expose, ...], *, dial_timeout: float = 30.0,
-                 metrics: AgentMetrics | None = None, prober: Prober | None = None) -> None:
+                 metrics: AgentMetrics | None = None, prober: Prober | None = None, limits: Limits | None = None,
+                 gate: ConnectionGate | None = None) -> None:
         self.node = node
+        self.limits = limits or Limits()
+        self.gate = gate
+        self.metrics = metrics
         self.services: dict[str, HttpService] = {}
         """The running http exposes by name (their certificates are on ``/status``)."""
         self.ports: dict[int, HttpPort] = {}
         """The listeners of the ports http exposes are on."""
         self.forwarder = Forwarder(LocalDialer(), exposes, dial_timeout=dial_timeout, metrics=metrics,
-                                   prober=prober, listen=self._listen, session=self._session, kind="ingress")
+                                   prober=prober, listen=self._listen, session=self._session, kind="ingress",
+                                   gate=gate)
 
     def whois(self, ip: str) -> Identity | None:
         return identify(self.node.netmap, ip)
@@ -92,10 +98,10 @@ class Ingress:
         if expose.mode != HTTP:
             yield None
             return
-        async with HttpService(expose, self.whois) as service:
+        async with HttpService(expose, self.whois, limits=self.limits, metrics=self.metrics) as service:
             port = self.ports.get(expose.port)
             if port is None:
-                port = self.ports[expose.port] = HttpPort(expose.port, self._order)
+                port = self.ports[expose.port] = HttpPort(expose.port, self._order, gate=self.gate)
             port.services[expose.name] = service
             self.services[expose.name] = service
             try:

@@ -12,6 +12,7 @@ import structlog
 from aiohttp import web
 
 from tailnet_agent.contract.exposes import VirtualHost
+from tailnet_agent.limits import DEFAULT_IDLE_TIMEOUT
 
 from ..h2backend import BackendError
 from .handover import Pending, hand_over
@@ -26,8 +27,9 @@ class Http1Server(web.Server):
     """aiohttp's HTTP/1.1 server protocol factory for one expose; tells each connection's end to
     its waiter, so that the connection stays a task of the expose while it lasts."""
 
-    def __init__(self, upstream: UpstreamClient, whois: Whois) -> None:
-        super().__init__(self._request, access_log=None)
+    def __init__(self, upstream: UpstreamClient, whois: Whois, *, idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+        # aiohttp's keep-alive timeout is the idle timeout (0 would mean no keep-alive: a large value instead)
+        super().__init__(self._request, access_log=None, keepalive_timeout=idle_timeout or 1e9)
         self.upstream = upstream
         self.whois = whois
         self.ends: dict[web.RequestHandler, asyncio.Future[None]] = {}

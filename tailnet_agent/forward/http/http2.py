@@ -24,9 +24,12 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+import h2.settings
 import structlog
 
 from tailnet_agent.contract.exposes import VirtualHost
+from tailnet_agent.health import AgentMetrics
+from tailnet_agent.limits import Limits, ResetBudget
 
 from ..h2backend import BackendError
 from .handover import Pending, hand_over
@@ -45,6 +48,8 @@ from .upstream import CHUNK, BadGateway, UpstreamClient
 log = structlog.get_logger("agent.http")
 
 PLAIN_TEXT = [("content-type", "text/plain; charset=utf-8")]
+GOAWAY_WRITE_TIMEOUT = 5.0
+"""Seconds the agent waits for its GOAWAY to be written before it drops the connection."""
 
 
 @dataclass
@@ -62,11 +67,52 @@ class _Stream:
 class _Connection:
     """One HTTP/2 connection's state shared by its stream tasks (one task reads, all may write)."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, limits: Limits) -> None:
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+        self.conn.local_settings = h2.settings.Settings(client=False, initial_values={
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: max(1, limits.http2_max_streams),
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.conn.DEFAULT_MAX_HEADER_LIST_SIZE})
         self.writer = writer
         self.streams: dict[int, _Stream] = {}
+        self.resets = ResetBudget(limits.http2_max_resets, asyncio.get_running_loop().time)
+        self.ending: str | None = None
+        """Why the agent ends the connection (a ``tailnet_agent_http2_goaway`` reason), once it does."""
         self._window = asyncio.Event()
+
+    def goaway(self, code: h2.errors.ErrorCodes, reason: str) -> None:
+        """Send GOAWAY; the read loop stops and the connection ends once it is written."""
+        self.ending = reason
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.conn.close_connection(code)
+        self.flush()
+
+    async def written(self) -> None:
+        """Wait (a bounded time) until what was queued reached the socket, e.g. the GOAWAY."""
+        self.writer.transport.set_write_buffer_limits(0)
+        with contextlib.suppress(ConnectionError, TimeoutError):
+            async with asyncio.timeout(GOAWAY_WRITE_TIMEOUT):
+                await self.writer.drain()
+
+    def received(self, event: h2.events.Event) -> None:
+        """A client event on a stream already started (body, trailers, end, reset)."""
+        stream = self.streams.get(getattr(event, "stream_id", None) or 0)
+        if isinstance(event, h2.events.DataReceived):
+            if stream is not None:
+                stream.body.put_nowait((event.data or b"", event.flow_controlled_length or 0))
+            else:  # its response is over: the bytes are dropped, their window given back
+                self.acknowledge(event.flow_controlled_length or 0, event.stream_id or 0)
+        elif isinstance(event, h2.events.TrailersReceived) and stream is not None:
+            stream.trailers.extend((_text(k), _text(v)) for k, v in event.headers or ())
+        elif isinstance(event, h2.events.StreamEnded) and stream is not None:
+            stream.body.put_nowait(None)
+        elif isinstance(event, h2.events.StreamReset):
+            if stream is not None:
+                stream.ended = True  # no RST_STREAM back
+                self.finish(stream)
+                if stream.task is not None:
+                    stream.task.cancel()
+            if event.remote_reset and not self.resets.spend():
+                self.goaway(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, "rapid_reset")
 
     def flush(self) -> None:
         if data := self.conn.data_to_send():
@@ -142,8 +188,11 @@ class _Connection:
 class Http2Server:
     """Serves the HTTP/2 connections of one expose."""
 
-    def __init__(self, upstream: UpstreamClient) -> None:
+    def __init__(self, upstream: UpstreamClient, limits: Limits | None = None,
+                 metrics: AgentMetrics | None = None) -> None:
         self.upstream = upstream
+        self.limits = limits or Limits()
+        self.metrics = metrics
 
     async def serve(self, tls: asyncio.Transport, pending: Pending, host: VirtualHost, client: str,
                     identity: Identity | None) -> None:
@@ -152,46 +201,55 @@ class Http2Server:
         protocol = asyncio.StreamReaderProtocol(reader)
         hand_over(tls, pending, protocol)
         writer = asyncio.StreamWriter(tls, protocol, reader, asyncio.get_running_loop())
-        h2c = _Connection(writer)
+        h2c = _Connection(writer, self.limits)
         h2c.conn.initiate_connection()
         h2c.flush()
         async with asyncio.TaskGroup() as tg:
             try:
-                while data := await reader.read(CHUNK):
+                while h2c.ending is None and (data := await self._read(reader, h2c)):
                     try:
                         events = h2c.conn.receive_data(data)
-                    except h2.exceptions.ProtocolError:
+                    except h2.exceptions.ProtocolError as exc:  # e.g. more streams than advertised
+                        h2c.goaway(getattr(exc, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR), "protocol_error")
                         break
                     for event in events:
-                        stream = h2c.streams.get(getattr(event, "stream_id", None) or 0)
                         if isinstance(event, h2.events.RequestReceived) and event.stream_id is not None:
                             stream = h2c.streams[event.stream_id] = _Stream(event.stream_id)
                             stream.ended = event.stream_ended is not None
                             stream.task = tg.create_task(self._request(h2c, stream, list(event.headers or ()),
                                                                        host, client, identity))
-                        elif isinstance(event, h2.events.DataReceived):
-                            if stream is not None:
-                                stream.body.put_nowait((event.data or b"", event.flow_controlled_length or 0))
-                            else:  # its response is over: the bytes are dropped, their window given back
-                                h2c.acknowledge(event.flow_controlled_length or 0, event.stream_id or 0)
-                        elif isinstance(event, h2.events.TrailersReceived) and stream is not None:
-                            stream.trailers.extend((_text(k), _text(v)) for k, v in event.headers or ())
-                        elif isinstance(event, h2.events.StreamEnded) and stream is not None:
-                            stream.body.put_nowait(None)
-                        elif isinstance(event, h2.events.StreamReset) and stream is not None:
-                            stream.ended = True  # no RST_STREAM back
-                            h2c.finish(stream)
-                            if stream.task is not None:
-                                stream.task.cancel()
                         elif isinstance(event, h2.events.ConnectionTerminated):
                             return
+                        else:
+                            h2c.received(event)
                         h2c.windows_changed()
+                        if h2c.ending is not None:
+                            break
                     h2c.flush()
             finally:
-                for stream in h2c.streams.values():
+                for stream in list(h2c.streams.values()):
                     if stream.task is not None:
                         stream.task.cancel()
+                if h2c.ending is not None:
+                    if self.metrics is not None:
+                        self.metrics.http2_goaway.labels(h2c.ending).inc()
+                    await h2c.written()
                 writer.transport.abort()
+
+    async def _read(self, reader: asyncio.StreamReader, h2c: _Connection) -> bytes:
+        """The client's next bytes, or b"" after GOAWAY NO_ERROR once the connection was idle (no
+        request in progress) for an idle timeout: checked each idle timeout, so an idle connection
+        ends between one and two idle timeouts after its last request."""
+        if not self.limits.idle_timeout:
+            return await reader.read(CHUNK)
+        while True:
+            try:
+                async with asyncio.timeout(self.limits.idle_timeout):
+                    return await reader.read(CHUNK)  # cancelling it loses nothing (bytes stay buffered)
+            except TimeoutError:
+                if not h2c.streams:
+                    h2c.goaway(h2.errors.ErrorCodes.NO_ERROR, "idle")
+                    return b""
 
     async def _request(self, h2c: _Connection, stream: _Stream, raw: list[tuple[Any, Any]], host: VirtualHost,
                        client: str, identity: Identity | None) -> None:

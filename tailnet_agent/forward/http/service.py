@@ -11,6 +11,8 @@ import asyncio
 from typing import Any
 
 from tailnet_agent.contract.exposes import Expose, VirtualHost
+from tailnet_agent.health import AgentMetrics
+from tailnet_agent.limits import Limits
 
 from .certs import CertificateStore
 from .handover import Pending
@@ -23,13 +25,15 @@ from .upstream import UpstreamClient
 class HttpService:
     """One http expose while it listens: certificates, the backend client, the requests."""
 
-    def __init__(self, expose: Expose, whois: Whois | None = None) -> None:
+    def __init__(self, expose: Expose, whois: Whois | None = None, *, limits: Limits | None = None,
+                 metrics: AgentMetrics | None = None) -> None:
         self.expose = expose
         self.whois = whois or (lambda ip: None)
         self.certs = CertificateStore(expose.hosts)
         self.upstream = UpstreamClient(expose)
-        self.http1 = Http1Server(self.upstream, self.whois)
-        self.http2 = Http2Server(self.upstream)
+        limits = limits or Limits()
+        self.http1 = Http1Server(self.upstream, self.whois, idle_timeout=limits.idle_timeout)
+        self.http2 = Http2Server(self.upstream, limits, metrics)
         self.connections: set[asyncio.Task[Any]] = set()
         """The tasks serving this expose's client connections (cancelled when it stops)."""
 

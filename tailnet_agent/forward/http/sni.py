@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 
 from tailnet_agent.contract.exposes import VirtualHost
+from tailnet_agent.limits import ConnectionGate, Refused
 
 from ..egress import Closable
 from .certs import server_context
@@ -42,8 +43,11 @@ class HttpPort:
     ends when that expose stops (its siblings' connections stay).
     """
 
-    def __init__(self, port: int, order: Callable[[], Iterable[str]] | None = None) -> None:
+    def __init__(self, port: int, order: Callable[[], Iterable[str]] | None = None, *,
+                 gate: ConnectionGate | None = None) -> None:
         self.port = port
+        self.gate = gate
+        """Counts the port's connections against the agent's limit (None: not counted)."""
         self.services: dict[str, HttpService] = {}
         """The http exposes on the port, by name."""
         self._order = order
@@ -111,11 +115,17 @@ class HttpPort:
             await asyncio.wait(tasks)
 
     def protocol(self) -> asyncio.Protocol:
-        """The listener's protocol factory: hold the connection, serve it in a task of the port."""
+        """The listener's protocol factory: hold the connection, serve it in a task of the port (a
+        connection over the agent's limit is closed at once)."""
+        gate = self.gate
+        if gate is not None and not gate.admit():
+            return Refused()
         held = Held()
         task = asyncio.get_running_loop().create_task(self.serve(held), name=f"https-{self.port}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if gate is not None:
+            task.add_done_callback(lambda _: gate.release())
         return held
 
     async def serve(self, held: Held) -> None:
