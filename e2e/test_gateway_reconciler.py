@@ -25,12 +25,23 @@ from typing import Any
 import pytest
 
 from hack.localenv import ControlPlane, Headscale
-from tailnet_operator.controllers.gateway import ROLE, ROLE_BINDING, SERVICE_ACCOUNT, GatewaySettings
+from tailnet_operator.controllers.gateway import GatewaySettings
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_GATEWAY
 from tailnet_operator.headscale import installation_tag
 from tailnet_operator.runtime.client import JSON, Client
 from tailnet_operator.runtime.errors import NotFound
-from tailnet_operator.runtime.kinds import CONFIG_MAP, NAMESPACE, POD, SECRET, SERVICE, STATEFUL_SET, Resource
+from tailnet_operator.runtime.kinds import (
+    CONFIG_MAP,
+    NAMESPACE,
+    POD,
+    ROLE,
+    ROLE_BINDING,
+    SECRET,
+    SERVICE,
+    SERVICE_ACCOUNT,
+    STATEFUL_SET,
+    Resource,
+)
 
 from .conftest import TailscaleFactory
 from .operator import create_bootstrap_secret, has_condition, running_operator, tailnet_object, unique

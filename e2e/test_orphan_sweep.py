@@ -23,8 +23,8 @@ import pytest
 from e2e.conftest import TailscaleFactory
 from hack.localenv import ControlPlane, Headscale
 from tailnet_operator.controllers.cleanup import SKIP_CLEANUP_ANNOTATION
-from tailnet_operator.controllers.egress import EgressReconciler
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS
+from tailnet_operator.controllers.pipeline import TaggedNodeReconciler
 from tailnet_operator.headscale import installation_tag
 from tailnet_operator.names import auth_key_secret_name
 from tailnet_operator.runtime import Result
@@ -141,9 +141,9 @@ async def test_skip_cleanup_then_the_sweep_and_the_bounded_finalizer(
         # 4. Headscale down: the finalizer retries, then lets go after the bound
         egress_controller = next(c for c in op.manager.controllers if c.name == "egress")
         reconciler = egress_controller.reconciler
-        assert isinstance(reconciler, EgressReconciler)
+        assert isinstance(reconciler, TaggedNodeReconciler)
         attempts: list[Result | None] = []
-        run = reconciler.cleanup.run
+        run = reconciler.phases.cleanup.run
 
         async def counted(obj: JSON, *args: Any, **kwargs: Any) -> Result | None:
             outcome = await run(obj, *args, **kwargs)
@@ -151,7 +151,7 @@ async def test_skip_cleanup_then_the_sweep_and_the_bounded_finalizer(
                 attempts.append(outcome)
             return outcome
 
-        reconciler.cleanup.run = counted  # type: ignore[method-assign]
+        reconciler.phases.cleanup.run = counted  # type: ignore[method-assign]
         clock.offset = timedelta(0)  # the bound counts from the deletion on the operator's clock
         headscale.stop()
         await admin.delete(TAILNET_EGRESS, "stuck", ns)

@@ -163,6 +163,14 @@ class HeadscaleAccess:
         return Connection(str(tailnet.spec.api_url or tailnet.spec.login_url), self._ca_bundle(tailnet),
                           owner_tag=installation_tag(uid) if uid else None)
 
+    def agent_ca(self, tailnet: Tailnet) -> str | None:
+        """The CA bundle agents trust for ``tailnet``'s Headscale (None: the system's, or a CA
+        Secret that is missing, which the Tailnet's own status reports)."""
+        try:
+            return self.endpoint(tailnet).ca
+        except Problem:
+            return None
+
     def stored_key(self, tailnet: Tailnet) -> StoredKey | None:
         """The working key the Tailnet reconciler keeps in the operator's namespace, if any."""
         name = working_key_secret_name(name_of(tailnet))

@@ -27,6 +27,7 @@ from tailnet_operator.headscale import HeadscaleError
 from tailnet_operator.runtime import Clock, EventRecorder, Result
 from tailnet_operator.types import JSON
 
+from . import periods
 from .access import NoAccess, Problem
 
 __all__ = ["ATTEMPT_TIMEOUT", "GIVE_UP", "RETRY_SECONDS", "SKIP_CLEANUP_ANNOTATION", "Cleanup", "skip_cleanup"]
@@ -35,12 +36,9 @@ log = structlog.get_logger("controllers.cleanup")
 
 SKIP_CLEANUP_ANNOTATION = "tailnet.dev/skip-cleanup"
 """Set to ``"true"`` on an object to let its finalizer go without touching Headscale."""
-GIVE_UP = timedelta(minutes=5)
-"""How long a finalizer retries Headscale before it lets the object go with a Warning Event."""
-RETRY_SECONDS = 10.0
-"""How soon a failed cleanup is tried again."""
-ATTEMPT_TIMEOUT = 60.0
-"""Seconds one cleanup attempt may take, all its requests and their retries included."""
+GIVE_UP = periods.CLEANUP_GIVE_UP
+RETRY_SECONDS = periods.CLEANUP_RETRY
+ATTEMPT_TIMEOUT = periods.CLEANUP_ATTEMPT_TIMEOUT
 
 CLEANUP_ERRORS = (HeadscaleError, NoAccess, Problem, TimeoutError)
 

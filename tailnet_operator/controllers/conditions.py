@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 Status = Literal["True", "False", "Unknown"]
 
 
@@ -17,6 +19,11 @@ class Cond:
     status: Status
     reason: str
     message: str = ""
+
+
+def invalid_spec_message(exc: ValidationError) -> str:
+    """Every problem the model found in an object, each with the path of its field."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
 
 
 def rfc3339(moment: datetime) -> str:

@@ -44,7 +44,7 @@ from tailnet_operator.runtime.events import EventRecorder
 from tailnet_operator.tenancy import Claim, claim_order, first_holders, in_zone, judge
 from tailnet_operator.types import JSON
 
-from . import hosts_guard
+from . import hosts_guard, periods
 from .access import live_tailnet
 from .kinds import TAILNET_EGRESS, TAILNET_INGRESS
 from .policy import TAILNET_INDEX
@@ -54,8 +54,7 @@ __all__ = ["FIELD_MANAGER", "HOSTS_KEY", "DnsReconciler", "in_zone", "name_holde
 log = structlog.get_logger("controllers.dns")
 
 FIELD_MANAGER = "tailnet-operator-dns"
-REFUSED_RETRY_SECONDS = 300.0
-"""How soon a Tailnet whose hosts ConfigMap was refused looks again (a spec change looks at once)."""
+REFUSED_RETRY_SECONDS = periods.DNS_REFUSED_RETRY
 HOSTS_KEY = "hosts"
 HEADER = ("# Managed by tailnet-operator (DNS reconciler): egress aliases -> their target Service's ClusterIP,\n"
           "# ingress names -> the ingress node's tailnet address.\n")

@@ -1,15 +1,13 @@
 """The Egress reconciler: one TailnetEgress (operator namespace only) becomes a tailnet node.
 
-Per CR, in this order, so nothing reaches the tailnet unless the policy owns the tag:
+The phases are the pipeline's (:mod:`.pipeline`: tag pre-check, pre-auth key, apply, status);
+this module says what an egress adds:
 
-1. tag pre-check against the live policy: a tag the policy does not own is Ready=False
-   ``TagNotOwned`` with a paste-ready snippet, and nothing is created on the tailnet;
-2. the pre-auth key (:mod:`.preauth`), rotated at half-life and on URL or tag change;
-3. the agent's ConfigMap (targets, CA), Deployment, one Service per target, the agent's status
-   Service and a NetworkPolicy, all server-side applied and owned by the CR; Services of removed
-   targets are deleted;
-4. status: ``node`` and every target's route state from the agent's ``/status`` refined with
-   Headscale (:mod:`.egress_status`), and the conditions.
+* its objects: the agent's ConfigMap (targets, CA), Deployment, one Service per target, the
+  agent's status Service and a NetworkPolicy, all owned by the CR; Services of removed targets
+  are pruned, and a target whose Service another egress holds is reported, not taken;
+* its status: ``node`` and every target's route state from the agent's ``/status`` refined with
+  Headscale (:mod:`.egress_status`), ``TargetsReady`` and ``AliasesServed``.
 
 A TailnetEgress in any other namespace is never acted on (the Policy reconciler reports it).
 Deleting a CR expires its key (finalizer); garbage collection removes the rest.
@@ -19,36 +17,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import structlog
-
 from tailnet_operator.api.egress import TailnetEgress
-from tailnet_operator.api.tailnet import Tailnet
-from tailnet_operator.headscale import HeadscaleError, Node
-from tailnet_operator.policy import PolicyParseError
+from tailnet_operator.names import auth_key_secret_name
 from tailnet_operator.policy.adapters import derive_from_objects
+from tailnet_operator.policy.derive import Derived
 from tailnet_operator.resources import egress as build
-from tailnet_operator.runtime import (
-    CONFIG_MAP,
-    SERVICE,
-    Request,
-    Resource,
-    Result,
-    Writer,
-)
+from tailnet_operator.runtime import CONFIG_MAP, SERVICE, Request, Writer
+from tailnet_operator.runtime.errors import Forbidden
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY
+from tailnet_operator.tenancy import Refusal
 from tailnet_operator.types import JSON
 
-from .access import Deps, Problem
-from .agents import RESYNC_SECONDS, RETRY_SECONDS, AgentReconciler, node_status
+from .access import Deps
+from .applier import Desired
 from .conditions import Cond, Status
 from .dns import in_zone
 from .egress_status import AgentStatusReader, HttpAgentStatus, TargetState, classify
 from .kinds import TAILNET_EGRESS
+from .pipeline import Outcome, Run, TaggedNodeReconciler, node_status
 from .preauth import AuthKey
 
-__all__ = ["FIELD_MANAGER", "EgressReconciler", "EgressSettings"]
-
-log = structlog.get_logger("controllers.egress")
+__all__ = ["FIELD_MANAGER", "EgressNode", "EgressSettings", "egress_reconciler"]
 
 FIELD_MANAGER = "tailnet-operator-egress"
 CONDITION_TYPES = ("TagOwned", "PreAuthKeyValid", "TargetsReady", "AliasesServed")
@@ -64,35 +53,24 @@ class EgressSettings:
     """Namespaces (by labels) admitted to the agents' /metrics: where Prometheus runs."""
 
 
-@dataclass(frozen=True)
-class Run:
-    """One reconcile of one TailnetEgress."""
-
-    obj: JSON
-    egress: TailnetEgress
-    tailnet: Tailnet
-
-    @property
-    def name(self) -> str:
-        return str(self.egress.metadata.name)
-
-    @property
-    def name_of_tailnet(self) -> str:
-        return str(self.tailnet.metadata.name)
+def egress_reconciler(deps: Deps, writer: Writer, settings: EgressSettings, *,
+                      agent_status: AgentStatusReader | None = None) -> TaggedNodeReconciler[TailnetEgress]:
+    """The TailnetEgress reconciler; writes as :data:`FIELD_MANAGER` through ``writer``."""
+    return TaggedNodeReconciler(deps, writer, EgressNode(deps, settings, agent_status or HttpAgentStatus()))
 
 
-class EgressReconciler(AgentReconciler):
-    """Reconciles one TailnetEgress; writes as :data:`FIELD_MANAGER` through ``writer``."""
+class EgressNode:
+    """What a TailnetEgress adds to the pipeline; acts only in the operator's namespace."""
 
-    kind = TAILNET_EGRESS
+    resource = TAILNET_EGRESS
     model = TailnetEgress
-    condition_types = CONDITION_TYPES
+    field_manager = FIELD_MANAGER
+    condition_types: tuple[str, ...] = CONDITION_TYPES
 
-    def __init__(self, deps: Deps, writer: Writer, settings: EgressSettings, *,
-                 agent_status: AgentStatusReader | None = None) -> None:
-        super().__init__(deps, writer, field_manager=FIELD_MANAGER)
+    def __init__(self, deps: Deps, settings: EgressSettings, agent_status: AgentStatusReader) -> None:
+        self.reader, self.access = deps.reader, deps.access
         self.settings = settings
-        self.agent_status = agent_status or HttpAgentStatus()
+        self.agent_status = agent_status
 
     @property
     def namespace(self) -> str:
@@ -101,65 +79,49 @@ class EgressReconciler(AgentReconciler):
     def accepts(self, request: Request) -> bool:
         return request.namespace == self.namespace  # elsewhere: the Policy reconciler records it once
 
-    async def reconcile_one(self, obj: JSON, parsed: TailnetEgress, tailnet: Tailnet) -> Result:
-        return await self._reconcile(Run(obj, parsed, tailnet))
+    def spec_problem(self, run: Run[TailnetEgress]) -> tuple[str, str] | None:
+        return None
 
-    async def _reconcile(self, run: Run) -> Result:
-        connection = await self.working_connection(run.obj, run.tailnet)
-        if isinstance(connection, Result):
-            return connection
-        try:
-            async with self.access.open(connection) as hs:
-                live, _ = await hs.get_policy()
-                if snippet := self.tag_gap(live, derive_from_objects(egresses=[run.egress]), run.egress.spec.tag):
-                    await self.tag_not_owned(run.obj, run.egress.spec.tag, snippet)
-                    return Result(requeue_after=RESYNC_SECONDS)
-                key = await self.ensure_key(hs, run.obj, self._secret_metadata(run), run.tailnet,
-                                            run.egress.spec.tag)
-                nodes = await hs.list_nodes()
-        except (HeadscaleError, PolicyParseError) as exc:
-            await self.not_ready(run.obj, "Unknown", "HeadscaleUnavailable", f"Headscale: {exc}")
-            return Result(requeue_after=RETRY_SECONDS)
-        taken = await self._apply(run, key)
-        await self._report(run, key, live, nodes, taken)
-        return Result(requeue_after=min(RESYNC_SECONDS, max(1.0, self.until(key.rotation_due))))
+    def tailnet_name(self, cr: TailnetEgress) -> str:
+        return cr.spec.tailnet_ref.name
 
-    # -- tag and key ----------------------------------------------------------------------------
+    def tag(self, cr: TailnetEgress) -> str:
+        return cr.spec.tag
 
-    def _secret_metadata(self, run: Run) -> JSON:
-        return build.owned_metadata(run.obj, run.egress, self.key_secret_name(run.name))
+    def derived(self, cr: TailnetEgress) -> Derived:
+        return derive_from_objects(egresses=[cr])
 
-    # -- objects --------------------------------------------------------------------------------
+    def key_location(self, obj: JSON) -> tuple[str, str | None]:
+        """Beside the CR, owned by it."""
+        return auth_key_secret_name(TAILNET_EGRESS.kind, obj["metadata"]["name"]), obj["metadata"].get("namespace")
 
-    def _agent(self, run: Run, key: AuthKey) -> build.AgentSpec:
-        try:
-            ca = self.access.endpoint(run.tailnet).ca
-        except Problem:
-            ca = None
-        return build.AgentSpec(image=self.settings.agent_image, control_url=key.login_url,
-                               auth_secret=self.key_secret_name(run.name), ca_bundle=ca,
-                               operator_labels=self.settings.operator_labels,
-                               metrics_namespaces=self.settings.metrics_namespaces)
+    def key_metadata(self, run: Run[TailnetEgress]) -> JSON:
+        return build.owned_metadata(run.obj, run.cr, self.key_location(run.obj)[0])
 
-    async def _apply(self, run: Run, key: AuthKey) -> dict[str, str]:
-        """Apply every object; returns the targets whose Service name is taken (name: holder)."""
-        agent = self._agent(run, key)
-        current = self.reader.get(CONFIG_MAP, build.config_map_name(run.egress), self.namespace)
-        ports = build.listen_ports(run.egress, build.previous_listen_ports(current))
-        await self._put(CONFIG_MAP, build.config_map(run.obj, run.egress, ports, agent.ca_bundle))
-        await self._put(DEPLOYMENT, build.deployment(run.obj, run.egress, agent))
-        await self._put(SERVICE, build.agent_service(run.obj, run.egress))
-        taken: dict[str, str] = {}
-        for name in build.target_names(run.egress):
-            if holder := self._service_holder(run, name):
-                taken[name] = holder
-                continue
-            await self._put(SERVICE, build.target_service(run.obj, run.egress, name, ports))
-        await self._put(NETWORK_POLICY, build.network_policy(run.obj, run.egress, ports, agent))
-        await self._remove_stale_services(run)
-        return taken
+    def refusal(self, run: Run[TailnetEgress], live_policy: str | None) -> Refusal | None:
+        return None  # only the platform's namespace has egresses
 
-    def _service_holder(self, run: Run, name: str) -> str:
+    def before_key(self, run: Run[TailnetEgress]) -> Desired:
+        return Desired.of()
+
+    def desired(self, run: Run[TailnetEgress], key: AuthKey) -> Desired:
+        egress, owner = run.cr, run.obj
+        agent = build.AgentSpec(image=self.settings.agent_image, control_url=key.login_url,
+                                auth_secret=self.key_location(owner)[0], ca_bundle=self.access.agent_ca(run.tailnet),
+                                operator_labels=self.settings.operator_labels,
+                                metrics_namespaces=self.settings.metrics_namespaces)
+        current = self.reader.get(CONFIG_MAP, build.config_map_name(egress), self.namespace)
+        ports = build.listen_ports(egress, build.previous_listen_ports(current))
+        targets = [(SERVICE, build.target_service(owner, egress, name, ports))
+                   for name in build.target_names(egress) if not self.service_holder(run, name)]
+        return Desired.of((CONFIG_MAP, build.config_map(owner, egress, ports, agent.ca_bundle)),
+                          (DEPLOYMENT, build.deployment(owner, egress, agent)),
+                          (SERVICE, build.agent_service(owner, egress)),
+                          *targets,
+                          (NETWORK_POLICY, build.network_policy(owner, egress, ports, agent)),
+                          prune=[(SERVICE, self.namespace)])
+
+    def service_holder(self, run: Run[TailnetEgress], name: str) -> str:
         """Who holds the Service a target needs when it is not this CR ("" when free or ours).
 
         Target names share the operator namespace: the first egress to create ``<name>`` keeps
@@ -168,53 +130,41 @@ class EgressReconciler(AgentReconciler):
         if svc is None:
             return ""
         refs = svc["metadata"].get("ownerReferences") or []
-        if any(ref.get("uid") == run.obj["metadata"]["uid"] for ref in refs):
+        if any(ref.get("uid") == run.uid for ref in refs):
             return ""
         owner = next((ref for ref in refs if ref.get("controller")), None)
         return f"{owner['kind']} {owner['name']}" if owner else "a Service this operator does not manage"
 
-    async def _put(self, resource: Resource, body: JSON) -> None:
-        await self.writer.apply(resource, body, field_manager=FIELD_MANAGER)
+    def not_granted(self, run: Run[TailnetEgress], exc: Forbidden) -> str:
+        return (f"the operator may not write in its own namespace {self.namespace}; check its Role there "
+                f"(the chart's or manifests/install's) (kube-apiserver said: {exc})")
 
-    async def _remove_stale_services(self, run: Run) -> None:
-        """Services of targets no longer in the spec (owned by this CR) are deleted."""
-        wanted = {*build.target_names(run.egress), build.agent_name(run.egress)}
-        uid = run.obj["metadata"]["uid"]
-        for svc in self.reader.list(SERVICE, self.namespace):
-            meta = svc["metadata"]
-            owned = any(ref.get("uid") == uid for ref in meta.get("ownerReferences") or [])
-            if owned and meta["name"] not in wanted:
-                await self.writer.delete(SERVICE, meta["name"], self.namespace, uid=meta.get("uid"))
-                log.info("deleted the Service of a removed target", egress=run.name, service=meta["name"])
-
-    # -- status ---------------------------------------------------------------------------------
-
-    async def _report(self, run: Run, key: AuthKey, live: str, nodes: list[Node], taken: dict[str, str]) -> None:
-        agent = await self.agent_status.read(run.egress)
-        states = [_conflict(run.egress, t.name, taken[t.name]) if t.name in taken
-                  else classify(run.egress, t, agent=agent, nodes=nodes, live_policy=live)
-                  for t in run.egress.spec.targets]
-        fields: JSON = {"preAuthKey": key.status(), "targets": [s.status() for s in states]}
+    async def report(self, run: Run[TailnetEgress], outcome: Outcome) -> tuple[list[Cond], JSON]:
+        agent = await self.agent_status.read(run.cr)
+        states = [_conflict(run.cr, t.name, holder) if (holder := self.service_holder(run, t.name))
+                  else classify(run.cr, t, agent=agent, nodes=outcome.nodes, live_policy=outcome.live_policy)
+                  for t in run.cr.spec.targets]
+        fields: JSON = {"targets": [s.status() for s in states]}
         if node := node_status(agent):
             fields["node"] = node
-        conds = [*self.key_conditions(key, run.egress.spec.tag), *_target_conditions(states)]
+        conds = _target_conditions(states)
         if aliases := _aliases_condition(run):
             conds.append(aliases)
-        await self.status.write(TAILNET_EGRESS, run.obj, conds, fields)
+        return conds, fields
 
 
-def _aliases_condition(run: Run) -> Cond | None:
+def _aliases_condition(run: Run[TailnetEgress]) -> Cond | None:
     """AliasesServed: every alias lies in one of the Tailnet's DNS zones (None without aliases).
 
     The hosts file only answers inside ``spec.dns.zones`` (that is what the cluster's DNS forwards
     to it), so the DNS reconciler leaves other aliases out and this says which and why."""
-    aliases = [str(a).lower().rstrip(".") for t in run.egress.spec.targets for a in t.aliases or []]
+    aliases = [str(a).lower().rstrip(".") for t in run.cr.spec.targets for a in t.aliases or []]
     if not aliases:
         return None
     dns = run.tailnet.spec.dns
     if dns is None:
         return Cond("AliasesServed", "False", "NoHostsFile",
-                    f"the Tailnet {run.name_of_tailnet} has no spec.dns, so no alias resolves: "
+                    f"the Tailnet {run.tailnet.metadata.name} has no spec.dns, so no alias resolves: "
                     f"{', '.join(aliases)}; add spec.dns (hostsConfigMap and zones) to the Tailnet")
     outside = [a for a in aliases if not any(in_zone(a, str(z)) for z in dns.zones)]
     if outside:

@@ -1,66 +1,60 @@
 """The Ingress reconciler: one TailnetIngress (in any namespace) becomes a tailnet node exposing
 in-cluster Services.
 
-Per CR, in this order, so nothing reaches the tailnet unless the policy owns the tag:
+The phases are the pipeline's (:mod:`.pipeline`: tenancy, tag pre-check, pre-auth key, apply,
+status); this module says what an ingress adds:
 
-1. tag pre-check against the live policy: a tag the policy does not own is Ready=False
-   ``TagNotOwned`` with a paste-ready snippet, and nothing is created on the tailnet;
-2. the pre-auth key (:mod:`.preauth`, shared with egress through :mod:`.agents`);
-3. in the CR's namespace (which must have granted the operator the ClusterRole
-   ``tailnet-operator-tenant``, else Ready=False ``NamespaceNotGranted`` and no key is made), all
-   server-side applied and owned by the CR: the exposes ConfigMap (the agent's exposes file,
-   reloaded without a restart), the agent Deployment (``AGENT_MODE=ingress``,
-   each host's TLS Secret and each https backend's CA projected), the agent's status Service, a
-   NetworkPolicy that admits no pod but the operator, and for every ``tls.certManager`` host a
-   cert-manager ``Certificate`` for the host's name and alias names;
-4. status (:mod:`.ingress_status`): the node, ``magicDNSName``, ``dnsNames``, one entry per
-   expose from the agent's ``/status``, and the conditions.
+* tenancy (:mod:`tailnet_operator.tenancy`): a namespace may use the Tailnet only as its grant
+  allows, and names another object holds are refused; an ingress whose grant was narrowed loses
+  its key and its node;
+* its objects, in the CR's namespace (which must have granted the operator the ClusterRole
+  ``tailnet-operator-tenant``, else Ready=False ``NamespaceNotGranted`` and no key is made), all
+  owned by the CR: the exposes ConfigMap (the agent's exposes file, reloaded without a restart),
+  the key Secret the agent mounts, the agent Deployment (``AGENT_MODE=ingress``, each host's TLS
+  Secret and each https backend's CA projected), the agent's status Service, a NetworkPolicy that
+  admits no pod but the operator, and for every ``tls.certManager`` host a cert-manager
+  ``Certificate`` for the host's name and alias names. The key's record lives in the operator's
+  namespace, where the tenant cannot write;
+* its status (:mod:`.ingress_status`): the node, ``magicDNSName``, ``dnsNames``, one entry per
+  expose from the agent's ``/status``, and the conditions.
 
 cert-manager's CRDs may be absent: the Certificate is written without a watch (its apply is
 refused with 404 then, and the hosts that asked for it say so in CertificatesReady); the Secret
-it fills is watched like any other. Deleting a CR expires its key (finalizer); garbage
-collection removes the rest, the DNS reconciler drops its names.
+it fills is watched like any other. Deleting a CR expires its key (finalizer) and deletes its
+record; garbage collection removes the rest, the DNS reconciler drops its names.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
-import structlog
 from pydantic import ValidationError
 
 from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.api.tailnet import Tailnet
-from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, Node
-from tailnet_operator.policy import PolicyParseError, parse_hujson
+from tailnet_operator.names import auth_key_secret_name
+from tailnet_operator.policy import parse_hujson
 from tailnet_operator.policy.adapters import derive_from_objects
+from tailnet_operator.policy.derive import Derived
 from tailnet_operator.resources import ingress as build
-from tailnet_operator.runtime import (
-    CONFIG_MAP,
-    SECRET,
-    SERVICE,
-    Resource,
-    Result,
-    Writer,
-)
-from tailnet_operator.runtime.errors import APIError, Forbidden, NotFound
+from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Request, Writer
+from tailnet_operator.runtime.errors import Forbidden, NotFound
 from tailnet_operator.runtime.kinds import CERTIFICATE, DEPLOYMENT, NETWORK_POLICY
 from tailnet_operator.tenancy import Refusal, claim_order, judge, policy_reserved_tags, taken
 from tailnet_operator.types import JSON
 
-from .access import Deps, Problem
-from .agents import RESYNC_SECONDS, RETRY_SECONDS, AgentReconciler
+from .access import Deps
+from .applier import Applied, Desired, Want
 from .conditions import Cond
 from .dns import name_holders
 from .egress_status import AgentStatusReader, HttpAgentStatus
 from .ingress_status import CertificateIssue, Report, report
 from .kinds import TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
+from .pipeline import Outcome, Run, TaggedNodeReconciler
 from .preauth import AuthKey
 
-__all__ = ["CONDITION_TYPES", "FIELD_MANAGER", "IngressReconciler", "IngressSettings", "secret_users", "zones_of"]
-
-log = structlog.get_logger("controllers.ingress")
+__all__ = ["CONDITION_TYPES", "FIELD_MANAGER", "IngressNode", "IngressSettings", "ingress_reconciler", "secret_users",
+           "zones_of"]
 
 FIELD_MANAGER = "tailnet-operator-ingress"
 NODE_FIELD_MANAGER = "tailnet-operator-ingress-node"
@@ -81,27 +75,6 @@ class IngressSettings:
     service_account: str = "tailnet-operator"
     metrics_namespaces: dict[str, str] = field(default_factory=dict)
     """Namespaces (by labels) admitted to the agents' /metrics: where Prometheus runs."""
-
-
-@dataclass(frozen=True)
-class Run:
-    """One reconcile of one TailnetIngress."""
-
-    obj: JSON
-    ingress: TailnetIngress
-    tailnet: Tailnet
-
-    @property
-    def name(self) -> str:
-        return str(self.ingress.metadata.name)
-
-    @property
-    def namespace(self) -> str:
-        return str(self.ingress.metadata.namespace)
-
-    @property
-    def zones(self) -> list[str]:
-        return zones_of(self.tailnet)
 
 
 def zones_of(tailnet: Tailnet) -> list[str]:
@@ -139,68 +112,67 @@ def secret_users(obj: JSON) -> set[str]:
     return {*build.tls_secret_names(ingress), *cas}
 
 
-class IngressReconciler(AgentReconciler):
-    """Reconciles one TailnetIngress; writes as :data:`FIELD_MANAGER` through ``writer``."""
+def ingress_reconciler(deps: Deps, writer: Writer, settings: IngressSettings, *,
+                       agent_status: AgentStatusReader | None = None) -> TaggedNodeReconciler[TailnetIngress]:
+    """The TailnetIngress reconciler; writes as :data:`FIELD_MANAGER` through ``writer``."""
+    node = IngressNode(deps, writer, settings, agent_status or HttpAgentStatus(service=build.agent_name))
+    return TaggedNodeReconciler(deps, writer, node)
 
-    kind = TAILNET_INGRESS
+
+class IngressNode:
+    """What a TailnetIngress adds to the pipeline: tenancy, its objects in the tenant's namespace
+    (its key recorded in the operator's), Certificates, and the exposes' status."""
+
+    resource = TAILNET_INGRESS
     model = TailnetIngress
-    condition_types = CONDITION_TYPES
+    field_manager = FIELD_MANAGER
+    condition_types: tuple[str, ...] = CONDITION_TYPES
 
-    def __init__(self, deps: Deps, writer: Writer, settings: IngressSettings, *,
-                 agent_status: AgentStatusReader | None = None) -> None:
-        super().__init__(deps, writer, field_manager=FIELD_MANAGER)
+    def __init__(self, deps: Deps, writer: Writer, settings: IngressSettings, agent_status: AgentStatusReader) -> None:
+        self.reader, self.access = deps.reader, deps.access
+        self.writer = writer
         self.settings = settings
-        self.agent_status = agent_status or HttpAgentStatus(service=build.agent_name)
+        self.agent_status = agent_status
+
+    def accepts(self, request: Request) -> bool:
+        return True
+
+    def spec_problem(self, run: Run[TailnetIngress]) -> tuple[str, str] | None:
+        problem = name_clash(run.cr, zones_of(run.tailnet))
+        return ("HostNameClash", problem) if problem else None
+
+    def tailnet_name(self, cr: TailnetIngress) -> str:
+        return cr.spec.tailnet_ref.name
+
+    def tag(self, cr: TailnetIngress) -> str:
+        return cr.spec.tag
+
+    def derived(self, cr: TailnetIngress) -> Derived:
+        return derive_from_objects(ingresses=[cr])
 
     def key_location(self, obj: JSON) -> tuple[str, str | None]:
         """The ingress's record in the operator's namespace, which the tenant cannot write."""
         meta = obj["metadata"]
         return build.record_name(meta["namespace"], meta["name"]), self.settings.operator_namespace
 
-    def spec_problem(self, parsed: TailnetIngress) -> tuple[str, str] | None:
-        tailnet = self.reader.get(Tailnet, parsed.spec.tailnet_ref.name)
-        problem = name_clash(parsed, zones_of(tailnet) if tailnet is not None else [])
-        return ("HostNameClash", problem) if problem else None
-
-    async def reconcile_one(self, obj: JSON, parsed: TailnetIngress, tailnet: Tailnet) -> Result:
-        return await self._reconcile(Run(obj, parsed, tailnet))
-
-    async def _reconcile(self, run: Run) -> Result:
-        first_time = self._record(run.obj) is None
-        if first_time and (refusal := self._tenancy(run, reserved=self._cluster_tags(), claims=False)) is not None:
-            return await self._refuse(run, refusal)  # nothing to revoke: not even the live policy is read
-        connection = await self.working_connection(run.obj, run.tailnet)
-        if isinstance(connection, Result):
-            return connection
-        tag = run.ingress.spec.tag
-        try:
-            async with self.access.open(connection) as hs:
-                live, _ = await hs.get_policy()
-                reserved = self._cluster_tags() | (policy_reserved_tags(parse_hujson(live)) if live else set())
-                if (refusal := self._tenancy(run, reserved=reserved)) is not None:
-                    return await self._refuse(run, refusal, hs)
-                if snippet := self.tag_gap(live, derive_from_objects(ingresses=[run.ingress]), tag):
-                    await self.tag_not_owned(run.obj, tag, snippet)
-                    return Result(requeue_after=RESYNC_SECONDS)
-                # The exposes first: a namespace that has not let the operator in is found out
-                # before a key is made that could not be stored.
-                await self._put(CONFIG_MAP, build.config_map(run.obj, run.ingress, run.zones, self._ca(run)))
-                record = build.record_metadata(run.ingress, self.settings.operator_namespace)
-                key = await self.ensure_key(hs, run.obj, record, run.tailnet, tag)
-                await self._put(SECRET, build.auth_secret(run.obj, run.ingress, key.key))
-                nodes = await hs.list_nodes()
-                await self._apply(run, key)
-        except (HeadscaleError, PolicyParseError) as exc:
-            await self.not_ready(run.obj, "Unknown", "HeadscaleUnavailable", f"Headscale: {exc}")
-            return Result(requeue_after=RETRY_SECONDS)
-        except Forbidden as exc:
-            await self.not_ready(run.obj, "False", "NamespaceNotGranted", self._not_granted(run, exc))
-            return Result(requeue_after=RESYNC_SECONDS)
-        issues = await self._certificates(run)
-        await self._report(run, key, nodes, issues)
-        return Result(requeue_after=min(RESYNC_SECONDS, max(1.0, self.until(key.rotation_due))))
+    def key_metadata(self, run: Run[TailnetIngress]) -> JSON:
+        return build.record_metadata(run.cr, self.settings.operator_namespace)
 
     # -- tenancy --------------------------------------------------------------------------------
+
+    def refusal(self, run: Run[TailnetIngress], live_policy: str | None) -> Refusal | None:
+        """Why the ingress's namespace may not use the Tailnet as it asks (None when it may).
+        Before the live policy is read only the ingress itself is judged; after, also whether
+        another object holds one of its names (a pass over the Tailnet's ingresses)."""
+        reserved = self._cluster_tags()
+        if live_policy:
+            reserved |= policy_reserved_tags(parse_hujson(live_policy))
+        zones = zones_of(run.tailnet)
+        names = build.dns_names(run.cr, zones) if run.tailnet.spec.dns is not None else []
+        if (refusal := judge(run.cr, run.tailnet, reserved=reserved, names=names)) is not None or live_policy is None:
+            return refusal
+        holders = name_holders(self.reader, run.tailnet, self.settings.operator_namespace, reserved=reserved)
+        return taken(names, claim_order(run.obj), holders)
 
     def _cluster_tags(self) -> set[str]:
         """The tags of every egress, gateway and site router: the platform's, never a tenant's by prefix."""
@@ -211,106 +183,50 @@ class IngressReconciler(AgentReconciler):
                     tags.add(tag)
         return tags
 
-    def _record(self, obj: JSON) -> AuthKey | None:
-        """The key the ingress's record holds (None before its first key)."""
-        return AuthKey.from_secret(self.reader.get(SECRET, *self.key_location(obj)))
-
-    def _tenancy(self, run: Run, *, reserved: set[str], claims: bool = True) -> Refusal | None:
-        """Why the ingress's namespace may not use the Tailnet as it asks (None when it may);
-        ``claims``: also whether another object holds one of its names (a pass over the Tailnet's
-        ingresses, so done once per reconcile)."""
-        names = build.dns_names(run.ingress, run.zones) if run.tailnet.spec.dns is not None else []
-        if (refusal := judge(run.ingress, run.tailnet, reserved=reserved, names=names)) is not None or not claims:
-            return refusal
-        holders = name_holders(self.reader, run.tailnet, self.settings.operator_namespace, reserved=reserved)
-        return taken(names, claim_order(run.obj), holders)
-
-    async def _refuse(self, run: Run, refusal: Refusal, hs: HeadscaleClient | None = None) -> Result:
-        """Report the refusal; with ``hs``, an ingress that had a key (its tenancy was narrowed)
-        loses it and its node."""
-        if hs is not None and (stored := self._record(run.obj)) is not None:
-            await self._revoke(run, stored, hs)
-        await self.status.write(self.kind, run.obj, [Cond("Ready", "False", refusal.reason, refusal.message)],
-                                keep=self.condition_types)
-        await self.events.warning(run.obj, refusal.reason, refusal.message, action="Admit")
-        return Result(requeue_after=RESYNC_SECONDS)
-
-    async def _revoke(self, run: Run, stored: AuthKey, hs: HeadscaleClient) -> None:
-        """Expire the ingress's keys, delete the nodes registered with them and forget the record."""
-        await self.keys.expire(hs, stored)
-        ids = {stored.id, stored.previous_id} - {""}
-        for node in await hs.list_nodes():
-            if node.pre_auth_key_id in ids:
-                await hs.delete_node(node.id)
-        name, namespace = self.key_location(run.obj)
-        with contextlib.suppress(NotFound):
-            await self.writer.delete(SECRET, name, namespace)
-
-    # -- objects --------------------------------------------------------------------------------
-
-    def _ca(self, run: Run) -> str | None:
-        try:
-            return self.access.endpoint(run.tailnet).ca
-        except Problem:
-            return None
-
-    def _agent(self, run: Run, key: AuthKey) -> build.AgentSpec:
-        return build.AgentSpec(image=self.settings.agent_image, control_url=key.login_url,
-                               auth_secret=self.key_secret_name(run.name), ca_bundle=self._ca(run),
-                               operator_labels=self.settings.operator_labels,
-                               metrics_namespaces=self.settings.metrics_namespaces)
-
-    def _not_granted(self, run: Run, exc: Forbidden) -> str:
-        settings = self.settings
-        return (f"the operator may not write in namespace {run.namespace}; nothing was created on the tailnet. "
-                f"Let it in by binding the ClusterRole {settings.tenant_role} there: kubectl -n {run.namespace} "
+    def not_granted(self, run: Run[TailnetIngress], exc: Forbidden) -> str:
+        settings, namespace = self.settings, run.namespace
+        return (f"the operator may not write in namespace {namespace}; nothing was created on the tailnet. "
+                f"Let it in by binding the ClusterRole {settings.tenant_role} there: kubectl -n {namespace} "
                 f"create rolebinding tailnet-operator --clusterrole={settings.tenant_role} "
                 f"--serviceaccount={settings.operator_namespace}:{settings.service_account} "
                 f"(kube-apiserver said: {exc})")
 
-    async def _apply(self, run: Run, key: AuthKey) -> None:
-        agent = self._agent(run, key)
-        await self._put(DEPLOYMENT, build.deployment(run.obj, run.ingress, agent))
-        await self._put(SERVICE, build.agent_service(run.obj, run.ingress))
-        await self._put(NETWORK_POLICY, build.network_policy(run.obj, run.ingress, agent,
-                                                             self.settings.operator_namespace))
+    # -- objects --------------------------------------------------------------------------------
 
-    async def _put(self, resource: Resource, body: JSON) -> None:
-        await self.writer.apply(resource, body, field_manager=FIELD_MANAGER)
+    def before_key(self, run: Run[TailnetIngress]) -> Desired:
+        """The exposes first: a namespace that has not let the operator in is found out before a
+        key is made that could not be stored."""
+        zones = zones_of(run.tailnet)
+        return Desired.of((CONFIG_MAP, build.config_map(run.obj, run.cr, zones, self.access.agent_ca(run.tailnet))))
 
-    async def _certificates(self, run: Run) -> dict[str, CertificateIssue]:
-        """Apply the Certificate of every ``tls.certManager`` host; by host name, what went wrong."""
-        issues: dict[str, CertificateIssue] = {}
-        for expose in run.ingress.spec.exposes:
-            for host in expose.hosts or []:
-                if host.tls.cert_manager is None:
-                    continue
-                try:
-                    await self._put(CERTIFICATE, build.certificate(run.obj, run.ingress, host, run.zones))
-                except NotFound:
-                    issues[host.name] = CertificateIssue(
-                        "CertManagerNotInstalled",
-                        f"{host.name} asks for a certificate from cert-manager (tls.certManager), but the "
-                        "cert-manager.io/v1 Certificate kind does not exist in this cluster: install "
-                        "cert-manager (its CRDs and controller), or give the host a kubernetes.io/tls "
-                        "Secret with tls.secretName")
-                except APIError as exc:
-                    issues[host.name] = CertificateIssue(
-                        "CertificateNotCreated", f"the Certificate for {host.name} could not be written: {exc}")
-        return issues
+    def desired(self, run: Run[TailnetIngress], key: AuthKey) -> Desired:
+        owner, ingress, zones = run.obj, run.cr, zones_of(run.tailnet)
+        agent = build.AgentSpec(image=self.settings.agent_image, control_url=key.login_url,
+                                auth_secret=auth_key_secret_name(TAILNET_INGRESS.kind, run.name),
+                                ca_bundle=self.access.agent_ca(run.tailnet),
+                                operator_labels=self.settings.operator_labels,
+                                metrics_namespaces=self.settings.metrics_namespaces)
+        certificates = [Want(CERTIFICATE, build.certificate(owner, ingress, host, zones), optional=True)
+                        for expose in ingress.spec.exposes for host in expose.hosts or []
+                        if host.tls.cert_manager is not None]
+        return Desired.of((SECRET, build.auth_secret(owner, ingress, key.key)),
+                          (DEPLOYMENT, build.deployment(owner, ingress, agent)),
+                          (SERVICE, build.agent_service(owner, ingress)),
+                          (NETWORK_POLICY, build.network_policy(owner, ingress, agent,
+                                                                self.settings.operator_namespace)),
+                          *certificates)
 
     # -- status ---------------------------------------------------------------------------------
 
-    async def _report(self, run: Run, key: AuthKey, nodes: list[Node], issues: dict[str, CertificateIssue]) -> None:
-        agent = await self.agent_status.read(run.ingress)
-        result: Report = report(run.ingress, run.zones, agent=agent, nodes=nodes, key=key, reader=self.reader,
-                                issues=issues, dns=run.tailnet.spec.dns is not None)
-        fields: JSON = {"preAuthKey": key.status(), **result.fields}
-        conds = [*self.key_conditions(key, run.ingress.spec.tag), *result.conditions]
+    async def report(self, run: Run[TailnetIngress], outcome: Outcome) -> tuple[list[Cond], JSON]:
+        agent = await self.agent_status.read(run.cr)
+        result: Report = report(run.cr, zones_of(run.tailnet), agent=agent, nodes=outcome.nodes, key=outcome.key,
+                                reader=self.reader, issues=_certificate_issues(run.cr, outcome.applied),
+                                dns=run.tailnet.spec.dns is not None)
         await self._record_address(run, result.fields.get("node"))
-        await self.status.write(TAILNET_INGRESS, run.obj, conds, fields)
+        return result.conditions, result.fields
 
-    async def _record_address(self, run: Run, node: JSON | None) -> None:
+    async def _record_address(self, run: Run[TailnetIngress], node: JSON | None) -> None:
         """Note the node's addresses (from Headscale) on the record, where the DNS reconciler reads them."""
         name, namespace = self.key_location(run.obj)
         record = self.reader.get(SECRET, name, namespace) or {}
@@ -321,8 +237,23 @@ class IngressReconciler(AgentReconciler):
         await self.writer.apply(SECRET, {"metadata": {"name": name, "namespace": namespace, "annotations": {
             build.NODE_ADDRESS_ANNOTATION: addresses}}}, field_manager=NODE_FIELD_MANAGER)
 
-    async def forget_key(self, obj: JSON) -> None:
-        """The record lives in the operator's namespace, where nothing owns it: removed here."""
-        name, namespace = self.key_location(obj)
-        with contextlib.suppress(NotFound):
-            await self.writer.delete(SECRET, name, namespace)
+
+def _certificate_issues(ingress: TailnetIngress, applied: Applied) -> dict[str, CertificateIssue]:
+    """By host name, why the Certificate a ``tls.certManager`` host asked for was not written."""
+    issues: dict[str, CertificateIssue] = {}
+    for expose in ingress.spec.exposes:
+        for host in expose.hosts or []:
+            exc = applied.refused.get((CERTIFICATE.kind, build.certificate_name(ingress, host)))
+            if exc is None:
+                continue
+            if isinstance(exc, NotFound):
+                issues[host.name] = CertificateIssue(
+                    "CertManagerNotInstalled",
+                    f"{host.name} asks for a certificate from cert-manager (tls.certManager), but the "
+                    "cert-manager.io/v1 Certificate kind does not exist in this cluster: install "
+                    "cert-manager (its CRDs and controller), or give the host a kubernetes.io/tls "
+                    "Secret with tls.secretName")
+            else:
+                issues[host.name] = CertificateIssue(
+                    "CertificateNotCreated", f"the Certificate for {host.name} could not be written: {exc}")
+    return issues

@@ -28,8 +28,8 @@ from tailnet_operator.resources import ingress as build
 from tailnet_operator.runtime import SECRET, Reader
 from tailnet_operator.types import JSON
 
-from .agents import node_status
 from .conditions import Cond, Status
+from .pipeline import node_status
 from .preauth import AuthKey
 
 __all__ = ["CertificateIssue", "ExposeState", "Report", "ingress_node", "report"]

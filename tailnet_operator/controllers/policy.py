@@ -70,6 +70,7 @@ from tailnet_operator.resources import owned_metadata
 from tailnet_operator.runtime import CONFIG_MAP, Reader, Request, Resource, Result, Writer
 from tailnet_operator.types import JSON
 
+from . import periods
 from .access import Deps, NoAccess, TailnetRun, live_tailnet, name_of
 from .conditions import Cond
 from .kinds import TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
@@ -80,8 +81,7 @@ log = structlog.get_logger("controllers.policy")
 M = TypeVar("M", bound=BaseModel)
 
 FIELD_MANAGER = "tailnet-operator-policy"
-RESYNC_SECONDS = 30.0
-"""Routers advertise on their own schedule; site status and approvals are refreshed this often."""
+RESYNC_SECONDS = periods.POLICY_RESYNC
 POLICY_KEY = "policy.hujson"
 TAILNET_INDEX = "tailnetRef"
 SKIPPED_IN_STATUS = 64

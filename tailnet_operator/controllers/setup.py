@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from tailnet_operator.api.egress import TailnetEgress
+from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.monitoring import HeadscaleMetrics, StateCollector, register_build_info
 from tailnet_operator.names import MANAGED_BY
 from tailnet_operator.runtime import (
@@ -18,6 +20,7 @@ from tailnet_operator.runtime import (
     Reader,
     Request,
     Resource,
+    SharedCache,
     any_of,
 )
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, POD, SERVICE, STATEFUL_SET
@@ -34,13 +37,14 @@ from .access import (
 from .dns import FIELD_MANAGER as DNS_FIELD_MANAGER
 from .dns import DnsReconciler, tailnet_of
 from .egress import FIELD_MANAGER as EGRESS_FIELD_MANAGER
-from .egress import EgressReconciler, EgressSettings
+from .egress import EgressSettings, egress_reconciler
 from .gateway import FIELD_MANAGER as GATEWAY_FIELD_MANAGER
 from .gateway import GatewayReconciler, GatewaySettings
 from .ingress import FIELD_MANAGER as INGRESS_FIELD_MANAGER
-from .ingress import IngressReconciler, IngressSettings
+from .ingress import IngressSettings, ingress_reconciler
 from .ingress import secret_users as ingress_secret_users
 from .kinds import MODELS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
+from .pipeline import TaggedNodeReconciler
 from .policy import FIELD_MANAGER as POLICY_FIELD_MANAGER
 from .policy import TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
 from .sweep import OrphanSweeper, SweepMetrics
@@ -94,9 +98,9 @@ OPERATOR_LABELS = {"app.kubernetes.io/name": "tailnet-operator",
 class Reconcilers(NamedTuple):
     tailnet: TailnetReconciler
     policy: PolicyReconciler
-    egress: EgressReconciler
+    egress: TaggedNodeReconciler[TailnetEgress]
     dns: DnsReconciler
-    ingress: IngressReconciler
+    ingress: TaggedNodeReconciler[TailnetIngress]
     gateway: GatewayReconciler
     sweep: OrphanSweeper
 
@@ -174,34 +178,62 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
     ``service_account`` are what a namespace binds to let the operator write its TailnetIngresses'
     objects (named when it has not); ``gateway`` where the gateways' routers run.
     """
-    cache = manager.cache
-    cache.scheme = cache.scheme.with_models(MODELS)
-    # Secrets and ConfigMaps whole in the operator's and the gateway namespace, and neither listed
-    # nor watched anywhere else (no cluster-wide access): one read elsewhere (an ingress's TLS
-    # Secret, the hosts ConfigMap) is a GET, where the install lets the operator read
-    # (docs/reference/rbac.md).
     settings = gateway or GatewaySettings()
-    for resource in (SECRET, CONFIG_MAP):
-        cache.cache_in(resource, (namespace, settings.namespace))
-    for resource in (TAILNET_SITE, TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY):
-        cache.add_indexer(resource, TAILNET_INDEX, tailnet_ref_index)
-    cache.informer(TAILNET)
+    cache = _prepare_cache(manager, (namespace, settings.namespace))
     if headscale is default_client_factory:
         headscale = observed_client_factory(HeadscaleMetrics(registry=manager.registry))
     register_build_info(manager.registry)
     by_kind = {resource.kind: resource for resource in MODELS.values()}
     manager.registry.register(StateCollector(lambda kind: cache.list(by_kind[kind]), by_kind))
-
     deps = Deps(reader=cache, access=HeadscaleAccess(cache, namespace, headscale), events=events,
                 clock=clock or manager.clock)
+    metrics_namespaces = dict(agent_metrics_namespaces or {})
+    egress = egress_reconciler(deps, manager.writer(EGRESS_FIELD_MANAGER),
+                               EgressSettings(agent_image=agent_image, operator_labels=OPERATOR_LABELS,
+                                              metrics_namespaces=metrics_namespaces))
+    ingress = ingress_reconciler(deps, manager.writer(INGRESS_FIELD_MANAGER),
+                                 IngressSettings(agent_image=agent_image, operator_namespace=namespace,
+                                                 operator_labels=OPERATOR_LABELS, tenant_role=tenant_role,
+                                                 service_account=service_account,
+                                                 metrics_namespaces=metrics_namespaces))
+    tailnet, policy = _add_tailnet(manager, deps, namespace), _add_policy(manager, deps, namespace)
+    _add_egress(manager, egress, namespace)
+    _add_ingress(manager, ingress)
+    dns = _add_dns(manager, namespace, events)
+    gateways = _add_gateway(manager, deps, settings)
+    return Reconcilers(tailnet, policy, egress, dns, ingress, gateways, _add_sweep(manager, deps))
 
+
+def _prepare_cache(manager: Manager, namespaces: tuple[str, str]) -> SharedCache:
+    """The scheme, indexers and scopes every controller reads with.
+
+    Secrets and ConfigMaps whole in the operator's and the gateway namespace, and neither listed
+    nor watched anywhere else (no cluster-wide access): one read elsewhere (an ingress's TLS
+    Secret, the hosts ConfigMap) is a GET, where the install lets the operator read
+    (docs/reference/rbac.md)."""
+    cache = manager.cache
+    cache.scheme = cache.scheme.with_models(MODELS)
+    for resource in (SECRET, CONFIG_MAP):
+        cache.cache_in(resource, namespaces)
+    for resource in (TAILNET_SITE, TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY):
+        cache.add_indexer(resource, TAILNET_INDEX, tailnet_ref_index)
+    cache.informer(TAILNET)
+    return cache
+
+
+def _add_tailnet(manager: Manager, deps: Deps, namespace: str) -> TailnetReconciler:
+    cache = manager.cache
     tailnet = TailnetReconciler(deps, manager.writer(TAILNET_FIELD_MANAGER))
     (manager.controller("tailnet", tailnet)
      .for_(TAILNET, GenerationChanged())
      .watches(SECRET, _tailnets_referencing(cache, _refers(("bootstrapKeySecretRef",))))
      .watches(SECRET, _tailnets_referencing(cache, _refers(("caSecretRef",))))
      .watches(SECRET, _tailnets_referencing(cache, _working_key_of(namespace))))
+    return tailnet
 
+
+def _add_policy(manager: Manager, deps: Deps, namespace: str) -> PolicyReconciler:
+    cache = manager.cache
     policy = PolicyReconciler(deps, manager.writer(POLICY_FIELD_MANAGER))
     (manager.controller("policy", policy)
      .for_(TAILNET, GenerationChanged())
@@ -211,23 +243,23 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .watches(TAILNET_GATEWAY, _by_tailnet_ref, GenerationChanged())
      .watches(CONFIG_MAP, _tailnets_referencing(cache, _refers(("policy", "baseConfigMapRef"))))
      .watches(SECRET, _tailnets_referencing(cache, _working_key_of(namespace))))
+    return policy
 
-    metrics_namespaces = dict(agent_metrics_namespaces or {})
-    egress = EgressReconciler(deps, manager.writer(EGRESS_FIELD_MANAGER),
-                              EgressSettings(agent_image=agent_image, operator_labels=OPERATOR_LABELS,
-                                             metrics_namespaces=metrics_namespaces))
+
+def _add_egress(manager: Manager, egress: TaggedNodeReconciler[TailnetEgress],
+                namespace: str) -> TaggedNodeReconciler[TailnetEgress]:
     (manager.controller("egress", egress)
      .for_(TAILNET_EGRESS, GenerationChanged())
      .owns(DEPLOYMENT, labels=OWNED)
      .owns(SERVICE, labels=OWNED)
      .owns(NETWORK_POLICY, labels=OWNED)
-     .watches(TAILNET, _egresses_of_tailnet(cache, namespace), TAILNET_ACCESS_CHANGED))
+     .watches(TAILNET, _egresses_of_tailnet(manager.cache, namespace), TAILNET_ACCESS_CHANGED))
+    return egress
 
-    ingress = IngressReconciler(deps, manager.writer(INGRESS_FIELD_MANAGER),
-                                IngressSettings(agent_image=agent_image, operator_namespace=namespace,
-                                                operator_labels=OPERATOR_LABELS, tenant_role=tenant_role,
-                                                service_account=service_account,
-                                                metrics_namespaces=metrics_namespaces))
+
+def _add_ingress(manager: Manager,
+                 ingress: TaggedNodeReconciler[TailnetIngress]) -> TaggedNodeReconciler[TailnetIngress]:
+    cache = manager.cache
     (manager.controller("ingress", ingress)
      .for_(TAILNET_INGRESS, GenerationChanged())
      .owns(DEPLOYMENT, labels=OWNED)
@@ -235,15 +267,22 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .owns(NETWORK_POLICY, labels=OWNED)
      .watches(SECRET, _ingresses_using_secret(cache))
      .watches(TAILNET, _of_tailnets(cache, TAILNET_INGRESS), TAILNET_ACCESS_CHANGED))
+    return ingress
 
-    dns = DnsReconciler(cache, manager.writer(DNS_FIELD_MANAGER), namespace=namespace, events=events)
+
+def _add_dns(manager: Manager, namespace: str, events: EventRecorder) -> DnsReconciler:
+    dns = DnsReconciler(manager.cache, manager.writer(DNS_FIELD_MANAGER), namespace=namespace, events=events)
     (manager.controller("dns", dns)
      .for_(TAILNET, GenerationChanged())
      .watches(TAILNET_EGRESS, _by_tailnet_ref, GenerationChanged())
      .watches(TAILNET_INGRESS, _by_tailnet_ref, GenerationChanged())
      .watches(SECRET, tailnet_of, namespace=namespace, labels=OWNED)  # an ingress record: its node's address
      .watches(SERVICE, tailnet_of, labels=OWNED))
+    return dns
 
+
+def _add_gateway(manager: Manager, deps: Deps, settings: GatewaySettings) -> GatewayReconciler:
+    cache = manager.cache
     gateways = GatewayReconciler(deps, manager.writer(GATEWAY_FIELD_MANAGER), settings)
     (manager.controller("gateway", gateways)
      .for_(TAILNET_GATEWAY, GenerationChanged())
@@ -256,7 +295,11 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
      .watches(CONFIG_MAP, _of_tailnets(cache, TAILNET_GATEWAY, _hosts_file_of(cache)))
      .watches(TAILNET, _of_tailnets(cache, TAILNET_GATEWAY), GenerationChanged())
      .watches(TAILNET_EGRESS, _of_tailnets(cache, TAILNET_GATEWAY, tailnet_ref_index), GenerationChanged()))
-    # leader-only like every controller; each Tailnet requeues itself every SWEEP_SECONDS
+    return gateways
+
+
+def _add_sweep(manager: Manager, deps: Deps) -> OrphanSweeper:
+    """Leader-only like every controller; each Tailnet requeues itself every sweep period."""
     sweep = OrphanSweeper(deps, metrics=SweepMetrics(registry=manager.registry))
     manager.controller("orphan-sweep", sweep).for_(TAILNET, GenerationChanged())
-    return Reconcilers(tailnet, policy, egress, dns, ingress, gateways, sweep)
+    return sweep

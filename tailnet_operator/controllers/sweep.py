@@ -50,6 +50,7 @@ from tailnet_operator.names import TAILNET_LABEL, managed_by_operator
 from tailnet_operator.runtime import SECRET, Reader, Request, Result
 from tailnet_operator.types import JSON
 
+from . import periods
 from .access import Deps, NoAccess, Problem
 from .kinds import TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS
 
@@ -58,14 +59,12 @@ __all__ = ["STALE_AFTER", "SWEEP_SECONDS", "OrphanSweeper", "SweepMetrics", "ins
 
 log = structlog.get_logger("controllers.sweep")
 
-SWEEP_SECONDS = 600.0
-"""How often each Tailnet's Headscale is swept."""
+SWEEP_SECONDS = periods.SWEEP_EVERY
 STALE_AFTER = dt.timedelta(hours=1)
 """How long an ephemeral node of the installation may stay offline before the sweep deletes it even
 though a CR has its tag: twice Headscale's default ``ephemeral_node_inactivity_timeout`` (30 min),
 so it is only what Headscale should have aged out and did not (a SIGKILL loses its expiry timers)."""
-RETRY_SECONDS = 60.0
-"""How soon a sweep that could not reach Headscale is tried again."""
+RETRY_SECONDS = periods.SWEEP_RETRY
 
 _KEY_ID = "tailnet.dev/key-id"
 _PREVIOUS_KEY_ID = "tailnet.dev/previous-key-id"

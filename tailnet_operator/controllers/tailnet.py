@@ -37,6 +37,7 @@ from tailnet_operator.resources import owned_metadata
 from tailnet_operator.runtime import (
     FINALIZER,
     SECRET,
+    Reader,
     Request,
     Result,
     Writer,
@@ -46,6 +47,7 @@ from tailnet_operator.runtime import (
 )
 from tailnet_operator.types import JSON
 
+from . import periods
 from .access import (
     KEY_FIELD,
     ClientFactory,
@@ -58,8 +60,8 @@ from .access import (
     problem_from,
     working_key_secret_name,
 )
-from .cleanup import GIVE_UP, Cleanup
-from .conditions import Cond, Status, rfc3339
+from .cleanup import Cleanup
+from .conditions import Cond, Status, invalid_spec_message, rfc3339
 from .kinds import TAILNET
 from .status import StatusWriter
 from .unconfirmed import Unconfirmed
@@ -79,14 +81,11 @@ log = structlog.get_logger("controllers.tailnet")
 FIELD_MANAGER = "tailnet-operator"
 """The Tailnet reconciler's field manager (the operator's main one)."""
 
-RESYNC_SECONDS = 300.0
-"""Reachability is checked at least this often, even with no change and no rotation due."""
+RESYNC_SECONDS = periods.TAILNET_RESYNC
 
-RETRY_SECONDS = 10.0
-"""How soon a Tailnet that cannot reach Headscale is tried again."""
+RETRY_SECONDS = periods.HEADSCALE_RETRY
 
-FINALIZE_GIVE_UP = GIVE_UP
-"""How long a deleted Tailnet waits to expire its key before it lets go anyway (with a Warning)."""
+FINALIZE_GIVE_UP = periods.CLEANUP_GIVE_UP
 
 
 class KeySource(Enum):
@@ -134,8 +133,7 @@ class TailnetReconciler:
         try:
             tailnet = self.reader.get(Tailnet, request.name)
         except ValidationError as exc:
-            message = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-            await self.status.write(TAILNET, obj, [Cond("Ready", "False", "InvalidSpec", message)])
+            await self.status.write(TAILNET, obj, [Cond("Ready", "False", "InvalidSpec", invalid_spec_message(exc))])
             return Result()  # nothing to retry until the spec changes
         assert tailnet is not None
         if outside := self.access.secrets_outside(tailnet):
@@ -149,7 +147,7 @@ class TailnetReconciler:
         except Problem as problem:
             await self.status.write(TAILNET, obj, _failure_conditions(problem))
             return Result(requeue_after=RETRY_SECONDS)
-        rotation = self._rotation_due(stored, tailnet)
+        rotation = rotation_due(stored, tailnet)
         fields = {
             "apiKey": {"id": stored.id, "prefix": stored.prefix, "createdAt": rfc3339(stored.created_at),
                        "expiresAt": rfc3339(stored.expires_at), "nextRotationAt": rfc3339(rotation)},
@@ -203,7 +201,7 @@ class TailnetReconciler:
                 f"{rfc3339(stored.expires_at)}", action="Mint")
         if stored.previous_id:
             stored = await self._expire_previous(run, stored)
-        if self.clock.utcnow() >= self._rotation_due(stored, run.tailnet):
+        if self.clock.utcnow() >= rotation_due(stored, run.tailnet):
             stored, version = await self._rotate(run, stored)
         return stored, version
 
@@ -243,7 +241,7 @@ class TailnetReconciler:
     async def _mint(self, run: Run, source: KeySource, previous: StoredKey | None = None) -> tuple[StoredKey, str]:
         """Create a key with the ``source`` key, prove it, store it; returns it and the server version."""
         if source is KeySource.BOOTSTRAP:
-            with_key = self._bootstrap_key(run.tailnet)
+            with_key = bootstrap_key(self.reader, run.tailnet)
         else:
             assert previous is not None, "a working key mints its successor"
             with_key = previous.key
@@ -255,7 +253,7 @@ class TailnetReconciler:
             if source is KeySource.BOOTSTRAP:
                 raise Problem("BootstrapKeyRejected",
                               "Headscale rejected the bootstrap API key; put a valid key (headscale apikeys "
-                              f"create) in the Secret {self._bootstrap_ref(run.tailnet)}") from exc
+                              f"create) in the Secret {bootstrap_ref(run.tailnet)}") from exc
             raise
         except HeadscaleError as exc:
             raise problem_from(exc, f"minting a working key with the {source.value}") from exc
@@ -313,31 +311,6 @@ class TailnetReconciler:
             "type": "Opaque",
             "data": {KEY_FIELD: base64.b64encode(stored.key.encode()).decode()},
         })
-
-    def _rotation_due(self, stored: StoredKey, tailnet: Tailnet) -> datetime:
-        lifetime = stored.expires_at - stored.created_at
-        if lifetime <= timedelta(0):
-            lifetime = timedelta(seconds=parse_go_duration(tailnet.spec.api_key_lifetime))
-        return stored.created_at + lifetime / 2
-
-    # -- inputs ---------------------------------------------------------------------------------
-
-    def _bootstrap_ref(self, tailnet: Tailnet) -> str:
-        ref = tailnet.spec.bootstrap_key_secret_ref
-        return f"{ref.namespace}/{ref.name} (key {ref.key})"
-
-    def _bootstrap_key(self, tailnet: Tailnet) -> str:
-        ref = tailnet.spec.bootstrap_key_secret_ref
-        secret = self.reader.get(SECRET, ref.name, ref.namespace)
-        if secret is None:
-            raise Problem("BootstrapSecretMissing",
-                          f"the bootstrap Secret {ref.namespace}/{ref.name} does not exist; create it with a "
-                          f"Headscale API key under the key {ref.key}")
-        raw = (secret.get("data") or {}).get(ref.key)
-        if not raw:
-            raise Problem("BootstrapKeyMissing",
-                          f"the bootstrap Secret {ref.namespace}/{ref.name} has no key {ref.key}")
-        return base64.b64decode(raw).decode().strip()
 
     # -- deletion -------------------------------------------------------------------------------
 
@@ -408,3 +381,30 @@ def _failure_conditions(problem: Problem) -> list[Cond]:
 def _gone(exc: HeadscaleError) -> bool:
     """The key is already expired or deleted, or the credential no longer exists."""
     return isinstance(exc, Unauthorized | NotFound)
+
+
+def rotation_due(stored: StoredKey, tailnet: Tailnet) -> datetime:
+    """Half the working key's lifetime (the Tailnet's ``apiKeyLifetime`` when Headscale gave none)."""
+    lifetime = stored.expires_at - stored.created_at
+    if lifetime <= timedelta(0):
+        lifetime = timedelta(seconds=parse_go_duration(tailnet.spec.api_key_lifetime))
+    return stored.created_at + lifetime / 2
+
+
+def bootstrap_ref(tailnet: Tailnet) -> str:
+    ref = tailnet.spec.bootstrap_key_secret_ref
+    return f"{ref.namespace}/{ref.name} (key {ref.key})"
+
+
+def bootstrap_key(reader: Reader, tailnet: Tailnet) -> str:
+    """The bootstrap API key from the Secret the Tailnet names; :class:`Problem` when it is not there."""
+    ref = tailnet.spec.bootstrap_key_secret_ref
+    secret = reader.get(SECRET, ref.name, ref.namespace)
+    if secret is None:
+        raise Problem("BootstrapSecretMissing",
+                      f"the bootstrap Secret {ref.namespace}/{ref.name} does not exist; create it with a "
+                      f"Headscale API key under the key {ref.key}")
+    raw = (secret.get("data") or {}).get(ref.key)
+    if not raw:
+        raise Problem("BootstrapKeyMissing", f"the bootstrap Secret {ref.namespace}/{ref.name} has no key {ref.key}")
+    return base64.b64decode(raw).decode().strip()

@@ -129,29 +129,31 @@ class Router:
     """Set IP forwarding with the pod's ``sysctls`` (the nodes' kubelets must allow them)."""
 
 
-def _name(gateway: TailnetGateway) -> str:
-    return str(gateway.metadata.name)
+def _name(gateway: TailnetGateway | str) -> str:
+    """The TailnetGateway's name (the names below take the object or, for one that may no longer
+    parse, such as one being deleted, its name)."""
+    return gateway if isinstance(gateway, str) else str(gateway.metadata.name)
 
 
-def router_name(gateway: TailnetGateway) -> str:
+def router_name(gateway: TailnetGateway | str) -> str:
     """The StatefulSet and its headless Service."""
     return f"{_name(gateway)}-gateway"
 
 
-def pod_name(gateway: TailnetGateway) -> str:
+def pod_name(gateway: TailnetGateway | str) -> str:
     return f"{router_name(gateway)}-0"
 
 
-def state_secret_name(gateway: TailnetGateway) -> str:
+def state_secret_name(gateway: TailnetGateway | str) -> str:
     return f"{router_name(gateway)}-state"
 
 
-def auth_key_secret(gateway: TailnetGateway) -> str:
+def auth_key_secret(gateway: TailnetGateway | str) -> str:
     """The router's pre-auth key Secret (:func:`tailnet_operator.names.auth_key_secret_name`)."""
     return auth_key_secret_name("TailnetGateway", _name(gateway))
 
 
-def dns_name(gateway: TailnetGateway) -> str:
+def dns_name(gateway: TailnetGateway | str) -> str:
     """The CoreDNS Deployment, its Service and its ConfigMap."""
     return f"{router_name(gateway)}-dns"
 
@@ -162,7 +164,7 @@ def gateway_labels(gateway: TailnetGateway) -> dict[str, str]:
             "tailnet.dev/gateway": _name(gateway), TAILNET_LABEL: gateway.spec.tailnet_ref.name}
 
 
-def router_service_account_name(gateway: TailnetGateway) -> str:
+def router_service_account_name(gateway: TailnetGateway | str) -> str:
     """The router's own ServiceAccount, Role and RoleBinding."""
     return router_name(gateway)
 

@@ -21,8 +21,8 @@ import pytest
 from tailnet_agent.contract.targets import PortMapping, Target
 from tailnet_agent.probe import ProbeResult
 from tailnet_agent.status import status_document
-from tailnet_operator.controllers.agents import node_status
 from tailnet_operator.controllers.egress_status import HttpAgentStatus, StatusUnavailable, parse_status
+from tailnet_operator.controllers.pipeline import node_status
 
 OWNER = SimpleNamespace(metadata=SimpleNamespace(name="db", namespace="apps"))
 SAFETY = 64 << 20

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tailnet_operator.controllers.egress import EgressReconciler, EgressSettings
+from tailnet_operator.controllers.egress import EgressSettings, egress_reconciler
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS
 from tailnet_operator.headscale import Request as HsRequest
 from tailnet_operator.headscale import Response as HsResponse
@@ -42,7 +42,7 @@ class EgressWorld(World):
     def __init__(self) -> None:
         super().__init__()
         self.agent = FakeAgent()
-        self.egress = EgressReconciler(
+        self.egress = egress_reconciler(
             self.deps, Applier(self.kube, self.kube, field_manager="tailnet-operator-egress"),
             EgressSettings(agent_image=IMAGE), agent_status=self.agent)
 

@@ -8,19 +8,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tailnet_operator.controllers.agents import RESYNC_SECONDS
-from tailnet_operator.controllers.gateway import (
-    ROLE,
-    ROLE_BINDING,
-    SERVICE_ACCOUNT,
-    SETTLING_SECONDS,
-    GatewayReconciler,
-    GatewaySettings,
-)
+from tailnet_operator.controllers.gateway import GatewayReconciler, GatewaySettings
 from tailnet_operator.controllers.kinds import TAILNET_EGRESS, TAILNET_GATEWAY
+from tailnet_operator.controllers.periods import AGENT_RESYNC as RESYNC_SECONDS
+from tailnet_operator.controllers.periods import GATEWAY_SETTLING as SETTLING_SECONDS
 from tailnet_operator.headscale import installation_tag
 from tailnet_operator.runtime import CONFIG_MAP, FINALIZER, SECRET, SERVICE, Applier, Request, Result
-from tailnet_operator.runtime.kinds import DEPLOYMENT, POD, STATEFUL_SET
+from tailnet_operator.runtime.kinds import DEPLOYMENT, POD, ROLE, ROLE_BINDING, SERVICE_ACCOUNT, STATEFUL_SET
 from tailnet_operator.types import JSON
 
 from .harness import NAMESPACE, World

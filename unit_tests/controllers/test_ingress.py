@@ -10,7 +10,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from tailnet_operator.controllers.ingress import IngressReconciler, IngressSettings
+from tailnet_operator.controllers.ingress import IngressSettings, ingress_reconciler
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS, TAILNET_INGRESS
 from tailnet_operator.headscale import OWNER_TAG, installation_tag
 from tailnet_operator.runtime import (
@@ -70,7 +70,7 @@ class IngressWorld(World):
         self.agent = FakeAgent()
         self.writer = Writes(self.kube, self.kube, field_manager="tailnet-operator-ingress")
         self.writer.refuse = {}
-        self.ingress = IngressReconciler(
+        self.ingress = ingress_reconciler(
             self.deps, self.writer,
             IngressSettings(agent_image=IMAGE, operator_namespace="tailnet-system", operator_labels={"app": "op"}),
             agent_status=self.agent)
