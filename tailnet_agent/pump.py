@@ -4,6 +4,12 @@ Each poll of the Rust data plane returns DERP frames to write, disco and STUN da
 stream events and the next deadline; the pump hands each to its owner (the DERP relays, the
 direct path, the stream table) and schedules the next poll. Anything that gives the data plane
 work calls :meth:`Pump.wake`; wakes are coalesced into one poll.
+
+DERP writes never make one relay wait for another: after a poll the pump waits for the relays it
+wrote to together, and at most :data:`DRAIN_WAIT`; a relay that holds more than
+:data:`DERP_QUEUE_LIMIT` unsent bytes (its server stopped reading) gets no more frames until it
+drains, they are dropped as a full UDP queue would drop them (``derp_writes_dropped``), so the
+other relays and the direct path keep flowing.
 """
 
 from __future__ import annotations
@@ -21,6 +27,12 @@ from tailnet_agent.relays import Relays
 from tailnet_agent.streams import StreamTable
 
 log = structlog.get_logger("tailnet-agent")
+
+DERP_QUEUE_LIMIT = 1 << 20
+"""Unsent bytes a DERP connection may hold; frames for one that holds more are dropped."""
+DRAIN_WAIT = 0.05
+"""Seconds the pump waits, after a poll, for the relays it wrote to to drain (backpressure for a
+busy relay, bounded so that a stalled one delays the next poll by this much at most)."""
 
 
 class Pump:
@@ -50,10 +62,8 @@ class Pump:
             while True:
                 await self._wakeup.wait()
                 self._wakeup.clear()
-                for conn in self.poll_once(loop):
-                    # A failed relay is noticed on its read side; its supervisor reconnects.
-                    with contextlib.suppress(DerpError):
-                        await conn.drain()
+                if written := self.poll_once(loop):
+                    await drain(written)
         finally:
             if self._timer is not None:
                 self._timer.cancel()
@@ -78,7 +88,7 @@ class Pump:
         connections = self.relays.connections
         for region, buf in writes:
             conn = connections.get(region)
-            if conn is None:
+            if conn is None or conn.buffered() > DERP_QUEUE_LIMIT:
                 self.derp_writes_dropped += 1
                 continue
             try:
@@ -116,3 +126,21 @@ class Pump:
             self._timer = None
         if deadline is not None:
             self._timer = loop.call_at(deadline, self.wake)
+
+
+async def drain(connections: list[DerpConnection]) -> None:
+    """Wait until each of ``connections`` drained, together and at most :data:`DRAIN_WAIT`.
+
+    A failed relay is noticed on its read side (its supervisor reconnects), so errors are ignored."""
+    if len(connections) == 1:
+        with contextlib.suppress(DerpError, TimeoutError):
+            async with asyncio.timeout(DRAIN_WAIT):
+                await connections[0].drain()
+        return
+    tasks = [asyncio.ensure_future(conn.drain()) for conn in connections]
+    done, pending = await asyncio.wait(tasks, timeout=DRAIN_WAIT)
+    for task in pending:
+        task.cancel()
+    for task in done:
+        if not task.cancelled():
+            task.exception()  # retrieved: a failed relay's error is its supervisor's to see

@@ -255,6 +255,10 @@ class DerpConnection:
             raise ConnectionLost(f"DERP connection {self.label} is closed")
         self._writer.write(data)
 
+    def buffered(self) -> int:
+        """Bytes written but not yet handed to the socket."""
+        return self._writer.transport.get_write_buffer_size()
+
     async def drain(self) -> None:
         """Wait until the write buffer is below its high-water mark (64 KiB by default)."""
         try:
