@@ -1,10 +1,15 @@
 """What every agent Deployment has in common, whichever CR it serves (TailnetEgress, TailnetIngress).
 
-One agent pod per CR: one container running ``/tailnet-agent`` in the mode the CR needs, under
+One agent pod per CR (an egress may ask for more, ``spec.replicas``): one container running
+``/tailnet-agent`` in the mode the CR needs, under
 Pod Security ``restricted`` (non-root, read-only root filesystem, no capabilities, the runtime's
 seccomp profile, no service account token), with probes and a metrics port on its health server,
 its pre-auth key mounted from a Secret and everything it reloads mounted as directories (never
 ``subPath``, whose files never update). The mode's builders add the env and volumes of their own.
+
+Rollouts leave no gap: the Deployment surges (the new pod is ready before the old one is told to
+stop), and a stopping pod keeps serving through a ``preStop`` sleep while its endpoint leaves the
+Services, then drains within the grace period (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ __all__ = [
     "AUTH_DIR",
     "CONFIG_DIR",
     "DEFAULT_RESOURCES",
+    "DRAIN_SECONDS",
+    "PRE_STOP_SECONDS",
+    "ROLLING_UPDATE",
+    "TERMINATION_GRACE_SECONDS",
     "AgentSpec",
     "base_env",
     "common_env",
@@ -31,7 +40,9 @@ __all__ = [
     "health_network_policy_rule",
     "labels",
     "owned_metadata",
+    "pod_disruption_budget",
     "status_service",
+    "topology_spread",
 ]
 
 Obj = dict[str, Any]
@@ -44,6 +55,23 @@ TAG_ANNOTATION = "tailnet.dev/tag"
 """On the agent's pod template: the tag its node registers with. A pod reads its pre-auth key once
 and keeps its node, so a new tag must start a new pod; the annotation makes the Deployment roll."""
 DEFAULT_RESOURCES: Obj = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+
+PRE_STOP_SECONDS = 10
+"""How long a terminating agent keeps serving before it gets SIGTERM: the time for the Endpoints
+(EndpointSlice) change to reach every kube-proxy (and the Service's clients) so no new connection
+is sent to a pod that is about to stop. A ``sleep`` lifecycle action, not a shell: the image has none."""
+DRAIN_SECONDS = 30
+"""The agent's drain deadline after SIGTERM: how long in-flight connections may take to finish
+before it logs out and exits. It must match the agent's default (``tailnet_agent``'s graceful drain);
+the operator does not set it."""
+GRACE_MARGIN_SECONDS = 5
+"""Room after the drain for the logout and the process's exit."""
+TERMINATION_GRACE_SECONDS = PRE_STOP_SECONDS + DRAIN_SECONDS + GRACE_MARGIN_SECONDS
+"""The pod's ``terminationGracePeriodSeconds``: kubelet counts the preStop in it, so it covers the
+preStop, the drain and the margin before SIGKILL."""
+ROLLING_UPDATE: Obj = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+"""A new agent pod starts, registers and turns ready before an old one is told to stop, so a
+rollout of one replica never leaves the Service without a ready endpoint."""
 
 
 @dataclass(frozen=True)
@@ -104,16 +132,22 @@ def resources(spec: AgentResources | None) -> Obj:
 
 def deployment(metadata: Obj, labels: dict[str, str], agent: AgentSpec, *, env: list[Obj], config_map: str,
                resource_spec: AgentResources | None = None, volumes: list[Obj] | None = None,
-               mounts: list[Obj] | None = None, tag: str | None = None) -> Obj:
-    """One agent pod: the ConfigMap at :data:`CONFIG_DIR`, the key Secret at :data:`AUTH_DIR`, a
-    small ``/tmp``, plus ``volumes``/``mounts`` of the mode (all read-only directories); ``tag``
-    (the node's) goes in the pod template's :data:`TAG_ANNOTATION`, so a changed tag rolls the pod."""
+               mounts: list[Obj] | None = None, tag: str | None = None, replicas: int = 1,
+               spread: bool = False) -> Obj:
+    """``replicas`` agent pods: the ConfigMap at :data:`CONFIG_DIR`, the key Secret at :data:`AUTH_DIR`,
+    a small ``/tmp``, plus ``volumes``/``mounts`` of the mode (all read-only directories); ``tag``
+    (the node's) goes in the pod template's :data:`TAG_ANNOTATION`, so a changed tag rolls the pod.
+
+    Rollouts surge (:data:`ROLLING_UPDATE`), a stopping pod first waits :data:`PRE_STOP_SECONDS`
+    for endpoint propagation and then drains within :data:`TERMINATION_GRACE_SECONDS`; ``spread``
+    asks the scheduler to put the replicas on different nodes (soft: ``ScheduleAnyway``)."""
     container = {
         "name": "agent", "image": agent.image, "imagePullPolicy": "IfNotPresent", "command": ["/tailnet-agent"],
         "env": env,
         "ports": [{"name": "metrics", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
         "livenessProbe": http_probe(HEALTHZ_PATH, HEALTH_PORT, 20),
         "readinessProbe": http_probe(READYZ_PATH, HEALTH_PORT, 5),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
         "resources": resources(resource_spec),
         "securityContext": restricted_security_context(AGENT_UID),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
@@ -124,21 +158,39 @@ def deployment(metadata: Obj, labels: dict[str, str], agent: AgentSpec, *, env: 
     template_metadata: Obj = {"labels": labels}
     if tag:
         template_metadata["annotations"] = {TAG_ANNOTATION: tag}
+    pod_spec: Obj = {
+        "automountServiceAccountToken": False, "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "securityContext": restricted_pod_security_context(AGENT_UID),
+        "containers": [container],
+        "volumes": [{"name": "config", "configMap": {"name": config_map}},
+                    {"name": "auth", "secret": {"secretName": agent.auth_secret}},
+                    *(volumes or []),
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}],
+    }
+    if spread:
+        pod_spec["topologySpreadConstraints"] = [topology_spread(labels)]
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata,
         "spec": {
-            "replicas": 1, "selector": {"matchLabels": labels},
-            "template": {"metadata": template_metadata, "spec": {
-                "automountServiceAccountToken": False, "enableServiceLinks": False,
-                "securityContext": restricted_pod_security_context(AGENT_UID),
-                "containers": [container],
-                "volumes": [{"name": "config", "configMap": {"name": config_map}},
-                            {"name": "auth", "secret": {"secretName": agent.auth_secret}},
-                            *(volumes or []),
-                            {"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}],
-            }},
+            "replicas": replicas, "selector": {"matchLabels": labels}, "strategy": ROLLING_UPDATE,
+            "template": {"metadata": template_metadata, "spec": pod_spec},
         },
     }
+
+
+def topology_spread(labels: dict[str, str]) -> Obj:
+    """Replicas on different nodes where the scheduler can (a drain then takes one, not all); soft,
+    so a one-node cluster still runs them all."""
+    return {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": dict(labels)}}
+
+
+def pod_disruption_budget(metadata: Obj, labels: dict[str, str]) -> Obj:
+    """At most one agent pod evicted at a time (a drain waits for its replacement to be ready)."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": metadata,
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": dict(labels)},
+                     "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
 
 
 def status_service(metadata: Obj, labels: dict[str, str]) -> Obj:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tailnet_agent.contract.endpoints import HEALTH_PORT
+from tailnet_agent.contract.endpoints import HEALTH_PORT, READYZ_PATH
 from tailnet_agent.contract.targets import parse_targets
 from tailnet_operator.api.egress import TailnetEgress
+from tailnet_operator.resources import agent as agent_builders
 from tailnet_operator.resources import egress as build
 
 OWNER = {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetEgress",
@@ -105,3 +106,18 @@ def test_a_target_service_exposes_the_targets_ports_on_the_agents_listeners() ->
         ("tcp-5432", 5432, 10000), ("https", 443, 10001)]
     assert svc["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     assert json.dumps(svc)  # plain JSON, ready to apply
+
+
+def test_a_rollout_surges_and_a_stopping_agent_waits_for_its_endpoint_to_go_then_drains() -> None:
+    """Issue 24: the new pod is ready before the old one stops; the old one keeps serving through
+    a preStop ``sleep`` (no shell in the image) and has the grace to drain after it."""
+    deployment = build.deployment(OWNER, egress([LEDGER]), AGENT)
+    spec, pod = deployment["spec"], deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": agent_builders.PRE_STOP_SECONDS}}}
+    assert "exec" not in container["lifecycle"]["preStop"]
+    assert pod["terminationGracePeriodSeconds"] > agent_builders.PRE_STOP_SECONDS + agent_builders.DRAIN_SECONDS
+    assert container["readinessProbe"]["httpGet"] == {"path": READYZ_PATH, "port": HEALTH_PORT}
+    assert "topologySpreadConstraints" not in pod, "one replica: nothing to spread"

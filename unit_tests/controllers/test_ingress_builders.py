@@ -160,7 +160,20 @@ def test_egress_and_ingress_agents_share_one_pod_shape() -> None:
         "targets": [{"name": "t", "address": "198.18.1.1", "ports": [{"port": 1}]}]}})
     e = egress_build.deployment(OWNER, egress, AGENT)["spec"]["template"]["spec"]
     i = build.deployment(OWNER, ingress([DB]), AGENT)["spec"]["template"]["spec"]
-    for key in ("securityContext", "automountServiceAccountToken", "enableServiceLinks"):
+    for key in ("securityContext", "automountServiceAccountToken", "enableServiceLinks",
+                "terminationGracePeriodSeconds"):
         assert e[key] == i[key]
-    for key in ("securityContext", "livenessProbe", "readinessProbe", "ports", "resources", "command"):
+    for key in ("securityContext", "livenessProbe", "readinessProbe", "lifecycle", "ports", "resources", "command"):
         assert e["containers"][0][key] == i["containers"][0][key]
+
+
+def test_an_ingress_rollout_surges_and_the_old_agent_drains_before_it_stops() -> None:
+    """Issue 24: one replica, never a second one, but a rollout starts the new pod first; the old
+    one sleeps in preStop while its endpoint goes, then drains within the grace period."""
+    deployment = build.deployment(OWNER, ingress([DB]), AGENT)
+    spec, template = deployment["spec"], deployment["spec"]["template"]["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert template["containers"][0]["lifecycle"]["preStop"] == {"sleep": {"seconds": pod.PRE_STOP_SECONDS}}
+    assert template["terminationGracePeriodSeconds"] == pod.TERMINATION_GRACE_SECONDS
+    assert pod.TERMINATION_GRACE_SECONDS > pod.PRE_STOP_SECONDS + pod.DRAIN_SECONDS
