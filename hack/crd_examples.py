@@ -107,6 +107,8 @@ INVALID_EXAMPLES: tuple[InvalidExample, ...] = (
     InvalidExample("eg-tag", "TailnetEgress", "spec.tag", _set("spec.tag", "egress-branch1")),
     InvalidExample("eg-tag-case", "TailnetEgress", "spec.tag", _set("spec.tag", "tag:Egress")),
     InvalidExample("eg-no-targets", "TailnetEgress", "spec.targets", _delete("spec.targets")),
+    InvalidExample("eg-zero-replicas", "TailnetEgress", "spec.replicas", _set("spec.replicas", 0)),
+    InvalidExample("eg-many-replicas", "TailnetEgress", "spec.replicas", _set("spec.replicas", 11)),
     InvalidExample(
         "eg-no-consumers", "TailnetEgress", "spec.consumerNamespaces", _set("spec.consumerNamespaces", [])
     ),

@@ -27,6 +27,9 @@ from tailnet_operator.api.common import (
 )
 
 PORT_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MAX_REPLICAS = 10
+"""Agents of one egress: each is a node on the tailnet and a long poll on Headscale, so more buys
+no availability worth that load (a connection uses one agent; two already survive a drain)."""
 
 
 class TargetPort(ApiModel):
@@ -125,6 +128,17 @@ class TailnetEgressSpec(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     resources: AgentResources | None = Field(default=None, description="Compute resources of the agent Pod.")
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_REPLICAS,
+        description=(
+            "Number of agent Pods, each its own ephemeral tailnet node with the egress's tag, behind the "
+            "same target Services. With 2 or more the agents get a PodDisruptionBudget (at most one "
+            "evicted at a time) and are spread over nodes, so a node drain loses nothing; 2 is "
+            f"recommended for production. Defaults to 1; at most {MAX_REPLICAS}."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -24,7 +24,7 @@ from tailnet_operator.policy.derive import Derived
 from tailnet_operator.resources import egress as build
 from tailnet_operator.runtime import CONFIG_MAP, SERVICE, Request, Writer
 from tailnet_operator.runtime.errors import Forbidden
-from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY
+from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, POD_DISRUPTION_BUDGET
 from tailnet_operator.tenancy import Refusal
 from tailnet_operator.types import JSON
 
@@ -114,12 +114,14 @@ class EgressNode:
         ports = build.listen_ports(egress, build.previous_listen_ports(current))
         targets = [(SERVICE, build.target_service(owner, egress, name, ports))
                    for name in build.target_names(egress) if not self.service_holder(run, name)]
+        budget = build.disruption_budget(owner, egress)
         return Desired.of((CONFIG_MAP, build.config_map(owner, egress, ports, agent.ca_bundle)),
                           (DEPLOYMENT, build.deployment(owner, egress, agent)),
                           (SERVICE, build.agent_service(owner, egress)),
                           *targets,
                           (NETWORK_POLICY, build.network_policy(owner, egress, ports, agent)),
-                          prune=[(SERVICE, self.namespace)])
+                          *([(POD_DISRUPTION_BUDGET, budget)] if budget else []),
+                          prune=[(SERVICE, self.namespace), (POD_DISRUPTION_BUDGET, self.namespace)])
 
     def service_holder(self, run: Run[TailnetEgress], name: str) -> str:
         """Who holds the Service a target needs when it is not this CR ("" when free or ours).

@@ -13,6 +13,10 @@ the address. Together they name the cause a plain proxy leaves silent:
 
 :class:`HttpAgentStatus` reads ``/status`` for egress and ingress agents alike, bounded in size
 and time and checked against :class:`AgentStatusDocument` (whatever a pod answers).
+
+An egress with several replicas has several nodes; its status Service answers from one of them.
+That is enough: the route states come from Headscale and the policy, which see one tag and so
+the same routes for every replica; only ``status.node`` and a target's probe are that one agent's.
 """
 
 from __future__ import annotations

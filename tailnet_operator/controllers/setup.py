@@ -23,7 +23,14 @@ from tailnet_operator.runtime import (
     SharedCache,
     any_of,
 )
-from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, POD, SERVICE, STATEFUL_SET
+from tailnet_operator.runtime.kinds import (
+    DEPLOYMENT,
+    NETWORK_POLICY,
+    POD,
+    POD_DISRUPTION_BUDGET,
+    SERVICE,
+    STATEFUL_SET,
+)
 from tailnet_operator.types import JSON
 
 from .access import (
@@ -253,6 +260,7 @@ def _add_egress(manager: Manager, egress: TaggedNodeReconciler[TailnetEgress],
      .owns(DEPLOYMENT, labels=OWNED)
      .owns(SERVICE, labels=OWNED)
      .owns(NETWORK_POLICY, labels=OWNED)
+     .owns(POD_DISRUPTION_BUDGET, labels=OWNED)
      .watches(TAILNET, _egresses_of_tailnet(manager.cache, namespace), TAILNET_ACCESS_CHANGED))
     return egress
 

@@ -29,6 +29,7 @@ __all__ = [
     "config_map",
     "config_map_name",
     "deployment",
+    "disruption_budget",
     "listen_ports",
     "network_policy",
     "owned_metadata",
@@ -129,10 +130,21 @@ def _env(egress: TailnetEgress, agent: AgentSpec) -> list[Obj]:
 
 
 def deployment(owner: Obj, egress: TailnetEgress, agent: AgentSpec) -> Obj:
-    """One agent pod; the ConfigMap and Secret are mounted as directories so updates reach it."""
+    """``spec.replicas`` agent pods (spread over nodes when more than one); the ConfigMap and
+    Secret are mounted as directories so updates reach them."""
+    replicas = egress.spec.replicas
     return pod.deployment(owned_metadata(owner, egress, agent_name(egress)), agent_labels(egress), agent,
                           env=_env(egress, agent), config_map=config_map_name(egress),
-                          resource_spec=egress.spec.resources, tag=egress.spec.tag)
+                          resource_spec=egress.spec.resources, tag=egress.spec.tag, replicas=replicas,
+                          spread=replicas > 1)
+
+
+def disruption_budget(owner: Obj, egress: TailnetEgress) -> Obj | None:
+    """With two or more replicas, at most one agent evicted at a time (None with one: a budget
+    of one pod would only block node drains, and a single agent loses its connections anyway)."""
+    if egress.spec.replicas < 2:
+        return None
+    return pod.pod_disruption_budget(owned_metadata(owner, egress, agent_name(egress)), agent_labels(egress))
 
 
 def target_service(owner: Obj, egress: TailnetEgress, target_name: str, ports: ListenPorts) -> Obj:

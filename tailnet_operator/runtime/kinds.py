@@ -57,6 +57,7 @@ SERVICE_ACCOUNT = Resource("", "v1", "serviceaccounts", "ServiceAccount")
 ROLE = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDING = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 NETWORK_POLICY = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
+POD_DISRUPTION_BUDGET = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
 CERTIFICATE = Resource("cert-manager.io", "v1", "certificates", "Certificate")
 """cert-manager's Certificate: its CRDs may be absent, so it is written, never watched."""
 CUSTOM_RESOURCE_DEFINITION = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions",

@@ -79,6 +79,7 @@ def test_defaults() -> None:
         }
     )
     assert egress.targets[0].ports[0].protocol == "TCP"
+    assert egress.replicas == 1, "one agent per egress unless asked (the specification's default)"
 
 
 @pytest.mark.parametrize(

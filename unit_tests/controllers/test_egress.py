@@ -19,7 +19,7 @@ from tailnet_operator.headscale import Response as HsResponse
 from tailnet_operator.headscale import installation_tag
 from tailnet_operator.names import auth_key_secret_name
 from tailnet_operator.runtime import CONFIG_MAP, FINALIZER, SECRET, SERVICE, Applier, Request, Result, TransportError
-from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY
+from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, POD_DISRUPTION_BUDGET
 from tailnet_operator.types import JSON
 
 from .harness import NAMESPACE, World
@@ -214,6 +214,42 @@ async def test_changing_targets_changes_the_config_map_but_not_the_pod_template(
     assert billing is not None and billing["spec"]["ports"][0]["port"] == 5432
     config = world.kube.get(CONFIG_MAP, "db-egress-config", NAMESPACE)
     assert config is not None and "billing" in config["data"]["targets.json"]
+
+
+async def test_two_replicas_get_a_disruption_budget_and_spread_and_back_to_one_the_budget_goes() -> None:
+    """Issue 24: with 2 replicas a drain evicts one agent at a time and the agents land on
+    different nodes where they can; back to 1 the budget would only block drains, so it is pruned."""
+    world = await world_with_tailnet()
+    world.add_egress(replicas=2)
+    await world.reconcile_egress()
+
+    deployment = world.kube.get(DEPLOYMENT, "db-egress-agent", NAMESPACE)
+    assert deployment is not None and deployment["spec"]["replicas"] == 2
+    [spread] = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert (spread["topologyKey"], spread["whenUnsatisfiable"]) == ("kubernetes.io/hostname", "ScheduleAnyway")
+    assert spread["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    budget = world.kube.get(POD_DISRUPTION_BUDGET, "db-egress-agent", NAMESPACE)
+    assert budget is not None and budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"] == deployment["spec"]["selector"]
+    assert budget["metadata"]["ownerReferences"][0]["uid"] == world.egress_obj()["metadata"]["uid"]
+
+    world.edit_spec(replicas=1)
+    await world.reconcile_egress()
+
+    assert world.kube.get(POD_DISRUPTION_BUDGET, "db-egress-agent", NAMESPACE) is None, "pruned at 1 replica"
+    deployment = world.kube.get(DEPLOYMENT, "db-egress-agent", NAMESPACE)
+    assert deployment is not None and deployment["spec"]["replicas"] == 1
+    assert "topologySpreadConstraints" not in deployment["spec"]["template"]["spec"]
+    assert world.kube.get(SERVICE, "ledger", NAMESPACE) is not None, "nothing else pruned"
+
+
+async def test_one_replica_by_default_has_no_disruption_budget() -> None:
+    world = await world_with_tailnet()
+    world.add_egress()
+    await world.reconcile_egress()
+    deployment = world.kube.get(DEPLOYMENT, "db-egress-agent", NAMESPACE)
+    assert deployment is not None and deployment["spec"]["replicas"] == 1
+    assert world.kube.get(POD_DISRUPTION_BUDGET, "db-egress-agent", NAMESPACE) is None
 
 
 async def test_a_steady_egress_writes_nothing() -> None:
