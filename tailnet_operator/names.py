@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["MANAGED_BY", "MANAGED_BY_LABEL", "OPERATOR", "TAILNET_LABEL", "auth_key_secret_name",
-           "managed_by_operator"]
+__all__ = ["MANAGED_BY", "MANAGED_BY_LABEL", "OPERATOR", "TAILNET_LABEL", "agent_name", "auth_key_secret_name",
+           "managed_by_operator", "policy_config_map_name", "working_key_secret_name"]
 
 # -- labels -----------------------------------------------------------------------------------
 
@@ -51,3 +51,31 @@ def auth_key_secret_name(kind: str, name: str) -> str:
         return f"{name}{_AUTH_KEY_SECRET_SUFFIX[kind]}"
     except KeyError:
         raise ValueError(f"{kind} has no pre-auth key") from None
+
+
+# -- per Tailnet ------------------------------------------------------------------------------
+
+def working_key_secret_name(tailnet: str) -> str:
+    """The Secret in the operator's namespace that holds the Tailnet's working API key."""
+    return f"{tailnet}-headscale-api-key"
+
+
+def policy_config_map_name(tailnet: str) -> str:
+    """The ConfigMap in the operator's namespace that holds the Tailnet's rendered policy."""
+    return f"{tailnet}-policy"
+
+
+# -- agents -----------------------------------------------------------------------------------
+
+_AGENT_SUFFIX: Mapping[str, str] = MappingProxyType({
+    "TailnetEgress": "-egress-agent",
+    "TailnetIngress": "-ingress-agent",
+})
+
+
+def agent_name(kind: str, name: str) -> str:
+    """The agent Deployment (and its status Service) of the ``kind`` object ``name``."""
+    try:
+        return f"{name}{_AGENT_SUFFIX[kind]}"
+    except KeyError:
+        raise ValueError(f"{kind} has no agent") from None

@@ -14,7 +14,12 @@ from pydantic import ValidationError
 from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.controllers.egress_status import classify
 from tailnet_operator.headscale import Node
-from tailnet_operator.names import auth_key_secret_name
+from tailnet_operator.names import (
+    agent_name,
+    auth_key_secret_name,
+    policy_config_map_name,
+    working_key_secret_name,
+)
 from tailnet_operator.policy import EgressInput, PolicyParseError, derive, missing, parse_hujson
 from tailnet_operator.policy import EgressTarget as PolicyTarget
 from tailnet_operator.policy.derive import parse_address
@@ -67,7 +72,7 @@ def _tailnet_step(report: Report, facts: Facts, tailnet_name: str) -> None:
                     "bootstrap key Secret")
     elif expires is not None and expires <= facts.now:
         report.find("KeyExpired", f"the working key of Tailnet {tailnet_name} expired {age(expires, facts.now)}",
-                    f"delete the Secret <operator-namespace>/{tailnet_name}-headscale-api-key so the operator "
+                    f"delete the Secret <operator-namespace>/{working_key_secret_name(tailnet_name)} so the operator "
                     "mints a new one from the bootstrap key (docs/runbooks/TailnetKeyExpiringSoon.md)")
 
 
@@ -135,6 +140,7 @@ def egress_status(facts: Facts, *, only_target: str | None = None) -> Report:
     """The chain of one TailnetEgress (``only_target``: judge only that target's route)."""
     obj = facts.obj
     _, namespace, name = meta(obj)
+    deploy = agent_name("TailnetEgress", name)
     report = Report(f"TailnetEgress {namespace}/{name}")
     report.step(title(obj), is_true(obj, "Ready"), *condition_lines(obj), *event_lines(facts, obj))
     try:
@@ -152,7 +158,7 @@ def egress_status(facts: Facts, *, only_target: str | None = None) -> Report:
     if not facts.pods:
         report.step("agent pod", False, "no pod")
         report.find("AgentDown", "no agent pod exists",
-                    f"kubectl -n {namespace} describe deployment {name}-egress-agent (its ReplicaSet's events "
+                    f"kubectl -n {namespace} describe deployment {deploy} (its ReplicaSet's events "
                     "say why no pod was created: Pod Security, quota, image)")
     for pod in facts.pods:
         pod_name = pod["metadata"]["name"]
@@ -173,10 +179,10 @@ def egress_status(facts: Facts, *, only_target: str | None = None) -> Report:
             report.step(f"Headscale node with {tag}", False, "none")
             if facts.pods and all(_pod_ready(p) for p in facts.pods):
                 report.find("AgentNotJoined", f"no node in Headscale carries {tag}",
-                            f"kubectl -n {namespace} logs deploy/{name}-egress-agent: look for control errors")
+                            f"kubectl -n {namespace} logs deploy/{deploy}: look for control errors")
             else:
                 report.find("AgentDown", f"no node in Headscale carries {tag}: the agent has not joined",
-                            f"kubectl -n {namespace} logs deploy/{name}-egress-agent")
+                            f"kubectl -n {namespace} logs deploy/{deploy}")
         else:
             report.step(f"Headscale node {node.given_name or node.name} (id {node.id})", node.online,
                         f"online {node.online}, last seen {age(node.last_seen, facts.now)}",
@@ -184,7 +190,7 @@ def egress_status(facts: Facts, *, only_target: str | None = None) -> Report:
             if not node.online:
                 report.find("AgentDown", f"the agent's node {node.given_name or node.name} is offline "
                             f"(last seen {age(node.last_seen, facts.now)})",
-                            f"kubectl -n {namespace} logs deploy/{name}-egress-agent: look for control errors "
+                            f"kubectl -n {namespace} logs deploy/{deploy}: look for control errors "
                             "(docs/runbooks/TailnetAgentDisconnected.md)")
         routers = [n for n in nodes if n.available_routes]
         all_approved = all(set(n.available_routes) <= set(n.approved_routes) for n in routers)
@@ -283,10 +289,10 @@ def object_status(facts: Facts) -> Report:
     report = Report(title(obj))
     if kind == "Tailnet":
         _tailnet_step(report, Facts(facts.now, obj, obj, events=facts.events), name)
-        policy = conditions(obj).get("PolicyApplied")
+        policy, rendered = conditions(obj).get("PolicyApplied"), policy_config_map_name(name)
         if policy is not None and policy.get("status") != "True":
             report.find(str(policy.get("reason") or "PolicyNotApplied"), str(policy.get("message", "")),
-                        f"kubectl -n <operator-namespace> get configmap {name}-policy -o yaml; fix the base "
+                        f"kubectl -n <operator-namespace> get configmap {rendered} -o yaml; fix the base "
                         "policy (docs/runbooks/TailnetPolicyRejected.md)")
         report.healthy_hint = f"kubectl tailnet status tailnetegress/NAME for each egress of Tailnet {name}"
         return by_priority(report)

@@ -12,8 +12,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.headscale import (
@@ -23,8 +22,11 @@ from tailnet_operator.headscale import (
     TransportError,
     installation_tag,
 )
+from tailnet_operator.names import working_key_secret_name
 from tailnet_operator.runtime import SECRET, Clock, EventRecorder, Reader
 from tailnet_operator.types import JSON
+
+from .keyrecord import KeyRecord
 
 __all__ = [
     "ClientFactory",
@@ -43,7 +45,6 @@ __all__ = [
 ]
 
 KEY_FIELD = "apiKey"
-ANNOTATION = "tailnet.dev/"
 
 ClientFactory = Callable[[str, str, str | None], HeadscaleClient]
 """(url, api key, CA bundle PEM or None) -> a Headscale client."""
@@ -60,10 +61,6 @@ def observed_client_factory(observer: RequestObserver) -> ClientFactory:
         return HeadscaleClient(url, api_key, ca_bundle=ca_bundle, observer=observer)
 
     return factory
-
-
-def working_key_secret_name(tailnet: str) -> str:
-    return f"{tailnet}-headscale-api-key"
 
 
 def name_of(model: Any) -> str:
@@ -91,48 +88,11 @@ class NoAccess(Exception):
     """The Tailnet reconciler has not stored a working key yet (or the CA cannot be read)."""
 
 
-@dataclass(frozen=True)
-class StoredKey:
-    """The working key as the operator's Secret records it."""
+@dataclass(frozen=True, kw_only=True)
+class StoredKey(KeyRecord):
+    """The working key as the operator's Secret records it (:mod:`.keyrecord`)."""
 
-    key: str
-    id: str
-    prefix: str
-    created_at: datetime
-    expires_at: datetime
-    previous_id: str = ""
-
-    @classmethod
-    def from_secret(cls, secret: JSON | None) -> StoredKey | None:
-        if not secret:
-            return None
-        raw = (secret.get("data") or {}).get(KEY_FIELD)
-        if not raw:
-            return None
-        annotations = secret.get("metadata", {}).get("annotations") or {}
-        try:
-            return cls(
-                key=base64.b64decode(raw).decode(),
-                id=annotations[f"{ANNOTATION}key-id"],
-                prefix=annotations.get(f"{ANNOTATION}key-prefix", ""),
-                created_at=datetime.fromisoformat(annotations[f"{ANNOTATION}key-created"]),
-                expires_at=datetime.fromisoformat(annotations[f"{ANNOTATION}key-expires"]),
-                previous_id=annotations.get(f"{ANNOTATION}previous-key-id", ""),
-            )
-        except (KeyError, TypeError, ValueError):
-            return None
-
-    def annotations(self) -> dict[str, str]:
-        """What the Secret records besides the key itself (the inverse of :meth:`from_secret`)."""
-        annotations = {
-            f"{ANNOTATION}key-id": self.id,
-            f"{ANNOTATION}key-prefix": self.prefix,
-            f"{ANNOTATION}key-created": self.created_at.isoformat(),
-            f"{ANNOTATION}key-expires": self.expires_at.isoformat(),
-        }
-        if self.previous_id:
-            annotations[f"{ANNOTATION}previous-key-id"] = self.previous_id
-        return annotations
+    DATA_FIELD: ClassVar[str] = KEY_FIELD
 
 
 @dataclass(frozen=True)

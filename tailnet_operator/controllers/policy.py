@@ -51,6 +51,7 @@ from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.api.site import TailnetSite
 from tailnet_operator.api.tailnet import PolicyConfigMapRef, Tailnet
 from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, Node, PolicyRejected
+from tailnet_operator.names import policy_config_map_name
 from tailnet_operator.policy import (
     Derived,
     PolicyParseError,
@@ -95,7 +96,7 @@ def tailnet_ref_index(obj: JSON) -> list[str]:
 
 
 def rendered_config_map_name(tailnet: str) -> str:
-    return f"{tailnet}-policy"
+    return policy_config_map_name(tailnet)
 
 
 @dataclass(frozen=True)

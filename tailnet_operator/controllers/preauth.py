@@ -4,27 +4,21 @@ An agent's key is reusable, so a restarted pod registers again on its own, and e
 node whose pod is gone ages out of the tailnet. A gateway's is single-use and not ephemeral
 (:class:`Wanted`): one node, which stays. Tag-only so the node is the tag and nobody's device; the key also carries
 its installation's marker (``hs.owner_tag``), which the orphan sweep (:mod:`.sweep`) recognises. The key is
-rotated at half its lifetime and when the Tailnet's login URL or the tag changes, in an order
-that survives a crash at any step (the same order as the working API key's):
-
-1. create the new key;
-2. store it in the Secret, recording the old key's id as ``previous``;
-3. expire the old key, then forget ``previous``.
-
-A failed step 2 that may have stored the key stores the same key again on the next attempt
-(:mod:`.unconfirmed`); one that certainly wrote nothing expires it. A crash after 1 leaves an
-unused marked key that the orphan sweep expires; after 2, the next reconcile finds ``previous``
-and finishes step 3. The old key is never expired before the new Secret is in place,
-so a pod restarting in between always finds a valid key. The key itself never leaves the Secret:
+rotated at half its lifetime and when the Tailnet's login URL or the tag changes, in the order
+of every key the operator keeps (:mod:`.keyrecord`: create, store, expire the previous one),
+which survives a crash at any step. A crash after the create leaves an unused marked key that the
+orphan sweep expires; after the store, the next reconcile finds ``previous`` and expires it. The
+old key is never expired before the new Secret is in place, so a pod restarting in between
+always finds a valid key. The key itself never leaves the Secret:
 status carries only its id, masked prefix and times.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Any, ClassVar
 
 import structlog
 
@@ -33,6 +27,7 @@ from tailnet_operator.runtime import SECRET, Clock, Writer
 from tailnet_operator.types import JSON
 
 from .conditions import rfc3339
+from .keyrecord import KEY_TAG, KeyRecord, finish, store_new
 from .unconfirmed import Unconfirmed
 
 __all__ = ["AUTH_KEY_FIELD", "LIFETIME", "AuthKey", "AuthKeyKeeper", "Wanted", "expire_owned"]
@@ -45,57 +40,33 @@ AUTH_KEY_FIELD = "authKey"
 LIFETIME = timedelta(hours=24)
 """Lifetime of a pre-auth key; it is replaced after half of it."""
 
-_ANNOTATION = "tailnet.dev/"
+_LOGIN_URL = "tailnet.dev/login-url"
+_PREVIOUS_TAG = "tailnet.dev/previous-tag"
 
 
-@dataclass(frozen=True)
-class AuthKey:
-    """A pre-auth key as its Secret records it: the key, its identity, and what it was made for."""
+@dataclass(frozen=True, kw_only=True)
+class AuthKey(KeyRecord):
+    """A pre-auth key as its Secret records it (:mod:`.keyrecord`), with what it was made for."""
 
-    key: str
-    id: str
-    created_at: datetime
-    expires_at: datetime
+    DATA_FIELD: ClassVar[str] = AUTH_KEY_FIELD
+
     login_url: str
     tag: str
-    previous_id: str = ""
     previous_tag: str = ""
     """The tag the previous key was made for (the tag may have changed with the rotation)."""
 
-    @property
-    def prefix(self) -> str:
-        return mask_key(self.key)
-
-    @property
-    def rotation_due(self) -> datetime:
-        return self.created_at + (self.expires_at - self.created_at) / 2
-
     @classmethod
-    def from_secret(cls, secret: JSON | None) -> AuthKey | None:
-        """The key the Secret holds, or None when there is none (or the annotations are damaged)."""
-        raw = ((secret or {}).get("data") or {}).get(AUTH_KEY_FIELD)
-        if not secret or not raw:
-            return None
-        notes = secret["metadata"].get("annotations") or {}
-        try:
-            return cls(key=base64.b64decode(raw).decode(), id=notes[f"{_ANNOTATION}key-id"],
-                       created_at=datetime.fromisoformat(notes[f"{_ANNOTATION}key-created"]),
-                       expires_at=datetime.fromisoformat(notes[f"{_ANNOTATION}key-expires"]),
-                       login_url=notes[f"{_ANNOTATION}login-url"], tag=notes[f"{_ANNOTATION}tag"],
-                       previous_id=notes.get(f"{_ANNOTATION}previous-key-id", ""),
-                       previous_tag=notes.get(f"{_ANNOTATION}previous-tag", ""))
-        except (KeyError, ValueError):
-            return None
+    def extra_fields(cls, notes: dict[str, str]) -> dict[str, Any]:
+        return {"login_url": notes[_LOGIN_URL], "tag": notes[KEY_TAG], "previous_tag": notes.get(_PREVIOUS_TAG, "")}
 
-    def annotations(self) -> dict[str, str]:
-        notes = {f"{_ANNOTATION}key-id": self.id, f"{_ANNOTATION}key-prefix": self.prefix,
-                 f"{_ANNOTATION}key-created": self.created_at.isoformat(),
-                 f"{_ANNOTATION}key-expires": self.expires_at.isoformat(),
-                 f"{_ANNOTATION}login-url": self.login_url, f"{_ANNOTATION}tag": self.tag}
+    def extra_annotations(self) -> dict[str, str]:
+        notes = {_LOGIN_URL: self.login_url, KEY_TAG: self.tag}
         if self.previous_id:
-            notes[f"{_ANNOTATION}previous-key-id"] = self.previous_id
-            notes[f"{_ANNOTATION}previous-tag"] = self.previous_tag or self.tag
+            notes[_PREVIOUS_TAG] = self.previous_tag or self.tag
         return notes
+
+    def without_previous(self) -> AuthKey:
+        return replace(self, previous_id="", previous_tag="")
 
     def status(self) -> JSON:
         """``status.preAuthKey``: never the key itself."""
@@ -154,23 +125,21 @@ class AuthKeyKeeper:
                 self.unconfirmed.forget(slot)
         if held is not None and stored is not None and held.id == stored.id:
             reason = "created before; its Secret write had an uncertain outcome"
-        if stored is not None and stored.previous_id:
+        if stored is not None:
             stored = await self._expire_previous(hs, metadata, stored)
         if not (why := self.why_rotate(stored, wanted)):
             assert stored is not None
             return stored, reason
         new = await self._create(hs, wanted, previous=stored)
         await self._store_new(hs, slot, metadata, new)
-        if new.previous_id:
-            new = await self._expire_previous(hs, metadata, new)
-        return new, why
+        return await self._expire_previous(hs, metadata, new), why
 
     async def _store_new(self, hs: HeadscaleClient, slot: str, metadata: JSON, new: AuthKey) -> None:
         async def abandon(key: AuthKey) -> None:  # nothing refers to it: expire it, or every retry leaks one
             with contextlib.suppress(HeadscaleError):
                 await hs.expire_preauth_key(key.id)
 
-        await self.unconfirmed.store(slot, new, lambda key: self.store(metadata, key), abandon)
+        await store_new(self.unconfirmed, slot, new, lambda key: self.store(metadata, key), abandon)
 
     async def _create(self, hs: HeadscaleClient, wanted: Wanted, *, previous: AuthKey | None) -> AuthKey:
         now = self.clock.utcnow()
@@ -179,23 +148,20 @@ class AuthKeyKeeper:
                                               reusable=wanted.reusable, ephemeral=wanted.ephemeral)
         # a key made for another server cannot be expired with this server's API; it ages out there
         same_server = previous is not None and previous.login_url == wanted.login_url
-        return AuthKey(key=created.key, id=created.id, created_at=created.created_at or now,
-                       expires_at=created.expiration or now + LIFETIME, login_url=wanted.login_url,
-                       tag=wanted.tag, previous_id=previous.id if previous and same_server else "",
+        return AuthKey(key=created.key, id=created.id, prefix=mask_key(created.key),
+                       created_at=created.created_at or now, expires_at=created.expiration or now + LIFETIME,
+                       login_url=wanted.login_url, tag=wanted.tag,
+                       previous_id=previous.id if previous and same_server else "",
                        previous_tag=previous.tag if previous and same_server else "")
 
     async def _expire_previous(self, hs: HeadscaleClient, metadata: JSON, stored: AuthKey) -> AuthKey:
-        await expire_owned(hs, [(stored.previous_id, stored.previous_tag or stored.tag)])
-        done = replace(stored, previous_id="", previous_tag="")
-        await self.store(metadata, done)
-        return done
+        async def expire(key: AuthKey) -> None:
+            await expire_owned(hs, [(key.previous_id, key.previous_tag or key.tag)])
+
+        return await finish(stored, lambda key: self.store(metadata, key), expire)
 
     async def store(self, metadata: JSON, key: AuthKey) -> None:
-        await self.writer.apply(SECRET, {
-            "metadata": {**metadata, "annotations": key.annotations()},
-            "type": "Opaque",
-            "data": {AUTH_KEY_FIELD: base64.b64encode(key.key.encode()).decode()},
-        }, field_manager=self.field_manager)
+        await self.writer.apply(SECRET, key.secret(metadata), field_manager=self.field_manager)
 
     async def expire(self, hs: HeadscaleClient, stored: AuthKey) -> None:
         """Expire the key (and a previous one not yet expired) of a CR being deleted."""

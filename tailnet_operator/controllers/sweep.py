@@ -52,6 +52,7 @@ from tailnet_operator.types import JSON
 
 from . import periods
 from .access import Deps, NoAccess, Problem
+from .keyrecord import KEY_ID, KEY_TAG, PREVIOUS_KEY_ID
 from .kinds import TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS
 
 __all__ = ["STALE_AFTER", "SWEEP_SECONDS", "OrphanSweeper", "SweepMetrics", "installation_crs", "list_orphans",
@@ -65,11 +66,6 @@ STALE_AFTER = dt.timedelta(hours=1)
 though a CR has its tag: twice Headscale's default ``ephemeral_node_inactivity_timeout`` (30 min),
 so it is only what Headscale should have aged out and did not (a SIGKILL loses its expiry timers)."""
 RETRY_SECONDS = periods.SWEEP_RETRY
-
-_KEY_ID = "tailnet.dev/key-id"
-_PREVIOUS_KEY_ID = "tailnet.dev/previous-key-id"
-_KEY_TAG = "tailnet.dev/tag"
-"""Only a pre-auth key Secret (:class:`~.preauth.AuthKey`) has it; the working API key's does not."""
 
 
 def references(secrets: Iterable[JSON], crs: Iterable[JSON]) -> References:
@@ -87,12 +83,12 @@ def references(secrets: Iterable[JSON], crs: Iterable[JSON]) -> References:
     for secret in secrets:
         meta = secret.get("metadata") or {}
         notes = meta.get("annotations") or {}
-        if _KEY_TAG not in notes:
+        if KEY_TAG not in notes:
             continue
         owners = meta.get("ownerReferences") or []
         if owners and not any(str(o.get("uid") or "") in uids for o in owners):
             continue  # its CR is gone; garbage collection removes the Secret soon
-        key_ids.update(v for v in (notes.get(_KEY_ID), notes.get(_PREVIOUS_KEY_ID)) if v)
+        key_ids.update(v for v in (notes.get(KEY_ID), notes.get(PREVIOUS_KEY_ID)) if v)
     return References(key_ids=frozenset(key_ids), tags=frozenset(tags - {""}))
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 
@@ -49,7 +49,6 @@ from tailnet_operator.types import JSON
 
 from . import periods
 from .access import (
-    KEY_FIELD,
     ClientFactory,
     Connection,
     Deps,
@@ -62,6 +61,7 @@ from .access import (
 )
 from .cleanup import Cleanup
 from .conditions import Cond, Status, invalid_spec_message, rfc3339
+from .keyrecord import finish, store_new
 from .kinds import TAILNET
 from .status import StatusWriter
 from .unconfirmed import Unconfirmed
@@ -215,7 +215,7 @@ class TailnetReconciler:
             return stored
         except HeadscaleError as exc:
             raise problem_from(exc, "checking the working key minted before") from exc
-        await self.unconfirmed.store(run.name, pending, lambda key: self._store(run, key), self._never_abandoned)
+        await store_new(self.unconfirmed, run.name, pending, lambda key: self._store(run, key), self._never_abandoned)
         await self._announce(run, pending)
         return pending
 
@@ -266,7 +266,7 @@ class TailnetReconciler:
         async def abandon(key: StoredKey) -> None:  # an admin key nothing refers to: expire it, or retries leak
             await self._abandon(run, with_key, key.id)
 
-        await self.unconfirmed.store(run.name, stored, lambda key: self._store(run, key), abandon)
+        await store_new(self.unconfirmed, run.name, stored, lambda key: self._store(run, key), abandon)
         return stored, version
 
     async def _abandon(self, run: Run, with_key: str, key_id: str) -> None:
@@ -289,15 +289,15 @@ class TailnetReconciler:
         return await self._expire_previous(run, new), version
 
     async def _expire_previous(self, run: Run, stored: StoredKey) -> StoredKey:
-        try:
-            async with self.access.open(run.endpoint, stored.key) as hs:
-                await hs.expire_api_key(key_id=stored.previous_id)
-        except HeadscaleError as exc:
-            if not _gone(exc):
-                raise problem_from(exc, "expiring the previous working key") from exc
-        done = replace(stored, previous_id="")
-        await self._store(run, done)
-        return done
+        async def expire(key: StoredKey) -> None:
+            try:
+                async with self.access.open(run.endpoint, key.key) as hs:
+                    await hs.expire_api_key(key_id=key.previous_id)
+            except HeadscaleError as exc:
+                if not _gone(exc):
+                    raise problem_from(exc, "expiring the previous working key") from exc
+
+        return await finish(stored, lambda key: self._store(run, key), expire)
 
     def _stored(self, key: str, info: ApiKey, lifetime: timedelta, *, previous_id: str) -> StoredKey:
         created = info.created_at or self.clock.utcnow()
@@ -305,12 +305,8 @@ class TailnetReconciler:
                          expires_at=info.expiration or created + lifetime, previous_id=previous_id)
 
     async def _store(self, run: Run, stored: StoredKey) -> None:
-        await self.writer.apply(SECRET, {
-            "metadata": owned_metadata(run.obj, name=working_key_secret_name(run.name), namespace=self.namespace,
-                                       tailnet=run.name, annotations=stored.annotations()),
-            "type": "Opaque",
-            "data": {KEY_FIELD: base64.b64encode(stored.key.encode()).decode()},
-        })
+        await self.writer.apply(SECRET, stored.secret(owned_metadata(
+            run.obj, name=working_key_secret_name(run.name), namespace=self.namespace, tailnet=run.name)))
 
     # -- deletion -------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from tailnet_agent.contract import environment as env_names
 from tailnet_agent.contract.errors import ConfigError
 from tailnet_agent.contract.targets import PortMapping, Target, parse_targets
 from tailnet_agent.contract.targets import targets_document as agent_targets_document
+from tailnet_operator import names
 from tailnet_operator.api.egress import TailnetEgress
 
 from . import agent as pod
@@ -67,7 +68,7 @@ def owned_metadata(owner: Obj, egress: TailnetEgress, name: str) -> Obj:
 
 
 def agent_name(egress: TailnetEgress) -> str:
-    return f"{_name(egress)}-egress-agent"
+    return names.agent_name("TailnetEgress", _name(egress))
 
 
 def config_map_name(egress: TailnetEgress) -> str:

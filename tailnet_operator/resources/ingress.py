@@ -18,6 +18,7 @@ from typing import Any
 
 from tailnet_agent.contract import environment as env_names
 from tailnet_agent.contract import exposes as agent_exposes
+from tailnet_operator import names
 from tailnet_operator.api.ingress import Expose, TailnetIngress, VirtualHost, render_dns_template
 from tailnet_operator.names import MANAGED_BY, TAILNET_LABEL, auth_key_secret_name
 
@@ -75,7 +76,7 @@ def owned_metadata(owner: Obj, ingress: TailnetIngress, name: str) -> Obj:
 
 
 def agent_name(ingress: TailnetIngress) -> str:
-    return f"{_name(ingress)}-ingress-agent"
+    return names.agent_name("TailnetIngress", _name(ingress))
 
 
 def config_map_name(ingress: TailnetIngress) -> str:
