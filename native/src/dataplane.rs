@@ -857,6 +857,118 @@ mod tests {
         assert_eq!(b.counters().drop_filtered, 0);
     }
 
+    /// Connects A to B and steps until B accepted; returns (A's handle, B's handle, now).
+    fn connected(a: &mut DataPlane, b: &mut DataPlane) -> (u64, u64, f64) {
+        b.stack().listen(80).unwrap();
+        let ha = a.tcp_connect(format!("{B_IP}:80").parse().unwrap(), 30.0);
+        let mut ev = Vec::new();
+        for i in 1..5_000 {
+            let now = f64::from(i) * 0.001;
+            step(a, b, now, &mut ev);
+            for (side, e) in ev.drain(..) {
+                if let ('b', Event::Tcp(TcpEvent::Accepted { handle, .. })) = (side, e) {
+                    return (ha, handle, now);
+                }
+            }
+        }
+        panic!("B never accepted");
+    }
+
+    /// The egress half-close: A (the agent) half-closes, B answers with data and FIN, so A's
+    /// socket enters TIME-WAIT with the reply unread; A reads only 15 s later, after smoltcp's
+    /// 10 s TIME-WAIT reset the socket. A must still get every byte, then the EOF.
+    #[test]
+    fn a_reply_unread_through_time_wait_is_delivered_to_a_slow_reader() {
+        let (mut a, mut b) = pair();
+        let (ha, hb, mut now) = connected(&mut a, &mut b);
+        a.stack().shutdown_write(ha).unwrap();
+        let reply: Vec<u8> = (0..200_000u32).map(|i| (i % 249) as u8).collect();
+        let (mut sent, mut ev, mut a_eof) = (0, Vec::new(), false);
+        let (mut got, mut time_wait_seen) = (Vec::new(), false);
+        while now < 40.0 && !a_eof {
+            now += if now < 2.0 { 0.001 } else { 0.05 };
+            step(&mut a, &mut b, now, &mut ev);
+            for (side, e) in ev.drain(..) {
+                match (side, e) {
+                    ('a', Event::Tcp(TcpEvent::PeerClosed(h))) if h == ha => a_eof = true,
+                    (_, Event::Tcp(TcpEvent::Reset(_))) => panic!("reset"),
+                    _ => {}
+                }
+            }
+            if sent < reply.len() {
+                sent += b.stack().send(hb, &reply[sent..]).unwrap();
+                if sent == reply.len() {
+                    b.stack().shutdown_write(hb).unwrap();
+                }
+            }
+            time_wait_seen |= a.stack().state_of(ha) == Some(smoltcp::socket::tcp::State::TimeWait);
+            if now >= 15.0 && !a_eof {
+                got.extend(a.stack().recv(ha, 1 << 20).unwrap());
+            }
+        }
+        assert!(
+            time_wait_seen,
+            "A's socket never entered TIME-WAIT: the test does not test the case"
+        );
+        assert!(a_eof, "no EOF by t={now:.1}");
+        assert!(
+            got == reply,
+            "A read {} of {} bytes before a clean EOF",
+            got.len(),
+            reply.len()
+        );
+    }
+
+    /// B reads 2 kB a second; A queues 600 kB and closes (releases its handle) once the last
+    /// byte is queued, with about 500 kB (its send buffer and B's receive buffer) still to go,
+    /// so 60 s after the close A still holds unsent bytes: the stack used to drop such a
+    /// connection then. Every byte must arrive, then the EOF.
+    #[test]
+    fn a_closed_connection_finishes_sending_to_a_peer_slower_than_the_linger() {
+        let (mut a, mut b) = pair();
+        let (ha, hb, mut now) = connected(&mut a, &mut b);
+        let payload: Vec<u8> = (0..600_000u32).map(|i| (i % 247) as u8).collect();
+        let (mut sent, mut ev, mut got) = (0, Vec::new(), Vec::new());
+        let (mut closed_at, mut b_eof, mut next_read) = (None, false, now);
+        while now < 500.0 && !b_eof {
+            now += 0.02;
+            step(&mut a, &mut b, now, &mut ev);
+            for (side, e) in ev.drain(..) {
+                match (side, e) {
+                    ('b', Event::Tcp(TcpEvent::PeerClosed(h))) if h == hb => b_eof = true,
+                    (_, Event::Tcp(TcpEvent::Reset(h))) => {
+                        panic!(
+                            "connection {h} reset at t={now:.1} after {} of {} bytes",
+                            got.len(),
+                            payload.len()
+                        )
+                    }
+                    _ => {}
+                }
+            }
+            if closed_at.is_none() {
+                sent += a.stack().send(ha, &payload[sent..]).unwrap();
+                if sent == payload.len() {
+                    a.stack().shutdown_write(ha).unwrap();
+                    a.stack().close(ha);
+                    closed_at = Some(now);
+                }
+            }
+            if now >= next_read {
+                got.extend(b.stack().recv(hb, 2_000).unwrap());
+                next_read = now + 1.0;
+            }
+        }
+        let closed_at = closed_at.expect("A never queued the whole payload");
+        assert!(
+            now - closed_at > 60.0,
+            "the transfer took {:.1} s after the close: not slower than the linger",
+            now - closed_at
+        );
+        assert!(b_eof, "no EOF by t={now:.1}");
+        assert!(got == payload, "B got {} of {} bytes", got.len(), payload.len());
+    }
+
     /// The last two segments of a transfer are lost: no duplicate ACK follows, so the stack
     /// alone would wait out its one-second retransmission timeout; the tail-loss probe and the
     /// partial ACK after it repair both within tens of milliseconds.

@@ -20,7 +20,8 @@ pub const MTU: usize = 1280;
 pub const DEFAULT_TCP_BUFFER: usize = 512 * 1024;
 /// Half-open connections allowed per listener.
 pub const LISTEN_BACKLOG: usize = 128;
-/// How long a closed-by-us connection may linger before it is aborted.
+/// How long a closed-by-us connection may linger without progress (no queued byte
+/// acknowledged, or the FIN exchange not finished) before it is aborted.
 const ORPHAN_LINGER_SECS: f64 = 60.0;
 const EPHEMERAL_FIRST: u16 = 49152;
 
@@ -146,6 +147,11 @@ struct Conn {
     /// `shutdown_write` was called before the connection was established.
     shutdown_pending: bool,
     last_state: tcp::State,
+    /// The peer's FIN arrived (sticky: the socket may be reset to Closed after TIME-WAIT).
+    fin_seen: bool,
+    /// Received bytes not yet read, taken out of a socket in TIME-WAIT: smoltcp resets the
+    /// socket when TIME-WAIT ends, which clears its receive buffer.
+    held: VecDeque<u8>,
 }
 
 impl Conn {
@@ -160,6 +166,8 @@ impl Conn {
             peer_closed_sent: false,
             shutdown_pending: false,
             last_state: state,
+            fin_seen: false,
+            held: VecDeque::new(),
         }
     }
 }
@@ -192,6 +200,25 @@ fn state_has_remote_fin(s: tcp::State) -> bool {
     )
 }
 
+/// A socket whose handle was released, finishing a graceful close.
+#[derive(Debug, Clone, Copy)]
+struct Orphan {
+    socket: SocketHandle,
+    /// When it last made progress (released, or a queued byte acknowledged).
+    since: f64,
+    send_queue: usize,
+}
+
+impl Orphan {
+    fn new(socket: SocketHandle, now: f64) -> Self {
+        Orphan {
+            socket,
+            since: now,
+            send_queue: usize::MAX,
+        }
+    }
+}
+
 pub struct Stack {
     iface: Interface,
     pub device: VirtualDevice,
@@ -200,8 +227,9 @@ pub struct Stack {
     conns: HashMap<u64, Conn>,
     listeners: HashMap<u64, Listener>,
     listener_by_port: HashMap<u16, u64>,
-    /// Sockets whose handle was released but which still finish a graceful close.
-    orphans: Vec<(SocketHandle, f64)>,
+    /// Sockets whose handle was released but which still finish a graceful close, with the
+    /// time of their last progress and their send queue then.
+    orphans: Vec<Orphan>,
     next_id: u64,
     next_port: u16,
     events: Vec<TcpEvent>,
@@ -382,7 +410,7 @@ impl Stack {
         self.listener_by_port.remove(&l.port);
         for s in l.half_open {
             self.sockets.get_mut::<tcp::Socket>(s).abort();
-            self.orphans.push((s, self.now));
+            self.orphans.push(Orphan::new(s, self.now));
         }
         Ok(())
     }
@@ -530,7 +558,21 @@ impl Stack {
                 }
             }
             let state = s.state();
-            let rx_pending = s.recv_queue() > 0;
+            conn.fin_seen |=
+                state_has_remote_fin(state) || (state == tcp::State::Closed && state_has_remote_fin(conn.last_state));
+            if state == tcp::State::TimeWait && s.recv_queue() > 0 {
+                // smoltcp resets the socket when TIME-WAIT ends (10 s), clearing what was not
+                // read yet: keep it for `recv`, so a slow reader still gets every byte.
+                let held = &mut conn.held;
+                while s
+                    .recv(|b| {
+                        held.extend(b.iter());
+                        (b.len(), b.len())
+                    })
+                    .is_ok_and(|n| n > 0)
+                {}
+            }
+            let rx_pending = s.recv_queue() > 0 || !conn.held.is_empty();
             if rx_pending && !conn.readable_sent {
                 conn.readable_sent = true;
                 self.events.push(TcpEvent::Readable(id));
@@ -542,8 +584,7 @@ impl Stack {
                     self.events.push(TcpEvent::Writable(id));
                 }
             }
-            let remote_fin =
-                state_has_remote_fin(state) || (state == tcp::State::Closed && state_has_remote_fin(conn.last_state));
+            let remote_fin = conn.fin_seen;
             if state == tcp::State::Closed && !remote_fin && !matches!(conn.last_state, tcp::State::Closed) {
                 // Closed without the peer's FIN: reset (or keep-alive/ACK timeout).
                 self.events.push(TcpEvent::Reset(id));
@@ -563,19 +604,27 @@ impl Stack {
         }
         for id in released {
             if let Some(conn) = self.conns.remove(&id) {
-                self.orphans.push((conn.socket, now));
+                self.orphans.push(Orphan::new(conn.socket, now));
             }
         }
-        // Orphans: discard data that still arrives, drop them once closed.
+        // Orphans: discard data that still arrives, abort them after a linger without
+        // progress (a peer slower than the linger still gets every byte), drop them once closed.
         let sockets = &mut self.sockets;
-        self.orphans.retain(|&(h, since)| {
-            let s = sockets.get_mut::<tcp::Socket>(h);
+        self.orphans.retain_mut(|o| {
+            let s = sockets.get_mut::<tcp::Socket>(o.socket);
             while s.recv(|b| (b.len(), ())).is_ok_and(|()| s.recv_queue() > 0) {}
-            if now - since > ORPHAN_LINGER_SECS {
-                s.abort();
+            if s.send_queue() < o.send_queue {
+                if o.send_queue != usize::MAX {
+                    o.since = now;
+                }
+                o.send_queue = s.send_queue();
             }
-            if s.state() == tcp::State::Closed && since < now {
-                sockets.remove(h);
+            if now - o.since > ORPHAN_LINGER_SECS && s.state() != tcp::State::Closed {
+                s.abort();
+                o.since = now; // removed after the next poll, which sends the RST
+            }
+            if s.state() == tcp::State::Closed && o.since < now {
+                sockets.remove(o.socket);
                 false
             } else {
                 true
@@ -614,9 +663,14 @@ impl Stack {
     pub fn recv(&mut self, id: u64, max: usize) -> Result<Vec<u8>, StackError> {
         let (conn, s) = self.conn(id)?;
         conn.readable_sent = false;
-        let want = max.min(s.recv_queue());
-        let mut out = vec![0u8; want];
-        let mut got = 0;
+        let held = max.min(conn.held.len());
+        let mut out: Vec<u8> = conn.held.drain(..held).collect();
+        if held == max || !s.may_recv() {
+            return Ok(out);
+        }
+        let want = held + (max - held).min(s.recv_queue());
+        out.resize(want, 0);
+        let mut got = held;
         while got < want {
             match s.recv_slice(&mut out[got..]) {
                 Ok(0) | Err(_) => break,
@@ -644,12 +698,12 @@ impl Stack {
     pub fn close(&mut self, id: u64) {
         if let Some(conn) = self.conns.remove(&id) {
             let s = self.sockets.get_mut::<tcp::Socket>(conn.socket);
-            if s.recv_queue() > 0 || !conn.connected {
+            if s.recv_queue() > 0 || !conn.held.is_empty() || !conn.connected {
                 s.abort();
             } else {
                 s.close();
             }
-            self.orphans.push((conn.socket, self.now));
+            self.orphans.push(Orphan::new(conn.socket, self.now));
         }
     }
 
@@ -657,7 +711,7 @@ impl Stack {
     pub fn abort(&mut self, id: u64) {
         if let Some(conn) = self.conns.remove(&id) {
             self.sockets.get_mut::<tcp::Socket>(conn.socket).abort();
-            self.orphans.push((conn.socket, self.now));
+            self.orphans.push(Orphan::new(conn.socket, self.now));
         }
     }
 
@@ -671,9 +725,15 @@ impl Stack {
         let linger = self
             .orphans
             .iter()
-            .map(|&(_, since)| since + ORPHAN_LINGER_SECS)
+            .map(|o| o.since + ORPHAN_LINGER_SECS)
             .reduce(f64::min);
         [smol, dial, linger].into_iter().flatten().reduce(f64::min)
+    }
+
+    /// The TCP state of a connection (None: unknown handle); for tests and diagnostics.
+    pub fn state_of(&self, id: u64) -> Option<tcp::State> {
+        let conn = self.conns.get(&id)?;
+        Some(self.sockets.get::<tcp::Socket>(conn.socket).state())
     }
 
     pub fn connection_count(&self) -> usize {
