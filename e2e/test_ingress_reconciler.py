@@ -21,6 +21,7 @@ from e2e.cluster import OPEN_BASE
 from hack.localenv import CertManager, ControlPlane, Environment, Headscale
 from hack.localenv._pki import CertificateAuthority
 from hack.localenv.certmanager import crd_bodies
+from hack.localenv.tailscale import TailscaleNode
 from tailnet_agent.contract.exposes import parse_exposes
 from tailnet_operator.api.crds import install_crds
 from tailnet_operator.controllers.dns import parse_hosts
@@ -30,7 +31,15 @@ from tailnet_operator.resources.ingress import record_name
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import JSON, Client
 from tailnet_operator.runtime.errors import NotFound
-from tailnet_operator.runtime.kinds import CERTIFICATE, CONFIG_MAP, DEPLOYMENT, NAMESPACE, NETWORK_POLICY, SECRET
+from tailnet_operator.runtime.kinds import (
+    CERTIFICATE,
+    CONFIG_MAP,
+    DEPLOYMENT,
+    EVENT,
+    NAMESPACE,
+    NETWORK_POLICY,
+    SECRET,
+)
 from tailnet_operator.runtime.kinds import Resource as KubeResource
 
 from .conftest import TailscaleFactory
@@ -322,3 +331,87 @@ async def test_cert_manager_issues_the_hosts_certificate_from_a_ca_cluster_issue
 async def _issued(admin: Client, name: str, namespace: str) -> JSON | None:
     secret = await _get(admin, SECRET, name, namespace)
     return secret if secret and (secret.get("data") or {}).get("tls.crt") else None
+
+
+def _joined(hostname: str, workdir: Path, headscale: Headscale, environment: Environment, key: str) -> TailscaleNode:
+    """A tailscaled joined with ``key`` under ``hostname``, in its own state directory: two of
+    them may carry one hostname, as an agent pod and its replacement do."""
+    node = TailscaleNode(hostname, workdir, headscale=headscale, log_dir=environment.log_dir,
+                         run_id=environment.run_id)
+    try:
+        node.start()
+        node.up(key)
+    except BaseException:
+        node.stop()
+        raise
+    return node
+
+
+def _node_at(headscale: Headscale, address: str) -> JSON | None:
+    return next((n for n in headscale.api("GET", "/api/v1/node")["nodes"] if address in n["ipAddresses"]), None)
+
+
+async def test_a_restarted_agents_node_is_renamed_to_the_hostname_once_its_crashed_predecessor_is_deleted(
+    scene: Scene, tmp_path: Path, environment: Environment,
+) -> None:
+    """Issue 24: the first node (the agent pod that crashes) holds the hostname; its replacement
+    registers with the same reusable key and gets a suffixed name. Once the first is offline, the
+    operator deletes it and renames the second to the plain hostname, with Events."""
+    admin, tenant = scene.admin, scene.tenant
+    nodes: list[TailscaleNode] = []
+    try:
+        async with running_operator(scene.kubeconfig, scene.namespace):
+            tailnet = await _tailnet(admin, scene.headscale, scene.namespace, tenant, owned_policy=True)
+            await admin.create(TAILNET_INGRESS, ingress_object("shop", tenant, tailnet, [TCP]))
+            secret = await eventually(lambda: _get(admin, SECRET, "shop-ingress-auth-key", tenant), timeout=60,
+                                      what="the ingress's pre-auth key")
+            key = base64.b64decode(secret["data"]["authKey"]).decode()
+
+            nodes.append(_joined("shop-gw", tmp_path / "first", scene.headscale, environment, key))
+            first = _node_at(scene.headscale, nodes[0].ipv4())
+            assert first is not None and first["givenName"] == "shop-gw"
+            await eventually(has_condition(admin, TAILNET_INGRESS, "shop", "HostnameAssigned", "True", "Assigned",
+                                           namespace=tenant), timeout=90, what="the first node with the hostname")
+
+            nodes.append(_joined("shop-gw", tmp_path / "second", scene.headscale, environment, key))
+            second = _node_at(scene.headscale, nodes[1].ipv4())
+            assert second is not None and second["givenName"] != "shop-gw", "Headscale gave it a suffixed name"
+            await eventually(has_condition(admin, TAILNET_INGRESS, "shop", "HostnameAssigned", "False",
+                                           "HostnameTaken", namespace=tenant), timeout=90,
+                             what="the second (newest) node reported with its suffixed name")
+            assert _node_at(scene.headscale, nodes[0].ipv4()) is not None, "an online predecessor is left alone"
+
+            nodes[0].process.kill()  # the old agent pod crashes: its node stays, offline
+            renamed = await eventually(lambda: _renamed(scene.headscale, second["id"], first["id"]), timeout=120,
+                                       what="the first node deleted and the second renamed to shop-gw")
+            assert renamed["givenName"] == "shop-gw"
+            await eventually(has_condition(admin, TAILNET_INGRESS, "shop", "HostnameAssigned", "True", "Assigned",
+                                           namespace=tenant), timeout=90, what="HostnameAssigned on the second node")
+            status = (await admin.get(TAILNET_INGRESS, "shop", tenant))["status"]
+            assert status["node"]["id"] == second["id"] and status["node"]["name"] == "shop-gw"
+            reasons = await eventually(lambda: _event_reasons(admin, tenant, {"SupersededNodeDeleted", "NodeRenamed"}),
+                                       timeout=30, what="the Events of the deletion and the rename")
+            assert reasons >= {"SupersededNodeDeleted", "NodeRenamed"}
+            # the node itself is told its new MagicDNS name
+            await eventually(lambda: _self_named(nodes[1], "shop-gw"), timeout=60,
+                             what="the second node's own netmap with the name shop-gw")
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def _renamed(headscale: Headscale, node_id: str, gone_id: str) -> JSON | None:
+    listed = {n["id"]: n for n in headscale.api("GET", "/api/v1/node")["nodes"]}
+    node = listed.get(node_id)
+    return node if gone_id not in listed and node is not None and node["givenName"] == "shop-gw" else None
+
+
+async def _event_reasons(admin: Client, namespace: str, wanted: set[str]) -> set[str] | None:
+    reasons = {e["reason"] for e in (await admin.list(EVENT, namespace)).items
+               if e.get("regarding", {}).get("name") == "shop"}
+    return reasons if wanted <= reasons else None
+
+
+def _self_named(node: TailscaleNode, name: str) -> bool:
+    dns_name = str(node.status()["Self"].get("DNSName") or "")
+    return dns_name.split(".", 1)[0] == name

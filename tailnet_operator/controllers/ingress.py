@@ -16,7 +16,9 @@ status); this module says what an ingress adds:
   ``Certificate`` for the host's name and alias names. The key's record lives in the operator's
   namespace, where the tenant cannot write;
 * its status (:mod:`.ingress_status`): the node, ``magicDNSName``, ``dnsNames``, one entry per
-  expose from the agent's ``/status``, and the conditions.
+  expose from the agent's ``/status``, and the conditions. Before it, the name: once a restarted
+  agent's node is online, the ingress's older offline nodes are deleted and the new one renamed to
+  ``spec.hostname`` (Events ``SupersededNodeDeleted``, ``NodeRenamed``).
 
 cert-manager's CRDs may be absent: the Certificate is written without a watch (its apply is
 refused with 404 then, and the hosts that asked for it say so in CertificatesReady); the Secret
@@ -26,12 +28,16 @@ record; garbage collection removes the rest, the DNS reconciler drops its names.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
+import structlog
 from pydantic import ValidationError
 
 from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.api.tailnet import Tailnet
+from tailnet_operator.headscale import HeadscaleError, Node
+from tailnet_operator.headscale import NotFound as HeadscaleNotFound
 from tailnet_operator.names import auth_key_secret_name
 from tailnet_operator.policy import parse_hujson
 from tailnet_operator.policy.adapters import derive_from_objects
@@ -43,18 +49,20 @@ from tailnet_operator.runtime.kinds import CERTIFICATE, DEPLOYMENT, NETWORK_POLI
 from tailnet_operator.tenancy import Refusal, claim_order, judge, policy_reserved_tags, taken
 from tailnet_operator.types import JSON
 
-from .access import Deps
+from .access import Deps, NoAccess
 from .applier import Applied, Desired, Want
 from .conditions import Cond
 from .dns import name_holders
 from .egress_status import AgentStatusReader, HttpAgentStatus
-from .ingress_status import CertificateIssue, Report, report
+from .ingress_status import CertificateIssue, Report, report, succession
 from .kinds import TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .pipeline import Outcome, Run, TaggedNodeReconciler
 from .preauth import AuthKey
 
 __all__ = ["CONDITION_TYPES", "FIELD_MANAGER", "IngressNode", "IngressSettings", "ingress_reconciler", "secret_users",
            "zones_of"]
+
+log = structlog.get_logger("controllers.ingress")
 
 FIELD_MANAGER = "tailnet-operator-ingress"
 NODE_FIELD_MANAGER = "tailnet-operator-ingress-node"
@@ -129,7 +137,7 @@ class IngressNode:
     condition_types: tuple[str, ...] = CONDITION_TYPES
 
     def __init__(self, deps: Deps, writer: Writer, settings: IngressSettings, agent_status: AgentStatusReader) -> None:
-        self.reader, self.access = deps.reader, deps.access
+        self.reader, self.access, self.events = deps.reader, deps.access, deps.events
         self.writer = writer
         self.settings = settings
         self.agent_status = agent_status
@@ -219,12 +227,44 @@ class IngressNode:
     # -- status ---------------------------------------------------------------------------------
 
     async def report(self, run: Run[TailnetIngress], outcome: Outcome) -> tuple[list[Cond], JSON]:
+        nodes = await self._succeed(run, outcome.key, outcome.nodes)
         agent = await self.agent_status.read(run.cr)
-        result: Report = report(run.cr, zones_of(run.tailnet), agent=agent, nodes=outcome.nodes, key=outcome.key,
+        result: Report = report(run.cr, zones_of(run.tailnet), agent=agent, nodes=nodes, key=outcome.key,
                                 reader=self.reader, issues=_certificate_issues(run.cr, outcome.applied),
                                 dns=run.tailnet.spec.dns is not None)
         await self._record_address(run, result.fields.get("node"))
         return result.conditions, result.fields
+
+    async def _succeed(self, run: Run[TailnetIngress], key: AuthKey, nodes: list[Node]) -> list[Node]:
+        """Free the hostname for the ingress's newest node (:func:`.ingress_status.succession`): delete
+        its superseded nodes, then rename it to ``spec.hostname``, each with a Normal Event. Returns
+        the nodes as they are afterwards. A Headscale failure is logged and left to the next
+        reconcile (the status still reports ``HostnameTaken``)."""
+        hostname = run.cr.spec.hostname
+        plan = succession(hostname, key, nodes)
+        if plan is None:
+            return nodes
+        after = list(nodes)
+        try:
+            async with self.access.open(self.access.working(run.tailnet)) as hs:
+                for old in plan.superseded:
+                    with contextlib.suppress(HeadscaleNotFound):
+                        await hs.delete_node(old.id)
+                    after = [n for n in after if n.id != old.id]
+                    await self.events.normal(run.obj, "SupersededNodeDeleted", (
+                        f"deleted node {old.id} ({old.given_name}, offline), superseded by node "
+                        f"{plan.newest.id} ({plan.newest.given_name}) registered with the same key"),
+                        action="DeleteNode")
+                if plan.rename:
+                    renamed = await hs.rename_node(plan.newest.id, hostname)
+                    after = [renamed if n.id == renamed.id else n for n in after]
+                    await self.events.normal(run.obj, "NodeRenamed", (
+                        f"renamed node {plan.newest.id} from {plan.newest.given_name} to {hostname}: "
+                        "the name its previous node held"), action="RenameNode")
+        except (HeadscaleError, NoAccess) as exc:
+            log.warning("could not free the ingress's hostname", ingress=f"{run.namespace}/{run.name}",
+                        node=plan.newest.id, error=str(exc))
+        return after
 
     async def _record_address(self, run: Run[TailnetIngress], node: JSON | None) -> None:
         """Note the node's addresses (from Headscale) on the record, where the DNS reconciler reads them."""

@@ -6,6 +6,11 @@ http exposes each host's certificate (``notAfter``, or why its files do not load
 whether each host's TLS Secret exists; the reconciler says what cert-manager answered. Headscale
 gives the node: the one its pre-auth key registered (:func:`ingress_node`).
 
+A restarted agent registers a new ephemeral node while its old one may still hold the hostname,
+so Headscale names the new one ``<hostname>-<suffix>``. :func:`succession` says what to tidy once
+the newest node of the ingress's keys is online: its older offline nodes go, and it is renamed to
+``spec.hostname`` (the reconciler does both, with Events).
+
 Conditions (docs/reference/status.md):
 
 * ``CertificatesReady``: every http host's Secret exists with ``tls.crt`` and ``tls.key``;
@@ -18,9 +23,10 @@ Conditions (docs/reference/status.md):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from tailnet_operator.api.ingress import Expose, TailnetIngress, VirtualHost
 from tailnet_operator.headscale import Node
@@ -32,7 +38,8 @@ from .conditions import Cond, Status
 from .pipeline import node_status
 from .preauth import AuthKey
 
-__all__ = ["CertificateIssue", "ExposeState", "Report", "ingress_node", "report"]
+__all__ = ["CertificateIssue", "ExposeState", "KeyIds", "Report", "Succession", "ingress_node", "own_nodes", "report",
+           "succession"]
 
 
 @dataclass(frozen=True)
@@ -79,16 +86,69 @@ class Report:
 _EPOCH = datetime.min.replace(tzinfo=UTC)
 
 
+def _age(node: Node) -> tuple[datetime, int]:
+    """Registration order: creation time, then the id (Headscale's ids only grow)."""
+    return node.created_at or _EPOCH, int(node.id) if node.id.isdigit() else 0
+
+
+class KeyIds(Protocol):
+    """The ids of a CR's pre-auth keys as its record holds them (an :class:`AuthKey`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def previous_id(self) -> str: ...
+
+
+def own_nodes(key: KeyIds, nodes: Sequence[Node]) -> list[Node]:
+    """The nodes registered with the ingress's current or previous pre-auth key."""
+    ids = {key.id, key.previous_id} - {""}
+    return [n for n in nodes if n.pre_auth_key_id in ids]
+
+
+@dataclass(frozen=True)
+class Succession:
+    """What the status phase tidies among an ingress's own nodes once its newest one is online:
+    the ``superseded`` ones (older and offline: a pod that crashed, or was stopped without logging
+    out) are deleted, then the ``newest`` is renamed to ``spec.hostname`` when ``rename``."""
+
+    newest: Node
+    superseded: tuple[Node, ...]
+    rename: bool
+
+
+def succession(hostname: str, key: KeyIds, nodes: Sequence[Node]) -> Succession | None:
+    """What to do so that the ingress's newest node holds ``hostname`` (None: nothing).
+
+    Only when the newest node is online: until its successor is registered and connected, an old
+    node is the ingress. An older node that is still online (the old pod of a rollout, draining)
+    is left alone, and while it holds the name the newest is not renamed. Nor is it while a node
+    that is not the ingress's holds the name: that one is reported (``HostnameTaken``), not taken."""
+    own = own_nodes(key, nodes)
+    if not own:
+        return None
+    newest = max(own, key=_age)
+    if not newest.online:
+        return None
+    superseded = tuple(sorted((n for n in own if n.id != newest.id and not n.online), key=_age))
+    gone = {n.id for n in superseded}
+    held = any(n.given_name == hostname for n in nodes if n.id != newest.id and n.id not in gone)
+    rename = newest.given_name != hostname and not held
+    if not superseded and not rename:
+        return None
+    return Succession(newest, superseded, rename)
+
+
 def ingress_node(key: AuthKey, agent: JSON | None, nodes: list[Node]) -> JSON | None:
     """The agent's node as Headscale records it: the node registered with the ingress's current
     (or previous) pre-auth key, online and newest first. Never from the agent's own /status: any
     pod the tenant runs with the agent's labels answers that, so its addresses prove nothing. The
     agent's MagicDNS name is taken only when it reports that same node."""
-    ids = {key.id, key.previous_id} - {""}
-    candidates = [n for n in nodes if n.pre_auth_key_id in ids]
+    candidates = own_nodes(key, nodes)
     if not candidates:
         return None
-    best = max(candidates, key=lambda n: (n.online, n.created_at or _EPOCH, int(n.id) if n.id.isdigit() else 0))
+    best = max(candidates, key=lambda n: (n.online, *_age(n)))
     node: JSON = {"id": best.id, "name": best.given_name, "addresses": list(best.ip_addresses)}
     reported = node_status(agent)
     if (reported is not None and reported["id"] == best.id
@@ -237,6 +297,6 @@ def hostname_condition(hostname: str, node: JSON, nodes: list[Node]) -> Cond:
     held = f"another node holds it: {'; '.join(holders)}" if holders else "another node held it at registration"
     return Cond("HostnameAssigned", "False", "HostnameTaken",
                 f"the hostname {hostname} is taken on the tailnet ({held}), so Headscale named this node {given}. "
-                "If that node is this ingress's previous (ephemeral) node, it goes once it has been offline "
-                "for Headscale's ephemeral inactivity timeout and the next registration gets the name; "
+                "If that node is this ingress's previous node, the operator deletes it once it is offline and "
+                "renames this one to the hostname (Events SupersededNodeDeleted, NodeRenamed); "
                 "otherwise rename or remove that node, or choose another spec.hostname")

@@ -408,6 +408,12 @@ class HeadscaleClient:
     async def delete_node(self, node_id: str | int) -> None:
         await self._call("DELETE", f"/api/v1/node/{_segment(node_id)}")
 
+    async def rename_node(self, node_id: str | int, new_name: str) -> Node:
+        """Set the node's given name (its MagicDNS label) to ``new_name``; returns the renamed node.
+        Headscale refuses a name another node holds, so free it first."""
+        doc = await self._call("POST", f"/api/v1/node/{_segment(node_id)}/rename/{_segment(new_name)}")
+        return Node.from_json(doc["node"])
+
     async def approve_routes(self, node_id: str | int, routes: Sequence[str]) -> Node:
         """Set the node's approved routes to exactly ``routes``: it REPLACES the list (``[]`` clears it).
 

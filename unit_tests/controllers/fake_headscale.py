@@ -1,7 +1,7 @@
 """A Headscale API in memory, behind the real client's ``MockTransport`` seam (test tooling).
 
 It serves what the reconcilers call: ``/version``, API keys (list, create, expire), pre-auth keys
-(create, list, expire), nodes (list, get, delete, approve routes) and the policy (get, check, put), with
+(create, list, expire), nodes (list, get, delete, rename, approve routes) and the policy (get, check, put), with
 bearer-key authentication. Limits: no users, no policy validation beyond ``reject_policy``, and no retries
 (clients are built with ``attempts=1``).
 """
@@ -124,6 +124,8 @@ class FakeHeadscale:
                 return _error(404, 5, "node not found")
             self.nodes.remove(found[0])
             return _ok({})
+        if request.method == "POST" and path.startswith("/api/v1/node/") and "/rename/" in path:
+            return self._rename(path.split("/")[4], path.split("/rename/", 1)[1])
         if request.method == "POST" and path.endswith("/approve_routes"):
             node = self._node(path.split("/")[4])
             node["approvedRoutes"] = list(body["routes"])
@@ -158,6 +160,16 @@ class FakeHeadscale:
                 found["expiration"] = _time(self.clock.utcnow())
             return _ok({})
         return _error(404, 5, f"no route {route}")
+
+    def _rename(self, node_id: str, new_name: str) -> Response:
+        """Headscale's rename: a node's given name, refused when another node holds it."""
+        found = [n for n in self.nodes if n["id"] == node_id]
+        if not found:
+            return _error(404, 5, "node not found")
+        if any(n.get("givenName") == new_name and n["id"] != node_id for n in self.nodes):
+            return _error(500, 2, f"renaming node: name is not unique: {new_name}")
+        found[0]["givenName"] = new_name
+        return _ok({"node": found[0]})
 
     def _node(self, node_id: str) -> JSON:
         return next(n for n in self.nodes if n["id"] == node_id)

@@ -40,12 +40,14 @@ URL = "https://headscale.test:443"
 
 @dataclass
 class EventLog:
-    """An EventWriter that keeps the Events' reasons."""
+    """An EventWriter that keeps the Events' reasons and notes."""
 
     reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     async def create(self, resource: Resource, body: JSON, namespace: str | None = None) -> JSON:
         self.reasons.append(str(body["reason"]))
+        self.notes.append(str(body.get("note") or ""))
         return body
 
     async def merge_patch(self, resource: Resource, name: str, patch: JSON, namespace: str | None = None,

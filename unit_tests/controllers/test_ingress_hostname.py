@@ -1,8 +1,11 @@
-"""HostnameAssigned: an ingress node that did not get ``spec.hostname`` says who holds it."""
+"""HostnameAssigned: an ingress node that did not get ``spec.hostname`` says who holds it; and
+what the status phase tidies so that it does get it (:func:`succession`)."""
 
 from __future__ import annotations
 
-from tailnet_operator.controllers.ingress_status import hostname_condition
+from dataclasses import dataclass
+
+from tailnet_operator.controllers.ingress_status import hostname_condition, succession
 from tailnet_operator.headscale import Node
 
 
@@ -28,3 +31,36 @@ def test_a_suffixed_name_names_the_node_that_holds_the_hostname() -> None:
 def test_a_holder_gone_since_registration_is_still_explained() -> None:
     cond = hostname_condition("shop", {"id": "5", "name": "shop-x1y2z3"}, [node("5", "shop-x1y2z3")])
     assert cond.reason == "HostnameTaken" and "held it at registration" in cond.message
+
+
+@dataclass(frozen=True)
+class Keys:
+    id: str
+    previous_id: str = ""
+
+
+def generation(node_id: str, name: str, key_id: str, *, online: bool, minute: int) -> Node:
+    return Node.from_json({"id": node_id, "name": "shop", "givenName": name, "online": online,
+                           "preAuthKey": {"id": key_id}, "createdAt": f"2026-01-01T00:{minute:02d}:00Z"})
+
+
+def test_the_newest_online_node_of_the_keys_supersedes_the_older_offline_ones() -> None:
+    old = generation("4", "shop", "1", online=False, minute=0)
+    older = generation("2", "shop-a1", "1", online=False, minute=1)
+    new = generation("9", "shop-b2", "2", online=True, minute=5)
+    plan = succession("shop", Keys("2", previous_id="1"), [old, older, new])
+    assert plan is not None and plan.newest.id == "9" and plan.rename
+    assert [n.id for n in plan.superseded] == ["4", "2"], "oldest first"
+
+
+def test_nothing_to_do_before_the_newest_is_online_or_once_it_has_the_name() -> None:
+    old = generation("4", "shop", "1", online=True, minute=0)
+    assert succession("shop", Keys("1"), [old, generation("9", "shop-b2", "1", online=False, minute=5)]) is None
+    assert succession("shop", Keys("1"), [generation("9", "shop", "1", online=True, minute=5)]) is None
+    assert succession("shop", Keys("1"), []) is None
+
+
+def test_nodes_of_other_keys_are_neither_deleted_nor_robbed_of_the_name() -> None:
+    stranger = generation("3", "shop", "7", online=False, minute=0)
+    plan = succession("shop", Keys("1"), [stranger, generation("9", "shop-b2", "1", online=True, minute=5)])
+    assert plan is None
