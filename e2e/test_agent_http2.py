@@ -327,3 +327,26 @@ async def test_connections_over_the_agent_limit_are_closed_as_accepted(tmp_path:
             await asyncio.wait_for(three.streams[stream_id].ended.wait(), 30)
             assert three.streams[stream_id].status == 200
 
+
+
+# Graceful shutdown ------------------------------------------------------------------------------
+
+async def test_a_draining_service_finishes_the_streams_in_progress_and_refuses_new_ones(tmp_path: Path) -> None:
+    """What SIGTERM does to an http expose's HTTP/2 connection: the request in progress gets its
+    whole answer, a new stream is refused (REFUSED_STREAM, safe to retry elsewhere), then GOAWAY
+    NO_ERROR ends the connection."""
+    async with backend() as app, listener(tmp_path, app.port) as target, Client.connect(target) as client:
+        busy = client.open("GET", "/slow?s=2")
+        await eventually(lambda: app.started == 1, what="the request at the backend")
+        drain = asyncio.create_task(target.service.drain())
+        await eventually(lambda: target.service.http2.draining, what="the service draining")
+        late = client.open("GET", "/slow?s=0")
+        await asyncio.wait_for(client.streams[late].ended.wait(), 30)
+        assert client.streams[late].reset == h2.errors.ErrorCodes.REFUSED_STREAM
+        await asyncio.wait_for(client.streams[busy].ended.wait(), 30)
+        assert (client.streams[busy].status, bytes(client.streams[busy].body)) == (200, b"late\n")
+        await asyncio.wait_for(client.closed.wait(), 30)
+        assert client.goaway == h2.errors.ErrorCodes.NO_ERROR
+        await asyncio.wait_for(drain, 30)
+        assert app.started == 1
+        assert target.sample("tailnet_agent_http2_goaway_total", reason="shutdown") == 1

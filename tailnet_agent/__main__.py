@@ -5,6 +5,11 @@
 ``TAILNET_EXPOSES_FILE``) and the health server. Startup problems are one line on stderr and a
 non-zero exit: 2 for configuration (including AGENT_MODE), 1 when the node fails (e.g. control
 refuses the pre-auth key).
+
+Shutdown (SIGTERM or SIGINT), in this order: ``/readyz`` turns 503, every listener closes (no new
+connection), the open connections finish within ``TAILNET_DRAIN_TIMEOUT`` (HTTP/1.1 after their
+current request, HTTP/2 once their streams are done; what is left then is reset), and the node
+logs out of control, so Headscale deletes the ephemeral node at once instead of ageing it out.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ async def run_agent(mode: str) -> int:
     watcher: TargetsWatcher[Any] | None = None
     status: Callable[[], Mapping[str, object]]
     work: Coroutine[Any, Any, None]
+    drain: Callable[[], Coroutine[Any, Any, None]]
     if mode == env_names.EGRESS:
         from tailnet_agent.forward import EgressForwarder
         from tailnet_agent.status import egress_status
@@ -73,6 +79,7 @@ async def run_agent(mode: str) -> int:
             watcher = TargetsWatcher(cfg.targets_file, forwarder.apply, clock=clock,
                                      initial_digest=cfg.targets_digest, report=metrics.targets_reload_outcome)
         work, status = forwarder.run(), lambda: egress_status(node, forwarder, watcher)
+        drain = forwarder.drain
     else:
         from tailnet_agent.contract.exposes import parse_exposes
         from tailnet_agent.forward.ingress import Ingress, LocalDialer
@@ -85,6 +92,7 @@ async def run_agent(mode: str) -> int:
                                  initial_digest=cfg.targets_digest, report=metrics.targets_reload_outcome,
                                  parse=parse_exposes, what="exposes")
         work, status = ingress.forwarder.run(), lambda: ingress_status(node, ingress, watcher)
+        drain = ingress.forwarder.drain
     health = HealthServer(node, metrics, host=cfg.health_host, port=cfg.health_port, status=status)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -93,6 +101,17 @@ async def run_agent(mode: str) -> int:
 
     async def until_signal() -> None:
         await stop.wait()
+        log = structlog.get_logger("agent")
+        log.info("stopping: not ready, no new connections, draining", drain_timeout=cfg.drain_timeout)
+        health.stopping = True
+        if cfg.drain_timeout > 0:
+            try:
+                async with asyncio.timeout(cfg.drain_timeout):
+                    await drain()
+                log.info("connections drained")
+            except TimeoutError:
+                log.warning("drain timeout passed; the connections left are reset")
+        await node.logout()
         raise _Stop
 
     failure: BaseException | None = None

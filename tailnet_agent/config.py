@@ -26,6 +26,10 @@ Every problem is a :class:`ConfigError` with a one-line message naming the varia
                                ENHANCE_YOUR_CALM (rapid reset). Default 200; ``0``: no limit.
 ``TAILNET_IDLE_TIMEOUT``       Seconds an HTTP connection with no request in progress stays open.
                                Default 120; ``0``: no timeout.
+``TAILNET_DRAIN_TIMEOUT``      Seconds the open connections get to finish after SIGTERM (readiness is
+                               false and the listeners are closed meanwhile), before the rest are
+                               reset and the node logs out. Default 20 (below Kubernetes' default
+                               grace period of 30 s, leaving room for the logout); ``0``: none.
 =============================  ======================================================================
 
 The limits are :class:`tailnet_agent.limits.Limits`' (each one's meaning is documented there).
@@ -61,6 +65,7 @@ from tailnet_agent.limits import (
 DEFAULT_BIND_ADDRESS = "0.0.0.0"
 DEFAULT_DIAL_TIMEOUT = 30.0
 DEFAULT_UDP_PORT = 41641
+DEFAULT_DRAIN_TIMEOUT = 20.0
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -103,6 +108,8 @@ class AgentConfig:
     """UDP port for direct paths; 0 any; None: DERP only."""
     limits: Limits = field(default_factory=Limits)
     """What clients may hold (connections, HTTP/2 streams and resets, idle time)."""
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
+    """Seconds the open connections get to finish after SIGTERM. Default 20; 0: none."""
 
 
 def _required(env: Mapping[str, str], name: str) -> str:
@@ -197,7 +204,8 @@ def load(env: Mapping[str, str] | None = None, *, mode: str = env_names.EGRESS) 
                        exposes=exposes, exposes_file=exposes_file,
                        bind_address=bind, health_host=health_host, health_port=health_port,
                        accept_routes=accept_routes, dial_timeout=dial_timeout, udp_port=parse_udp_port(env),
-                       limits=parse_limits(env))
+                       limits=parse_limits(env),
+                       drain_timeout=_number(env, env_names.DRAIN_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, integer=False))
 
 
 def _number(env: Mapping[str, str], name: str, default: float, *, integer: bool, minimum: float = 0) -> float:

@@ -2,7 +2,7 @@
 
 * ``/healthz`` is 200 while the process serves requests (liveness);
 * ``/readyz`` is 200 once the node has a netmap and its home DERP region is connected, else 503
-  with the missing piece named;
+  with the missing piece named; 503 from SIGTERM on (the agent drains, then exits);
 * ``/status`` is the JSON document of :mod:`tailnet_agent.contract.status` (node, targets, routes, probes),
   404 when the server was given no status provider;
 * ``/metrics`` is Prometheus text from the agent's own registry (never the global one, so tests and
@@ -21,7 +21,7 @@ Metrics (``direction`` is ``sent`` towards the target or ``received`` from it)::
     tailnet_agent_limit{limit}                       configured limits (tailnet_agent.forward.limits)
     tailnet_agent_open_connections                   client connections open, all listeners together
     tailnet_agent_connections_refused_total          connections closed as accepted, over the limit
-    tailnet_agent_http2_goaway_total{reason}         reason: idle, rapid_reset, protocol_error
+    tailnet_agent_http2_goaway_total{reason}         reason: idle, rapid_reset, protocol_error, shutdown
     tailnet_agent_control_connected                  1 while the control connection is up
     tailnet_agent_derp_connected                     1 while the home DERP region is connected
     tailnet_agent_direct_peers                       peers reached over a direct UDP path (not DERP)
@@ -158,6 +158,8 @@ class HealthServer:
         self.host = host
         self.port = port
         self.started = asyncio.Event()
+        self.stopping = False
+        """Set on SIGTERM: ``/readyz`` answers 503 from then on, so the Service stops sending here."""
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -188,6 +190,8 @@ class HealthServer:
 
     async def _readyz(self, request: web.Request) -> web.Response:
         node = self.node
+        if self.stopping:
+            return web.Response(status=503, text="not ready: shutting down\n")
         if node.ready:
             return web.Response(text="ready\n")
         if node.netmap is None:

@@ -155,6 +155,11 @@ class Node:
                 self._streams = None
             self._notify()
 
+    async def logout(self) -> bool:
+        """Log out of control (the node stays up until ``run`` is cancelled, but registers no
+        more): Headscale deletes an ephemeral node at once. Returns whether control took it."""
+        return await self.control.logout()
+
     @property
     def running(self) -> bool:
         return self._tg is not None

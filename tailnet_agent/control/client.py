@@ -19,6 +19,9 @@ node and disco keys, a new connection, and (from the server) new addresses. A re
 would do the same with its pre-auth key; revoking the key is how an admin keeps it out.
 A register ``Error`` or an interactive ``AuthURL`` is terminal (:class:`RegistrationError`).
 
+Logout (:meth:`ControlClient.logout`, on shutdown): a register request with an ``Expiry`` in the
+past and no ``Auth``, as tailscaled's; Headscale deletes an ephemeral node at once.
+
 Before the first connection the server's version is checked against the capability versions it
 accepts (``compat``): a server too old for this agent, or one that requires a newer client, is
 :class:`~tailnet_agent.control.compat.UnsupportedServer` (terminal, with what to upgrade), and so
@@ -28,6 +31,7 @@ is Headscale's "unsupported client version" answer to register or map.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -52,6 +56,10 @@ CAPABILITY_VERSION = 138
 """``tailcfg.CurrentCapabilityVersion`` of tailscale v1.98; Headscale 0.26 to 0.30 accept it
 (their minimums, 88 to 113, are in ``compat``)."""
 ZERO_TIME = "0001-01-01T00:00:00Z"
+LOGOUT_EXPIRY = "1970-01-01T00:02:03Z"
+"""A register ``Expiry`` in the past means logout (tailscaled sends ``time.Unix(123, 0)``)."""
+LOGOUT_TIMEOUT = 5.0
+"""Seconds :meth:`ControlClient.logout` may take (a new connection included)."""
 ENDPOINT_LOCAL = 1
 """``tailcfg.EndpointLocal``: an address of a local interface."""
 ENDPOINT_STUN = 2
@@ -151,6 +159,8 @@ class ControlClient:
         """UDP endpoints reported in map requests: (``ip:port``, ``tailcfg.EndpointType``: local 1,
         STUN 2); empty: DERP only."""
         self._conn: ControlTransport | None = None
+        self.logged_out = False
+        """:meth:`logout` ran: ``run`` connects and registers no more."""
 
     async def run(self) -> None:
         """Connect, register, poll; reconnect with backoff on any retryable failure.
@@ -159,6 +169,8 @@ class ControlClient:
         """
         backoff = self.options.backoff
         while True:
+            if self.logged_out:
+                await asyncio.get_running_loop().create_future()  # until cancelled
             if self.server_version is None and self._server_version is not None:
                 self.server_version = await self._server_version()
                 if self.server_version is not None:
@@ -267,6 +279,30 @@ class ControlClient:
         if self._old_node_key is not None:
             body["OldNodeKey"] = str(self._old_node_key)
         return body
+
+    async def logout(self, *, timeout: float = LOGOUT_TIMEOUT) -> bool:
+        """Log the node out: a register request with an ``Expiry`` in the past and no ``Auth``
+        (tailscaled's logout). Headscale deletes an ephemeral node at once instead of ageing it
+        out, so its name and addresses are free for a successor. Sent on the connection in use,
+        else on a new one; the client does not register again afterwards. Returns whether the
+        server took it (within ``timeout`` seconds)."""
+        self.logged_out = True
+        body = {"Version": self.options.capability_version, "NodeKey": str(self.keys.node.public),
+                "Expiry": LOGOUT_EXPIRY, "Hostinfo": self.hostinfo(), "Ephemeral": self.options.ephemeral}
+        try:
+            async with asyncio.timeout(timeout), contextlib.AsyncExitStack() as stack:
+                conn = self._conn
+                if conn is None:
+                    conn = await self._connect(self.keys)
+                    stack.push_async_callback(conn.aclose)
+                    reader = asyncio.create_task(conn.run(), name="control-logout-reader")
+                    stack.callback(reader.cancel)
+                resp = await conn.request("POST", "/machine/register", body)
+        except (ControlError, OSError, TimeoutError) as exc:
+            log.warning("logout failed; the node ages out instead", error=str(exc) or repr(exc))
+            return False
+        log.info("logged out", node_key=self.keys.node.public.short(), status=resp.status)
+        return resp.status == 200
 
     async def register(self, conn: ControlTransport) -> dict[str, Any]:
         """POST ``/machine/register``; rotates the node key once if the server says it expired, and

@@ -119,6 +119,18 @@ class Forwarder(Generic[F]):
         self._running: dict[str, _Running[F]] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._lock = asyncio.Lock()
+        self.draining = asyncio.Event()
+        """Set by :meth:`drain`: the listeners are closed and no target starts any more."""
+
+    async def drain(self) -> None:
+        """Stop accepting (every listener closes at once) and wait until the open connections ended.
+
+        ``run`` keeps running (cancel it to end what is left); a bound on the wait is the caller's."""
+        self.draining.set()
+        async with self._lock:  # no apply() half done
+            tasks = [r.task for r in self._running.values() if r.task is not None]
+        if tasks:
+            await asyncio.wait(tasks)
 
     async def run(self) -> None:
         """Bind every target (a listener that cannot bind ends the run: a startup error), then serve."""
@@ -146,6 +158,8 @@ class Forwarder(Generic[F]):
         """Move to ``targets``: stop removed and changed ones first (freeing their ports), then start
         changed and added ones. A listener that cannot bind is logged and kept in :attr:`listen_errors`."""
         async with self._lock:
+            if self.draining.is_set():
+                return diff_targets(self.targets, self.targets)  # shutting down: nothing changes
             diff = diff_targets(self.targets, targets)
             for target in (*diff.removed, *diff.changed):
                 await self._stop(target.name)
@@ -197,7 +211,6 @@ class Forwarder(Generic[F]):
 
     async def _serve_in_session(self, running: _Running[F], accept: Accept | None) -> None:
         target = running.target
-        loop = asyncio.get_running_loop()
         servers: list[Closable] = []
         async with asyncio.TaskGroup() as tg:
             try:
@@ -211,12 +224,15 @@ class Forwarder(Generic[F]):
                     log.info(f"{self.kind} listening", target=target.name, listen=mapping.listen,
                              to=f"{target.address}:{mapping.port}")
                 running.bound.set_result(None)
+                probe = None
                 if self.prober is not None:
-                    tg.create_task(self.prober.run(target), name=f"probe-{target.name}")
-                await loop.create_future()  # until cancelled; connections are tasks of tg
+                    probe = tg.create_task(self.prober.run(target), name=f"probe-{target.name}")
+                await self.draining.wait()  # or cancelled; connections are tasks of tg
+                if probe is not None:
+                    probe.cancel()
             finally:
                 for server in servers:
-                    server.close()  # no new connections while tg cancels the open ones
+                    server.close()  # no new connections; tg waits for (drain) or cancels the open ones
                 if not running.bound.done():
                     running.bound.cancel()
 

@@ -106,6 +106,8 @@ class Ingress:
             self.services[expose.name] = service
             try:
                 yield _unused
+                if self.forwarder.draining.is_set():  # the listener closed: let the requests finish
+                    await service.drain()
             finally:
                 if port.services.get(expose.name) is service:
                     del port.services[expose.name]

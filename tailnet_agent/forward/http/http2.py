@@ -77,7 +77,16 @@ class _Connection:
         self.resets = ResetBudget(limits.http2_max_resets, asyncio.get_running_loop().time)
         self.ending: str | None = None
         """Why the agent ends the connection (a ``tailnet_agent_http2_goaway`` reason), once it does."""
+        self.draining = False
+        """The agent shuts down: no new stream; GOAWAY once the streams in progress are done."""
+        self.wait: asyncio.Timeout | None = None
+        """The timeout of the read in progress; rescheduled to now to wake the reader."""
         self._window = asyncio.Event()
+
+    def wake_reader(self) -> None:
+        """Make the read in progress return to the loop (it checks :attr:`draining` and idleness)."""
+        if self.wait is not None and not self.wait.expired():
+            self.wait.reschedule(asyncio.get_running_loop().time())
 
     def goaway(self, code: h2.errors.ErrorCodes, reason: str) -> None:
         """Send GOAWAY; the read loop stops and the connection ends once it is written."""
@@ -142,6 +151,8 @@ class _Connection:
         NO_ERROR, RFC 9113 8.1). Without this, the bytes left count against the connection window
         for good and every other stream on the connection stalls once it is used up."""
         self.streams.pop(stream.id, None)
+        if self.draining and not self.streams:
+            self.wake_reader()
         unread = 0
         while not stream.body.empty():
             item = stream.body.get_nowait()
@@ -193,6 +204,16 @@ class Http2Server:
         self.upstream = upstream
         self.limits = limits or Limits()
         self.metrics = metrics
+        self.connections: set[_Connection] = set()
+        self.draining = False
+
+    def drain(self) -> None:
+        """Shut down gracefully: every connection refuses new streams (REFUSED_STREAM, which a
+        client may retry elsewhere) and ends with GOAWAY NO_ERROR once its streams are done."""
+        self.draining = True
+        for h2c in self.connections:
+            h2c.draining = True
+            h2c.wake_reader()
 
     async def serve(self, tls: asyncio.Transport, pending: Pending, host: VirtualHost, client: str,
                     identity: Identity | None) -> None:
@@ -202,8 +223,10 @@ class Http2Server:
         hand_over(tls, pending, protocol)
         writer = asyncio.StreamWriter(tls, protocol, reader, asyncio.get_running_loop())
         h2c = _Connection(writer, self.limits)
+        h2c.draining = self.draining
         h2c.conn.initiate_connection()
         h2c.flush()
+        self.connections.add(h2c)
         async with asyncio.TaskGroup() as tg:
             try:
                 while h2c.ending is None and (data := await self._read(reader, h2c)):
@@ -213,7 +236,9 @@ class Http2Server:
                         h2c.goaway(getattr(exc, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR), "protocol_error")
                         break
                     for event in events:
-                        if isinstance(event, h2.events.RequestReceived) and event.stream_id is not None:
+                        if isinstance(event, h2.events.RequestReceived) and h2c.draining:
+                            h2c.reset(event.stream_id or 0, h2.errors.ErrorCodes.REFUSED_STREAM)
+                        elif isinstance(event, h2.events.RequestReceived) and event.stream_id is not None:
                             stream = h2c.streams[event.stream_id] = _Stream(event.stream_id)
                             stream.ended = event.stream_ended is not None
                             stream.task = tg.create_task(self._request(h2c, stream, list(event.headers or ()),
@@ -227,6 +252,7 @@ class Http2Server:
                             break
                     h2c.flush()
             finally:
+                self.connections.discard(h2c)
                 for stream in list(h2c.streams.values()):
                     if stream.task is not None:
                         stream.task.cancel()
@@ -237,19 +263,25 @@ class Http2Server:
                 writer.transport.abort()
 
     async def _read(self, reader: asyncio.StreamReader, h2c: _Connection) -> bytes:
-        """The client's next bytes, or b"" after GOAWAY NO_ERROR once the connection was idle (no
-        request in progress) for an idle timeout: checked each idle timeout, so an idle connection
-        ends between one and two idle timeouts after its last request."""
-        if not self.limits.idle_timeout:
-            return await reader.read(CHUNK)
+        """The client's next bytes, or b"" after GOAWAY NO_ERROR once no request is in progress and
+        the agent shuts down, or the connection was idle for an idle timeout (checked each idle
+        timeout, so an idle connection ends between one and two idle timeouts after its last
+        request)."""
+        idle = self.limits.idle_timeout or None
+        loop = asyncio.get_running_loop()
         while True:
+            if h2c.draining and not h2c.streams:
+                h2c.goaway(h2.errors.ErrorCodes.NO_ERROR, "shutdown")
+                return b""
             try:
-                async with asyncio.timeout(self.limits.idle_timeout):
+                async with asyncio.timeout_at(None if idle is None else loop.time() + idle) as h2c.wait:
                     return await reader.read(CHUNK)  # cancelling it loses nothing (bytes stay buffered)
             except TimeoutError:
-                if not h2c.streams:
+                if not h2c.streams and not h2c.draining:
                     h2c.goaway(h2.errors.ErrorCodes.NO_ERROR, "idle")
                     return b""
+            finally:
+                h2c.wait = None
 
     async def _request(self, h2c: _Connection, stream: _Stream, raw: list[tuple[Any, Any]], host: VirtualHost,
                        client: str, identity: Identity | None) -> None:

@@ -49,6 +49,15 @@ class HttpService:
             await asyncio.wait(tasks)
         await self.upstream.close()
 
+    async def drain(self) -> None:
+        """Finish the requests in progress and end the connections (listener closed by then):
+        HTTP/1.1 connections close after their current request, HTTP/2 ones refuse new streams
+        (REFUSED_STREAM, safe to retry elsewhere) and send GOAWAY once their streams are done."""
+        self.http2.drain()
+        await self.http1.shutdown(None)
+        if tasks := [t for t in self.connections if t is not asyncio.current_task()]:
+            await asyncio.wait(tasks)
+
     async def serve_connection(self, tls: asyncio.Transport, pending: Pending, host: VirtualHost,
                                client: str) -> None:
         """A TLS connection whose SNI chose one of this expose's hosts, until it ends."""

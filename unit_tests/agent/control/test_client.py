@@ -223,3 +223,19 @@ def test_backoff_grows_caps_and_resets() -> None:
     assert [backoff.next() for _ in range(5)] == [0.5, 1.0, 2.0, 2.5, 2.5]
     backoff.reset()
     assert backoff.next() == 0.5
+
+
+async def test_logout_is_a_register_with_an_expiry_in_the_past_and_no_key_then_no_reconnect() -> None:
+    """Without a connection in use, logout opens one, sends tailscaled's logout (no ``Auth``, an
+    ``Expiry`` in the past) and closes it; ``run`` afterwards neither connects nor registers."""
+    server = FakeControl()
+    client = make_client(server, [])
+    assert await client.logout() is True
+    assert server.connects == 1
+    body = server.register_bodies[0]
+    assert "Auth" not in body and body["Expiry"] == "1970-01-01T00:02:03Z"
+    assert body["NodeKey"] == str(client.keys.node.public) and body["Ephemeral"] is True
+    run = asyncio.create_task(client.run())
+    done, _ = await asyncio.wait([run], timeout=0.2)
+    assert not done and server.connects == 1 and len(server.register_bodies) == 1
+    run.cancel()
