@@ -15,7 +15,7 @@ import contextlib
 import signal
 
 from tailnet_operator.runtime.client import Client
-from tailnet_operator.runtime.config import load
+from tailnet_operator.runtime.client.config import load
 from tailnet_operator.runtime.leaderelection import LeaderElectionConfig, LeaderElector
 
 

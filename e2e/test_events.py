@@ -10,19 +10,20 @@ import pytest
 
 from hack.localenv import ControlPlane
 from tailnet_operator.runtime.client import Client
-from tailnet_operator.runtime.config import load
-from tailnet_operator.runtime.errors import Conflict, Invalid, NotFound
-from tailnet_operator.runtime.events import EventRecorder, EventType, Outcome
-from tailnet_operator.runtime.finalizers import (
-    FINALIZER,
-    FINALIZER_FIELD_MANAGER,
+from tailnet_operator.runtime.client.config import load
+from tailnet_operator.runtime.controller.finalizers import (
     add_finalizer,
     has_finalizer,
     remove_finalizer,
 )
+from tailnet_operator.runtime.errors import Conflict, Invalid, NotFound
+from tailnet_operator.runtime.events import EventRecorder, EventType, Outcome
 from tailnet_operator.runtime.kinds import CONFIG_MAP, EVENT, NAMESPACE
 
 from .polling import eventually
+
+FINALIZER = "test.tailnet.dev/finalizer"
+FINALIZER_FIELD_MANAGER = "test-finalizer"
 
 pytestmark = pytest.mark.integration
 
@@ -127,8 +128,8 @@ async def test_an_api_error_is_logged_not_raised(control_plane: ControlPlane,
 
 async def test_finalizer_is_added_and_removed_by_apply(client: Client, config_map: dict[str, Any]) -> None:
     name = config_map["metadata"]["name"]
-    added = await add_finalizer(client, CONFIG_MAP, config_map)
-    assert has_finalizer(added)
+    added = await add_finalizer(client, CONFIG_MAP, config_map, FINALIZER, field_manager=FINALIZER_FIELD_MANAGER)
+    assert has_finalizer(added, FINALIZER)
     assert added["data"] == {"k": "v"}, "the finalizer apply must not drop fields applied by the operator"
     owners = {m["manager"]: m["fieldsV1"] for m in added["metadata"]["managedFields"]}
     assert owners[FINALIZER_FIELD_MANAGER] == {"f:metadata": {"f:finalizers": {f'v:"{FINALIZER}"': {}}}}
@@ -136,23 +137,24 @@ async def test_finalizer_is_added_and_removed_by_apply(client: Client, config_ma
     # A finalizer someone else added survives the removal of ours (a set, owned per manager).
     both = {"metadata": {"finalizers": [FINALIZER, "other.dev/keep"]}}
     await client.merge_patch(CONFIG_MAP, name, both, NS)
-    removed = await remove_finalizer(client, CONFIG_MAP, await client.get(CONFIG_MAP, name, NS))
+    removed = await remove_finalizer(client, CONFIG_MAP, await client.get(CONFIG_MAP, name, NS), FINALIZER,
+                                  field_manager=FINALIZER_FIELD_MANAGER)
     assert removed["metadata"]["finalizers"] == ["other.dev/keep"]
-    assert not has_finalizer(removed)
+    assert not has_finalizer(removed, FINALIZER)
 
 
 async def test_removing_the_finalizer_lets_a_deleted_object_go(client: Client,
                                                                 config_map: dict[str, Any]) -> None:
     name = config_map["metadata"]["name"]
-    await add_finalizer(client, CONFIG_MAP, config_map)
+    await add_finalizer(client, CONFIG_MAP, config_map, FINALIZER, field_manager=FINALIZER_FIELD_MANAGER)
     await client.delete(CONFIG_MAP, name, NS)
     deleting = await client.get(CONFIG_MAP, name, NS)
     assert deleting["metadata"]["deletionTimestamp"]
-    assert has_finalizer(deleting)
+    assert has_finalizer(deleting, FINALIZER)
     with pytest.raises(Invalid):  # no new finalizers once deletion has started
-        await add_finalizer(client, CONFIG_MAP, deleting, "other.dev/late")
+        await add_finalizer(client, CONFIG_MAP, deleting, "other.dev/late", field_manager="late")
 
-    await remove_finalizer(client, CONFIG_MAP, deleting)
+    await remove_finalizer(client, CONFIG_MAP, deleting, FINALIZER, field_manager=FINALIZER_FIELD_MANAGER)
 
     async def gone() -> bool:
         try:
@@ -164,5 +166,5 @@ async def test_removing_the_finalizer_lets_a_deleted_object_go(client: Client,
     await eventually(gone, timeout=10, what="the ConfigMap disappears")
     # A late removal must not resurrect the object: the uid precondition fails instead.
     with pytest.raises(Conflict):
-        await remove_finalizer(client, CONFIG_MAP, deleting)
+        await remove_finalizer(client, CONFIG_MAP, deleting, FINALIZER, field_manager=FINALIZER_FIELD_MANAGER)
     assert await gone()

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from hack.localenv import ControlPlane
 from tailnet_operator.runtime.client import Client
-from tailnet_operator.runtime.config import load
+from tailnet_operator.runtime.client.config import load
 from tailnet_operator.runtime.kinds import LEASE
 from tailnet_operator.runtime.leaderelection import (
     LeaderElectionConfig,

@@ -336,7 +336,7 @@ async def test_a_manager_that_loses_its_lease_stops_reconciling_at_once(
 async def test_informer_takes_objects_larger_than_128_kib_and_reconnects_a_silent_watch(
     control_plane: ControlPlane, tmp_path: Path, namespace: str
 ) -> None:
-    from tailnet_operator.runtime.informer import Informer
+    from tailnet_operator.runtime.cache.informer import Informer
 
     proxy = await TcpProxy("127.0.0.1", control_plane.port).start()
     kubeconfig = control_plane.kubeconfig_for(f"https://{proxy.address}", tmp_path / "via-proxy")

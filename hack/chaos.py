@@ -313,9 +313,8 @@ async def run_operator(args: argparse.Namespace) -> int:
                       registry=CollectorRegistry())
     clock = ShiftedClock(Path(args.clock_file))
     reconcilers = setup(manager, namespace=args.namespace, clock=clock,
-                        events=EventRecorder(manager.client, reporting_instance=args.identity, clock=manager.clock))
-    reconcilers.egress.agent_status = HostAgentStatus(Path(args.ports_file))
-    reconcilers.ingress.agent_status = HostAgentStatus(Path(args.ports_file))
+                        events=EventRecorder(manager.client, reporting_instance=args.identity, clock=manager.clock),
+                        agent_status=HostAgentStatus(Path(args.ports_file)))
     # a sweep within a round (docs/reliability.md, "Chaos"), on real time: the shifted clock of a
     # made-due rotation would make every key created a moment ago look older than the grace
     reconcilers.sweep.grace = dt.timedelta(seconds=SWEEP_GRACE)

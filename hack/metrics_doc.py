@@ -82,11 +82,12 @@ def operator_families() -> list[Family]:
     """The families of a manager with the project's controllers, each with its labels."""
     from tailnet_operator.controllers.setup import setup
     from tailnet_operator.monitoring import StateCollector
-    from tailnet_operator.runtime.config import RestConfig
+    from tailnet_operator.runtime.client.config import RestConfig
     from tailnet_operator.runtime.events import EventRecorder
     from tailnet_operator.runtime.manager import Manager, ManagerOptions
 
-    manager = Manager(RestConfig(host="https://127.0.0.1:1"), ManagerOptions(leader_election=True))
+    options = ManagerOptions(leader_election=True, leader_election_id="doc", leader_election_namespace="doc")
+    manager = Manager(RestConfig(host="https://127.0.0.1:1"), options)
     setup(manager, namespace="tailnet-system", events=EventRecorder(manager.client, reporting_instance="doc"))
     for ctrl in manager.controllers:
         manager.controller_metrics.max_concurrent(ctrl.name, ctrl.options.workers)

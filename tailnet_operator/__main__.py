@@ -13,6 +13,7 @@ import structlog
 from tailnet_operator import __version__, logs
 from tailnet_operator.controllers.gateway import GatewaySettings
 from tailnet_operator.controllers.setup import setup
+from tailnet_operator.names import LEADER_ELECTION_ID
 from tailnet_operator.resources.gateway import DEFAULT_ROUTER_IMAGE
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
@@ -81,6 +82,7 @@ def build_manager(args: argparse.Namespace) -> Manager:
         metrics_bind_address=args.metrics_bind_address,
         health_probe_bind_address=args.health_probe_bind_address,
         leader_election=args.leader_elect,
+        leader_election_id=LEADER_ELECTION_ID,
         leader_election_namespace=args.namespace,
     )
     return Manager(rest_config.load(args.kubeconfig, context=args.context), options)

@@ -11,8 +11,20 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["MANAGED_BY", "MANAGED_BY_LABEL", "OPERATOR", "TAILNET_LABEL", "agent_name", "auth_key_secret_name",
-           "managed_by_operator", "policy_config_map_name", "working_key_secret_name"]
+__all__ = ["FINALIZER", "FINALIZER_FIELD_MANAGER", "LEADER_ELECTION_ID", "MANAGED_BY", "MANAGED_BY_LABEL", "OPERATOR",
+           "TAILNET_LABEL", "agent_name", "auth_key_secret_name", "managed_by_operator", "policy_config_map_name",
+           "working_key_secret_name"]
+
+# -- finalizer ------------------------------------------------------------------------------
+
+FINALIZER = "tailnet.dev/finalizer"
+"""The operator's finalizer: present while it may still have to clean up outside state."""
+FINALIZER_FIELD_MANAGER = "tailnet-operator-finalizer"
+"""The field manager that owns the finalizer entry, and nothing else."""
+
+LEADER_ELECTION_ID = "tailnet-operator"
+"""The Lease the operator's replicas compete for, in the operator's namespace (the Role in
+manifests/install allows that Lease name only)."""
 
 # -- labels -----------------------------------------------------------------------------------
 

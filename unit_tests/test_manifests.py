@@ -25,7 +25,8 @@ import yaml
 from hack import versions
 from tailnet_operator.__main__ import parse_args
 from tailnet_operator.controllers.setup import setup
-from tailnet_operator.runtime.config import RestConfig
+from tailnet_operator.names import LEADER_ELECTION_ID
+from tailnet_operator.runtime.client.config import RestConfig
 from tailnet_operator.runtime.events import CLUSTER_SCOPED_NAMESPACE, EventRecorder
 from tailnet_operator.runtime.leaderelection import LeaderElectionConfig
 from tailnet_operator.runtime.manager import Manager, ManagerOptions
@@ -472,7 +473,7 @@ def test_every_informer_the_controllers_register_may_list_and_watch_cluster_wide
 
 
 def test_the_lease_role_names_the_managers_lease_in_the_operator_namespace() -> None:
-    lease = ManagerOptions().leader_election_id
+    lease = LEADER_ELECTION_ID
     assert sorted(g for g in granted() if g[2] == "leases") == sorted([
         (NAMESPACE, "coordination.k8s.io", "leases", "create", ()),
         (NAMESPACE, "coordination.k8s.io", "leases", "get", (lease,)),

@@ -12,10 +12,10 @@ from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.controllers.access import HeadscaleAccess, NoAccess, Problem, working_key_secret_name
 from tailnet_operator.controllers.kinds import MODELS, TAILNET, TAILNET_EGRESS
 from tailnet_operator.headscale import HeadscaleError
+from tailnet_operator.runtime.cache.reading import TypedReader
 from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.errors import KubeError, NotFound
 from tailnet_operator.runtime.kinds import CUSTOM_RESOURCE_DEFINITION, DEPLOYMENT, LEASE, SECRET, Resource
-from tailnet_operator.runtime.reading import TypedReader
 from tailnet_operator.runtime.scheme import Scheme
 from tailnet_operator.types import JSON
 
@@ -43,7 +43,7 @@ def resolve_kind(text: str) -> Resource:
 
 
 class _Snapshot(TypedReader):
-    """A read-only :class:`~tailnet_operator.runtime.interfaces.Reader` over objects fetched once."""
+    """A read-only :class:`~tailnet_operator.runtime.client.interfaces.Reader` over objects fetched once."""
 
     def __init__(self, objects: Sequence[tuple[Resource, JSON]]) -> None:
         self.scheme = Scheme()

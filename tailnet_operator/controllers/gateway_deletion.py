@@ -16,18 +16,16 @@ from tailnet_operator.headscale import NotFound as HeadscaleNotFound
 from tailnet_operator.resources import gateway as build
 from tailnet_operator.runtime import (
     CONFIG_MAP,
-    FINALIZER,
     SECRET,
     SERVICE,
     NotFound,
     Resource,
     Result,
-    has_finalizer,
-    remove_finalizer,
 )
 from tailnet_operator.runtime.kinds import DEPLOYMENT, POD, ROLE, ROLE_BINDING, SERVICE_ACCOUNT, STATEFUL_SET
 from tailnet_operator.types import JSON
 
+from . import finalizer
 from .pipeline import Phases
 from .preauth import AuthKey
 
@@ -53,13 +51,13 @@ class GatewayDeletion:
 
     async def finalize(self, obj: JSON) -> Result:
         """Delete: the objects, the node and an unused key go; Retain: an Event says what stays."""
-        if not has_finalizer(obj, FINALIZER):
+        if not finalizer.holds(obj):
             return Result()
         if (obj.get("spec") or {}).get("deletionPolicy", "Retain") != "Delete":
             await self._retain(obj)
         elif (again := await self._delete(obj)) is not None:
             return again
-        await remove_finalizer(self.phases.writer, self.phases.resource, obj, FINALIZER)
+        await finalizer.release(self.phases.writer, self.phases.resource, obj)
         return Result()
 
     async def _retain(self, obj: JSON) -> None:

@@ -37,21 +37,17 @@ from tailnet_operator.headscale import HeadscaleClient, HeadscaleError, Node
 from tailnet_operator.policy import PolicyParseError, missing
 from tailnet_operator.policy.derive import Derived
 from tailnet_operator.runtime import (
-    FINALIZER,
     SECRET,
     Request,
     Resource,
     Result,
     Writer,
-    add_finalizer,
-    has_finalizer,
-    remove_finalizer,
 )
 from tailnet_operator.runtime.errors import Forbidden, NotFound
 from tailnet_operator.tenancy import Refusal
 from tailnet_operator.types import JSON
 
-from . import periods
+from . import finalizer, periods
 from .access import Connection, Deps, NoAccess
 from .applier import Applied, Applier, Desired, owned_by
 from .cleanup import Cleanup
@@ -209,8 +205,7 @@ class Phases(Generic[CR]):
         return Run(obj, cr, tailnet)
 
     async def hold_finalizer(self, obj: JSON) -> None:
-        if not has_finalizer(obj, FINALIZER):
-            await add_finalizer(self.writer, self.resource, obj, FINALIZER)
+        await finalizer.hold(self.writer, self.resource, obj)
 
     # -- identity -------------------------------------------------------------------------------
 
@@ -309,7 +304,7 @@ class Phases(Generic[CR]):
     async def finalize_key(self, obj: JSON, location: tuple[str, str | None]) -> Result:
         """Expire the key of a CR being deleted, then let it go; a key record the CR does not
         own (garbage collection would leave it) is deleted here."""
-        if not has_finalizer(obj, FINALIZER):
+        if not finalizer.holds(obj):
             return Result()
         secret = self.reader.get(SECRET, *location)
         if (stored := AuthKey.from_secret(secret)) is not None:
@@ -322,7 +317,7 @@ class Phases(Generic[CR]):
         if secret is not None and not owned_by(secret, str(obj["metadata"]["uid"])):
             with contextlib.suppress(NotFound):
                 await self.writer.delete(SECRET, *location)
-        await remove_finalizer(self.writer, self.resource, obj, FINALIZER)
+        await finalizer.release(self.writer, self.resource, obj)
         return Result()
 
     async def _expire(self, obj: JSON, stored: AuthKey) -> None:

@@ -9,6 +9,7 @@ from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.monitoring import HeadscaleMetrics, StateCollector, register_build_info
 from tailnet_operator.names import MANAGED_BY
+from tailnet_operator.resources.gateway import GATEWAY_LABEL
 from tailnet_operator.runtime import (
     CONFIG_MAP,
     SECRET,
@@ -45,6 +46,7 @@ from .dns import FIELD_MANAGER as DNS_FIELD_MANAGER
 from .dns import DnsReconciler, tailnet_of
 from .egress import FIELD_MANAGER as EGRESS_FIELD_MANAGER
 from .egress import EgressSettings, egress_reconciler
+from .egress_status import AgentStatusReader
 from .gateway import FIELD_MANAGER as GATEWAY_FIELD_MANAGER
 from .gateway import GatewayReconciler, GatewaySettings
 from .ingress import FIELD_MANAGER as INGRESS_FIELD_MANAGER
@@ -160,7 +162,7 @@ GATEWAY = {**OWNED, "app.kubernetes.io/name": "tailnet-gateway"}
 
 def _gateway_of(obj: JSON) -> list[Request]:
     """An object a gateway made names it in the label ``tailnet.dev/gateway``."""
-    name = (obj["metadata"].get("labels") or {}).get("tailnet.dev/gateway")
+    name = (obj["metadata"].get("labels") or {}).get(GATEWAY_LABEL)
     return [Request("", name)] if name else []
 
 
@@ -175,7 +177,7 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
           clock: Clock | None = None, agent_image: str = "localhost/tailnet-operator:dev",
           agent_metrics_namespaces: dict[str, str] | None = None,
           tenant_role: str = "tailnet-operator-tenant", service_account: str = "tailnet-operator",
-          gateway: GatewaySettings | None = None) -> Reconcilers:
+          gateway: GatewaySettings | None = None, agent_status: AgentStatusReader | None = None) -> Reconcilers:
     """Add the Tailnet, Policy, Egress, Ingress, DNS, Gateway and orphan-sweep controllers to ``manager``, and
     the operator's own metrics to its registry; ``namespace`` is the operator's.
 
@@ -183,7 +185,9 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
     is what the agent pods run; ``agent_metrics_namespaces`` selects (by labels) the namespaces
     whose pods the agents' NetworkPolicy admits to /metrics; ``tenant_role`` and
     ``service_account`` are what a namespace binds to let the operator write its TailnetIngresses'
-    objects (named when it has not); ``gateway`` where the gateways' routers run.
+    objects (named when it has not); ``gateway`` where the gateways' routers run; ``agent_status``
+    how the agents' ``/status`` is read (default: over the cluster network, through each agent's
+    status Service).
     """
     settings = gateway or GatewaySettings()
     cache = _prepare_cache(manager, (namespace, settings.namespace))
@@ -197,12 +201,14 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
     metrics_namespaces = dict(agent_metrics_namespaces or {})
     egress = egress_reconciler(deps, manager.writer(EGRESS_FIELD_MANAGER),
                                EgressSettings(agent_image=agent_image, operator_labels=OPERATOR_LABELS,
-                                              metrics_namespaces=metrics_namespaces))
+                                              metrics_namespaces=metrics_namespaces),
+                               agent_status=agent_status)
     ingress = ingress_reconciler(deps, manager.writer(INGRESS_FIELD_MANAGER),
                                  IngressSettings(agent_image=agent_image, operator_namespace=namespace,
                                                  operator_labels=OPERATOR_LABELS, tenant_role=tenant_role,
                                                  service_account=service_account,
-                                                 metrics_namespaces=metrics_namespaces))
+                                                 metrics_namespaces=metrics_namespaces),
+                                 agent_status=agent_status)
     tailnet, policy = _add_tailnet(manager, deps, namespace), _add_policy(manager, deps, namespace)
     _add_egress(manager, egress, namespace)
     _add_ingress(manager, ingress)

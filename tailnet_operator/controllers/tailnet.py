@@ -35,19 +35,15 @@ from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.headscale import ApiKey, HeadscaleError, NotFound, Unauthorized
 from tailnet_operator.resources import owned_metadata
 from tailnet_operator.runtime import (
-    FINALIZER,
     SECRET,
     Reader,
     Request,
     Result,
     Writer,
-    add_finalizer,
-    has_finalizer,
-    remove_finalizer,
 )
 from tailnet_operator.types import JSON
 
-from . import periods
+from . import finalizer, periods
 from .access import (
     ClientFactory,
     Connection,
@@ -139,8 +135,7 @@ class TailnetReconciler:
         if outside := self.access.secrets_outside(tailnet):
             await self.status.write(TAILNET, obj, [Cond("Ready", "False", "SecretOutsideOperatorNamespace", outside)])
             return Result()  # nothing to retry until the spec changes
-        if not has_finalizer(obj, FINALIZER):
-            await add_finalizer(self.writer, TAILNET, obj, FINALIZER)
+        await finalizer.hold(self.writer, TAILNET, obj)
         try:
             run = Run(obj, tailnet, self.access.endpoint(tailnet))
             stored, version = await self._ensure_access(run)
@@ -311,14 +306,14 @@ class TailnetReconciler:
     # -- deletion -------------------------------------------------------------------------------
 
     async def _finalize(self, obj: JSON) -> Result:
-        if not has_finalizer(obj, FINALIZER):
+        if not finalizer.holds(obj):
             return Result()
         try:
             tailnet = self.reader.get(Tailnet, obj["metadata"]["name"])
         except ValidationError:
             tailnet = None
         if tailnet is None:
-            await remove_finalizer(self.writer, TAILNET, obj, FINALIZER)  # no key can have been minted
+            await finalizer.release(self.writer, TAILNET, obj)  # no key can have been minted
             return Result()
         stored = self.access.stored_key(tailnet)
         if stored is not None:
@@ -328,7 +323,7 @@ class TailnetReconciler:
                 final=lambda exc: isinstance(exc, HeadscaleError) and _gone(exc))
             if again is not None:
                 return again
-        await remove_finalizer(self.writer, TAILNET, obj, FINALIZER)
+        await finalizer.release(self.writer, TAILNET, obj)
         return Result()
 
     async def _expire_working_key(self, obj: JSON, tailnet: Tailnet, stored: StoredKey) -> None:

@@ -102,6 +102,8 @@ FORWARDING_SYSCTLS = (("net.ipv4.ip_forward", "1"), ("net.ipv6.conf.all.forwardi
 """Set on the pod with ``Router.forwarding_sysctls``; the kubelet must allow both
 (``--allowed-unsafe-sysctls``: neither is on its list of safe sysctls)."""
 
+GATEWAY_LABEL = "tailnet.dev/gateway"
+"""On every object of a gateway: the TailnetGateway that made it (the reconciler's watches map by it)."""
 TEMPLATE_HASH_ANNOTATION = "tailnet.dev/template-hash"
 """On the pod template: what the pod was started from; compared with the desired template."""
 OWNER_UID_ANNOTATION = "tailnet.dev/gateway-uid"
@@ -161,7 +163,7 @@ def dns_name(gateway: TailnetGateway | str) -> str:
 def gateway_labels(gateway: TailnetGateway) -> dict[str, str]:
     """On every object of the gateway: the Gateway reconciler's watches map them back by these."""
     return {**MANAGED_BY, "app.kubernetes.io/name": "tailnet-gateway", "app.kubernetes.io/instance": _name(gateway),
-            "tailnet.dev/gateway": _name(gateway), TAILNET_LABEL: gateway.spec.tailnet_ref.name}
+            GATEWAY_LABEL: _name(gateway), TAILNET_LABEL: gateway.spec.tailnet_ref.name}
 
 
 def router_service_account_name(gateway: TailnetGateway | str) -> str:

@@ -36,11 +36,13 @@ is the engine behind these names.
 
 from tailnet_operator.types import JSON
 
-from .apply import Applier
 from .cache import NotYetCached, SharedCache
-from .client import Client, ObjectList, WatchEvent
+from .client import Client, ObjectList, WatchEvent, config
+from .client.apply import Applier
+from .client.config import RestConfig
+from .client.interfaces import ListerWatcher, Reader, Writer
+from .client.ssa import needs_apply
 from .clock import Clock, FakeClock, RealClock
-from .config import RestConfig
 from .controller import (
     DEFAULT_WORKERS,
     Controller,
@@ -53,6 +55,8 @@ from .controller import (
     owner_mapper,
     request_for,
 )
+from .controller.finalizers import add_finalizer, has_finalizer, remove_finalizer
+from .controller.predicates import FieldChanged, GenerationChanged, LabelsChanged, Matching, Predicate, any_of
 from .errors import (
     AlreadyExists,
     APIError,
@@ -65,19 +69,14 @@ from .errors import (
     certainly_not_written,
 )
 from .events import EventRecorder
-from .finalizers import FINALIZER, add_finalizer, has_finalizer, remove_finalizer
-from .interfaces import ListerWatcher, Reader, Writer
 from .kinds import CONFIG_MAP, NAMESPACE, SECRET, SERVICE, Resource
 from .manager import Manager, ManagerOptions
 from .objects import AlreadyOwned, owner_reference, set_controller_reference
-from .predicates import FieldChanged, GenerationChanged, LabelsChanged, Matching, Predicate, any_of
 from .scheme import Scheme
-from .ssa import needs_apply
 
 __all__ = [
     "CONFIG_MAP",
     "DEFAULT_WORKERS",
-    "FINALIZER",
     "JSON",
     "NAMESPACE",
     "SECRET",
@@ -124,6 +123,7 @@ __all__ = [
     "add_finalizer",
     "any_of",
     "certainly_not_written",
+    "config",
     "has_finalizer",
     "needs_apply",
     "owner_mapper",

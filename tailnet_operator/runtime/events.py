@@ -33,9 +33,9 @@ import structlog
 from tailnet_operator.types import JSON
 
 from .clock import Clock, RealClock
+from .controller.ratelimit import TokenBucket
 from .errors import KubeError, NotFound
 from .kinds import EVENT, Resource
-from .ratelimit import TokenBucket
 
 __all__ = [
     "EventKey",

@@ -17,8 +17,8 @@ from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS
 from tailnet_operator.headscale import Request as HsRequest
 from tailnet_operator.headscale import Response as HsResponse
 from tailnet_operator.headscale import installation_tag
-from tailnet_operator.names import auth_key_secret_name
-from tailnet_operator.runtime import CONFIG_MAP, FINALIZER, SECRET, SERVICE, Applier, Request, Result, TransportError
+from tailnet_operator.names import FINALIZER, auth_key_secret_name
+from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Applier, Request, Result, TransportError
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, POD_DISRUPTION_BUDGET
 from tailnet_operator.types import JSON
 

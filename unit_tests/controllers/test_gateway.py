@@ -13,7 +13,8 @@ from tailnet_operator.controllers.kinds import TAILNET_EGRESS, TAILNET_GATEWAY
 from tailnet_operator.controllers.periods import AGENT_RESYNC as RESYNC_SECONDS
 from tailnet_operator.controllers.periods import GATEWAY_SETTLING as SETTLING_SECONDS
 from tailnet_operator.headscale import installation_tag
-from tailnet_operator.runtime import CONFIG_MAP, FINALIZER, SECRET, SERVICE, Applier, Request, Result
+from tailnet_operator.names import FINALIZER
+from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Applier, Request, Result
 from tailnet_operator.runtime.kinds import DEPLOYMENT, POD, ROLE, ROLE_BINDING, SERVICE_ACCOUNT, STATEFUL_SET
 from tailnet_operator.types import JSON
 

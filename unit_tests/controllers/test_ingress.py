@@ -13,9 +13,9 @@ from typing import Any
 from tailnet_operator.controllers.ingress import IngressSettings, ingress_reconciler
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS, TAILNET_INGRESS
 from tailnet_operator.headscale import OWNER_TAG, installation_tag
+from tailnet_operator.names import FINALIZER
 from tailnet_operator.runtime import (
     CONFIG_MAP,
-    FINALIZER,
     SECRET,
     SERVICE,
     Applier,

@@ -7,7 +7,8 @@ import copy
 from typing import Any
 
 from tailnet_operator.controllers.kinds import TAILNET_EGRESS
-from tailnet_operator.runtime import CONFIG_MAP, FINALIZER, SECRET, Applier, Request, Result
+from tailnet_operator.names import FINALIZER
+from tailnet_operator.runtime import CONFIG_MAP, SECRET, Applier, Request, Result
 from tailnet_operator.types import JSON
 
 from .example_node import note_reconciler

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from tailnet_operator.controllers.kinds import TAILNET
-from tailnet_operator.runtime import FINALIZER, SECRET, TransportError
+from tailnet_operator.names import FINALIZER
+from tailnet_operator.runtime import SECRET, TransportError
 from tailnet_operator.runtime.errors import Forbidden, ServerError
 
 from .harness import NAMESPACE, World

@@ -12,9 +12,9 @@ import pytest
 
 from tailnet_agent.contract.clock import FakeClock
 from tailnet_operator.runtime.cache import FETCH_FORGET, NotYetCached, SharedCache
+from tailnet_operator.runtime.cache.informer import DeletedFinalStateUnknown
 from tailnet_operator.runtime.controller import Controller, Request, Result
 from tailnet_operator.runtime.errors import Forbidden
-from tailnet_operator.runtime.informer import DeletedFinalStateUnknown
 from tailnet_operator.runtime.kinds import CONFIG_MAP, SECRET, Resource
 from tailnet_operator.runtime.testing import FakeClient
 from tailnet_operator.types import JSON

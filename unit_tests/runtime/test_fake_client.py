@@ -70,7 +70,7 @@ def test_a_put_that_changes_nothing_keeps_the_resource_version() -> None:
 async def test_no_new_finalizer_once_deletion_started() -> None:
     fake = FakeClient()
     obj = fake.add(WIDGET, widget())
-    await rt.add_finalizer(fake, WIDGET, obj, "a.example/one")
+    await rt.add_finalizer(fake, WIDGET, obj, "a.example/one", field_manager="one")
     deleting = await fake.delete(WIDGET, "w", "ns")
     assert deleting["metadata"]["deletionTimestamp"] and deleting["metadata"]["generation"] == 2
     with pytest.raises(rt.Invalid, match="no new finalizers can be added if the object is being deleted") as refused:
@@ -80,7 +80,7 @@ async def test_no_new_finalizer_once_deletion_started() -> None:
         fake.update(WIDGET, {**deleting, "metadata": {**deleting["metadata"], "finalizers": ["a.example/one", "c"]}})
     again = await fake.delete(WIDGET, "w", "ns")
     assert again["metadata"]["resourceVersion"] == deleting["metadata"]["resourceVersion"]
-    await rt.remove_finalizer(fake, WIDGET, deleting, "a.example/one")
+    await rt.remove_finalizer(fake, WIDGET, deleting, "a.example/one", field_manager="one")
     assert fake.get(WIDGET, "w", "ns") is None
 
 

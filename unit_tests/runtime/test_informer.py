@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from tailnet_operator.runtime.cache.informer import DeletedFinalStateUnknown, Informer, Store, informer_backoff
 from tailnet_operator.runtime.client import JSON, ObjectList, WatchEvent
 from tailnet_operator.runtime.errors import Gone, TransportError
-from tailnet_operator.runtime.informer import DeletedFinalStateUnknown, Informer, Store, informer_backoff
 from tailnet_operator.runtime.kinds import CONFIG_MAP
 
 

@@ -3,8 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from tailnet_operator.runtime.controller import Request, owner_mapper, self_mapper
-from tailnet_operator.runtime.kinds import NAMESPACE, Resource
-from tailnet_operator.runtime.predicates import (
+from tailnet_operator.runtime.controller.predicates import (
     AnnotationsChanged,
     FieldChanged,
     GenerationChanged,
@@ -14,6 +13,7 @@ from tailnet_operator.runtime.predicates import (
     all_of,
     any_of,
 )
+from tailnet_operator.runtime.kinds import NAMESPACE, Resource
 
 WIDGET = Resource("test.tailnet.dev", "v1", "widgets", "Widget")
 

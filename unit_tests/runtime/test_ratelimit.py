@@ -7,7 +7,7 @@ import math
 import pytest
 
 from tailnet_operator.runtime.clock import FakeClock
-from tailnet_operator.runtime.ratelimit import (
+from tailnet_operator.runtime.controller.ratelimit import (
     BucketRateLimiter,
     ItemExponentialFailureRateLimiter,
     MaxOfRateLimiter,

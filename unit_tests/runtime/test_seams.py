@@ -12,11 +12,12 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from tailnet_operator import runtime as rt
+from tailnet_operator.runtime.cache.informer import DeletedFinalStateUnknown
 from tailnet_operator.runtime.controller import Controller
-from tailnet_operator.runtime.informer import DeletedFinalStateUnknown
 from tailnet_operator.runtime.testing import FakeClient
 
 WIDGET = rt.Resource("test.tailnet.dev", "v1", "widgets", "Widget")
+FINALIZER = "test.tailnet.dev/finalizer"
 
 
 class Widget(BaseModel):
@@ -67,14 +68,15 @@ async def test_fake_errors_and_finalizers() -> None:
     obj = fake.add(WIDGET, widget())
     with pytest.raises(rt.Conflict):
         await fake.delete(WIDGET, "w", "ns", uid="someone-else")
-    await rt.add_finalizer(fake, WIDGET, obj)
+    await rt.add_finalizer(fake, WIDGET, obj, FINALIZER, field_manager="widget-finalizer")
     await fake.delete(WIDGET, "w", "ns")
     deleting = fake.get(WIDGET, "w", "ns")
     assert deleting is not None and deleting["metadata"]["deletionTimestamp"]
-    await rt.remove_finalizer(fake, WIDGET, deleting)
+    await rt.remove_finalizer(fake, WIDGET, deleting, FINALIZER, field_manager="widget-finalizer")
     assert fake.get(WIDGET, "w", "ns") is None
     with pytest.raises(rt.Conflict):
-        await rt.add_finalizer(fake, WIDGET, obj)  # the uid precondition: never recreated
+        # the uid precondition: never recreated
+        await rt.add_finalizer(fake, WIDGET, obj, FINALIZER, field_manager="widget-finalizer")
 
 
 async def test_applier_writes_only_what_differs_including_fields_to_remove() -> None:

@@ -10,9 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tailnet_operator.runtime.clock import FakeClock
+from tailnet_operator.runtime.controller.ratelimit import BucketRateLimiter
+from tailnet_operator.runtime.controller.workqueue import DelayingQueue, RateLimitingQueue, ShutDown, WorkQueue
 from tailnet_operator.runtime.metrics import QueueMetrics, WorkqueueMetrics
-from tailnet_operator.runtime.ratelimit import BucketRateLimiter
-from tailnet_operator.runtime.workqueue import DelayingQueue, RateLimitingQueue, ShutDown, WorkQueue
 
 LABELS = {"name": "things", "controller": "things"}
 

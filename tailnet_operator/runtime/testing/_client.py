@@ -52,14 +52,14 @@ from typing import Any
 
 from tailnet_operator.types import JSON
 
+from ..cache.informer import matches_labels
+from ..cache.reading import TypedReader
 from ..client import WATCH_INACTIVITY_TIMEOUT, ObjectList, WatchEvent
+from ..client.ssa import Path, fields_v1, item_key, leaf_paths
 from ..clock import Clock, RealClock
 from ..errors import AlreadyExists, Conflict, Gone, Invalid, NotFound
-from ..informer import matches_labels
 from ..kinds import Resource
-from ..reading import TypedReader
 from ..scheme import Scheme
-from ..ssa import Path, fields_v1, item_key, leaf_paths
 
 __all__ = ["FakeClient"]
 

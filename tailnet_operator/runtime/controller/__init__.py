@@ -25,11 +25,11 @@ import structlog
 
 from tailnet_operator.types import JSON
 
-from .cache import NotYetCached, SharedCache
-from .clock import Clock, RealClock
-from .informer import DeletedFinalStateUnknown
-from .kinds import Resource
-from .metrics import ControllerMetrics
+from ..cache import NotYetCached, SharedCache
+from ..cache.informer import DeletedFinalStateUnknown
+from ..clock import Clock, RealClock
+from ..kinds import Resource
+from ..metrics import ControllerMetrics
 from .predicates import Predicate
 from .workqueue import RateLimitingQueue, ShutDown
 
@@ -343,7 +343,7 @@ def _check_watch(controller: str, method: str, resource: object, predicates: Seq
 
 def _expected(exc: Exception) -> bool:
     """API and transport errors are routine and logged without a traceback."""
-    from .errors import KubeError
+    from ..errors import KubeError
 
     return isinstance(exc, KubeError)
 

@@ -1,4 +1,4 @@
-"""Adding and removing the operator's finalizer with server-side apply.
+"""Adding and removing a controller's finalizer with server-side apply.
 
 `metadata.finalizers` is a set under SSA, and each field manager owns its own entries. Applying
 `[finalizer]` makes the manager own that entry (other managers' entries are untouched); applying
@@ -7,7 +7,8 @@ being deleted once the set is empty. No read-modify-write, so no conflicts with 
 
 Two rules keep this safe:
 
-* **A dedicated field manager** (`FINALIZER_FIELD_MANAGER`). An apply body declares *everything*
+* **A dedicated field manager** (`field_manager`, never a controller's main one; it must stay the
+  same across releases, or the old manager's entry is never removed). An apply body declares *everything*
   its manager wants to own; a finalizer-only body sent as the operator's main manager would
   remove every other field that manager applied to the object (its data, labels, spec).
 * **`metadata.uid` as a precondition.** Apply on the main resource upserts: without the uid, a
@@ -19,12 +20,10 @@ from __future__ import annotations
 
 from tailnet_operator.types import JSON
 
-from .interfaces import Writer
-from .kinds import Resource
+from ..client.interfaces import Writer
+from ..kinds import Resource
 
 __all__ = [
-    "FINALIZER",
-    "FINALIZER_FIELD_MANAGER",
     "add_finalizer",
     "finalizer_apply_body",
     "has_finalizer",
@@ -32,20 +31,15 @@ __all__ = [
 ]
 
 
-FINALIZER = "tailnet.dev/finalizer"
-"""The operator's finalizer: present while it may still have to clean up outside state."""
-
-FINALIZER_FIELD_MANAGER = "tailnet-operator-finalizer"
-"""The field manager that owns the finalizer entry, and nothing else."""
 
 
-def has_finalizer(obj: JSON, finalizer: str = FINALIZER) -> bool:
+def has_finalizer(obj: JSON, finalizer: str) -> bool:
     """Whether `finalizer` is in `obj`'s metadata.finalizers (any manager's)."""
     return finalizer in (obj.get("metadata", {}).get("finalizers") or [])
 
 
-async def add_finalizer(client: Writer, resource: Resource, obj: JSON, finalizer: str = FINALIZER, *,
-                        field_manager: str = FINALIZER_FIELD_MANAGER) -> JSON:
+async def add_finalizer(client: Writer, resource: Resource, obj: JSON, finalizer: str, *,
+                        field_manager: str) -> JSON:
     """Make `field_manager` own `finalizer` on `obj`; returns the object the apiserver stored.
 
     Raises `Conflict`/`Invalid` (see the module doc) when `obj` no longer exists as that uid. The
@@ -54,8 +48,8 @@ async def add_finalizer(client: Writer, resource: Resource, obj: JSON, finalizer
     return await _apply_finalizers(client, resource, obj, [finalizer], field_manager)
 
 
-async def remove_finalizer(client: Writer, resource: Resource, obj: JSON, finalizer: str = FINALIZER, *,
-                           field_manager: str = FINALIZER_FIELD_MANAGER) -> JSON:
+async def remove_finalizer(client: Writer, resource: Resource, obj: JSON, finalizer: str, *,
+                           field_manager: str) -> JSON:
     """Drop the entry `field_manager` owns; returns the stored object (maybe already deleting).
 
     `finalizer` is only checked against what `obj` carries, to skip a pointless write: the set

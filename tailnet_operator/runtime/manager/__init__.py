@@ -27,15 +27,15 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from .apply import Applier
-from .cache import DEFAULT_SYNC_TIMEOUT, SharedCache
-from .client import Client
-from .clock import Clock, RealClock
-from .config import RestConfig
-from .controller import Controller, ControllerOptions, Reconciler
-from .leaderelection import LeaderElectionConfig, LeaderElectionMetrics, LeaderElector
-from .metrics import ControllerMetrics, RestClientMetrics
-from .scheme import Scheme
+from ..cache import DEFAULT_SYNC_TIMEOUT, SharedCache
+from ..client import Client
+from ..client.apply import Applier
+from ..client.config import RestConfig
+from ..clock import Clock, RealClock
+from ..controller import Controller, ControllerOptions, Reconciler
+from ..leaderelection import LeaderElectionConfig, LeaderElectionMetrics, LeaderElector
+from ..metrics import ControllerMetrics, RestClientMetrics
+from ..scheme import Scheme
 
 log = structlog.get_logger("manager")
 
@@ -59,10 +59,10 @@ class ManagerOptions:
     """host:port of ``/healthz`` and ``/readyz``; "0" disables."""
     leader_election: bool = False
     """Elect a leader on a coordination.k8s.io Lease before running controllers."""
-    leader_election_id: str = "tailnet-operator"
-    """Name of the Lease."""
-    leader_election_namespace: str = "tailnet-system"
-    """Namespace of the Lease."""
+    leader_election_id: str = ""
+    """Name of the Lease (required with ``leader_election``)."""
+    leader_election_namespace: str = ""
+    """Namespace of the Lease (required with ``leader_election``)."""
     leader_election_config: LeaderElectionConfig = field(default_factory=LeaderElectionConfig)
     """Lease duration 15 s, renew deadline 10 s, retry period 2 s."""
     graceful_shutdown_timeout: float = 30.0
@@ -94,6 +94,9 @@ class Manager:
         self.controllers: list[Controller] = []
         self.elector: LeaderElector | None = None
         if self.options.leader_election:
+            if not (self.options.leader_election_id and self.options.leader_election_namespace):
+                raise ValueError("leader election needs leader_election_id and leader_election_namespace: "
+                                 "the Lease every replica competes for")
             self.elector = LeaderElector(
                 self.client, name=self.options.leader_election_id,
                 namespace=self.options.leader_election_namespace,

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from tailnet_operator.runtime.clock import Clock, RealClock
+from tailnet_operator.runtime.controller.ratelimit import RateLimiter, default_controller_rate_limiter
 from tailnet_operator.runtime.metrics import QueueMetrics
-from tailnet_operator.runtime.ratelimit import RateLimiter, default_controller_rate_limiter
 
 __all__ = ["DelayingQueue", "RateLimitingQueue", "ShutDown", "WorkQueue"]
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from .client import JSON
+from ..client import JSON
 
 
 class Predicate(Protocol):

@@ -28,11 +28,11 @@ import structlog
 from tailnet_agent.contract.backoff import Backoff
 from tailnet_operator.types import JSON
 
-from .client import WATCH_INACTIVITY_TIMEOUT, Client, ObjectList, WatchEvent
-from .clock import Clock, RealClock
-from .errors import Gone, KubeError
-from .interfaces import ListerWatcher
-from .kinds import Resource
+from ..client import WATCH_INACTIVITY_TIMEOUT, Client, ObjectList, WatchEvent
+from ..client.interfaces import ListerWatcher
+from ..clock import Clock, RealClock
+from ..errors import Gone, KubeError
+from ..kinds import Resource
 
 log = structlog.get_logger("informer")
 

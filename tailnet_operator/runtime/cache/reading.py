@@ -13,8 +13,8 @@ from pydantic import BaseModel
 
 from tailnet_operator.types import JSON
 
-from .kinds import Resource
-from .scheme import Scheme
+from ..kinds import Resource
+from ..scheme import Scheme
 
 __all__ = ["TypedReader"]
 

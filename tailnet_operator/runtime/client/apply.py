@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from tailnet_operator.types import JSON
 
+from ..kinds import Resource
 from .interfaces import Reader, Writer
-from .kinds import Resource
 from .ssa import needs_apply
 
 __all__ = ["Applier"]

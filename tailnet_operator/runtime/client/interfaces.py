@@ -24,8 +24,8 @@ from pydantic import BaseModel
 
 from tailnet_operator.types import JSON
 
-from .client import WATCH_INACTIVITY_TIMEOUT, ObjectList, WatchEvent
-from .kinds import Resource
+from ..kinds import Resource
+from . import WATCH_INACTIVITY_TIMEOUT, ObjectList, WatchEvent
 
 __all__ = ["ListerWatcher", "Reader", "Writer"]
 

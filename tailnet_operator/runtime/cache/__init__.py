@@ -44,8 +44,11 @@ from pydantic import BaseModel
 
 from tailnet_operator.types import JSON
 
-from .clock import Clock, RealClock
-from .errors import Forbidden, NotFound
+from ..client.interfaces import ListerWatcher
+from ..clock import Clock, RealClock
+from ..errors import Forbidden, NotFound
+from ..kinds import Resource
+from ..scheme import Scheme
 from .informer import (
     NAMESPACE_INDEX,
     DeletedFinalStateUnknown,
@@ -59,10 +62,7 @@ from .informer import (
     newer,
     store_key,
 )
-from .interfaces import ListerWatcher
-from .kinds import Resource
 from .reading import TypedReader
-from .scheme import Scheme
 
 log = structlog.get_logger("cache")
 

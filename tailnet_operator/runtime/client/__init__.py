@@ -22,9 +22,9 @@ import aiohttp
 
 from tailnet_operator.types import JSON
 
+from ..errors import Gone, KubeError, TransportError, from_status
+from ..kinds import Resource
 from .config import RestConfig
-from .errors import Gone, KubeError, TransportError, from_status
-from .kinds import Resource
 
 DEFAULT_TIMEOUT = 30.0
 """Seconds a non-watch request may take from start to end."""
