@@ -45,7 +45,7 @@ BEGIN, END = "<!-- bench:bigcluster:begin -->", "<!-- bench:bigcluster:end -->"
 
 
 async def install_crs(api: Api, plane: ControlPlane, egresses: int, sites: int) -> None:
-    from tailnet_operator.api.crds import install_crds, load_samples
+    from hack.crds import install_crds, load_samples
 
     await asyncio.to_thread(install_crds, plane.api_client())
     samples = {s["kind"]: s for s in load_samples()}

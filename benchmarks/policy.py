@@ -26,7 +26,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from tailnet_operator.api.crds import load_samples
+from hack.crds import load_samples
 from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.api.site import TailnetSite
 from tailnet_operator.policy import diff_needed, parse_hujson, render

@@ -28,8 +28,8 @@ from prometheus_client import CollectorRegistry
 
 from e2e.operator import create_bootstrap_secret, tailnet_object
 from hack import versions
+from hack.crds import install_crds, load_samples
 from hack.localenv import Environment
-from tailnet_operator.api.crds import install_crds, load_samples
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS, TAILNET_SITE
 from tailnet_operator.controllers.setup import setup
 from tailnet_operator.headscale import HeadscaleClient

@@ -85,7 +85,7 @@ def control_plane(environment: Environment) -> ControlPlane:
 @pytest.fixture(scope="session")
 def crds(control_plane: ControlPlane) -> ControlPlane:
     """The control plane with the project's CRDs installed and Established."""
-    from tailnet_operator.api.crds import install_crds
+    from hack.crds import install_crds
 
     install_crds(control_plane.api_client())
     return control_plane

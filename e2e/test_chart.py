@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from hack import binaries, render_install
-from tailnet_operator.api.crds import CRD_DIR
+from hack.crds import CRD_DIR
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hack.crd_examples import INVALID_EXAMPLES, InvalidExample
-from tailnet_operator.api.crds import create_object, install_crds, load_crds, load_samples
+from hack.crds import create_object, install_crds, load_crds, load_samples
 from tailnet_operator.api.registry import KINDS, kind_of
 
 pytestmark = pytest.mark.integration
@@ -236,7 +236,7 @@ def test_status_conditions_are_a_map(api: client.ApiClient, namespace: str) -> N
 
 def test_wait_established_reports_timeouts(api: client.ApiClient) -> None:
     """The helper polls with a deadline rather than sleeping a fixed time."""
-    from tailnet_operator.api.crds import wait_established
+    from hack.crds import wait_established
 
     started = time.monotonic()
     with pytest.raises(ApiException):

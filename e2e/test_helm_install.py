@@ -23,9 +23,9 @@ import pytest
 
 from e2e.cluster import ClusterUnderTest, apply, apply_tailnet, condition, get_json, kubectl, wait_available
 from hack import binaries, render_install, versions
+from hack.crds import CRD_DIR
 from hack.localenv import Headscale, wait_until
 from hack.localenv.install import OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE
-from tailnet_operator.api.crds import CRD_DIR
 from tailnet_operator.runtime.leaderelection import LeaderElectionConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e]

@@ -18,12 +18,12 @@ import pytest
 from cryptography import x509
 
 from e2e.cluster import OPEN_BASE
+from hack.crds import install_crds
 from hack.localenv import CertManager, ControlPlane, Environment, Headscale
 from hack.localenv._pki import CertificateAuthority
 from hack.localenv.certmanager import crd_bodies
 from hack.localenv.tailscale import TailscaleNode
 from tailnet_agent.contract.exposes import parse_exposes
-from tailnet_operator.api.crds import install_crds
 from tailnet_operator.controllers.dns import parse_hosts
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_INGRESS
 from tailnet_operator.headscale import installation_tag

@@ -21,8 +21,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from hack.crds import install_crds
 from hack.localenv import ControlPlane, Environment, Headscale
-from tailnet_operator.api.crds import install_crds
 from tailnet_operator.controllers.cleanup import SKIP_CLEANUP_ANNOTATION
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS
 from tailnet_operator.names import auth_key_secret_name

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hack import generated_page
-from tailnet_operator.api.crds import load_crds
+from hack.crds import load_crds
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = REPO / "docs" / "reference" / "api.md"

@@ -394,7 +394,7 @@ class Harness:
     # -- setup ------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        from tailnet_operator.api.crds import install_crds
+        from hack.crds import install_crds
 
         install_crds(self.plane.api_client())
         self.kube.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})

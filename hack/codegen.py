@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from tailnet_operator.api.crds import CRD_DIR
+from hack.crds import CRD_DIR
 from tailnet_operator.api.registry import KINDS, Kind
 
 # Keywords copied from pydantic's output as they are (after their values are converted).

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tailnet_operator.api.crds import load_samples
+from hack.crds import load_samples
 from tailnet_operator.types import JSON
 
 Obj = JSON

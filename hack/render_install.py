@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from hack import binaries, versions
-from tailnet_operator.api.crds import CRD_DIR
+from hack.crds import CRD_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "manifests" / "chart" / "tailnet-operator"

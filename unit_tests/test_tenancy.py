@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tailnet_operator.api.crds import load_samples
+from hack.crds import load_samples
 from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.controllers.ingress import zones_of

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hack import binaries
-from tailnet_operator.api.crds import install_crds, load_samples
+from hack.crds import install_crds, load_samples
 
 from . import Cluster, ControlPlane, Environment, EnvironmentStartError, Headscale, default_root, wait_until
 from .hostnet import HostNetwork

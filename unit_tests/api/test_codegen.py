@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from hack import codegen
-from tailnet_operator.api.crds import CRD_DIR, SAMPLES_DIR, load_crds
+from hack.crds import CRD_DIR, SAMPLES_DIR, load_crds
 from tailnet_operator.api.registry import KINDS, Kind, kind_of
 
 CRDS = {c["spec"]["names"]["kind"]: c for c in load_crds()}

@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from hack.crd_examples import INVALID_EXAMPLES, InvalidExample
+from hack.crds import load_samples
 from tailnet_operator.api import (
     Condition,
     TailnetEgressSpec,
@@ -16,7 +17,6 @@ from tailnet_operator.api import (
     TailnetSpec,
 )
 from tailnet_operator.api.common import parse_go_duration
-from tailnet_operator.api.crds import load_samples
 from tailnet_operator.api.ingress import render_dns_template
 from tailnet_operator.api.registry import KINDS, Kind, kind_of
 

@@ -4,7 +4,7 @@ page being regenerated (python -m hack.api_doc), like the CRDs' own drift test."
 from __future__ import annotations
 
 from hack import api_doc
-from tailnet_operator.api.crds import load_crds
+from hack.crds import load_crds
 
 
 def test_the_api_reference_is_up_to_date() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from hack.crds import load_samples
 from tailnet_operator.api import TailnetEgress, TailnetGateway, TailnetIngress, TailnetSite
-from tailnet_operator.api.crds import load_samples
 from tailnet_operator.policy import (
     Derived,
     EgressInput,

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailnet_operator.api.crds import load_samples
+from hack.crds import load_samples
 from tailnet_operator.api.egress import TailnetEgress
 from tailnet_operator.policy import (
     EgressInput,

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-MANIFESTS_DIR = Path(__file__).resolve().parents[2] / "manifests"
+MANIFESTS_DIR = Path(__file__).resolve().parents[1] / "manifests"
 CRD_DIR = MANIFESTS_DIR / "crd"
 SAMPLES_DIR = MANIFESTS_DIR / "samples"
 
