@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import ipaddress
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -162,3 +163,31 @@ async def test_reporting_a_home_derp_region_reaches_the_peers(
 
         relay = await eventually(relay_of_agent, timeout=30, what="the peer to see the agent's home DERP")
         assert relay == netmap_of(client).derp_map.regions[region].region_code
+
+
+async def test_a_refused_key_is_read_again_from_its_file(headscale: Headscale, tmp_path: Path) -> None:
+    """A container restarted before kubelet refreshed its mounted Secret starts with a key that
+    Headscale refuses; the client reads the key file again and registers once it holds the new key
+    (written as kubelet does: a new file renamed over the old)."""
+    good = tagged_key(headscale)
+    stale = good[:-6] + ("000000" if not good.endswith("000000") else "111111")
+    key_file = tmp_path / "authkey"
+    key_file.write_text(stale + "\n")
+    client = ControlClient(ControlOptions(url=headscale.url, auth_key=stale, auth_key_file=key_file,
+                                          hostname="agent-rekeyed", ca_bundle=headscale.ca_bundle,
+                                          backoff=Backoff(initial=0.2, maximum=2.0)))
+    task = asyncio.create_task(client.run(), name="control-rekeyed")
+    try:
+        await eventually(lambda: task.done() or client.key_refused is not None, timeout=30,
+                         what="the stale key refused")
+        assert not task.done(), task.exception() if not task.cancelled() else "cancelled"
+        (tmp_path / ".authkey.new").write_text(good + "\n")
+        (tmp_path / ".authkey.new").rename(key_file)
+        await eventually(lambda: task.done() or client.netmap is not None, timeout=30, what="registered")
+        assert not task.done(), task.exception() if not task.cancelled() else "cancelled"
+        assert client.key_refused is None and client.auth_key == good
+        await _node(headscale, "agent-rekeyed")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

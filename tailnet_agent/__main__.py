@@ -57,8 +57,8 @@ async def run_agent(mode: str) -> int:
 
     cfg = config.load(mode=mode)
     clock = RealClock()
-    control = ControlOptions(url=cfg.control_url, auth_key=cfg.auth_key, hostname=cfg.hostname,
-                             ca_bundle=cfg.ca_bundle)
+    control = ControlOptions(url=cfg.control_url, auth_key=cfg.auth_key, auth_key_file=cfg.auth_key_file,
+                             hostname=cfg.hostname, ca_bundle=cfg.ca_bundle)
     node = Node(NodeOptions(control=control, accept_routes=cfg.accept_routes, dial_timeout=cfg.dial_timeout,
                             udp_port=cfg.udp_port), clock=clock)
     metrics = AgentMetrics(node)

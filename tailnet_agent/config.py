@@ -5,7 +5,8 @@ Every problem is a :class:`ConfigError` with a one-line message naming the varia
 =============================  ======================================================================
 ``TAILNET_CONTROL_URL``        Headscale URL (``https://...``). Required.
 ``TAILNET_AUTH_KEY_FILE``      File holding the pre-auth key (the operator mounts a Secret). Required.
-                               The key is never logged or shown in ``repr``.
+                               The key is never logged or shown in ``repr``. Read again when control
+                               refuses the key (for up to 180 s, until it holds another key).
 ``TAILNET_HOSTNAME``           Node hostname on the tailnet. Required.
 ``TAILNET_CA_BUNDLE``          PEM file of CAs trusted for control and DERP TLS. Unset: system store.
 ``TAILNET_TARGETS``            Egress targets as JSON. Required for egress.
@@ -89,6 +90,8 @@ class AgentConfig:
     control_url: str
     auth_key: str = field(repr=False)
     """The pre-auth key read from ``TAILNET_AUTH_KEY_FILE``; never logged."""
+    auth_key_file: Path | None = None
+    """``TAILNET_AUTH_KEY_FILE``, read again when control refuses the key."""
     hostname: str
     ca_bundle: Path | None = None
     targets: tuple[Target, ...] = ()
@@ -199,7 +202,8 @@ def load(env: Mapping[str, str] | None = None, *, mode: str = env_names.EGRESS) 
             raise ConfigError(f"{env_names.DIAL_TIMEOUT} must be seconds, got {timeout_text!r}") from None
         if not dial_timeout > 0:
             raise ConfigError(f"{env_names.DIAL_TIMEOUT} must be positive, got {timeout_text!r}")
-    return AgentConfig(control_url=url, auth_key=auth_key, hostname=hostname, ca_bundle=ca_bundle,
+    return AgentConfig(control_url=url, auth_key=auth_key, auth_key_file=Path(key_file), hostname=hostname,
+                       ca_bundle=ca_bundle,
                        targets=targets, targets_file=targets_file, targets_digest=targets_digest,
                        exposes=exposes, exposes_file=exposes_file,
                        bind_address=bind, health_host=health_host, health_port=health_port,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from tailnet_agent.contract.backoff import Backoff
 from . import compat
 from . import netmap as nm
 from .controlconn import ControlConnection, ControlEndpoint, Response, fetch_server_version, ssl_context
-from .errors import ConnectionLost, ControlError, HTTPStatusError, ProtocolViolation, RegistrationError
+from .errors import ConnectionLost, ControlError, HTTPStatusError, KeyRefused, ProtocolViolation, RegistrationError
 from .keys import NodeKeys, PublicKey
 from .mapstream import MapFrameDecoder
 
@@ -58,6 +59,8 @@ CAPABILITY_VERSION = 138
 ZERO_TIME = "0001-01-01T00:00:00Z"
 LOGOUT_EXPIRY = "1970-01-01T00:02:03Z"
 """A register ``Expiry`` in the past means logout (tailscaled sends ``time.Unix(123, 0)``)."""
+KEY_POLL = 5.0
+"""Seconds between reads of the key file while a refused key waits for its successor."""
 LOGOUT_TIMEOUT = 5.0
 """Seconds :meth:`ControlClient.logout` may take (a new connection included)."""
 ENDPOINT_LOCAL = 1
@@ -117,6 +120,13 @@ class ControlOptions:
     """Seconds without any map message (keep-alives included) before the poll is abandoned;
     Headscale sends a keep-alive every 50-59 s. Default 120 s, as tailscaled."""
     backoff: Backoff = field(default_factory=Backoff)
+    auth_key_file: Path | None = None
+    """Where ``auth_key`` was read from. When the server refuses the key, the file is read again
+    every :data:`KEY_POLL` seconds for up to ``key_wait`` seconds, and registration is retried
+    with a new key found there (kubelet refreshes a mounted Secret within about a minute of its
+    change, so a container restarted before that recovers). None: a refused key is final."""
+    key_wait: float = 180.0
+    """Seconds to wait for a new key in ``auth_key_file`` after a refusal. Default 180."""
 
 
 class _Reauthenticate(ControlError):
@@ -160,6 +170,10 @@ class ControlClient:
         STUN 2); empty: DERP only."""
         self._conn: ControlTransport | None = None
         self.logged_out = False
+        self.auth_key = options.auth_key
+        """The pre-auth key in use (a new one when the key file changed after a refusal)."""
+        self.key_refused: str | None = None
+        """Why the server refused the key in use (None: not refused); cleared by a new key."""
         """:meth:`logout` ran: ``run`` connects and registers no more."""
 
     async def run(self) -> None:
@@ -187,6 +201,11 @@ class ControlClient:
             self._conn = conn
             try:
                 await self._serve(conn, on_first_message=backoff.reset)
+            except KeyRefused as exc:
+                self.key_refused = str(exc)
+                if not await self._new_key():
+                    raise
+                self.key_refused = None
             except RegistrationError:
                 raise
             except _Reauthenticate as exc:
@@ -271,7 +290,7 @@ class ControlClient:
         body: dict[str, Any] = {
             "Version": self.options.capability_version,
             "NodeKey": str(self.keys.node.public),
-            "Auth": {"AuthKey": self.options.auth_key},
+            "Auth": {"AuthKey": self.auth_key},
             "Expiry": ZERO_TIME,
             "Hostinfo": self.hostinfo(),
             "Ephemeral": self.options.ephemeral,
@@ -279,6 +298,27 @@ class ControlClient:
         if self._old_node_key is not None:
             body["OldNodeKey"] = str(self._old_node_key)
         return body
+
+    async def _new_key(self) -> bool:
+        """After a refusal: read the key file until it holds another key (True, now in use) or
+        ``key_wait`` passed (False)."""
+        path = self.options.auth_key_file
+        if path is None:
+            return False
+        log.warning("pre-auth key refused; waiting for a new one in its file", file=str(path),
+                    wait=self.options.key_wait)
+        for _ in range(max(1, math.ceil(self.options.key_wait / KEY_POLL))):
+            try:
+                key = path.read_text().strip()
+            except OSError as exc:
+                log.warning("cannot read the pre-auth key file", file=str(path), error=exc.strerror or str(exc))
+                key = ""
+            if key and key != self.auth_key:
+                self.auth_key = key
+                log.info("registering with the new pre-auth key from its file", file=str(path))
+                return True
+            await self._sleep(KEY_POLL)
+        return False
 
     async def logout(self, *, timeout: float = LOGOUT_TIMEOUT) -> bool:
         """Log the node out: a register request with an ``Expiry`` in the past and no ``Auth``
@@ -310,7 +350,8 @@ class ControlClient:
         for _ in range(2):
             resp = await conn.request("POST", "/machine/register", self.register_request())
             if resp.status in (401, 403):
-                raise RegistrationError(f"register refused with HTTP {resp.status}")
+                raise KeyRefused(f"register refused with HTTP {resp.status}: "
+                                 f"{resp.body[:200].decode(errors='replace').strip()}")
             if refused := compat.refusal(resp.status, resp.body, self.options.capability_version,
                                          path="/machine/register"):
                 raise refused
@@ -318,7 +359,7 @@ class ControlClient:
                 raise HTTPStatusError(resp.status, resp.body, path="/machine/register")
             doc: dict[str, Any] = resp.json()
             if doc.get("Error"):
-                raise RegistrationError(f"register refused: {doc['Error']}")
+                raise KeyRefused(f"register refused: {doc['Error']}")
             if doc.get("NodeKeyExpired"):
                 log.info("node key expired; rotating", node_key=self.keys.node.public.short())
                 self._rotate_node_key()

@@ -8,10 +8,11 @@ The tree::
     ├── ProtocolViolation        the server sent something the protocol does not allow
     ├── ConnectionLost           the transport closed or the HTTP/2 connection ended
     ├── HTTPStatusError          a request through the tunnel returned an unexpected status
-    └── RegistrationError        the server refused the registration (bad or expired key, ...)
+    └── RegistrationError        the server refused the registration (interactive login, ...)
+        └── KeyRefused           the pre-auth key was refused (unknown, expired, used up)
 
 Everything but ``RegistrationError`` is worth a retry with backoff; a registration refusal is
-terminal until someone supplies a new key.
+terminal until someone supplies a new key (``KeyRefused``: the client re-reads its key file).
 """
 
 from __future__ import annotations
@@ -49,3 +50,7 @@ class HTTPStatusError(ControlError):
 
 class RegistrationError(ControlError):
     """The server refused the registration; retrying with the same key will not help."""
+
+
+class KeyRefused(RegistrationError):
+    """The server refused the pre-auth key (HTTP 401/403 or a register ``Error``)."""

@@ -7,15 +7,16 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 from tailnet_agent.contract.backoff import Backoff
-from tailnet_agent.control.client import ControlClient, ControlOptions, ControlTransport, StreamingBody
+from tailnet_agent.control.client import KEY_POLL, ControlClient, ControlOptions, ControlTransport, StreamingBody
 from tailnet_agent.control.controlconn import Response
-from tailnet_agent.control.errors import ConnectionLost, RegistrationError
+from tailnet_agent.control.errors import ConnectionLost, KeyRefused, RegistrationError
 from tailnet_agent.control.keys import NodeKeys
 from tailnet_agent.control.mapstream import encode_frame
 
@@ -239,3 +240,49 @@ async def test_logout_is_a_register_with_an_expiry_in_the_past_and_no_key_then_n
     done, _ = await asyncio.wait([run], timeout=0.2)
     assert not done and server.connects == 1 and len(server.register_bodies) == 1
     run.cancel()
+
+
+async def test_a_refused_key_waits_for_a_new_one_in_its_file_and_gives_up_after_key_wait(tmp_path: Path) -> None:
+    key_file = tmp_path / "authkey"
+    key_file.write_text(SECRET + "\n")
+    server = FakeControl(register_answers=[{"Error": "authkey expired"}],
+                         maps=[MapScript(frames=[{"Node": SELF}], hang=True)])
+    sleeps: list[float] = []
+
+    async def connect(keys: NodeKeys) -> ControlTransport:
+        server.connects += 1
+        return FakeConn(server)
+
+    async def sleep(delay: float) -> None:  # kubelet writes the new key during the second wait
+        sleeps.append(delay)
+        if len(sleeps) == 2:
+            key_file.write_text("hskey-auth-NEWNEWNEW\n")
+
+    options = ControlOptions(url="https://control.test", auth_key=SECRET, hostname="agent-1", auth_key_file=key_file,
+                             key_wait=20.0, backoff=Backoff(initial=1.0, maximum=8.0, _random=lambda: 1.0))
+    registered = asyncio.Event()
+    client = ControlClient(options, _connect=connect, _sleep=sleep, on_netmap=lambda _: registered.set())
+    run = asyncio.create_task(client.run())
+    try:
+        await asyncio.wait([run, asyncio.ensure_future(registered.wait())], timeout=5,
+                           return_when=asyncio.FIRST_COMPLETED)
+        assert registered.is_set(), run
+        assert [b["Auth"]["AuthKey"] for b in server.register_bodies] == [SECRET, "hskey-auth-NEWNEWNEW"]
+        assert sleeps == [KEY_POLL, KEY_POLL] and client.key_refused is None
+    finally:
+        run.cancel()
+    key_file.write_text(SECRET)  # a file that never changes: the refusal is final after key_wait
+    unchanged = FakeControl(register_answers=[{"_status": 401}])
+    waits: list[float] = []
+
+    async def no_change(delay: float) -> None:
+        waits.append(delay)
+
+    async def connect_unchanged(keys: NodeKeys) -> ControlTransport:
+        return FakeConn(unchanged)
+
+    client = ControlClient(options, _connect=connect_unchanged, _sleep=no_change)
+    with pytest.raises(KeyRefused, match="HTTP 401"):
+        await asyncio.wait_for(client.run(), 5)
+    assert waits == [KEY_POLL] * 4  # key_wait 20 s / 5 s
+
