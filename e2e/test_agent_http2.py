@@ -94,6 +94,8 @@ class Listener:
     ca: Path
     service: HttpService
     metrics: AgentMetrics
+    lease: Any
+    """The expose's hold on the port's listener (closing the last one closes the listener)."""
 
     def sample(self, name: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
@@ -118,7 +120,7 @@ async def listener(tmp_path: Path, backend_port: int, limits: Limits | None = No
         port.services[expose.name] = service
         lease = await port.lease(bind)
         try:
-            yield Listener(expose.port, ca.cert_path, service, metrics)
+            yield Listener(expose.port, ca.cert_path, service, metrics, lease)
         finally:
             lease.close()
             del port.services[expose.name]
@@ -350,3 +352,26 @@ async def test_a_draining_service_finishes_the_streams_in_progress_and_refuses_n
         await asyncio.wait_for(drain, 30)
         assert app.started == 1
         assert target.sample("tailnet_agent_http2_goaway_total", reason="shutdown") == 1
+
+
+async def test_the_shutdown_order_of_an_http_expose_keeps_requests_in_progress(tmp_path: Path) -> None:
+    """The ingress's order on SIGTERM: the expose's lease on the port goes (the listener closes),
+    then the service drains. Requests in progress on HTTP/2 and HTTP/1.1 connections get their
+    whole answers; a new connection is refused."""
+    async with backend() as app, listener(tmp_path, app.port) as target, Client.connect(target) as client:
+        busy = client.open("GET", "/slow?s=2")
+        context = ssl.create_default_context(cafile=str(target.ca))
+        reader, writer = await asyncio.open_connection("127.0.0.1", target.port, ssl=context, server_hostname=HOST)
+        writer.write(f"GET /slow?s=2 HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+        await eventually(lambda: app.started == 2, what="both requests at the backend")
+        target.lease.close()
+        drain = asyncio.create_task(target.service.drain())
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.open_connection("127.0.0.1", target.port)
+        await asyncio.wait_for(client.streams[busy].ended.wait(), 30)
+        assert (client.streams[busy].status, bytes(client.streams[busy].body)) == (200, b"late\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert await asyncio.wait_for(reader.read(), 30) == b"late\n"  # then the agent closes it
+        writer.close()
+        await asyncio.wait_for(drain, 30)

@@ -158,6 +158,7 @@ class HttpPort:
         chosen: HttpService = sslobj.http_service
         if self.services.get(chosen.expose.name) is not chosen:
             return  # its expose stopped during the handshake
+        self._tasks.discard(asyncio.current_task())  # the expose's connection now, not the port's
         await chosen.serve_connection(tls, pending, sslobj.virtual_host, client)
 
 
