@@ -49,12 +49,13 @@ from tailnet_operator.runtime.kinds import CERTIFICATE, DEPLOYMENT, NETWORK_POLI
 from tailnet_operator.tenancy import Refusal, claim_order, judge, policy_reserved_tags, taken
 from tailnet_operator.types import JSON
 
-from .access import Deps, NoAccess
+from .access import Deps
 from .applier import Applied, Desired, Want
 from .conditions import Cond
 from .dns import name_holders
 from .egress_status import AgentStatusReader, HttpAgentStatus
-from .ingress_status import CertificateIssue, Report, report, succession
+from .ingress_status import CertificateIssue, Report, own_nodes, report, succession
+from .keyrecord import NODE_IDS
 from .kinds import TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .pipeline import Outcome, Run, TaggedNodeReconciler
 from .preauth import AuthKey
@@ -227,55 +228,59 @@ class IngressNode:
     # -- status ---------------------------------------------------------------------------------
 
     async def report(self, run: Run[TailnetIngress], outcome: Outcome) -> tuple[list[Cond], JSON]:
-        nodes = await self._succeed(run, outcome.key, outcome.nodes)
+        nodes = await self._succeed(run, outcome)
         agent = await self.agent_status.read(run.cr)
         result: Report = report(run.cr, zones_of(run.tailnet), agent=agent, nodes=nodes, key=outcome.key,
                                 reader=self.reader, issues=_certificate_issues(run.cr, outcome.applied),
                                 dns=run.tailnet.spec.dns is not None)
-        await self._record_address(run, result.fields.get("node"))
+        await self._record_node(run, outcome.key, result.fields.get("node"), nodes)
         return result.conditions, result.fields
 
-    async def _succeed(self, run: Run[TailnetIngress], key: AuthKey, nodes: list[Node]) -> list[Node]:
+    async def _succeed(self, run: Run[TailnetIngress], outcome: Outcome) -> list[Node]:
         """Free the hostname for the ingress's newest node (:func:`.ingress_status.succession`): delete
         its superseded nodes, then rename it to ``spec.hostname``, each with a Normal Event. Returns
         the nodes as they are afterwards. A Headscale failure is logged and left to the next
         reconcile (the status still reports ``HostnameTaken``)."""
         hostname = run.cr.spec.hostname
-        plan = succession(hostname, key, nodes)
+        plan = succession(hostname, outcome.key, outcome.nodes)
         if plan is None:
-            return nodes
-        after = list(nodes)
+            return outcome.nodes
+        after, hs = list(outcome.nodes), outcome.headscale
         try:
-            async with self.access.open(self.access.working(run.tailnet)) as hs:
-                for old in plan.superseded:
-                    with contextlib.suppress(HeadscaleNotFound):
-                        await hs.delete_node(old.id)
-                    after = [n for n in after if n.id != old.id]
-                    await self.events.normal(run.obj, "SupersededNodeDeleted", (
-                        f"deleted node {old.id} ({old.given_name}, offline), superseded by node "
-                        f"{plan.newest.id} ({plan.newest.given_name}) registered with the same key"),
-                        action="DeleteNode")
-                if plan.rename:
-                    renamed = await hs.rename_node(plan.newest.id, hostname)
-                    after = [renamed if n.id == renamed.id else n for n in after]
-                    await self.events.normal(run.obj, "NodeRenamed", (
-                        f"renamed node {plan.newest.id} from {plan.newest.given_name} to {hostname}: "
-                        "the name its previous node held"), action="RenameNode")
-        except (HeadscaleError, NoAccess) as exc:
+            for old in plan.superseded:
+                with contextlib.suppress(HeadscaleNotFound):
+                    await hs.delete_node(old.id)
+                after = [n for n in after if n.id != old.id]
+                await self.events.normal(run.obj, "SupersededNodeDeleted", (
+                    f"deleted node {old.id} ({old.given_name}, offline), superseded by node "
+                    f"{plan.newest.id} ({plan.newest.given_name}) registered with a key of this ingress"),
+                    action="DeleteNode")
+            if plan.rename:
+                renamed = await hs.rename_node(plan.newest.id, hostname)
+                after = [renamed if n.id == renamed.id else n for n in after]
+                await self.events.normal(run.obj, "NodeRenamed", (
+                    f"renamed node {plan.newest.id} from {plan.newest.given_name} to {hostname}: "
+                    "the name its previous node held"), action="RenameNode")
+        except HeadscaleError as exc:
             log.warning("could not free the ingress's hostname", ingress=f"{run.namespace}/{run.name}",
                         node=plan.newest.id, error=str(exc))
         return after
 
-    async def _record_address(self, run: Run[TailnetIngress], node: JSON | None) -> None:
-        """Note the node's addresses (from Headscale) on the record, where the DNS reconciler reads them."""
+    async def _record_node(self, run: Run[TailnetIngress], key: AuthKey, node: JSON | None, nodes: list[Node]) -> None:
+        """Note on the record the node's addresses (from Headscale), where the DNS reconciler reads
+        them, and the ids of the ingress's nodes, which stay its own after their key is retired
+        (succession, revocation). One field manager owns both, so both are sent each time."""
         name, namespace = self.key_location(run.obj)
         record = self.reader.get(SECRET, name, namespace) or {}
-        addresses = ",".join((node or {}).get("addresses") or [])
         notes = (record.get("metadata") or {}).get("annotations") or {}
-        if not addresses or notes.get(build.NODE_ADDRESS_ANNOTATION) == addresses:
-            return  # no node yet keeps the last address (a restart does not empty DNS)
-        await self.writer.apply(SECRET, {"metadata": {"name": name, "namespace": namespace, "annotations": {
-            build.NODE_ADDRESS_ANNOTATION: addresses}}}, field_manager=NODE_FIELD_MANAGER)
+        # no node yet keeps the last address (a restart does not empty DNS)
+        addresses = ",".join((node or {}).get("addresses") or []) or notes.get(build.NODE_ADDRESS_ANNOTATION, "")
+        ids = ",".join(sorted(n.id for n in own_nodes(key, nodes)))
+        wanted = {k: v for k, v in ((build.NODE_ADDRESS_ANNOTATION, addresses), (NODE_IDS, ids)) if v}
+        if all(notes.get(k) == v for k, v in wanted.items()) and (NODE_IDS in wanted or NODE_IDS not in notes):
+            return
+        await self.writer.apply(SECRET, {"metadata": {"name": name, "namespace": namespace, "annotations": wanted}},
+                                field_manager=NODE_FIELD_MANAGER)
 
 
 def _certificate_issues(ingress: TailnetIngress, applied: Applied) -> dict[str, CertificateIssue]:

@@ -100,11 +100,15 @@ class KeyIds(Protocol):
     @property
     def previous_id(self) -> str: ...
 
+    @property
+    def node_ids(self) -> frozenset[str]: ...
+
 
 def own_nodes(key: KeyIds, nodes: Sequence[Node]) -> list[Node]:
-    """The nodes registered with the ingress's current or previous pre-auth key."""
+    """The nodes registered with the ingress's current or previous pre-auth key, or recorded as its
+    own (registered with a key since retired)."""
     ids = {key.id, key.previous_id} - {""}
-    return [n for n in nodes if n.pre_auth_key_id in ids]
+    return [n for n in nodes if n.pre_auth_key_id in ids or n.id in key.node_ids]
 
 
 @dataclass(frozen=True)

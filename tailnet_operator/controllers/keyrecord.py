@@ -26,7 +26,7 @@ from tailnet_operator.types import JSON
 
 from .unconfirmed import Unconfirmed
 
-__all__ = ["KEY_ID", "KEY_TAG", "PREVIOUS_KEY_ID", "KeyRecord", "finish", "store_new"]
+__all__ = ["KEY_ID", "KEY_TAG", "NODE_IDS", "PREVIOUS_KEY_ID", "KeyRecord", "finish", "store_new"]
 
 _PREFIX = "tailnet.dev/"
 KEY_ID = f"{_PREFIX}key-id"
@@ -34,6 +34,9 @@ KEY_PREFIX = f"{_PREFIX}key-prefix"
 KEY_CREATED = f"{_PREFIX}key-created"
 KEY_EXPIRES = f"{_PREFIX}key-expires"
 PREVIOUS_KEY_ID = f"{_PREFIX}previous-key-id"
+NODE_IDS = f"{_PREFIX}node-ids"
+"""The nodes registered with a CR's keys, current or retired, that Headscale still lists (comma
+separated): an agent pod outlives its key, so its node is found by id after the key rotated."""
 KEY_TAG = f"{_PREFIX}tag"
 """The tag a pre-auth key was made for (the orphan sweep reads it); the working API key's record has none."""
 

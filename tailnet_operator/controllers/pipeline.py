@@ -114,6 +114,8 @@ class Outcome:
     live_policy: str
     nodes: list[Node]
     applied: Applied
+    headscale: HeadscaleClient
+    """Open while the kind reports, for what the status phase tidies (an ingress's old nodes)."""
 
 
 class TaggedNode(Protocol[CR]):
@@ -253,11 +255,12 @@ class Phases(Generic[CR]):
         return key
 
     async def revoke(self, hs: HeadscaleClient, location: tuple[str, str | None], stored: AuthKey) -> None:
-        """Expire the CR's keys, delete the nodes registered with them and forget the record."""
+        """Expire the CR's keys, delete the nodes registered with them (or recorded as the CR's after
+        their key was retired) and forget the record."""
         await self.keys.expire(hs, stored)
         ids = {stored.id, stored.previous_id} - {""}
         for node in await hs.list_nodes():
-            if node.pre_auth_key_id in ids:
+            if node.pre_auth_key_id in ids or node.id in stored.node_ids:
                 await hs.delete_node(node.id)
         with contextlib.suppress(NotFound):
             await self.writer.delete(SECRET, *location)
@@ -371,7 +374,7 @@ class TaggedNodeReconciler(Generic[CR]):
                 applied = await self.applier.apply(obj, kind.desired(run, key))
             except Forbidden as exc:
                 raise NotReady("False", "NamespaceNotGranted", kind.not_granted(run, exc)) from None
-        conds, fields = await kind.report(run, Outcome(key, live, nodes, applied))
+            conds, fields = await kind.report(run, Outcome(key, live, nodes, applied, hs))
         await phases.write(obj, [*phases.key_conditions(key, tag), *conds], {"preAuthKey": key.status(), **fields})
         return phases.next_look(key)
 

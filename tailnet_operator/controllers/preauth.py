@@ -27,7 +27,7 @@ from tailnet_operator.runtime import SECRET, Clock, Writer
 from tailnet_operator.types import JSON
 
 from .conditions import rfc3339
-from .keyrecord import KEY_TAG, KeyRecord, finish, store_new
+from .keyrecord import KEY_TAG, NODE_IDS, KeyRecord, finish, store_new
 from .unconfirmed import Unconfirmed
 
 __all__ = ["AUTH_KEY_FIELD", "LIFETIME", "AuthKey", "AuthKeyKeeper", "Wanted", "expire_owned"]
@@ -54,10 +54,14 @@ class AuthKey(KeyRecord):
     tag: str
     previous_tag: str = ""
     """The tag the previous key was made for (the tag may have changed with the rotation)."""
+    node_ids: frozenset[str] = frozenset()
+    """The nodes registered with this CR's keys (:data:`.keyrecord.NODE_IDS`). Read here, written
+    by the status phase under its own field manager, never by the key's writes."""
 
     @classmethod
     def extra_fields(cls, notes: dict[str, str]) -> dict[str, Any]:
-        return {"login_url": notes[_LOGIN_URL], "tag": notes[KEY_TAG], "previous_tag": notes.get(_PREVIOUS_TAG, "")}
+        return {"login_url": notes[_LOGIN_URL], "tag": notes[KEY_TAG], "previous_tag": notes.get(_PREVIOUS_TAG, ""),
+                "node_ids": frozenset(filter(None, notes.get(NODE_IDS, "").split(",")))}
 
     def extra_annotations(self) -> dict[str, str]:
         notes = {_LOGIN_URL: self.login_url, KEY_TAG: self.tag}
@@ -152,7 +156,8 @@ class AuthKeyKeeper:
                        created_at=created.created_at or now, expires_at=created.expiration or now + LIFETIME,
                        login_url=wanted.login_url, tag=wanted.tag,
                        previous_id=previous.id if previous and same_server else "",
-                       previous_tag=previous.tag if previous and same_server else "")
+                       previous_tag=previous.tag if previous and same_server else "",
+                       node_ids=previous.node_ids if previous else frozenset())
 
     async def _expire_previous(self, hs: HeadscaleClient, metadata: JSON, stored: AuthKey) -> AuthKey:
         async def expire(key: AuthKey) -> None:

@@ -61,9 +61,8 @@ PRE_STOP_SECONDS = 10
 (EndpointSlice) change to reach every kube-proxy (and the Service's clients) so no new connection
 is sent to a pod that is about to stop. A ``sleep`` lifecycle action, not a shell: the image has none."""
 DRAIN_SECONDS = 30
-"""The agent's drain deadline after SIGTERM: how long in-flight connections may take to finish
-before it logs out and exits. It must match the agent's default (``tailnet_agent``'s graceful drain);
-the operator does not set it."""
+"""The agent's drain deadline after SIGTERM (``TAILNET_DRAIN_TIMEOUT``, set on every agent): how long
+in-flight connections may take to finish before it logs out and exits."""
 GRACE_MARGIN_SECONDS = 5
 """Room after the drain for the logout and the process's exit."""
 TERMINATION_GRACE_SECONDS = PRE_STOP_SECONDS + DRAIN_SECONDS + GRACE_MARGIN_SECONDS
@@ -111,9 +110,10 @@ def base_env(agent: AgentSpec, *, mode: str, hostname: str) -> list[Obj]:
 
 
 def common_env(agent: AgentSpec) -> list[Obj]:
-    """The variables after the mode's own: health address, log format and the CA bundle."""
+    """The variables after the mode's own: health address, log format, drain deadline and the CA bundle."""
     env = [{"name": env_names.HEALTH_ADDRESS, "value": f"0.0.0.0:{HEALTH_PORT}"},
-           {"name": env_names.LOG_FORMAT, "value": "json"}]
+           {"name": env_names.LOG_FORMAT, "value": "json"},
+           {"name": env_names.DRAIN_TIMEOUT, "value": str(DRAIN_SECONDS)}]
     if agent.ca_bundle:
         env.append({"name": env_names.CA_BUNDLE, "value": f"{CONFIG_DIR}/{CA_FILE}"})
     return env

@@ -580,3 +580,27 @@ async def test_an_ingress_whose_tenancy_is_withdrawn_loses_its_key_node_and_reco
     assert world.headscale.preauth_keys[key_id].get("expired")
     assert world.headscale.nodes == []
     assert world.kube.get(SECRET, "ingress.tenant.shop", "tailnet-system") is None
+
+
+async def test_a_withdrawn_ingress_loses_the_node_its_agent_registered_before_key_rotations() -> None:
+    """An agent pod outlives its key: it registered with the key of two rotations ago and is still
+    online. Withdrawing the namespace's tenancy must remove that node from the tailnet too."""
+    world = await world_with_tailnet()
+    world.add_ingress()
+    await world.reconcile_ingress()
+    first_key = next(iter(world.headscale.preauth_keys))
+    world.headscale.nodes = [registered("7", first_key)]
+    await world.reconcile_ingress()  # the node is seen while its key is current
+    for _ in range(2):  # two rotations at half-life: the first key is neither current nor previous
+        world.clock.advance(timedelta(hours=13).total_seconds())
+        await world.reconcile_ingress()
+    assert len(world.headscale.preauth_keys) == 3
+    tailnet = world.tailnet_obj()
+    tailnet["spec"]["tenants"] = [{"namespaces": ["elsewhere"], "tags": ["tag:ingress-*"]}]
+    tailnet["metadata"]["generation"] = 2
+    world.kube.update(TAILNET, tailnet)
+
+    await world.reconcile_ingress()
+
+    assert world.cond("Ready")["reason"] == "NamespaceNotTenant"
+    assert world.headscale.nodes == [], "the agent's node registered with a retired key is still on the tailnet"

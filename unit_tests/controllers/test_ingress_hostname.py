@@ -37,6 +37,7 @@ def test_a_holder_gone_since_registration_is_still_explained() -> None:
 class Keys:
     id: str
     previous_id: str = ""
+    node_ids: frozenset[str] = frozenset()
 
 
 def generation(node_id: str, name: str, key_id: str, *, online: bool, minute: int) -> Node:
@@ -64,3 +65,13 @@ def test_nodes_of_other_keys_are_neither_deleted_nor_robbed_of_the_name() -> Non
     stranger = generation("3", "shop", "7", online=False, minute=0)
     plan = succession("shop", Keys("1"), [stranger, generation("9", "shop-b2", "1", online=True, minute=5)])
     assert plan is None
+
+
+def test_a_node_recorded_as_the_ingresss_counts_as_its_own_after_its_key_was_retired() -> None:
+    old = generation("7", "shop", "1", online=False, minute=0)  # key 1 retired two rotations ago
+    new = generation("9", "shop-1", "3", online=True, minute=5)
+
+    assert succession("shop", Keys("3", previous_id="2"), [old, new]) is None, "by keys alone: a stranger's node"
+    plan = succession("shop", Keys("3", previous_id="2", node_ids=frozenset({"7"})), [old, new])
+
+    assert plan is not None and [n.id for n in plan.superseded] == ["7"] and plan.rename
