@@ -34,6 +34,7 @@ from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS, TAILNET_
 from tailnet_operator.controllers.setup import setup
 from tailnet_operator.headscale import HeadscaleClient
 from tailnet_operator.logs import configure
+from tailnet_operator.names import OPERATOR
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.events import EventRecorder
@@ -71,9 +72,10 @@ async def wait_for(check: Any, *, timeout: float, what: str, interval: float = 0
 async def policy_controllers(kubeconfig: Path) -> AsyncIterator[Manager]:
     """The operator's Tailnet and Policy controllers (the Egress and DNS ones would keep
     Headscale busy with 1,000 agents that never start here), in this process."""
-    manager = Manager(rest_config.load(kubeconfig), ManagerOptions(graceful_shutdown_timeout=5),
+    manager = Manager(rest_config.load(kubeconfig), ManagerOptions(field_manager=OPERATOR, graceful_shutdown_timeout=5),
                       registry=REGISTRY)
-    setup(manager, namespace=OPERATOR_NAMESPACE, events=EventRecorder(manager.client, reporting_instance="bench"))
+    setup(manager, namespace=OPERATOR_NAMESPACE, events=EventRecorder(manager.client, reporting_controller=OPERATOR,
+                                                                    reporting_instance="bench"))
     manager.controllers = [c for c in manager.controllers if c.name in ("tailnet", "policy")]
     task = asyncio.create_task(manager.run())
     try:

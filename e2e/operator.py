@@ -21,6 +21,7 @@ from tailnet_operator.controllers.kinds import TAILNET
 from tailnet_operator.controllers.policy import PolicyReconciler
 from tailnet_operator.controllers.setup import setup
 from tailnet_operator.controllers.tailnet import TailnetReconciler
+from tailnet_operator.names import OPERATOR
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import JSON, Client
 from tailnet_operator.runtime.clock import RealClock
@@ -66,9 +67,9 @@ class RunningOperator:
 async def running_operator(kubeconfig: Path, namespace: str, *, clock: ShiftedClock | None = None,
                            after_store: Callable[[], Awaitable[None]] | None = None,
                            gateway: GatewaySettings | None = None) -> AsyncIterator[RunningOperator]:
-    manager = Manager(rest_config.load(kubeconfig), ManagerOptions(graceful_shutdown_timeout=5),
+    manager = Manager(rest_config.load(kubeconfig), ManagerOptions(field_manager=OPERATOR, graceful_shutdown_timeout=5),
                       registry=CollectorRegistry())
-    events = EventRecorder(manager.client, reporting_instance="test")
+    events = EventRecorder(manager.client, reporting_controller=OPERATOR, reporting_instance="test")
     tailnet, policy, *_ = setup(manager, namespace=namespace, events=events, clock=clock, gateway=gateway)
     tailnet.after_store = after_store
     task = asyncio.create_task(manager.run())

@@ -17,7 +17,7 @@ from tailnet_operator.runtime.controller.finalizers import (
     remove_finalizer,
 )
 from tailnet_operator.runtime.errors import Conflict, Invalid, NotFound
-from tailnet_operator.runtime.events import EventRecorder, EventType, Outcome
+from tailnet_operator.runtime.events import REPORTING_CONTROLLER, EventRecorder, EventType, Outcome
 from tailnet_operator.runtime.kinds import CONFIG_MAP, EVENT, NAMESPACE
 
 from .polling import eventually
@@ -80,7 +80,7 @@ async def test_an_event_carries_the_object_reason_note_and_reporter(
                                   "namespace": NS, "uid": meta["uid"]}
     assert (event["type"], event["reason"], event["note"], event["action"]) == (
         "Warning", "SyncFailed", "headscale unreachable", "Sync")
-    assert event["reportingController"] == "tailnet-operator"
+    assert event["reportingController"] == REPORTING_CONTROLLER, "a recorder given no name uses the default"
     assert event["reportingInstance"] == "test-instance"
     assert event["eventTime"]
     assert "series" not in event

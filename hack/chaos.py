@@ -299,6 +299,7 @@ async def run_operator(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry
 
     from tailnet_operator.controllers.setup import setup
+    from tailnet_operator.names import OPERATOR
     from tailnet_operator.runtime import config as rest_config
     from tailnet_operator.runtime.controller import Request
     from tailnet_operator.runtime.events import EventRecorder
@@ -307,13 +308,14 @@ async def run_operator(args: argparse.Namespace) -> int:
 
     election = LeaderElectionConfig(lease_duration=4.0, renew_deadline=3.0, retry_period=0.5, identity=args.identity)
     manager = Manager(rest_config.load(Path(args.kubeconfig)),
-                      ManagerOptions(leader_election=True, leader_election_id=LEASE,
+                      ManagerOptions(field_manager=OPERATOR, leader_election=True, leader_election_id=LEASE,
                                      leader_election_namespace=args.namespace, leader_election_config=election,
                                      graceful_shutdown_timeout=2),
                       registry=CollectorRegistry())
     clock = ShiftedClock(Path(args.clock_file))
-    reconcilers = setup(manager, namespace=args.namespace, clock=clock,
-                        events=EventRecorder(manager.client, reporting_instance=args.identity, clock=manager.clock),
+    events = EventRecorder(manager.client, reporting_controller=OPERATOR, reporting_instance=args.identity,
+                           clock=manager.clock)
+    reconcilers = setup(manager, namespace=args.namespace, clock=clock, events=events,
                         agent_status=HostAgentStatus(Path(args.ports_file)))
     # a sweep within a round (docs/reliability.md, "Chaos"), on real time: the shifted clock of a
     # made-due rotation would make every key created a moment ago look older than the grace

@@ -13,7 +13,7 @@ import structlog
 from tailnet_operator import __version__, logs
 from tailnet_operator.controllers.gateway import GatewaySettings
 from tailnet_operator.controllers.setup import setup
-from tailnet_operator.names import LEADER_ELECTION_ID
+from tailnet_operator.names import LEADER_ELECTION_ID, OPERATOR
 from tailnet_operator.resources.gateway import DEFAULT_ROUTER_IMAGE
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
@@ -81,6 +81,7 @@ def build_manager(args: argparse.Namespace) -> Manager:
     options = ManagerOptions(
         metrics_bind_address=args.metrics_bind_address,
         health_probe_bind_address=args.health_probe_bind_address,
+        field_manager=OPERATOR,
         leader_election=args.leader_elect,
         leader_election_id=LEADER_ELECTION_ID,
         leader_election_namespace=args.namespace,
@@ -97,7 +98,7 @@ async def agent_image(manager: Manager, args: argparse.Namespace) -> str:
         return FALLBACK_AGENT_IMAGE
     try:
         # The manager's client opens only when the manager runs; this read comes before.
-        async with Client(manager.client.config) as client:
+        async with Client(manager.client.config, field_manager=OPERATOR) as client:
             pod = await client.get(POD, pod_name, args.namespace)
     except KubeError as exc:
         log.warning("cannot read the operator's own Pod for its image", error=str(exc),
@@ -111,7 +112,8 @@ async def run(args: argparse.Namespace) -> int:
     manager = build_manager(args)
     identity = manager.elector.identity if manager.elector is not None else default_identity()
     setup(manager, namespace=args.namespace,
-          events=EventRecorder(manager.client, reporting_instance=identity, clock=manager.clock),
+          events=EventRecorder(manager.client, reporting_controller=OPERATOR, reporting_instance=identity,
+                               clock=manager.clock),
           agent_image=await agent_image(manager, args),
           agent_metrics_namespaces=parse_labels(args.agent_metrics_namespace_selector),
           tenant_role=os.environ.get("TAILNET_TENANT_CLUSTER_ROLE") or "tailnet-operator-tenant",

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 
 from tailnet_operator import __version__, logs
+from tailnet_operator.names import OPERATOR
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
 from tailnet_operator.runtime.errors import KubeError
@@ -97,7 +98,7 @@ async def _check(client: Client, args: argparse.Namespace) -> Report:
 
 async def _run(args: argparse.Namespace) -> int:
     config = rest_config.load(args.kubeconfig, context=args.context)
-    async with Client(config) as client:
+    async with Client(config, field_manager=OPERATOR) as client:
         handler = {"status": _status, "diagnose": _diagnose, "check": _check}[args.command]
         report = await handler(client, args)
     sys.stdout.write(report.render())

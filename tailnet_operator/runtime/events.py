@@ -50,7 +50,8 @@ __all__ = [
 ]
 
 
-REPORTING_CONTROLLER = "tailnet-operator"
+REPORTING_CONTROLLER = "controller-manager"
+"""The Events' ``reportingController`` of a recorder that is given none; a program names itself."""
 CLUSTER_SCOPED_NAMESPACE = "default"
 """Where Events about cluster-scoped objects are written."""
 
@@ -250,7 +251,7 @@ class _KeyLock:
 
 @final
 class EventRecorder:
-    """Writes Events as `reporting_controller` ("tailnet-operator") / `reporting_instance`.
+    """Writes Events as `reporting_controller` / `reporting_instance`.
 
     `reporting_instance` is typically the leader-election identity (cut to 128 characters).
     Writes for one key are serialized, so a repeat never patches an Event still being created;

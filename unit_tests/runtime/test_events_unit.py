@@ -10,6 +10,7 @@ import pytest
 from tailnet_operator.runtime.clock import FakeClock
 from tailnet_operator.runtime.errors import NotFound, ServerError
 from tailnet_operator.runtime.events import (
+    REPORTING_CONTROLLER,
     EventKey,
     EventRecorder,
     EventType,
@@ -156,7 +157,7 @@ async def test_five_occurrences_make_one_event_with_series_count_five(
     assert event["series"]["count"] == 5
     assert event["regarding"] == {"apiVersion": "v1", "kind": "ConfigMap", "name": "cm", "namespace": "ns",
                                   "uid": "uid-1"}
-    assert (event["reportingController"], event["reportingInstance"]) == ("tailnet-operator", "me")
+    assert (event["reportingController"], event["reportingInstance"]) == (REPORTING_CONTROLLER, "me")
 
 
 async def test_a_repeat_after_the_window_starts_a_new_event(

@@ -80,22 +80,27 @@ WriteObserver = Callable[[Resource, JSON], None]
 """Told every object a write stored (create, replace, apply, patch), e.g. to update a cache."""
 
 
+DEFAULT_FIELD_MANAGER = "controller-manager"
+"""The field manager (and user agent) of a client that is given none; a program names itself."""
+
+
 class Client:
     """Async access to kube-apiserver. Use as ``async with Client(config) as client``.
 
-    ``field_manager`` names the operator in managedFields; every apply uses it. Implements
+    ``field_manager`` names the writer in managedFields (every apply without its own uses it),
+    ``user_agent`` in the apiserver's logs and audit (default: the field manager). Implements
     :class:`~.interfaces.Writer` and :class:`~.interfaces.ListerWatcher`.
     """
 
-    def __init__(self, config: RestConfig, *, field_manager: str = "tailnet-operator",
+    def __init__(self, config: RestConfig, *, field_manager: str = DEFAULT_FIELD_MANAGER,
                  metrics: RequestCounter | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 user_agent: str = "tailnet-operator") -> None:
+                 user_agent: str | None = None) -> None:
         self.config = config
         self.field_manager = field_manager
         self._metrics = metrics
         self._timeout = timeout
         self._host = urlsplit(config.host).netloc
-        self._user_agent = user_agent
+        self._user_agent = user_agent or field_manager
         self._session: aiohttp.ClientSession | None = None
         self._observers: list[WriteObserver] = []
 

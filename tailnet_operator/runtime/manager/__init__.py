@@ -28,7 +28,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from ..cache import DEFAULT_SYNC_TIMEOUT, SharedCache
-from ..client import Client
+from ..client import DEFAULT_FIELD_MANAGER, Client
 from ..client.apply import Applier
 from ..client.config import RestConfig
 from ..clock import Clock, RealClock
@@ -51,8 +51,8 @@ class LeadershipLost(RuntimeError):
 class ManagerOptions:
     """Settings of the manager; every default is controller-runtime's unless noted."""
 
-    field_manager: str = "tailnet-operator"
-    """The server-side apply field manager for every write."""
+    field_manager: str = DEFAULT_FIELD_MANAGER
+    """The server-side apply field manager (and user agent) of every write without its own."""
     metrics_bind_address: str = "0"
     """host:port of ``/metrics``; "0" disables (the command line turns it on at :8080)."""
     health_probe_bind_address: str = "0"
