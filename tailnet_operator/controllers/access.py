@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from pydantic import ValidationError
+
 from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.headscale import (
     HeadscaleClient,
@@ -27,6 +29,7 @@ from tailnet_operator.runtime import SECRET, Clock, EventRecorder, Reader
 from tailnet_operator.types import JSON
 
 from .keyrecord import KeyRecord
+from .kinds import TAILNET
 
 __all__ = [
     "ClientFactory",
@@ -208,10 +211,6 @@ class TailnetRun:
 def live_tailnet(reader: Reader, name: str) -> TailnetRun | None:
     """The Tailnet to reconcile: None when it is gone, being deleted, or invalid (the Tailnet
     reconciler reports InvalidSpec; nothing else has anything to work from)."""
-    from pydantic import ValidationError
-
-    from tailnet_operator.controllers.kinds import TAILNET
-
     obj = reader.get(TAILNET, name)
     if obj is None or obj["metadata"].get("deletionTimestamp"):
         return None

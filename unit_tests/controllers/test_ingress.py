@@ -563,16 +563,21 @@ async def test_a_key_id_written_into_the_tenants_secret_expires_nobody_elses_key
     assert world.kube.get(TAILNET_INGRESS, "shop", TENANT) is None
 
 
+def withdraw_tenancy(world: IngressWorld) -> None:
+    """The Tailnet admits the ingress's namespace no more."""
+    tailnet = world.tailnet_obj()
+    tailnet["spec"]["tenants"] = [{"namespaces": ["elsewhere"], "tags": ["tag:ingress-*"]}]
+    tailnet["metadata"]["generation"] = 2
+    world.kube.update(TAILNET, tailnet)
+
+
 async def test_an_ingress_whose_tenancy_is_withdrawn_loses_its_key_node_and_record() -> None:
     world = await world_with_tailnet()
     world.add_ingress()
     await world.reconcile_ingress()
     key_id = next(iter(world.headscale.preauth_keys))
     world.headscale.nodes = [registered("7", key_id)]
-    tailnet = world.tailnet_obj()
-    tailnet["spec"]["tenants"] = [{"namespaces": ["elsewhere"], "tags": ["tag:ingress-*"]}]
-    tailnet["metadata"]["generation"] = 2
-    world.kube.update(TAILNET, tailnet)
+    withdraw_tenancy(world)
 
     await world.reconcile_ingress()
 
@@ -595,10 +600,7 @@ async def test_a_withdrawn_ingress_loses_the_node_its_agent_registered_before_ke
         world.clock.advance(timedelta(hours=13).total_seconds())
         await world.reconcile_ingress()
     assert len(world.headscale.preauth_keys) == 3
-    tailnet = world.tailnet_obj()
-    tailnet["spec"]["tenants"] = [{"namespaces": ["elsewhere"], "tags": ["tag:ingress-*"]}]
-    tailnet["metadata"]["generation"] = 2
-    world.kube.update(TAILNET, tailnet)
+    withdraw_tenancy(world)
 
     await world.reconcile_ingress()
 

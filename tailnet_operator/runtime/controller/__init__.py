@@ -28,6 +28,7 @@ from tailnet_operator.types import JSON
 from ..cache import NotYetCached, SharedCache
 from ..cache.informer import DeletedFinalStateUnknown
 from ..clock import Clock, RealClock
+from ..errors import KubeError
 from ..kinds import Resource
 from ..metrics import ControllerMetrics
 from .predicates import Predicate
@@ -343,8 +344,6 @@ def _check_watch(controller: str, method: str, resource: object, predicates: Seq
 
 def _expected(exc: Exception) -> bool:
     """API and transport errors are routine and logged without a traceback."""
-    from ..errors import KubeError
-
     return isinstance(exc, KubeError)
 
 
