@@ -85,10 +85,10 @@ async def running_agent(headscale: Headscale, hostname: str, key: str, targets: 
 
 
 @contextlib.asynccontextmanager
-async def local_server(handler: Handler) -> AsyncIterator[int]:
-    """A TCP server on 127.0.0.1 (reached through a tailscaled peer's IP); yields its port."""
+async def local_server(handler: Handler, host: str | list[str] = "127.0.0.1") -> AsyncIterator[int]:
+    """A TCP server on ``host`` (reached through a tailscaled peer's IP); yields its port."""
     port = free_port()
-    server = await asyncio.start_server(handler, "127.0.0.1", port)
+    server = await asyncio.start_server(handler, host, port)
     try:
         yield port
     finally:
@@ -172,6 +172,25 @@ async def test_egress_reaches_an_http_server_behind_a_tailscaled_peer(
             metrics = agent.metrics.render().decode()
             assert 'tailnet_agent_bytes_total{direction="received",target="web"}' in metrics
             assert "tailnet_agent_derp_connected 1.0" in metrics
+
+
+async def test_egress_reaches_a_peer_by_its_ipv6_address(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory) -> None:
+    """A target at a peer's tailnet IPv6 address (fd7a:115c:a1e0::/48) works like one at its IPv4 one."""
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    peer = tailscale_nodes("ts-web-v6", headscale, authkey=key)
+    # tailscaled (userspace) hands a connection to its IPv6 address to the host's ::1
+    async with contextlib.AsyncExitStack() as stack:
+        port = await stack.enter_async_context(local_server(http_handler, ["127.0.0.1", "::1"]))
+        agent = await stack.enter_async_context(
+            running_agent(headscale, "agent-web-v6", key, [target("web", peer.ipv6(), port)]))
+        await wait_peer_sees(peer, "agent-web-v6")
+        reader, writer = await asyncio.open_connection("127.0.0.1", agent.listen_port("web", port))
+        writer.write(b"GET /over-ipv6 HTTP/1.0\r\nHost: web\r\n\r\n")
+        await writer.drain()
+        response = await asyncio.wait_for(read_all(reader), 30)
+        writer.close()
+        assert response.endswith(b"\r\n\r\nhello from the peer side, path /over-ipv6\n"), response
 
 
 def direct_peers(agent: Agent) -> list[str]:

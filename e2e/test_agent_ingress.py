@@ -382,3 +382,31 @@ async def test_grpc_over_h2_with_trailers_sni_across_exposes_and_identity_header
     finally:
         h2c.close()
         h2s.close()
+
+
+async def test_a_tcp_expose_answers_on_the_nodes_ipv6_address(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path) -> None:
+    """The node's tailnet IPv6 address (fd7a:115c:a1e0::/48) serves the exposes like its IPv4 one."""
+    async def hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nv6\n")
+            await writer.drain()
+        writer.close()
+
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    laptop = tailscale_nodes("ts-laptop-v6", headscale, authkey=key)
+    server = await asyncio.start_server(hello, "127.0.0.1", 0)
+    listen = free_port()
+    try:
+        async with ingress_agent(headscale, "ingress-v6", key, tmp_path,
+                                 [tcp("web", listen, server.sockets[0].getsockname()[1])]) as agent:
+            await wait_peer_sees(laptop, "ingress-v6")
+            [v6] = [a for a in agent.node.addresses() if ":" in a]
+            reader, writer = await tunnel(laptop.http_proxy_port, f"[{v6}]", listen)
+            writer.write(b"GET / HTTP/1.0\r\n\r\n")
+            await writer.drain()
+            assert (await read_all(reader)).endswith(b"\r\n\r\nv6\n")
+            writer.close()
+    finally:
+        server.close()

@@ -6,9 +6,10 @@ would answer it for this node, in this order:
 1. an IP literal or a MagicDNS name of a node in the netmap (:func:`~tailnet_agent.projection.resolve_name`);
 2. the netmap's ``DNSConfig.ExtraRecords`` (Headscale's ``dns.extra_records``), A before AAAA;
 3. the split-DNS route (``DNSConfig.Routes``, Headscale's ``dns.nameservers.split``) with the
-   longest suffix that covers the name: an A query (DNS over TCP, RFC 7766) to each of that
-   route's resolvers in turn, dialled through the tailnet like any egress connection, since the
-   resolver usually sits on a site LAN behind a subnet router.
+   longest suffix that covers the name: an A query (DNS over TCP, RFC 7766), then an AAAA query
+   when the name has no A record, to each of that route's resolvers in turn, dialled through the
+   tailnet like any egress connection, since the resolver usually sits on a site LAN behind a
+   subnet router.
 
 Global resolvers are not asked: the agent has no exit node, and a name that reaches the internet's
 DNS is not a tailnet name. Answers are cached for their TTL (clamped to 5-300 s); the last answer
@@ -34,10 +35,16 @@ MAX_TTL = 300.0
 QUERY_TIMEOUT = 5.0
 TYPE_A = 1
 TYPE_CNAME = 5
+TYPE_AAAA = 28
+_ADDRESS_SIZE = {TYPE_A: 4, TYPE_AAAA: 16}
 
 
 class DnsError(Exception):
     """A DNS answer that gives no address; ``str()`` says why, for a target's status message."""
+
+
+class NoRecord(DnsError):
+    """The name exists but has no record of the type asked (NODATA)."""
 
 
 def normalize(name: str) -> str:
@@ -116,8 +123,9 @@ def _skip_name(msg: bytes, offset: int) -> int:
         offset += 1 + length
 
 
-def decode_answer(msg: bytes, query_id: int) -> tuple[list[str], float]:
-    """The A records of a response to ``query_id`` and the smallest TTL; raises :class:`DnsError`."""
+def decode_answer(msg: bytes, query_id: int, qtype: int = TYPE_A) -> tuple[list[str], float]:
+    """The ``qtype`` (A or AAAA) records of a response to ``query_id`` and the smallest TTL; raises
+    :class:`DnsError` (:class:`NoRecord` when the answer holds none of that type)."""
     if len(msg) < 12:
         raise DnsError("truncated DNS answer")
     rid, flags, qdcount, ancount = struct.unpack("!HHHH", msg[:8])
@@ -141,12 +149,13 @@ def decode_answer(msg: bytes, query_id: int) -> tuple[list[str], float]:
         offset += 10
         if offset + rdlength > len(msg):
             raise DnsError("truncated DNS answer")
-        if rtype == TYPE_A and rdlength == 4:
-            addresses.append(str(ipaddress.IPv4Address(msg[offset:offset + 4])))
+        if rtype == qtype and rdlength == _ADDRESS_SIZE[qtype]:
+            addresses.append(str(ipaddress.ip_address(msg[offset:offset + rdlength])))
             ttl = min(ttl, float(rttl))
         offset += rdlength
     if not addresses:
-        raise DnsError("the resolver has no A record for it")
+        raise NoRecord("the resolver has no A or AAAA record for it" if qtype == TYPE_AAAA
+                       else "the resolver has no A record for it")
     return addresses, ttl
 
 
@@ -223,14 +232,21 @@ class Resolver:
         raise DnsError(f"cannot resolve {name!r} through the split-DNS route for {suffix}: " + "; ".join(problems))
 
     async def _ask(self, endpoint: tuple[str, int], name: str) -> tuple[list[str], float]:
+        """The name's IPv4 addresses, else (no A record) its IPv6 ones."""
+        try:
+            return await self._ask_type(endpoint, name, TYPE_A)
+        except NoRecord:
+            return await self._ask_type(endpoint, name, TYPE_AAAA)
+
+    async def _ask_type(self, endpoint: tuple[str, int], name: str, qtype: int) -> tuple[list[str], float]:
         query_id = next(self._ids) & 0xFFFF
-        query = encode_query(name, query_id)
+        query = encode_query(name, query_id, qtype)
         async with asyncio.timeout(QUERY_TIMEOUT):
             reader, writer = await self._dial(*endpoint)
             try:
                 writer.write(struct.pack("!H", len(query)) + query)
                 await writer.drain()
                 (length,) = struct.unpack("!H", await reader.readexactly(2))
-                return decode_answer(await reader.readexactly(length), query_id)
+                return decode_answer(await reader.readexactly(length), query_id, qtype)
             finally:
                 writer.close()

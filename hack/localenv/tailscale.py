@@ -111,6 +111,9 @@ class TailscaleNode:
     def ipv4(self) -> str:
         return str(next(ip for ip in self.status()["Self"]["TailscaleIPs"] if "." in ip))
 
+    def ipv6(self) -> str:
+        return str(next(ip for ip in self.status()["Self"]["TailscaleIPs"] if ":" in ip))
+
     def peers(self) -> list[dict[str, Any]]:
         return list((self.status().get("Peer") or {}).values())
 

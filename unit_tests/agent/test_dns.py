@@ -4,6 +4,7 @@ and a resolver that asks a (fake) resolver on the tailnet over TCP."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import struct
 from typing import Any
 
@@ -30,11 +31,13 @@ def dns_map(**dns: Any) -> nm.NetMap:
 
 
 def answer(query: bytes, ips: list[str], *, rcode: int = 0, ttl: int = 60) -> bytes:
-    """A response to ``query``: the question echoed, one A record per IP (name by pointer)."""
+    """A response to ``query``: the question echoed, one A or AAAA record per IP (name by pointer)."""
     qid = struct.unpack("!H", query[:2])[0]
     header = struct.pack("!HHHHHH", qid, 0x8180 | rcode, 1, len(ips), 0, 0)
-    records = b"".join(b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, ttl, 4) + bytes(int(x) for x in ip.split("."))
-                       for ip in ips)
+    records = b""
+    for ip in ips:
+        packed = ipaddress.ip_address(ip).packed
+        records += b"\xc0\x0c" + struct.pack("!HHIH", 1 if len(packed) == 4 else 28, 1, ttl, len(packed)) + packed
     return header + query[12:] + records
 
 
@@ -81,6 +84,7 @@ class FakeTailnetDns:
     def __init__(self, records: dict[str, str]) -> None:
         self.records = records
         self.dialled: list[tuple[str, int]] = []
+        self.asked: list[int] = []
 
     async def dial(self, ip: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         self.dialled.append((ip, port))
@@ -100,7 +104,11 @@ class FakeTailnetDns:
             labels.append(query[i + 1:i + 1 + query[i]].decode())
             i += 1 + query[i]
         ip = self.records.get(".".join(labels))
-        msg = answer(query, [ip] if ip else [], rcode=0 if ip else 3, ttl=1)
+        qtype = struct.unpack("!H", query[i + 1:i + 3])[0]
+        self.asked.append(qtype)
+        version = 4 if qtype == 1 else 6
+        found = [ip] if ip and ipaddress.ip_address(ip).version == version else []
+        msg = answer(query, found, rcode=0 if ip else 3, ttl=1)  # a name with no record of the type: NODATA
         writer.write(struct.pack("!H", len(msg)) + msg)
         await writer.drain()
         writer.close()
@@ -135,3 +143,14 @@ async def test_a_name_without_any_route_names_what_was_tried() -> None:
     no_map = Resolver(lambda: None, FakeTailnetDns({}).dial, FakeClock())
     with pytest.raises(DnsError, match="no netmap from control yet"):
         await no_map.resolve("ledger.tailnet.example.internal")
+
+
+async def test_a_name_with_only_an_ipv6_address_resolves_to_it_after_the_a_query() -> None:
+    m = dns_map(Routes={"example.internal": [{"Addr": "100.64.0.2"}]})
+    server = FakeTailnetDns({"ledger.example.internal": "fd00:5::9", "db.example.internal": "198.18.5.7"})
+    resolver = Resolver(lambda: m, server.dial, FakeClock())
+
+    assert await resolver.resolve("ledger.example.internal") == "fd00:5::9"
+    assert server.asked == [1, 28], "A first, then AAAA"
+    assert await resolver.resolve("db.example.internal") == "198.18.5.7"
+    assert server.asked == [1, 28, 1], "an A answer needs no AAAA query"
