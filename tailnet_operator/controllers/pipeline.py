@@ -336,7 +336,7 @@ class TaggedNodeReconciler(Generic[CR]):
     def __init__(self, deps: Deps, writer: Writer, kind: TaggedNode[CR]) -> None:
         self.kind = kind
         self.phases: Phases[CR] = Phases(deps, writer, kind.resource, kind.model, field_manager=kind.field_manager,
-                             condition_types=kind.condition_types)
+                                         condition_types=kind.condition_types)
         self.applier = Applier(deps.reader, writer, field_manager=kind.field_manager)
 
     async def reconcile(self, request: Request) -> Result:
