@@ -39,6 +39,7 @@ from e2e.cluster import (
     wait_pod_running,
 )
 from e2e.conftest import TailscaleFactory
+from e2e.disruption import age_key
 from e2e.operator import tailnet_object, unique
 from hack.localenv import Headscale, SiteHost, TailscaleNode, wait_until
 
@@ -395,17 +396,6 @@ def test_each_route_problem_is_named_and_heals_to_ready(
         world.router.set(f"--advertise-routes={world.host.subnet}")
 
 
-def _shift_key_back(cluster: ClusterUnderTest, world: EgressWorld, hours: float) -> None:
-    """Make the stored pre-auth key look ``hours`` older: its recorded creation and expiry move back."""
-    secret = get_json(cluster, "-n", world.namespace, "secret", f"{world.egress}-auth-key")
-    notes = secret["metadata"]["annotations"]
-    shift = dt.timedelta(hours=hours)
-    created = dt.datetime.fromisoformat(notes["tailnet.dev/key-created"]) - shift
-    expires = dt.datetime.fromisoformat(notes["tailnet.dev/key-expires"]) - shift
-    kubectl(cluster, "-n", world.namespace, "annotate", "--overwrite", "secret", f"{world.egress}-auth-key",
-            f"tailnet.dev/key-created={created.isoformat()}", f"tailnet.dev/key-expires={expires.isoformat()}")
-
-
 def test_key_rotation_keeps_connections_and_a_deleted_agent_pod_comes_back(
         cluster: ClusterUnderTest, world: EgressWorld, cluster_headscale: Headscale) -> None:
     first = world.target("site-web", 8080, f"web.{ZONE}")
@@ -418,7 +408,7 @@ def test_key_rotation_keeps_connections_and_a_deleted_agent_pod_comes_back(
     with python_session(cluster, world.consumer, "client", code) as session:
         assert session.ask("before") == "echo before"
 
-        _shift_key_back(cluster, world, hours=13)  # past half of the 24 h lifetime
+        age_key(cluster, world.namespace, f"{world.egress}-auth-key", hours=13)  # past half of the 24 h lifetime
 
         def rotated() -> dict[str, Any] | None:
             status = get_json(cluster, "-n", world.namespace, EGRESSES, world.egress).get("status") or {}

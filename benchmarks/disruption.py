@@ -1,0 +1,198 @@
+"""Requests lost and the longest gap while an agent is disrupted under continuous load, on the local node.
+
+Egress (1 and 2 replicas): a client pod sends an HTTP GET every 20 ms, a new connection each with
+a 2 s deadline, through the target's Service to a site host behind a tailscaled subnet router.
+Ingress (1 replica): a tailscaled laptop on the host sends the same to an https expose and a tcp
+expose by the ingress's MagicDNS name. Each disruption in turn (``e2e/disruption.py``): a rolling
+update of the agent (``kubectl rollout restart``), one agent pod deleted, a pre-auth key rotation,
+an operator restart, a Headscale restart. Then the agent's RSS (the node's /proc through the
+pod's cgroups) idle and with 1,000 connections open through it. ``--doc`` writes the table into
+docs/benchmarks.md between its markers, with the commit and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from benchmarks.egress_incluster import pod_rss_kib
+from benchmarks.runtime.__main__ import write_section
+from e2e.cluster import get_json, install_operator_in_cluster
+from e2e.disruption import (
+    DEADLINE,
+    DISRUPTIONS,
+    INTERVAL,
+    SETTLE,
+    WARM,
+    Load,
+    Subject,
+    disrupt,
+    egress_world,
+    ingress_world,
+    open_connections,
+)
+from hack import image, versions
+from hack.localenv import Environment, Headscale
+
+BEGIN, END = "<!-- bench:disruption:begin -->", "<!-- bench:disruption:end -->"
+CONNECTIONS = 1000
+DRAIN_NOTE = ("node drain: not measured here. The local node is the only node: a drain cordons it and "
+              "evicts the agent with nowhere to schedule its successor (and evicts the operator and "
+              "CoreDNS with it), so it measures an outage of the whole cluster, not the agent's drain. "
+              "It needs a second node (kind, `make e2e`).")
+
+
+def commit() -> str:
+    root = Path(__file__).resolve().parent.parent
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=False).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, check=False).stdout.strip()
+    return f"{head}{' (with uncommitted changes)' if dirty else ''}"
+
+
+def _rounds(subject: Subject, headscale: Headscale, load: Callable[[], Load], label: dict[str, Any],
+            rounds: int, rows: list[dict[str, Any]], progress: Path | None) -> None:
+    for number in range(1, rounds + 1):
+        for what in DISRUPTIONS:
+            row: dict[str, Any] = {**label, "round": number, "disruption": what}
+            try:
+                outcome = disrupt(subject, headscale, what, load)
+                row.update(streams={k: asdict(v) for k, v in outcome.streams.items()}, done_s=outcome.done_s,
+                           named_s=outcome.named_s)
+            except (TimeoutError, AssertionError, RuntimeError) as exc:
+                row["error"] = str(exc).splitlines()[0][:300]
+                print(exc, flush=True)
+            row["loadavg"] = os.getloadavg()[0]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if progress:
+                progress.parent.mkdir(parents=True, exist_ok=True)
+                progress.write_text(json.dumps({"rows": rows}, indent=1))
+
+
+def run(rounds: int, progress: Path | None) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    load_before = os.getloadavg()
+    with Environment() as env:
+        cluster = env.cluster()
+        project = image.project_image()
+        cluster.load_image(project)
+        headscale = env.headscale("bench-headscale", address=cluster.host_address)
+        ns = install_operator_in_cluster(cluster, project.ref, env.root / "install")
+        rss: dict[str, Any] = {}
+        with egress_world(cluster, ns, headscale, project.ref, env.site_host, env.tailscale_node) as egress:
+            (pod,) = egress.subject.pods()
+            uid = pod["metadata"]["uid"]
+            rss["limits"] = pod["spec"]["containers"][0].get("resources", {}).get("limits", {})
+            rss["idle_kib"] = pod_rss_kib(uid)
+            with open_connections(egress, CONNECTIONS) as opened:
+                rss["connections"] = opened
+                rss["open_kib"] = pod_rss_kib(uid)
+            rss["after_kib"] = pod_rss_kib(uid)
+            rss["restarts"] = sum(c["restartCount"] for c in get_json(
+                cluster, "-n", ns, "pod", pod["metadata"]["name"])["status"]["containerStatuses"])
+            print(json.dumps({"rss": rss}), flush=True)
+            for replicas in (1, 2):
+                egress.scale(replicas)
+                _rounds(egress.subject, headscale, egress.load, {"subject": "egress", "replicas": replicas},
+                        rounds, rows, progress)
+        try:
+            with ingress_world(cluster, ns, headscale, project.ref, env.root / "ingress",
+                               env.tailscale_node) as ingress:
+                _rounds(ingress.subject, headscale, ingress.load, {"subject": "ingress", "replicas": 1}, rounds,
+                        rows, progress)
+        except (TimeoutError, RuntimeError) as exc:
+            print(f"the ingress did not come up: {exc}", flush=True)  # with its diagnosis
+            rows.append({"subject": "ingress", "replicas": 1, "round": 0, "disruption": "setup",
+                         "error": str(exc).splitlines()[0][:300]})
+    return {"date": dt.date.today().isoformat(), "commit": commit(), "rounds": rounds,
+            "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "rss": rss, "rows": rows}
+
+
+def _cell(values: list[str]) -> str:
+    return " / ".join(values) if values else "-"
+
+
+def table(doc: dict[str, Any]) -> str:
+    keys: dict[tuple[str, int, str, str], list[dict[str, Any]]] = {}
+    errors: list[str] = []
+    for row in doc["rows"]:
+        if "error" in row:
+            errors.append(f"{row['subject']} x{row['replicas']} {row['disruption']} round {row['round']}: "
+                          f"{row['error']}")
+            continue
+        for stream, t in row["streams"].items():
+            keys.setdefault((row["subject"], row["replicas"], row["disruption"], stream), []).append(
+                {**t, "done_s": row["done_s"], "named_s": row.get("named_s")})
+    lines = ["| agent | replicas | disruption | requests | sent | lost | longest gap s | disruption done s "
+             "| name back s |", "|---|---|---|---|---|---|---|---|---|"]
+    for (subject, replicas, what, stream), runs in keys.items():
+        named = [format(r["named_s"], ".0f") for r in runs if r["named_s"] is not None]
+        lines.append(f"| {subject} | {replicas} | {what} | {stream} | {_cell([str(r['sent']) for r in runs])} | "
+                     f"{_cell([str(r['lost']) for r in runs])} | "
+                     f"{_cell([format(r['longest_gap_s'], '.2f') for r in runs])} | "
+                     f"{_cell([format(r['done_s'], '.0f') for r in runs])} | {_cell(named)} |")
+    for subject in ("egress", "ingress"):
+        lines.append(f"| {subject} | - | node drain | not measurable on one node (below) | - | - | - | - | - |")
+    rss = doc["rss"]
+    limit = rss.get("limits", {}).get("memory", "none")
+    loads = ", ".join(f"{x:.1f}" for x in doc["loadavg_before"])
+    loads_after = ", ".join(f"{x:.1f}" for x in doc["loadavg_after"])
+    text = [
+        f"### Agent disruptions under load, {doc['date']}, commit {doc['commit']}", "",
+        f"The local node (one node, kube-apiserver {versions.KUBERNETES}), Headscale {versions.HEADSCALE} and "
+        f"tailscaled {versions.TAILSCALE} on this machine; {doc['rounds']} round(s), the figures of each round "
+        f"separated by `/`. Load average (1, 5, 15 min) {loads} at the start, {loads_after} at the end. "
+        f"Egress: a client pod sends an HTTP GET every {INTERVAL * 1000:.0f} ms, a new connection each with "
+        f"a {DEADLINE:.0f} s deadline, through the target's Service to a site host behind a tailscaled subnet "
+        "router. Ingress: a tailscaled laptop on the host sends the same to an https expose and a tcp expose "
+        "by the ingress's MagicDNS name (`requests` names the stream). A request is lost when it fails or "
+        f"answers past the deadline. Each load starts {WARM} successes in a row before the disruption and stops "
+        f"{SETTLE} successes in a row after the disruption's conditions are met (rollout: every old pod gone; "
+        "pod deleted: its successor ready; key rotation: the CR reports the new key; operator restart: "
+        "the new operator pods alone; Headscale restart: healthy); the longest gap is between two "
+        "successful answers. Defaults of this commit only (surge, preStop 10 s, drain 30 s): the old "
+        "shape (maxUnavailable 1, no preStop, no drain) is no longer code and was not reproduced.", "",
+        *lines, "",
+        DRAIN_NOTE, "",
+        f"Agent RSS (egress, 1 replica, memory limit {limit}): {rss['idle_kib'] / 1024:.1f} MiB idle, "
+        f"{rss['open_kib'] / 1024:.1f} MiB with {rss['connections']:,} connections open through it (each "
+        f"echoed once), {rss['after_kib'] / 1024:.1f} MiB just after they closed; container restarts "
+        f"{rss['restarts']}.",
+    ]
+    if errors:
+        text += ["", "Disruptions that did not complete: " + "; ".join(errors) + "."]
+    return "\n".join(text) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of every disruption (default 1)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument("--from-json", type=Path, default=None, help="report an earlier --json instead")
+    parser.add_argument("--doc", type=Path, default=None, help="write the table into this markdown file")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    doc = json.loads(args.from_json.read_text()) if args.from_json else run(args.rounds, args.json)
+    text = table(doc)
+    print(text)
+    if args.json and not args.from_json:
+        doc["wall_s"] = round(time.monotonic() - started)
+        args.json.write_text(json.dumps(doc, indent=1))
+    if args.doc:
+        write_section(args.doc, BEGIN, END, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

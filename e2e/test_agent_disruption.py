@@ -1,0 +1,87 @@
+"""Agents under continuous load through disruptions, on a real node (issue 24, "Done when").
+
+Egress: a client pod sends an HTTP GET every 20 ms (a new connection each, 2 s deadline) through
+the egress target's Service to a site host; it loses no request while the agent rolls out or its
+pre-auth key rotates with one replica, nor while one of two replicas is deleted. Ingress: a
+tailscaled laptop sends requests to an https and a tcp expose by the ingress's MagicDNS name; a
+rollout loses none and the ingress keeps its name (``status.node.name`` and the MagicDNS name are
+``spec.hostname`` again once it is done). The loads and disruptions are ``e2e/disruption.py``'s,
+which ``benchmarks/disruption.py`` also runs for the figures (durations are measured there only).
+A node drain needs a second node (``make e2e`` on kind): not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from e2e.cluster import ClusterUnderTest
+from e2e.conftest import TailscaleFactory
+from e2e.disruption import EgressWorld, IngressWorld, Outcome, Subject, disrupt, egress_world, ingress_world
+from hack.localenv import Headscale, SiteHost
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def egress(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale: Headscale, project_image: Any,
+           module_site_host: Callable[[], SiteHost], module_tailscale_nodes: TailscaleFactory,
+           ) -> Iterator[EgressWorld]:
+    with egress_world(cluster, installed_operator, cluster_headscale, project_image.ref, module_site_host,
+                      module_tailscale_nodes) as world:
+        yield world
+
+
+@pytest.fixture(scope="module")
+def ingress(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale: Headscale, project_image: Any,
+            module_tailscale_nodes: TailscaleFactory, tmp_path_factory: pytest.TempPathFactory,
+            ) -> Iterator[IngressWorld]:
+    with ingress_world(cluster, installed_operator, cluster_headscale, project_image.ref,
+                       tmp_path_factory.mktemp("ingress"), module_tailscale_nodes) as world:
+        yield world
+
+
+def _explain(subject: Subject, outcome: Outcome) -> str:
+    return f"{outcome}\n{subject.explain()}"
+
+
+def _lost(outcome: Outcome) -> dict[str, int]:
+    return {stream: t.lost for stream, t in outcome.streams.items()}
+
+
+def test_egress_with_one_replica_loses_nothing_on_a_rollout(
+        egress: EgressWorld, cluster_headscale: Headscale) -> None:
+    egress.scale(1)
+    outcome = disrupt(egress.subject, cluster_headscale, "rollout", egress.load)
+    assert outcome.streams["http"].sent > 0
+    assert _lost(outcome) == {"http": 0}, _explain(egress.subject, outcome)
+
+
+def test_egress_with_one_replica_loses_nothing_on_a_key_rotation(
+        egress: EgressWorld, cluster_headscale: Headscale) -> None:
+    egress.scale(1)
+    before = {p["metadata"]["uid"] for p in egress.subject.pods()}
+    outcome = disrupt(egress.subject, cluster_headscale, "key rotation", egress.load)
+    assert _lost(outcome) == {"http": 0}, _explain(egress.subject, outcome)
+    assert {p["metadata"]["uid"] for p in egress.subject.pods()} == before, "a rotation restarts no agent"
+
+
+def test_egress_with_two_replicas_loses_nothing_when_one_pod_is_deleted(
+        egress: EgressWorld, cluster_headscale: Headscale) -> None:
+    egress.scale(2)
+    try:
+        outcome = disrupt(egress.subject, cluster_headscale, "pod deleted", egress.load)
+        assert _lost(outcome) == {"http": 0}, _explain(egress.subject, outcome)
+    finally:
+        egress.scale(1)
+
+
+def test_ingress_keeps_its_name_and_loses_nothing_on_a_rollout(
+        ingress: IngressWorld, cluster_headscale: Headscale) -> None:
+    outcome = disrupt(ingress.subject, cluster_headscale, "rollout", ingress.load)
+    # disrupt() waited for the name: the node and its MagicDNS name are spec.hostname again.
+    assert ingress.subject.named(), ingress.subject.get().get("status")
+    assert all(t.sent > 0 for t in outcome.streams.values()), outcome
+    assert _lost(outcome) == {"https": 0, "tcp": 0}, _explain(ingress.subject, outcome)
