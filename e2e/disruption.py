@@ -279,11 +279,12 @@ class Subject:
         return condition(self.get(), "Ready") == "True"
 
     def named(self) -> bool:
-        """Ingress: its node and MagicDNS name carry spec.hostname (an egress: always)."""
+        """Ingress: its node's name and its MagicDNS name (both FQDNs) begin with the label
+        spec.hostname, not a suffixed one (an egress: always)."""
         if self.hostname is None:
             return True
         status = self.get().get("status") or {}
-        node = (status.get("node") or {}).get("name")
+        node = ((status.get("node") or {}).get("name") or "").split(".")[0]
         magic = (status.get("magicDNSName") or "").split(".")[0]
         return node == self.hostname and magic == self.hostname
 
