@@ -51,6 +51,7 @@ from e2e.operator import tailnet_object
 from hack.https_client import request, tunnel
 from hack.localenv import Headscale, SiteHost, TailscaleNode, wait_until
 from hack.localenv._pki import CertificateAuthority
+from tailnet_operator.resources.ingress import record_name
 
 INTERVAL = 0.02
 """Seconds from the start of one request to the start of the next (when the first took less)."""
@@ -248,7 +249,8 @@ class Subject:
     name: str
     selector: str
     deployment: str
-    key_secret: str
+    key_record: tuple[str, str]
+    """(namespace, name) of the Secret that records the pre-auth key (its creation and expiry)."""
     hostname: str | None = None
     """Ingress only: the name its node must carry."""
 
@@ -344,7 +346,7 @@ def delete_pod(subject: Subject, _: Headscale) -> None:
 def rotate_key(subject: Subject, _: Headscale) -> None:
     """Age the stored pre-auth key past half its lifetime; done when the CR reports a new key."""
     old = subject.key_id()
-    age_key(subject.cluster, subject.namespace, subject.key_secret, hours=13)
+    age_key(subject.cluster, *subject.key_record, hours=13)
     wait_until(lambda: subject.key_id() not in ("", old), timeout=120, what="the pre-auth key rotated")
 
 
@@ -487,7 +489,7 @@ def egress_world(cluster: ClusterUnderTest, ns: str, headscale: Headscale, image
                                   "ports": [{"port": ECHO_PORT, "name": "echo"}]}]}}
             apply(cluster, [body])
             subject = Subject(cluster, ns, ns, EGRESSES, name, f"tailnet.dev/egress={name}",
-                              f"{name}-egress-agent", f"{name}-auth-key")
+                              f"{name}-egress-agent", (ns, f"{name}-auth-key"))
             subject.wait_steady()
             yield EgressWorld(subject, consumer, host, body)
     finally:
@@ -582,7 +584,7 @@ def ingress_world(cluster: ClusterUnderTest, ns: str, headscale: Headscale, imag
                                      {"name": "web", "mode": "http", "port": 443, "backend": backend,
                                       "hosts": [{"name": sni, "tls": {"secretName": "web-tls"}}]}]}}])
             subject = Subject(cluster, ns, tenant, INGRESSES, name, f"tailnet.dev/ingress={name}",
-                              f"{name}-ingress-agent", f"{name}-ingress-auth-key", hostname=name)
+                              f"{name}-ingress-agent", (ns, record_name(tenant, name)), hostname=name)
             subject.wait_steady()
             yield IngressWorld(subject, laptop, sni, ca.cert_path)
             kubectl(cluster, "-n", tenant, "delete", INGRESSES, name, "--wait=true", "--timeout=90s", check=False)

@@ -25,7 +25,9 @@ from hack.localenv import Headscale, SiteHost
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
-@pytest.fixture(scope="module")
+# Class-scoped worlds: each Tailnet applies its own policy to the one Headscale, so two alive at
+# once would overwrite each other's policy every pass; the egress world is gone before the ingress's.
+@pytest.fixture(scope="class")
 def egress(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale: Headscale, project_image: Any,
            module_site_host: Callable[[], SiteHost], module_tailscale_nodes: TailscaleFactory,
            ) -> Iterator[EgressWorld]:
@@ -34,7 +36,7 @@ def egress(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale
         yield world
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def ingress(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale: Headscale, project_image: Any,
             module_tailscale_nodes: TailscaleFactory, tmp_path_factory: pytest.TempPathFactory,
             ) -> Iterator[IngressWorld]:
@@ -51,37 +53,37 @@ def _lost(outcome: Outcome) -> dict[str, int]:
     return {stream: t.lost for stream, t in outcome.streams.items()}
 
 
-def test_egress_with_one_replica_loses_nothing_on_a_rollout(
-        egress: EgressWorld, cluster_headscale: Headscale) -> None:
-    egress.scale(1)
-    outcome = disrupt(egress.subject, cluster_headscale, "rollout", egress.load)
-    assert outcome.streams["http"].sent > 0
-    assert _lost(outcome) == {"http": 0}, _explain(egress.subject, outcome)
-
-
-def test_egress_with_one_replica_loses_nothing_on_a_key_rotation(
-        egress: EgressWorld, cluster_headscale: Headscale) -> None:
-    egress.scale(1)
-    before = {p["metadata"]["uid"] for p in egress.subject.pods()}
-    outcome = disrupt(egress.subject, cluster_headscale, "key rotation", egress.load)
-    assert _lost(outcome) == {"http": 0}, _explain(egress.subject, outcome)
-    assert {p["metadata"]["uid"] for p in egress.subject.pods()} == before, "a rotation restarts no agent"
-
-
-def test_egress_with_two_replicas_loses_nothing_when_one_pod_is_deleted(
-        egress: EgressWorld, cluster_headscale: Headscale) -> None:
-    egress.scale(2)
-    try:
-        outcome = disrupt(egress.subject, cluster_headscale, "pod deleted", egress.load)
-        assert _lost(outcome) == {"http": 0}, _explain(egress.subject, outcome)
-    finally:
+class TestEgress:
+    def test_egress_with_one_replica_loses_nothing_on_a_rollout(
+            self, egress: EgressWorld, cluster_headscale: Headscale) -> None:
         egress.scale(1)
+        outcome = disrupt(egress.subject, cluster_headscale, "rollout", egress.load)
+        assert outcome.streams["http"].sent > 0
+        assert _lost(outcome) == {"http": 0}, _explain(egress.subject, outcome)
+
+    def test_egress_with_one_replica_loses_nothing_on_a_key_rotation(
+            self, egress: EgressWorld, cluster_headscale: Headscale) -> None:
+        egress.scale(1)
+        before = {p["metadata"]["uid"] for p in egress.subject.pods()}
+        outcome = disrupt(egress.subject, cluster_headscale, "key rotation", egress.load)
+        assert _lost(outcome) == {"http": 0}, _explain(egress.subject, outcome)
+        assert {p["metadata"]["uid"] for p in egress.subject.pods()} == before, "a rotation restarts no agent"
+
+    def test_egress_with_two_replicas_loses_nothing_when_one_pod_is_deleted(
+            self, egress: EgressWorld, cluster_headscale: Headscale) -> None:
+        egress.scale(2)
+        try:
+            outcome = disrupt(egress.subject, cluster_headscale, "pod deleted", egress.load)
+            assert _lost(outcome) == {"http": 0}, _explain(egress.subject, outcome)
+        finally:
+            egress.scale(1)
 
 
-def test_ingress_keeps_its_name_and_loses_nothing_on_a_rollout(
-        ingress: IngressWorld, cluster_headscale: Headscale) -> None:
-    outcome = disrupt(ingress.subject, cluster_headscale, "rollout", ingress.load)
-    # disrupt() waited for the name: the node and its MagicDNS name are spec.hostname again.
-    assert ingress.subject.named(), ingress.subject.get().get("status")
-    assert all(t.sent > 0 for t in outcome.streams.values()), outcome
-    assert _lost(outcome) == {"https": 0, "tcp": 0}, _explain(ingress.subject, outcome)
+class TestIngress:
+    def test_ingress_keeps_its_name_and_loses_nothing_on_a_rollout(
+            self, ingress: IngressWorld, cluster_headscale: Headscale) -> None:
+        outcome = disrupt(ingress.subject, cluster_headscale, "rollout", ingress.load)
+        # disrupt() waited for the name: the node and its MagicDNS name are spec.hostname again.
+        assert ingress.subject.named(), ingress.subject.get().get("status")
+        assert all(t.sent > 0 for t in outcome.streams.values()), outcome
+        assert _lost(outcome) == {"https": 0, "tcp": 0}, _explain(ingress.subject, outcome)
