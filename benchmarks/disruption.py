@@ -144,15 +144,22 @@ def table(doc: dict[str, Any]) -> str:
                      f"{_cell([format(r['done_s'], '.0f') for r in runs])} | {_cell(named)} |")
     for subject in ("egress", "ingress"):
         lines.append(f"| {subject} | - | node drain | not measurable on one node (below) | - | - | - | - | - |")
-    rss = doc["rss"]
-    limit = rss.get("limits", {}).get("memory", "none")
-    loads = ", ".join(f"{x:.1f}" for x in doc["loadavg_before"])
-    loads_after = ", ".join(f"{x:.1f}" for x in doc["loadavg_after"])
+    measured = doc["rss"] if isinstance(doc["rss"], list) else [doc["rss"]]
+    limit = measured[0].get("limits", {}).get("memory", "none")
+    during = [row["loadavg"] for row in doc["rows"] if "loadavg" in row]
+    if "loadavg_before" in doc:
+        loads = ", ".join(f"{x:.1f}" for x in doc["loadavg_before"])
+        loads_after = ", ".join(f"{x:.1f}" for x in doc["loadavg_after"])
+        load_text = f"Load average (1, 5, 15 min) {loads} at the start, {loads_after} at the end"
+    else:
+        load_text = "Load average not recorded at the start and end"
+    if during:
+        load_text += f"; 1 min load average after each disruption {min(during):.1f}-{max(during):.1f}"
     text = [
         f"### Agent disruptions under load, {doc['date']}, commit {doc['commit']}", "",
         f"The local node (one node, kube-apiserver {versions.KUBERNETES}), Headscale {versions.HEADSCALE} and "
         f"tailscaled {versions.TAILSCALE} on this machine; {doc['rounds']} round(s), the figures of each round "
-        f"separated by `/`. Load average (1, 5, 15 min) {loads} at the start, {loads_after} at the end. "
+        f"separated by `/`. {load_text}. "
         f"Egress: a client pod sends an HTTP GET every {INTERVAL * 1000:.0f} ms, a new connection each with "
         f"a {DEADLINE:.0f} s deadline, through the target's Service to a site host behind a tailscaled subnet "
         "router. Ingress: a tailscaled laptop on the host sends the same to an https expose and a tcp expose "
@@ -165,11 +172,15 @@ def table(doc: dict[str, Any]) -> str:
         "shape (maxUnavailable 1, no preStop, no drain) is no longer code and was not reproduced.", "",
         *lines, "",
         DRAIN_NOTE, "",
-        f"Agent RSS (egress, 1 replica, memory limit {limit}): {rss['idle_kib'] / 1024:.1f} MiB idle, "
-        f"{rss['open_kib'] / 1024:.1f} MiB with {rss['connections']:,} connections open through it (each "
-        f"echoed once), {rss['after_kib'] / 1024:.1f} MiB just after they closed; container restarts "
-        f"{rss['restarts']}.",
+        f"Agent RSS (egress, 1 replica, memory limit {limit}; each round separated by `/`): "
+        f"{_cell([format(r['idle_kib'] / 1024, '.1f') for r in measured])} MiB idle, "
+        f"{_cell([format(r['open_kib'] / 1024, '.1f') for r in measured])} MiB with "
+        f"{_cell([format(r['connections'], ',') for r in measured])} connections open through it (each echoed "
+        f"once), {_cell([format(r['after_kib'] / 1024, '.1f') for r in measured])} MiB just after they closed; "
+        f"container restarts {_cell([str(r['restarts']) for r in measured])}.",
     ]
+    if doc.get("note"):
+        text += ["", doc["note"]]
     if errors:
         text += ["", "Disruptions that did not complete: " + "; ".join(errors) + "."]
     return "\n".join(text) + "\n"
