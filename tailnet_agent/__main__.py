@@ -52,7 +52,7 @@ async def run_agent(mode: str) -> int:
     from tailnet_agent.health import AgentMetrics, HealthServer
     from tailnet_agent.limits import ConnectionGate
     from tailnet_agent.node import Node, NodeOptions
-    from tailnet_agent.probe import Prober
+    from tailnet_agent.probe import Prober, Warmup
     from tailnet_agent.targets import TargetsWatcher
 
     cfg = config.load(mode=mode)
@@ -68,13 +68,15 @@ async def run_agent(mode: str) -> int:
     status: Callable[[], Mapping[str, object]]
     work: Coroutine[Any, Any, None]
     drain: Callable[[], Coroutine[Any, Any, None]]
+    warmup: Callable[[], list[str]] | None = None
     if mode == env_names.EGRESS:
         from tailnet_agent.forward import EgressForwarder
         from tailnet_agent.status import egress_status
 
+        prober = Prober(node, clock, metrics=metrics)
         forwarder = EgressForwarder(node, cfg.targets, bind_address=cfg.bind_address,
-                                    dial_timeout=cfg.dial_timeout, metrics=metrics,
-                                    prober=Prober(node, clock, metrics=metrics), gate=gate)
+                                    dial_timeout=cfg.dial_timeout, metrics=metrics, prober=prober, gate=gate)
+        warmup = Warmup(prober, lambda: [t.name for t in forwarder.targets], lambda: node.ready, clock).waiting
         if cfg.targets_file is not None:
             watcher = TargetsWatcher(cfg.targets_file, forwarder.apply, clock=clock,
                                      initial_digest=cfg.targets_digest, report=metrics.targets_reload_outcome)
@@ -93,7 +95,7 @@ async def run_agent(mode: str) -> int:
                                  parse=parse_exposes, what="exposes")
         work, status = ingress.forwarder.run(), lambda: ingress_status(node, ingress, watcher)
         drain = ingress.forwarder.drain
-    health = HealthServer(node, metrics, host=cfg.health_host, port=cfg.health_port, status=status)
+    health = HealthServer(node, metrics, host=cfg.health_host, port=cfg.health_port, status=status, warmup=warmup)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,8 +1,9 @@
 """The agent's health, status and metrics endpoints: ``/healthz``, ``/readyz``, ``/status``, ``/metrics``.
 
 * ``/healthz`` is 200 while the process serves requests (liveness);
-* ``/readyz`` is 200 once the node has a netmap and its home DERP region is connected, else 503
-  with the missing piece named; 503 from SIGTERM on (the agent drains, then exits);
+* ``/readyz`` is 200 once the node has a netmap and its home DERP region is connected (and an
+  egress agent's targets have answered once, :class:`tailnet_agent.probe.Warmup`), else 503 with
+  the missing piece named; 503 from SIGTERM on (the agent drains, then exits);
 * ``/status`` is the JSON document of :mod:`tailnet_agent.contract.status` (node, targets, routes, probes),
   404 when the server was given no status provider;
 * ``/metrics`` is Prometheus text from the agent's own registry (never the global one, so tests and
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 import structlog
@@ -149,8 +150,12 @@ class HealthServer:
     until cancelled."""
 
     def __init__(self, node: NodeStatus, metrics: AgentMetrics, *, host: str = "0.0.0.0", port: int = HEALTH_PORT,
-                 status: Callable[[], Mapping[str, object]] | None = None) -> None:
+                 status: Callable[[], Mapping[str, object]] | None = None,
+                 warmup: Callable[[], Sequence[str]] | None = None) -> None:
         self.node = node
+        self.warmup = warmup
+        """What readiness still waits for once the node is ready (an egress agent's targets that
+        have not answered yet: :class:`tailnet_agent.probe.Warmup`); nothing by default."""
         self.status = status
         """Builds the ``/status`` document (:func:`tailnet_agent.status.egress_status` or
         :func:`~tailnet_agent.status.ingress_status`)."""
@@ -193,6 +198,9 @@ class HealthServer:
         if self.stopping:
             return web.Response(status=503, text="not ready: shutting down\n")
         if node.ready:
+            if self.warmup is not None and (waiting := self.warmup()):
+                return web.Response(status=503, text=f"not ready: no target has answered a probe yet: "
+                                                      f"{', '.join(waiting)}\n")
             return web.Response(text="ready\n")
         if node.netmap is None:
             why = "no netmap from control yet"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -29,6 +29,12 @@ log = structlog.get_logger("agent.probe")
 
 DEFAULT_INTERVAL = 30.0
 DEFAULT_TIMEOUT = 5.0
+WARMUP_INTERVAL = 2.0
+"""How often a target that has never answered is probed: a new agent's path to it (a WireGuard
+handshake, the router's side) takes seconds after its first netmap, and readiness waits for it."""
+WARMUP_LIMIT = 30.0
+"""Seconds after the node is first ready that :class:`Warmup` waits at most for every target to
+answer once, so that a target that is down does not keep a new pod unready for ever."""
 JITTER = 0.2
 
 
@@ -83,6 +89,8 @@ class Prober:
         self.rng = rng
         self.results: dict[str, ProbeResult] = {}
         """The last result per target name."""
+        self.reached: set[str] = set()
+        """The targets that have answered a probe at least once."""
 
     def next_delay(self) -> float:
         """``interval`` +-20%."""
@@ -96,13 +104,15 @@ class Prober:
                     self.record(target, await probe_once(self.node, target, self.clock, timeout=self.timeout))
                 except Exception:  # a probe must never take the target's listeners down with it
                     log.exception("reachability probe failed", target=target.name)
-                await self.clock.sleep(self.next_delay())
+                await self.clock.sleep(self.next_delay() if target.name in self.reached else WARMUP_INTERVAL)
         finally:
             self.forget(target)
 
     def record(self, target: Forwarded, result: ProbeResult) -> None:
         previous = self.results.get(target.name)
         self.results[target.name] = result
+        if result.reachable:
+            self.reached.add(target.name)
         self.metrics.target_reachable.labels(target.name).set(1 if result.reachable else 0)
         if result.latency_ms is not None:
             self.metrics.target_probe_seconds.labels(target.name).observe(result.latency_ms / 1000.0)
@@ -113,6 +123,36 @@ class Prober:
     def forget(self, target: Forwarded) -> None:
         """A removed (or replaced) target: drop its result and its metric series."""
         self.results.pop(target.name, None)
+        self.reached.discard(target.name)
         for metric in (self.metrics.target_reachable, self.metrics.target_probe_seconds):
             with contextlib.suppress(KeyError):
                 metric.remove(target.name)
+
+
+class Warmup:
+    """An egress agent's readiness beyond its node's: every target has answered a probe once, or
+    :data:`WARMUP_LIMIT` seconds have passed since the node was first ready. Until then a new pod
+    (a rollout's, a replacement's) stays out of its Services, which keep sending to the pods that
+    already reach the targets. Once warm, it stays warm: a target that goes down later does not
+    take the pod out of the Services of the others."""
+
+    def __init__(self, prober: Prober, targets: Callable[[], Iterable[str]], node_ready: Callable[[], bool],
+                 clock: Clock, *, limit: float = WARMUP_LIMIT) -> None:
+        self.prober, self.targets, self.node_ready, self.clock, self.limit = prober, targets, node_ready, clock, limit
+        self._ready_since: float | None = None
+        self._warm = False
+
+    def waiting(self) -> list[str]:
+        """The targets readiness still waits for (none: warm)."""
+        if self._warm:
+            return []
+        waiting = [name for name in self.targets() if name not in self.prober.reached]
+        if self._ready_since is None and self.node_ready():
+            self._ready_since = self.clock.now()
+        expired = self._ready_since is not None and self.clock.now() - self._ready_since >= self.limit
+        if not waiting or expired:
+            self._warm = True
+            if waiting:
+                log.info("ready without an answer from every target", waiting=waiting, after_seconds=self.limit)
+            return []
+        return waiting

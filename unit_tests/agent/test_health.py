@@ -60,3 +60,20 @@ async def test_readyz_follows_netmap_and_derp_and_metrics_render() -> None:
                  "tailnet_agent_direct_peers 3.0",
                  "tailnet_agent_dataplane_packets_in_total 7.0", "tailnet_agent_dataplane_drop_filtered_total 2.0"):
         assert line in text.splitlines(), line
+
+
+async def test_readyz_waits_for_what_the_warmup_still_waits_for() -> None:
+    node = FakeNode(netmap=object(), home_region=1, derp_connections={1: object()})
+    waiting = ["ledger"]
+    server = HealthServer(node, AgentMetrics(node), host="127.0.0.1", port=0, warmup=lambda: waiting)
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(server.run())
+        await asyncio.wait_for(server.started.wait(), 10)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{server.port}/readyz") as resp:
+                assert resp.status == 503
+                assert (await resp.text()).startswith("not ready: no target has answered a probe yet: ledger")
+            waiting.clear()
+            async with http.get(f"http://127.0.0.1:{server.port}/readyz") as resp:
+                assert resp.status == 200
+        task.cancel()

@@ -9,7 +9,7 @@ import pytest
 from tailnet_agent.contract.clock import FakeClock
 from tailnet_agent.contract.targets import PortMapping, Target
 from tailnet_agent.health import AgentMetrics
-from tailnet_agent.probe import Prober, probe_once
+from tailnet_agent.probe import WARMUP_INTERVAL, Prober, Warmup, probe_once
 from tailnet_agent.streams import NoRouteError
 
 TARGET = Target(name="db", address="198.18.5.9", ports=(PortMapping(port=5432, listen=15432),
@@ -76,3 +76,41 @@ async def test_prober_runs_every_jittered_interval_and_keeps_metrics() -> None:
         task.cancel()
     assert "db" not in prober.results, "a stopped target's result and series go away"
     assert 'target="db"' not in metrics.render().decode()
+
+
+async def test_until_a_target_first_answers_it_is_probed_every_warmup_interval() -> None:
+    clock = FakeClock()
+    node = FakeNode(clock)
+    node.error = NoRouteError("no route to 198.18.5.9")  # a new pod: its path is not up yet
+    prober = Prober(node, clock, rng=lambda: 1.0)
+    async with asyncio.TaskGroup() as tg:
+        task = tg.create_task(prober.run(TARGET))
+        await clock.wait_for_sleepers()
+        clock.advance(WARMUP_INTERVAL)
+        await clock.wait_for_sleepers()
+        assert [d[2] for d in node.dials] == [0.0, WARMUP_INTERVAL]
+        node.error = None
+        clock.advance(WARMUP_INTERVAL)
+        await clock.wait_for_sleepers()
+        assert prober.results["db"].reachable and len(node.dials) == 3
+        clock.advance(WARMUP_INTERVAL)
+        await asyncio.sleep(0)
+        assert len(node.dials) == 3, "once answered, the normal interval"
+        task.cancel()
+
+
+def test_warmup_waits_for_every_target_to_answer_once_or_for_its_limit() -> None:
+    clock = FakeClock()
+    prober = Prober(FakeNode(clock), clock)
+    names, node_ready = ["db", "web"], [False]
+    warmup = Warmup(prober, lambda: names, lambda: node_ready[0], clock, limit=30.0)
+    assert warmup.waiting() == ["db", "web"]
+    clock.advance(100)  # the limit counts from the node's readiness, not from the start
+    node_ready[0] = True
+    assert warmup.waiting() == ["db", "web"]
+    prober.reached.add("db")
+    assert warmup.waiting() == ["web"]
+    clock.advance(30)
+    assert warmup.waiting() == [], "a target that never answers holds a pod back 30 s at most"
+    names.append("new")
+    assert warmup.waiting() == [], "once warm, a target added later changes nothing"
