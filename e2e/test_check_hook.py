@@ -25,6 +25,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e, pyt
 
 RELEASE = "check-e2e"
 NAMESPACE = "tailnet-check"
+GATEWAY_NAMESPACE = "tailnet-check-gateway"
+"""Not the static install's ``tailnet-gateway``, which an earlier test may have made: Helm does not
+take over objects it did not make."""
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -55,6 +58,7 @@ def installed(cluster: ClusterUnderTest, project_image: Any) -> Iterator[subproc
         yield _helm(cluster, "install", RELEASE, str(render_install.CHART), "--namespace", NAMESPACE,
                     "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
                     "--set", "admissionPolicy.enabled=false", "--set", "postInstallCheck.timeoutSeconds=240",
+                    "--set", f"gateway.namespace={GATEWAY_NAMESPACE}",
                     "--timeout=360s")
     finally:
         _helm(cluster, "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=120s",
