@@ -86,6 +86,15 @@ async def ingress_agent(headscale: Headscale, hostname: str, key: str, directory
         yield IngressAgent(node, ingress, watcher, health)
 
 
+async def hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers one HTTP/1.0 request with ``hello``."""
+    with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: 6\r\n\r\nhello\n")
+        await writer.drain()
+    writer.close()
+
+
 def tcp(name: str, port: int, backend: int) -> dict[str, Any]:
     return {"name": name, "port": port, "backend": {"host": "127.0.0.1", "port": backend}}
 
@@ -105,13 +114,6 @@ async def test_tcp_expose_16_mib_each_way_kept_across_a_reload(
                 writer.write(download[i:i + (1 << 20)])
                 await writer.drain()
             writer.write(hashlib.sha256(await receiving).digest())
-            await writer.drain()
-        writer.close()
-
-    async def hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: 6\r\n\r\nhello\n")
             await writer.drain()
         writer.close()
 
@@ -387,13 +389,6 @@ async def test_grpc_over_h2_with_trailers_sni_across_exposes_and_identity_header
 async def test_a_tcp_expose_answers_on_the_nodes_ipv6_address(
         headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path) -> None:
     """The node's tailnet IPv6 address (fd7a:115c:a1e0::/48) serves the exposes like its IPv4 one."""
-    async def hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nv6\n")
-            await writer.drain()
-        writer.close()
-
     key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
     laptop = tailscale_nodes("ts-laptop-v6", headscale, authkey=key)
     server = await asyncio.start_server(hello, "127.0.0.1", 0)
@@ -406,7 +401,7 @@ async def test_a_tcp_expose_answers_on_the_nodes_ipv6_address(
             reader, writer = await tunnel(laptop.http_proxy_port, f"[{v6}]", listen)
             writer.write(b"GET / HTTP/1.0\r\n\r\n")
             await writer.drain()
-            assert (await read_all(reader)).endswith(b"\r\n\r\nv6\n")
+            assert (await read_all(reader)).endswith(b"\r\n\r\nhello\n")
             writer.close()
     finally:
         server.close()
