@@ -148,6 +148,16 @@ async def http_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
     writer.close()
 
 
+async def get_through(listen_port: int, path: str) -> bytes:
+    """One HTTP/1.0 GET of ``path`` through the agent's listener on ``listen_port``: the whole answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", listen_port)
+    writer.write(f"GET {path} HTTP/1.0\r\nHost: web\r\n\r\n".encode())
+    await writer.drain()
+    response = await asyncio.wait_for(read_all(reader), 30)
+    writer.close()
+    return response
+
+
 async def test_egress_reaches_an_http_server_behind_a_tailscaled_peer(
         headscale: Headscale, tailscale_nodes: TailscaleFactory) -> None:
     key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
@@ -156,11 +166,7 @@ async def test_egress_reaches_an_http_server_behind_a_tailscaled_peer(
         tgt = target("web", peer.ipv4(), port)
         async with running_agent(headscale, "agent-web", key, [tgt]) as agent:
             await wait_peer_sees(peer, "agent-web")
-            reader, writer = await asyncio.open_connection("127.0.0.1", agent.listen_port("web", port))
-            writer.write(b"GET /over-the-agent HTTP/1.0\r\nHost: web\r\n\r\n")
-            await writer.drain()
-            response = await asyncio.wait_for(read_all(reader), 30)
-            writer.close()
+            response = await get_through(agent.listen_port("web", port), "/over-the-agent")
             assert response.startswith(b"HTTP/1.0 200 OK\r\n"), response
             assert response.endswith(b"\r\n\r\nhello from the peer side, path /over-the-agent\n")
             # By MagicDNS name too, straight from the node.
@@ -185,11 +191,7 @@ async def test_egress_reaches_a_peer_by_its_ipv6_address(
         agent = await stack.enter_async_context(
             running_agent(headscale, "agent-web-v6", key, [target("web", peer.ipv6(), port)]))
         await wait_peer_sees(peer, "agent-web-v6")
-        reader, writer = await asyncio.open_connection("127.0.0.1", agent.listen_port("web", port))
-        writer.write(b"GET /over-ipv6 HTTP/1.0\r\nHost: web\r\n\r\n")
-        await writer.drain()
-        response = await asyncio.wait_for(read_all(reader), 30)
-        writer.close()
+        response = await get_through(agent.listen_port("web", port), "/over-ipv6")
         assert response.endswith(b"\r\n\r\nhello from the peer side, path /over-ipv6\n"), response
 
 
