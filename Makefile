@@ -71,12 +71,14 @@ unit: $(VENV)/.native
 # it, while the virtualenv, lint, cargo test and the first tests run; a test that needs a binary not
 # built yet waits for it (e2e/conftest.py runs the tests that need fewer binaries first). The last
 # step waits for the whole set, so a failed build fails the command; an early exit stops the builds.
+# The suite runs as two pytest processes side by side (hack/suite.py): the local node's tier beside
+# everything else.
 test: prereqs
 	@set -m; nice -n 10 $(PYTHON) -m hack.binaries build --in-order --set test & builder=$$!; set +m; \
 	trap 'kill -TERM -- -$$builder 2>/dev/null; true' EXIT; \
 	$(MAKE) --no-print-directory lint && \
 	(cd native && cargo test --quiet --release) && \
-	$(VENV)/bin/pytest $(PYTEST_ARGS) && \
+	$(PY) -m hack.suite $(PYTEST_ARGS) && \
 	wait $$builder
 
 # OPERATOR=source runs the operator from the source tree against the local cluster (no image build).

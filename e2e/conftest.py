@@ -280,17 +280,30 @@ def module_tiers(items: Iterable[tuple[Path, Iterable[str]]]) -> dict[Path, int]
     return {path: 3 if tier is None else tier for path, tier in tiers.items()}
 
 
+TIER_PARTS = {"local": frozenset({0, 1, 2}), "node": frozenset({3})}
+"""The parts ``--tiers`` (``e2e/parts.py``) selects. Only the node part touches the host's network
+beyond its own namespaces and ports, so the two can run at once on one machine."""
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the unit tests first, then the modules that need fewer binaries.
+    """Keep the part ``--tiers`` names; run the unit tests first, then the modules that need
+    fewer binaries.
 
     ``make test`` builds the binaries in the background, in the order the tiers need them
     (``hack/binaries.py``, the ``test`` set), so the first tests run while the rest build. A
     module keeps its tests together and in their order (its fixtures are set up once).
     """
-    _prebuild_project_image(config, items)
     e2e = Path(__file__).parent
     tiers = module_tiers((item.path, getattr(item, "fixturenames", ())) for item in items
                          if item.path.is_relative_to(e2e))
+    part = config.getoption("--tiers")
+    if part is not None:
+        keep = TIER_PARTS[part]
+        deselected = [item for item in items if tiers.get(item.path, 0) not in keep]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if tiers.get(item.path, 0) in keep]
+    _prebuild_project_image(config, items)
     items.sort(key=lambda item: tiers.get(item.path, 0))
 
 

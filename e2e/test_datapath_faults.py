@@ -40,6 +40,7 @@ from e2e.test_agent_egress import (
     wait_peer_sees,
 )
 from hack.localenv import Headscale
+from hack.localenv.hostnet import TEST_TABLE_PREFIX
 
 pytestmark = [
     pytest.mark.integration,
@@ -58,7 +59,7 @@ def nft(*args: str, stdin: str | None = None) -> str:
 @contextlib.contextmanager
 def udp_cut(port: int) -> Iterator[str]:
     """Drop UDP from and to ``port`` on this machine until the block exits; yields the table name."""
-    table = f"tailnet_test_cut_{os.getpid()}_{port}"
+    table = f"{TEST_TABLE_PREFIX}cut_{os.getpid()}_{port}"
     nft("-f", "-", stdin=(
         f"table inet {table} {{\n"
         "  chain output {\n"

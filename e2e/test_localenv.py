@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from hack.localenv import Environment, Headscale, ManagedProcess, SiteHost, free_port, marked_processes, wait_until
+from hack.localenv import (
+    Environment,
+    Headscale,
+    ManagedProcess,
+    SiteHost,
+    free_port,
+    marked_processes,
+    netns_available,
+    wait_until,
+)
 
 from .conftest import TailscaleFactory
 
@@ -115,3 +124,21 @@ def test_free_ports_stay_out_of_the_kernels_ephemeral_range() -> None:
     ports = [free_port() for _ in range(200)]
     assert len(set(ports)) == len(ports), "each port is handed out once"
     assert all(10000 <= p < low for p in ports), (min(ports), max(ports), low)
+
+
+def test_site_hosts_that_start_from_one_subnet_each_claim_their_own(tmp_path: Path) -> None:
+    """Test processes run side by side (``hack.suite``) and each numbers its hosts from its pid:
+    two hosts whose first choice is the same /24 must end on different ones."""
+    if (reason := netns_available()) is not None:
+        pytest.skip(f"network namespaces unavailable: {reason}")
+    hosts = [SiteHost(log_dir=tmp_path, run_id="subnet-selftest") for _ in range(2)]
+    for host in hosts:
+        host._first_octet = hosts[0]._first_octet
+    try:
+        for host in hosts:
+            host.create()
+        assert hosts[0].subnet != hosts[1].subnet
+        assert all(host.subnet.startswith("198.18.") for host in hosts)
+    finally:
+        for host in hosts:
+            host.destroy()

@@ -33,6 +33,9 @@ NODE_BRIDGE = "tnode0"
 """An empty bridge that carries the node's address (the kernel has no dummy interfaces)."""
 POD_BRIDGE = "tcni0"
 GUARD_TABLE = "tailnet_node_guard"
+TEST_TABLE_PREFIX = "tailnet_test_"
+"""Tables with this prefix belong to tests that run beside the node (each deletes its own);
+the node neither counts them as its leftovers nor removes them."""
 NODE_GID = 64900
 """The group every process of the node runs with (no group uses it), so the guard can tell
 their packets apart: a DNS query from any of them is counted and dropped."""
@@ -202,7 +205,7 @@ class HostNetwork:
             if link_exists(link):
                 _run("ip", "link", "del", link, check=False)
         _run("ip", "route", "del", "unreachable", CLUSTER_RANGE, check=False)
-        for table in sorted(nft_tables() - self.nft_before):
+        for table in self._new_tables():
             family, name = table.split(" ", 1)
             _run("nft", "delete", "table", family, name, check=False)
         for name, value in self.sysctls_before.items():
@@ -233,13 +236,17 @@ class HostNetwork:
                    nft_before=set(saved["nft"]), _up=True)
         return host, saved.get("run", ""), Path(saved["workdir"]) if saved.get("workdir") else None
 
+    def _new_tables(self) -> list[str]:
+        """The tables made since the node started, other than the tests' own."""
+        return sorted(t for t in nft_tables() - self.nft_before if not t.split(" ", 1)[1].startswith(TEST_TABLE_PREFIX))
+
     def leftovers(self) -> list[str]:
         """What of the node is still on the host (empty after a clean ``restore()``)."""
         found: list[str] = []
         found += [f"link {link}" for link in (POD_BRIDGE, NODE_BRIDGE) if link_exists(link)]
         if unreachable_route_present(CLUSTER_RANGE):
             found.append(f"route unreachable {CLUSTER_RANGE}")
-        found += [f"nft table {t}" for t in sorted(nft_tables() - self.nft_before)]
+        found += [f"nft table {t}" for t in self._new_tables()]
         now = read_sysctls(self.sysctls_before)
         found += [f"sysctl {k}={now[k]} (was {v})" for k, v in self.sysctls_before.items() if now.get(k) != v]
         found += [f"host path {p}" for p in HOST_PATHS if p not in self.paths_before and p.exists()]

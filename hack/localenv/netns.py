@@ -12,17 +12,24 @@ tailnet to get there, as they would to a real branch office.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
+import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ._process import ManagedProcess
 
 _counter = itertools.count(1)
+
+SITE_SUBNETS = 250
+"""Site hosts take 198.18.1.0/24 to 198.18.250.0/24, one each."""
+_LOCK = Path("/run/lock/tailnet-site-hosts.lock")
 
 ROUTER_UID = 65534
 """The user subnet-router processes run as (``nobody``); the only one routed to site LANs."""
@@ -41,33 +48,72 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
 
+@contextlib.contextmanager
+def _subnets_locked() -> Iterator[None]:
+    """Hold the host-wide lock under which a site host claims its /24: test processes that run
+    side by side (``hack.suite``) must never pick the same one."""
+    _LOCK.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _claimed_octets() -> set[int]:
+    """Third octets of the 198.18.X.0/24 subnets that have a route in the main table."""
+    out = subprocess.run(["ip", "-j", "route", "show", "root", "198.18.0.0/16"],
+                         capture_output=True, text=True, check=True).stdout
+    claimed = set()
+    for route in json.loads(out or "[]"):
+        parts = str(route.get("dst", "")).split(".")
+        if len(parts) == 4 and parts[3] == "0/24":
+            claimed.add(int(parts[2]))
+    return claimed
+
+
+def _free_octet(first: int) -> int:
+    """The first unclaimed site subnet from ``first`` on, wrapping around."""
+    claimed = _claimed_octets()
+    for step in range(SITE_SUBNETS):
+        octet = (first - 1 + step) % SITE_SUBNETS + 1
+        if octet not in claimed:
+            return octet
+    raise RuntimeError(f"all {SITE_SUBNETS} site subnets in 198.18.0.0/16 are in use")
+
+
 class SiteHost:
     """One namespace with one address, reachable from the root namespace through a veth pair."""
 
     def __init__(self, *, log_dir: Path, run_id: str) -> None:
         index = next(_counter)
-        subnet_octet = (os.getpid() + index) % 250 + 1
+        self._first_octet = (os.getpid() + index) % SITE_SUBNETS + 1
         self.name = f"tnl{os.getpid() % 10000}-{index}"
-        self.subnet = f"198.18.{subnet_octet}.0/24"
-        self.gateway = f"198.18.{subnet_octet}.1"
-        self.address = f"198.18.{subnet_octet}.2"
         self._veth_root = f"tr{os.getpid() % 10000}x{index}"
         self._veth_host = f"th{os.getpid() % 10000}x{index}"
-        self._table = str(10000 + subnet_octet)
+        self.subnet = self.gateway = self.address = self._table = ""
         self._log_dir = log_dir
         self._run_id = run_id
         self._processes: list[ManagedProcess] = []
         self._created = False
 
     def create(self) -> SiteHost:
+        with _subnets_locked():
+            octet = _free_octet(self._first_octet)
+            self.subnet = f"198.18.{octet}.0/24"
+            self.gateway = f"198.18.{octet}.1"
+            self.address = f"198.18.{octet}.2"
+            self._table = str(10000 + octet)
+            # Everyone else gets "unreachable", never the default route out of this machine; the
+            # route is also the subnet's claim, seen by every other test process on this host.
+            _ip("route", "add", "unreachable", self.subnet)
+            self._created = True
         _ip("netns", "add", self.name)
-        self._created = True
         _ip("link", "add", self._veth_root, "type", "veth", "peer", "name", self._veth_host)
         _ip("link", "set", self._veth_host, "netns", self.name)
         _ip("addr", "add", f"{self.gateway}/24", "dev", self._veth_root)
         _ip("link", "set", self._veth_root, "up")
-        # Everyone else gets "unreachable", never the default route out of this machine.
-        _ip("route", "replace", "unreachable", self.subnet)
         _ip("route", "add", self.subnet, "dev", self._veth_root, "src", self.gateway, "table", self._table)
         _ip("rule", "add", "uidrange", f"{ROUTER_UID}-{ROUTER_UID}", "lookup", self._table,
             "priority", self._table)

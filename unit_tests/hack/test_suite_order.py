@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from e2e.conftest import binaries_tier, module_tiers
+from e2e.conftest import TIER_PARTS, binaries_tier, module_tiers
 
 
 def test_a_test_s_fixtures_say_what_it_needs_built() -> None:
@@ -24,3 +24,11 @@ def test_a_module_runs_with_its_most_demanding_test() -> None:
         (c, ["tmp_path"]), (c, []),  # starts its own binaries: last
     ])
     assert tiers == {a: 2, b: 3, c: 3}
+
+
+def test_the_two_parts_share_no_tier_and_leave_none_out() -> None:
+    """``hack.suite`` runs ``--tiers local`` beside ``--tiers node``: every tier in exactly one."""
+    local, node = TIER_PARTS["local"], TIER_PARTS["node"]
+    assert not local & node
+    assert local | node == {0, 1, 2, 3}
+    assert 3 in node, "only the node part may start the local node"
