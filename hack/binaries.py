@@ -197,6 +197,11 @@ CNI_PLUGINS = Component(
     "cni-plugins", versions.CNI_PLUGINS, ("bridge", "host-local", "loopback", "portmap"), _CNI_MODULE,
     tuple(f"{_CNI_MODULE}/plugins/{p}" for p in ("main/bridge", "ipam/host-local", "main/loopback", "meta/portmap")),
 )
+# kind's node image (hack/kind): kubeadm bootstraps each node, and its baked CNI wires pods with
+# ptp. Components of their own, so that adding them leaves the cached Kubernetes and CNI sets as
+# they are.
+KUBEADM = Component("kubeadm", versions.KUBERNETES, ("kubeadm",), KUBERNETES.module, ("k8s.io/kubernetes/cmd/kubeadm",))
+CNI_PTP = Component("cni-ptp", versions.CNI_PLUGINS, ("ptp",), _CNI_MODULE, (f"{_CNI_MODULE}/plugins/main/ptp",))
 COREDNS_DROPPED_PLUGINS = ("azure", "clouddns", "route53", "dnssec", "etcd", "geoip", "trace")
 """Plugins that need a cloud SDK (Azure, Google Cloud DNS, Route 53; ``dnssec`` signs online with
 keys it may read from AWS Secrets Manager), an outside service (etcd, a MaxMind database) or a
@@ -219,7 +224,7 @@ CERT_MANAGER = Component("cert-manager", versions.CERT_MANAGER, ("cert-manager-c
 METALLB = Component("metallb", versions.METALLB, ("metallb-controller",), "go.universe.tf/metallb",
                     ("go.universe.tf/metallb/controller",))
 COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE, CONTAINERD, RUNC, CNI_PLUGINS, COREDNS, KIND, CYCLONUS, HELM,
-              CERT_MANAGER, PROMETHEUS, METALLB)
+              CERT_MANAGER, PROMETHEUS, METALLB, KUBEADM, CNI_PTP)
 
 _MIN_GO = (1, 26)
 
@@ -242,7 +247,8 @@ SETS: dict[str, tuple[Component, ...]] = {
     "bench": (*_HOST_TIER, *_NODE, TAILSCALE),
     "interop": (*_HOST_TIER, TAILSCALE),
     "chaos": (*_HOST_TIER, TAILSCALE),
-    "e2e": (KIND, *_HOST_TIER, TAILSCALE, COREDNS, HELM, CERT_MANAGER, METALLB, CYCLONUS),
+    "e2e": (KIND, *_HOST_TIER, TAILSCALE, COREDNS, HELM, CERT_MANAGER, METALLB, CYCLONUS,
+            KUBEADM, CONTAINERD, RUNC, CNI_PLUGINS, CNI_PTP),  # the last five: kind's node image
     "all": COMPONENTS,
 }
 """Each command's components: what it starts, found from the ``binary(...)`` calls it reaches."""
@@ -335,7 +341,7 @@ def binary(name: str) -> Path:
 TYPICAL_SECONDS = {
     "kubernetes": 689, "prometheus": 600, "tailscale": 372, "cert-manager": 306, "coredns": 267, "headscale": 254,
     "etcd": 194, "helm": 149, "metallb": 148, "containerd": 144, "cyclonus": 109, "runc": 32, "kind": 11,
-    "cni-plugins": 11,
+    "cni-plugins": 11, "kubeadm": 200, "cni-ptp": 11,
 }
 """Seconds of a cold build, one component after another on 2 cores, before the durations of
 this machine's own builds are recorded: they order the first builds and estimate what is left."""
@@ -647,7 +653,7 @@ def _lock(component: Component, *, wait: bool) -> IO[str] | None:
 
 
 def ldflags(component: Component) -> str:
-    if component.name == KUBERNETES.name:
+    if component.module == KUBERNETES.module:
         major, minor = component.version.split(".")[:2]
         return ("-s -w"
                 f" -X k8s.io/component-base/version.gitVersion=v{component.version}"
@@ -684,7 +690,7 @@ def prepare(component: Component, wait: bool = True) -> Workspace | None:
 
 def _set_up(go: str, component: Component, tmp: Path) -> Path:
     """The directory ``go build`` runs in, with the module and its requirements resolved."""
-    if component.name == KUBERNETES.name:
+    if component.module == KUBERNETES.module:
         return _set_up_kubernetes(go, component, tmp)
     if component.in_module:
         return _set_up_in_module(go, component, tmp)
