@@ -3,13 +3,13 @@
 Egress: a client pod sends an HTTP GET every 20 ms (a new connection each, 2 s deadline) through
 the egress target's Service to a site host; it loses no request while the agent rolls out or its
 pre-auth key rotates with one replica, nor while one of two replicas is deleted. Ingress: a
-tailscaled laptop sends requests to an https and a tcp expose by the ingress's MagicDNS name; a
-rollout keeps its name (``status.node.name`` and the MagicDNS name are ``spec.hostname`` again
-once it is done). That a rollout loses no ingress request is not claimed: the name moves to the
-new node only after the old one has logged out, and requests by name fail meanwhile (issue 24,
-open; the losses are in docs/benchmarks.md). The loads and disruptions are ``e2e/disruption.py``'s,
-which ``benchmarks/disruption.py`` also runs for the figures (durations are measured there only).
-A node drain needs a second node (``make e2e`` on kind): not here.
+tailscaled laptop sends requests to an https and a tcp expose by the ingress's MagicDNS name; it
+loses none while the agent rolls out (the name moves to the new node once its pod is ready, and the
+old node serves who resolved it before under another name while it drains), and the rollout keeps
+the name (``status.node.name`` and the MagicDNS name are ``spec.hostname`` again once it is done).
+The loads and disruptions are ``e2e/disruption.py``'s, which ``benchmarks/disruption.py`` also runs
+for the figures (durations are measured there only). A node drain needs a second node (``make e2e``
+on kind): not here.
 """
 
 from __future__ import annotations
@@ -82,8 +82,10 @@ class TestEgress:
 
 
 class TestIngress:
-    def test_ingress_keeps_its_name_after_a_rollout(self, ingress: IngressWorld, cluster_headscale: Headscale) -> None:
+    def test_ingress_loses_nothing_and_keeps_its_name_on_a_rollout(
+            self, ingress: IngressWorld, cluster_headscale: Headscale) -> None:
         outcome = disrupt(ingress.subject, cluster_headscale, "rollout", ingress.load)
+        assert all(t.sent > 0 for t in outcome.streams.values()), outcome
+        assert _lost(outcome) == {"https": 0, "tcp": 0}, _explain(ingress.subject, outcome)
         # disrupt() waited for the name: the node and its MagicDNS name are spec.hostname again.
         assert ingress.subject.named(), ingress.subject.get().get("status")
-        assert all(t.sent > 0 for t in outcome.streams.values()), outcome

@@ -415,3 +415,63 @@ async def _event_reasons(admin: Client, namespace: str, wanted: set[str]) -> set
 def _self_named(node: TailscaleNode, name: str) -> bool:
     dns_name = str(node.status()["Self"].get("DNSName") or "")
     return dns_name.split(".", 1)[0] == name
+
+
+async def test_a_rollouts_old_node_hands_the_hostname_over_once_the_new_pod_is_ready_and_keeps_serving(
+    scene: Scene, tmp_path: Path, environment: Environment,
+) -> None:
+    """Issue 24: during a rollout the old agent's node holds the hostname and is online (its pod
+    drains). Until the Deployment says the rollout is done the name stays; then the old node takes
+    ``shop-gw-old<id>`` and the new one ``shop-gw``, both online (the old one still serves who
+    resolved the name before). No kubelet runs here: the Deployment's status is written as its
+    controller would once the new pod is ready and the old one terminating."""
+    admin, tenant = scene.admin, scene.tenant
+    nodes: list[TailscaleNode] = []
+    try:
+        async with running_operator(scene.kubeconfig, scene.namespace):
+            tailnet = await _tailnet(admin, scene.headscale, scene.namespace, tenant, owned_policy=True)
+            await admin.create(TAILNET_INGRESS, ingress_object("shop", tenant, tailnet, [TCP]))
+            secret = await eventually(lambda: _get(admin, SECRET, "shop-ingress-auth-key", tenant), timeout=60,
+                                      what="the ingress's pre-auth key")
+            key = base64.b64decode(secret["data"]["authKey"]).decode()
+            nodes.append(_joined("shop-gw", tmp_path / "old", scene.headscale, environment, key))
+            old = _node_at(scene.headscale, nodes[0].ipv4())
+            assert old is not None and old["givenName"] == "shop-gw"
+            nodes.append(_joined("shop-gw", tmp_path / "new", scene.headscale, environment, key))
+            new = _node_at(scene.headscale, nodes[1].ipv4())
+            assert new is not None and new["givenName"] != "shop-gw"
+            await eventually(has_condition(admin, TAILNET_INGRESS, "shop", "HostnameAssigned", "False",
+                                           "HostnameTaken", namespace=tenant), timeout=90,
+                             what="the new node reported with its suffixed name")
+            held = _node_at(scene.headscale, nodes[0].ipv4())
+            assert held is not None and held["givenName"] == "shop-gw", "the name stays while the rollout runs"
+
+            deployment = await admin.get(DEPLOYMENT, "shop-ingress-agent", tenant)
+            await admin.apply_status(DEPLOYMENT, {
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "shop-ingress-agent", "namespace": tenant},
+                "status": {"observedGeneration": deployment["metadata"]["generation"], "replicas": 1,
+                           "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}},
+                field_manager="deployment-controller")
+
+            retired = f"shop-gw-old{old['id']}"
+            await eventually(lambda: _named({old["id"]: retired, new["id"]: "shop-gw"}, scene.headscale), timeout=120,
+                             what=f"the old node renamed {retired} and the new one shop-gw")
+            listed = {n["id"]: n for n in scene.headscale.api("GET", "/api/v1/node")["nodes"]}
+            assert listed[old["id"]]["online"], "the old node is not deleted: it drains under its new name"
+            await eventually(has_condition(admin, TAILNET_INGRESS, "shop", "HostnameAssigned", "True", "Assigned",
+                                           namespace=tenant), timeout=90, what="HostnameAssigned on the new node")
+            status = (await admin.get(TAILNET_INGRESS, "shop", tenant))["status"]
+            assert status["node"]["id"] == new["id"] and status["node"]["name"] == "shop-gw"
+            await eventually(lambda: _self_named(nodes[0], retired), timeout=60,
+                             what=f"the old node's own netmap with the name {retired}")
+            await eventually(lambda: _self_named(nodes[1], "shop-gw"), timeout=60,
+                             what="the new node's own netmap with the name shop-gw")
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def _named(wanted: dict[str, str], headscale: Headscale) -> bool:
+    listed = {n["id"]: n["givenName"] for n in headscale.api("GET", "/api/v1/node")["nodes"]}
+    return all(listed.get(node_id) == name for node_id, name in wanted.items())

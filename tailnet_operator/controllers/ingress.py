@@ -54,7 +54,7 @@ from .applier import Applied, Desired, Want
 from .conditions import Cond
 from .dns import name_holders
 from .egress_status import AgentStatusReader, HttpAgentStatus
-from .ingress_status import CertificateIssue, Report, own_nodes, report, succession
+from .ingress_status import CertificateIssue, Report, own_nodes, report, retired_name, rollout_done, succession
 from .keyrecord import NODE_IDS
 from .kinds import TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .pipeline import Outcome, Run, TaggedNodeReconciler
@@ -237,15 +237,20 @@ class IngressNode:
         return result.conditions, result.fields
 
     async def _succeed(self, run: Run[TailnetIngress], outcome: Outcome) -> list[Node]:
-        """Free the hostname for the ingress's newest node (:func:`.ingress_status.succession`): delete
-        its superseded nodes, then rename it to ``spec.hostname``, each with a Normal Event. Returns
-        the nodes as they are afterwards. A Headscale failure is logged and left to the next
-        reconcile (the status still reports ``HostnameTaken``)."""
+        """Give ``spec.hostname`` to the ingress's newest online node (:func:`.ingress_status.succession`):
+        delete its superseded nodes, rename a draining one that holds the name, then rename the newest,
+        each with a Normal Event. Returns the nodes as they are afterwards. A Headscale failure is
+        logged and left to the next reconcile (the status still reports ``HostnameTaken``)."""
         hostname = run.cr.spec.hostname
-        plan = succession(hostname, outcome.key, outcome.nodes)
+        deployment = outcome.applied.get(DEPLOYMENT, build.agent_name(run.cr))
+        plan = succession(hostname, outcome.key, outcome.nodes, rolled_out=rollout_done(deployment))
         if plan is None:
             return outcome.nodes
         after, hs = list(outcome.nodes), outcome.headscale
+
+        def replace(renamed: Node) -> None:
+            after[:] = [renamed if n.id == renamed.id else n for n in after]
+
         try:
             for old in plan.superseded:
                 with contextlib.suppress(HeadscaleNotFound):
@@ -255,9 +260,14 @@ class IngressNode:
                     f"deleted node {old.id} ({old.given_name}, offline), superseded by node "
                     f"{plan.newest.id} ({plan.newest.given_name}) registered with a key of this ingress"),
                     action="DeleteNode")
+            for old in plan.retiring:
+                replace(await hs.rename_node(old.id, retired_name(hostname, old)))
+                await self.events.normal(run.obj, "NodeRenamed", (
+                    f"renamed node {old.id} from {hostname} to {retired_name(hostname, old)}: it hands the name "
+                    f"to node {plan.newest.id}, whose pod is ready, and serves who resolved it before until it "
+                    "has drained"), action="RenameNode")
             if plan.rename:
-                renamed = await hs.rename_node(plan.newest.id, hostname)
-                after = [renamed if n.id == renamed.id else n for n in after]
+                replace(await hs.rename_node(plan.newest.id, hostname))
                 await self.events.normal(run.obj, "NodeRenamed", (
                     f"renamed node {plan.newest.id} from {plan.newest.given_name} to {hostname}: "
                     "the name its previous node held"), action="RenameNode")

@@ -8,8 +8,10 @@ gives the node: the one its pre-auth key registered (:func:`ingress_node`).
 
 A restarted agent registers a new ephemeral node while its old one may still hold the hostname,
 so Headscale names the new one ``<hostname>-<suffix>``. :func:`succession` says what to tidy once
-the newest node of the ingress's keys is online: its older offline nodes go, and it is renamed to
-``spec.hostname`` (the reconciler does both, with Events).
+the newest node of the ingress's keys is online: its older offline nodes go, an older node still
+online (the old pod of a rollout) hands the name over once the new pod is ready and drains under
+another name, and the newest is renamed to ``spec.hostname`` (the reconciler does all three, with
+Events).
 
 Conditions (docs/reference/status.md):
 
@@ -113,35 +115,64 @@ def own_nodes(key: KeyIds, nodes: Sequence[Node]) -> list[Node]:
 
 @dataclass(frozen=True)
 class Succession:
-    """What the status phase tidies among an ingress's own nodes once its newest one is online:
-    the ``superseded`` ones (older and offline: a pod that crashed, or was stopped without logging
-    out) are deleted, then the ``newest`` is renamed to ``spec.hostname`` when ``rename``."""
+    """What the status phase tidies among an ingress's own nodes so that its newest online one
+    holds ``spec.hostname``: the ``superseded`` ones (older and offline: a pod that crashed, or was
+    stopped without logging out) are deleted, the ``retiring`` ones (older and online: the old pod
+    of a rollout, draining) give the name up and take :func:`retired_name`, then the ``newest`` is
+    renamed to ``spec.hostname`` when ``rename``."""
 
     newest: Node
     superseded: tuple[Node, ...]
+    retiring: tuple[Node, ...]
     rename: bool
 
 
-def succession(hostname: str, key: KeyIds, nodes: Sequence[Node]) -> Succession | None:
-    """What to do so that the ingress's newest node holds ``hostname`` (None: nothing).
+def retired_name(hostname: str, node: Node) -> str:
+    """The name an online node hands its hostname over under: unique by the node's id, and a DNS
+    label of at most 63 characters."""
+    suffix = f"-old{node.id}"
+    return f"{hostname[:63 - len(suffix)].rstrip('-')}{suffix}"
 
-    Only when the newest node is online: until its successor is registered and connected, an old
-    node is the ingress. An older node that is still online (the old pod of a rollout, draining)
-    is left alone, and while it holds the name the newest is not renamed. Nor is it while a node
-    that is not the ingress's holds the name: that one is reported (``HostnameTaken``), not taken."""
+
+def rollout_done(deployment: JSON | None) -> bool:
+    """Whether the agent Deployment's current pods are all ready and no pod of an older template is
+    still counted: then the newest node is a ready pod's, and an older one still online is a pod
+    that is terminating (draining). Read from the Deployment's status as stored."""
+    if not deployment:
+        return False
+    meta, spec, status = deployment.get("metadata") or {}, deployment.get("spec") or {}, deployment.get("status") or {}
+    wanted = int(spec.get("replicas", 1))
+    counts = [int(status.get(field) or 0) for field in ("replicas", "updatedReplicas", "readyReplicas")]
+    current = int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
+    return current and wanted > 0 and counts == [wanted] * 3
+
+
+def succession(hostname: str, key: KeyIds, nodes: Sequence[Node], *, rolled_out: bool) -> Succession | None:
+    """What to do so that the ingress's newest online node holds ``hostname`` (None: nothing).
+
+    The name moves without a gap: an older node that still holds it while online (the old pod of a
+    rollout) keeps it until the rollout is done (``rolled_out``: the new pod is ready, the old one
+    terminating), then hands it over and keeps serving under :func:`retired_name` while it drains,
+    so a client that resolved the name before the hand-over still reaches it. A name held by no
+    online node moves as soon as the newest is online. A name held by a node that is not the
+    ingress's is reported (``HostnameTaken``), never taken."""
     own = own_nodes(key, nodes)
-    if not own:
+    online = [n for n in own if n.online]
+    if not online:
         return None
-    newest = max(own, key=_age)
-    if not newest.online:
-        return None
-    superseded = tuple(sorted((n for n in own if n.id != newest.id and not n.online), key=_age))
-    gone = {n.id for n in superseded}
-    held = any(n.given_name == hostname for n in nodes if n.id != newest.id and n.id not in gone)
-    rename = newest.given_name != hostname and not held
+    newest = max(online, key=_age)
+    superseded = tuple(sorted((n for n in own if not n.online and (_age(n) < _age(newest) or n.given_name == hostname)),
+                              key=_age))
+    holders = [n for n in nodes if n.given_name == hostname and n.id != newest.id]
+    if any(n not in own for n in holders):
+        return Succession(newest, superseded, (), False) if superseded else None
+    retiring = tuple(n for n in holders if n.online)
+    rename = newest.given_name != hostname and (rolled_out or not retiring)
+    if not rename:
+        retiring = ()
     if not superseded and not rename:
         return None
-    return Succession(newest, superseded, rename)
+    return Succession(newest, superseded, retiring, rename)
 
 
 def ingress_node(key: AuthKey, agent: JSON | None, nodes: list[Node]) -> JSON | None:

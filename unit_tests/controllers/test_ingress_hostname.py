@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tailnet_operator.controllers.ingress_status import hostname_condition, succession
+from tailnet_operator.controllers.ingress_status import hostname_condition, retired_name, rollout_done, succession
 from tailnet_operator.headscale import Node
 
 
@@ -49,29 +49,81 @@ def test_the_newest_online_node_of_the_keys_supersedes_the_older_offline_ones() 
     old = generation("4", "shop", "1", online=False, minute=0)
     older = generation("2", "shop-a1", "1", online=False, minute=1)
     new = generation("9", "shop-b2", "2", online=True, minute=5)
-    plan = succession("shop", Keys("2", previous_id="1"), [old, older, new])
+    plan = succession("shop", Keys("2", previous_id="1"), [old, older, new], rolled_out=False)
     assert plan is not None and plan.newest.id == "9" and plan.rename
     assert [n.id for n in plan.superseded] == ["4", "2"], "oldest first"
 
 
 def test_nothing_to_do_before_the_newest_is_online_or_once_it_has_the_name() -> None:
     old = generation("4", "shop", "1", online=True, minute=0)
-    assert succession("shop", Keys("1"), [old, generation("9", "shop-b2", "1", online=False, minute=5)]) is None
-    assert succession("shop", Keys("1"), [generation("9", "shop", "1", online=True, minute=5)]) is None
-    assert succession("shop", Keys("1"), []) is None
+    newer_offline = generation("9", "shop-b2", "1", online=False, minute=5)
+    assert succession("shop", Keys("1"), [old, newer_offline], rolled_out=True) is None
+    assert succession("shop", Keys("1"), [generation("9", "shop", "1", online=True, minute=5)], rolled_out=True) is None
+    assert succession("shop", Keys("1"), [], rolled_out=True) is None
 
 
 def test_nodes_of_other_keys_are_neither_deleted_nor_robbed_of_the_name() -> None:
-    stranger = generation("3", "shop", "7", online=False, minute=0)
-    plan = succession("shop", Keys("1"), [stranger, generation("9", "shop-b2", "1", online=True, minute=5)])
-    assert plan is None
+    for online in (False, True):
+        stranger = generation("3", "shop", "7", online=online, minute=0)
+        new = generation("9", "shop-b2", "1", online=True, minute=5)
+        assert succession("shop", Keys("1"), [stranger, new], rolled_out=True) is None
 
 
 def test_a_node_recorded_as_the_ingresss_counts_as_its_own_after_its_key_was_retired() -> None:
     old = generation("7", "shop", "1", online=False, minute=0)  # key 1 retired two rotations ago
     new = generation("9", "shop-1", "3", online=True, minute=5)
 
-    assert succession("shop", Keys("3", previous_id="2"), [old, new]) is None, "by keys alone: a stranger's node"
-    plan = succession("shop", Keys("3", previous_id="2", node_ids=frozenset({"7"})), [old, new])
+    assert succession("shop", Keys("3", previous_id="2"), [old, new], rolled_out=True) is None, \
+        "by keys alone: a stranger's node"
+    plan = succession("shop", Keys("3", previous_id="2", node_ids=frozenset({"7"})), [old, new], rolled_out=True)
 
     assert plan is not None and [n.id for n in plan.superseded] == ["7"] and plan.rename
+
+
+def test_a_draining_holder_keeps_the_name_until_the_rollout_is_done_then_hands_it_over() -> None:
+    """The old pod of a rollout is online and holds the name while the new pod starts: the name
+    moves only once the new pod is ready, and the old node keeps serving under another name."""
+    old = generation("4", "shop", "1", online=True, minute=0)
+    new = generation("9", "shop-b2", "1", online=True, minute=5)
+
+    assert succession("shop", Keys("1"), [old, new], rolled_out=False) is None
+
+    plan = succession("shop", Keys("1"), [old, new], rolled_out=True)
+    assert plan is not None and plan.newest.id == "9" and plan.rename
+    assert [n.id for n in plan.retiring] == ["4"] and plan.superseded == ()
+
+
+def test_a_name_no_online_node_holds_moves_as_soon_as_the_newest_is_online() -> None:
+    crashed = generation("4", "shop", "1", online=False, minute=0)
+    new = generation("9", "shop-b2", "1", online=True, minute=5)
+    plan = succession("shop", Keys("1"), [crashed, new], rolled_out=False)
+    assert plan is not None and plan.rename and [n.id for n in plan.superseded] == ["4"] and plan.retiring == ()
+
+
+def test_a_crashed_newer_node_that_holds_the_name_is_deleted_for_the_online_one() -> None:
+    online = generation("4", "shop-a1", "1", online=True, minute=0)
+    crashed = generation("9", "shop", "1", online=False, minute=5)
+    plan = succession("shop", Keys("1"), [online, crashed], rolled_out=True)
+    assert plan is not None and plan.newest.id == "4" and plan.rename and [n.id for n in plan.superseded] == ["9"]
+
+
+def test_the_retired_name_is_a_dns_label_unique_by_node() -> None:
+    assert retired_name("shop", generation("4", "shop", "1", online=True, minute=0)) == "shop-old4"
+    long = retired_name("a" * 63, generation("12345", "x", "1", online=True, minute=0))
+    assert len(long) == 63 and long.endswith("-old12345")
+
+
+def deployment(*, replicas: int = 1, status: dict[str, int], generation: int = 2) -> dict[str, object]:
+    return {"metadata": {"generation": generation}, "spec": {"replicas": replicas},
+            "status": {"observedGeneration": 2, **status}}
+
+
+def test_a_rollout_is_done_when_only_ready_pods_of_the_current_template_are_counted() -> None:
+    surging = {"replicas": 2, "updatedReplicas": 1, "readyReplicas": 1}
+    new_not_ready = {"replicas": 1, "updatedReplicas": 1, "readyReplicas": 0}
+    done = {"replicas": 1, "updatedReplicas": 1, "readyReplicas": 1}
+    assert not rollout_done(deployment(status=surging))
+    assert not rollout_done(deployment(status=new_not_ready))
+    assert rollout_done(deployment(status=done))
+    assert not rollout_done(deployment(status=done, generation=3)), "a template the controller has not seen"
+    assert not rollout_done(None) and not rollout_done(deployment(replicas=0, status={}))
