@@ -31,6 +31,7 @@ from e2e.disruption import (
     DEADLINE,
     DISRUPTIONS,
     INTERVAL,
+    OLD_SHAPE,
     SETTLE,
     WARM,
     Load,
@@ -38,6 +39,7 @@ from e2e.disruption import (
     disrupt,
     egress_world,
     ingress_world,
+    old_shape,
     open_connections,
 )
 from hack import image, versions
@@ -60,15 +62,23 @@ def commit() -> str:
     return f"{head}{' (with uncommitted changes)' if dirty else ''}"
 
 
+BASELINE_DISRUPTIONS = ("rollout", "pod deleted")
+"""What the old shape is measured on: with the operator stopped, a key rotation or an operator
+restart would not happen at all, and a Headscale restart does not involve the Deployment."""
+BASELINE_RECOVERY = 60.0
+"""Seconds a load gets to recover in the old shape before the row says it did not."""
+
+
 def _rounds(subject: Subject, headscale: Headscale, load: Callable[[], Load], label: dict[str, Any],
-            rounds: int, rows: list[dict[str, Any]], progress: Path | None) -> None:
+            rounds: int, rows: list[dict[str, Any]], progress: Path | None, *,
+            disruptions: tuple[str, ...] = tuple(DISRUPTIONS), recovery: float | None = None) -> None:
     for number in range(1, rounds + 1):
-        for what in DISRUPTIONS:
-            row: dict[str, Any] = {**label, "round": number, "disruption": what}
+        for what in disruptions:
+            row: dict[str, Any] = {"shape": "now", **label, "round": number, "disruption": what}
             try:
-                outcome = disrupt(subject, headscale, what, load)
+                outcome = disrupt(subject, headscale, what, load, recovery=recovery)
                 row.update(streams={k: asdict(v) for k, v in outcome.streams.items()}, done_s=outcome.done_s,
-                           named_s=outcome.named_s)
+                           named_s=outcome.named_s, recovered=outcome.recovered)
             except Exception as exc:  # one disruption's failure is reported; the others still run
                 row["error"] = str(exc).splitlines()[0][:300]
                 print(exc, flush=True)
@@ -106,11 +116,18 @@ def run(rounds: int, progress: Path | None) -> dict[str, Any]:
                 egress.scale(replicas)
                 _rounds(egress.subject, headscale, egress.load, {"subject": "egress", "replicas": replicas},
                         rounds, rows, progress)
+            egress.scale(1)
+            with old_shape(egress.subject) as before:
+                _rounds(before, headscale, egress.load, {"subject": "egress", "replicas": 1, "shape": "before"},
+                        rounds, rows, progress, disruptions=BASELINE_DISRUPTIONS, recovery=BASELINE_RECOVERY)
         try:
             with ingress_world(cluster, ns, headscale, project.ref, env.root / "ingress",
                                env.tailscale_node) as ingress:
                 _rounds(ingress.subject, headscale, ingress.load, {"subject": "ingress", "replicas": 1}, rounds,
                         rows, progress)
+                with old_shape(ingress.subject) as before:
+                    _rounds(before, headscale, ingress.load, {"subject": "ingress", "replicas": 1, "shape": "before"},
+                            rounds, rows, progress, disruptions=BASELINE_DISRUPTIONS, recovery=BASELINE_RECOVERY)
         except (TimeoutError, RuntimeError) as exc:
             print(f"the ingress did not come up: {exc}", flush=True)  # with its diagnosis
             rows.append({"subject": "ingress", "replicas": 1, "round": 0, "disruption": "setup",
@@ -119,31 +136,40 @@ def run(rounds: int, progress: Path | None) -> dict[str, Any]:
             "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "rss": rss, "rows": rows}
 
 
+def _order(key: tuple[str, str, int, str, str]) -> tuple[int, str, int, int, str]:
+    """Rows grouped by agent and replicas, the two shapes of a disruption next to each other."""
+    subject, shape, replicas, what, stream = key
+    position = list(DISRUPTIONS).index(what) if what in DISRUPTIONS else len(DISRUPTIONS)
+    return (0 if subject == "egress" else 1, "", replicas, position * 2 + (shape != "before"), stream)
+
+
 def _cell(values: list[str]) -> str:
     return " / ".join(values) if values else "-"
 
 
 def table(doc: dict[str, Any]) -> str:
-    keys: dict[tuple[str, int, str, str], list[dict[str, Any]]] = {}
+    keys: dict[tuple[str, str, int, str, str], list[dict[str, Any]]] = {}
     errors: list[str] = []
     for row in doc["rows"]:
         if "error" in row:
             errors.append(f"{row['subject']} x{row['replicas']} {row['disruption']} round {row['round']}: "
                           f"{row['error']}")
             continue
+        shape = row.get("shape", "now")
         for stream, t in row["streams"].items():
-            keys.setdefault((row["subject"], row["replicas"], row["disruption"], stream), []).append(
-                {**t, "done_s": row["done_s"], "named_s": row.get("named_s")})
-    lines = ["| agent | replicas | disruption | requests | sent | lost | longest gap s | disruption done s "
-             "| name back s |", "|---|---|---|---|---|---|---|---|---|"]
-    for (subject, replicas, what, stream), runs in keys.items():
+            keys.setdefault((row["subject"], shape, row["replicas"], row["disruption"], stream), []).append(
+                {**t, "done_s": row["done_s"], "named_s": row.get("named_s"), "recovered": row.get("recovered", True)})
+    lines = ["| agent | shape | replicas | disruption | requests | sent | lost | longest gap s | disruption done s "
+             "| name back s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for (subject, shape, replicas, what, stream), runs in sorted(keys.items(), key=lambda kv: _order(kv[0])):
         named = [format(r["named_s"], ".0f") for r in runs if r["named_s"] is not None]
-        lines.append(f"| {subject} | {replicas} | {what} | {stream} | {_cell([str(r['sent']) for r in runs])} | "
-                     f"{_cell([str(r['lost']) for r in runs])} | "
+        lost = [f"{r['lost']}{'' if r['recovered'] else '*'}" for r in runs]
+        lines.append(f"| {subject} | {shape} | {replicas} | {what} | {stream} | "
+                     f"{_cell([str(r['sent']) for r in runs])} | {_cell(lost)} | "
                      f"{_cell([format(r['longest_gap_s'], '.2f') for r in runs])} | "
                      f"{_cell([format(r['done_s'], '.0f') for r in runs])} | {_cell(named)} |")
     for subject in ("egress", "ingress"):
-        lines.append(f"| {subject} | - | node drain | not measurable on one node (below) | - | - | - | - | - |")
+        lines.append(f"| {subject} | - | - | node drain | not measurable on one node (below) | - | - | - | - | - |")
     measured = doc["rss"] if isinstance(doc["rss"], list) else [doc["rss"]]
     limit = measured[0].get("limits", {}).get("memory", "none")
     during = [row["loadavg"] for row in doc["rows"] if "loadavg" in row]
@@ -168,8 +194,12 @@ def table(doc: dict[str, Any]) -> str:
         f"{SETTLE} successes in a row after the disruption's conditions are met (rollout: every old pod gone; "
         "pod deleted: its successor ready; key rotation: the CR reports the new key; operator restart: "
         "the new operator pods alone; Headscale restart: healthy); the longest gap is between two "
-        "successful answers. Defaults of this commit only (surge, preStop 10 s, drain 30 s): the old "
-        "shape (maxUnavailable 1, no preStop, no drain) is no longer code and was not reproduced.", "",
+        "successful answers. `now`: this commit's defaults (surge, preStop 10 s, drain 30 s, the ingress "
+        f"name handed over once the new pod is ready). `before`: the shape before them ({OLD_SHAPE}), "
+        "reproduced with the operator stopped and the agent Deployment patched (`e2e/disruption.py` "
+        "`old_shape`; the agent's readiness warm-up and logout stay this commit's), on a rollout and a "
+        f"deleted pod; a load that did not recover within {BASELINE_RECOVERY:.0f} s is marked `*` (its "
+        "lost requests are those until then).", "",
         *lines, "",
         DRAIN_NOTE, "",
         f"Agent RSS (egress, 1 replica, memory limit {limit}; each round separated by `/`): "

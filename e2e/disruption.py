@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -387,10 +387,17 @@ class Outcome:
     named_s: float | None = None
     """Ingress: from the disruption's start to the node named spec.hostname again."""
     notes: dict[str, Any] = field(default_factory=dict)
+    recovered: bool = True
+    """False when the load did not answer :data:`SETTLE` in a row within ``recovery`` seconds of
+    the disruption's end (only when :func:`disrupt` was told a load may not recover)."""
 
 
-def disrupt(subject: Subject, headscale: Headscale, what: str, load: Callable[[], Load]) -> Outcome:
-    """Apply one disruption of :data:`DISRUPTIONS` under a load started just before it."""
+def disrupt(subject: Subject, headscale: Headscale, what: str, load: Callable[[], Load], *,
+            recovery: float | None = None) -> Outcome:
+    """Apply one disruption of :data:`DISRUPTIONS` under a load started just before it.
+
+    The load must recover (180 s), unless ``recovery`` is given: then it gets that long, and an
+    outcome that did not recover is returned with what the load measured until then."""
     subject.wait_steady()
     running = load()
     try:
@@ -405,12 +412,61 @@ def disrupt(subject: Subject, headscale: Headscale, what: str, load: Callable[[]
             named = time.monotonic() - start
         wait_until(subject.settled, timeout=240, interval=0.5, what="the agent settled after the disruption")
         mark = running.sent()
-        wait_until(lambda: running.streak() >= SETTLE and running.sent() - mark >= SETTLE, timeout=180,
-                   interval=0.5, what=f"{SETTLE} requests in a row answered after the disruption")
+        recovered = True
+        try:
+            wait_until(lambda: running.streak() >= SETTLE and running.sent() - mark >= SETTLE,
+                       timeout=recovery or 180, interval=0.5,
+                       what=f"{SETTLE} requests in a row answered after the disruption")
+        except TimeoutError:
+            if recovery is None:
+                raise
+            recovered = False
     except BaseException:
         running.stop()
         raise
-    return Outcome(what, running.stop(), round(done, 1), None if named is None else round(named, 1))
+    return Outcome(what, running.stop(), round(done, 1), None if named is None else round(named, 1),
+                   recovered=recovered)
+
+
+OLD_SHAPE = "maxUnavailable 1 and no surge, no preStop, no drain, no name hand-over"
+"""The agent Deployment and operator as they were before the availability work (issue 24); see
+:func:`old_shape`."""
+
+
+@contextmanager
+def old_shape(subject: Subject) -> Iterator[Subject]:
+    """The subject's agent as it rolled before the availability work, for a baseline: the operator
+    stopped (so nothing re-applies the Deployment, renames a node or rotates a key), the Deployment
+    rolling with ``maxUnavailable: 1`` and no surge, without its preStop, with no drain
+    (``TAILNET_DRAIN_TIMEOUT=0``: open connections are reset at SIGTERM) and a 30 s grace period.
+    The agent's readiness warm-up and its logout stay this commit's. Yields the subject with no
+    name to wait for; afterwards the operator runs again and re-applies the Deployment."""
+    cluster, ns = subject.cluster, subject.operator_namespace
+    replicas = int(get_json(cluster, "-n", ns, "deployment", OPERATOR_DEPLOYMENT)["spec"]["replicas"])
+    kubectl(cluster, "-n", ns, "scale", f"deployment/{OPERATOR_DEPLOYMENT}", "--replicas=0")
+    try:
+        wait_until(lambda: not get_json(cluster, "-n", ns, "pods", "-l", OPERATOR_PODS)["items"], timeout=120,
+                   what="the operator stopped")
+        patch = [{"op": "replace", "path": "/spec/strategy",
+                  "value": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}},
+                 {"op": "replace", "path": "/spec/template/spec/terminationGracePeriodSeconds", "value": 30},
+                 {"op": "remove", "path": "/spec/template/spec/containers/0/lifecycle"}]
+        kubectl(subject.cluster, "-n", subject.namespace, "patch", "deployment", subject.deployment, "--type=json",
+                "-p", json.dumps(patch))
+        kubectl(subject.cluster, "-n", subject.namespace, "set", "env", f"deployment/{subject.deployment}",
+                "-c", "agent", "TAILNET_DRAIN_TIMEOUT=0")
+        baseline = replace(subject, hostname=None)
+        baseline.wait_steady()
+        yield baseline
+    finally:
+        kubectl(cluster, "-n", ns, "scale", f"deployment/{OPERATOR_DEPLOYMENT}", f"--replicas={replicas}")
+        wait_until(lambda: _has_pre_stop(subject), timeout=180, what="the operator's Deployment back (preStop)")
+        subject.wait_steady()
+
+
+def _has_pre_stop(subject: Subject) -> bool:
+    spec = get_json(subject.cluster, "-n", subject.namespace, "deployment", subject.deployment)["spec"]
+    return "lifecycle" in spec["template"]["spec"]["containers"][0]
 
 
 # -- the worlds -------------------------------------------------------------------------------
