@@ -63,7 +63,7 @@ async def run_agent(mode: str) -> int:
                             udp_port=cfg.udp_port), clock=clock)
     metrics = AgentMetrics(node)
     cfg.limits.report(metrics)
-    gate = ConnectionGate(cfg.limits.max_connections, metrics)
+    gate = ConnectionGate.of(cfg.limits, metrics)
     watcher: TargetsWatcher[Any] | None = None
     status: Callable[[], Mapping[str, object]]
     work: Coroutine[Any, Any, None]

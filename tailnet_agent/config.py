@@ -22,6 +22,17 @@ Every problem is a :class:`ConfigError` with a one-line message naming the varia
                                free port, ``off`` for DERP only. Default 41641 (tailscaled's).
 ``TAILNET_MAX_CONNECTIONS``    Client connections open at once, all listeners. Default 4096; ``0``:
                                no limit. One more is closed as it is accepted.
+``TAILNET_MAX_CONNECTIONS_PER_PEER``
+                               Client connections open at once from one source address (ingress: the
+                               tailnet peer; egress: the client pod). Default 512; ``0``: no limit.
+``TAILNET_HTTP1_MAX_LINE_SIZE``
+                               Bytes of an HTTP/1.1 request line (ingress http). Default 8190; over
+                               it: 431.
+``TAILNET_HTTP1_MAX_FIELD_SIZE``
+                               Bytes of one HTTP/1.1 header field. Default 8190; over it: 431.
+``TAILNET_HTTP2_MAX_HEADER_LIST_SIZE``
+                               HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE (RFC 9113 6.5.2). Default 65536;
+                               over it: 431, over twice it: GOAWAY ENHANCE_YOUR_CALM.
 ``TAILNET_HTTP2_MAX_STREAMS``  HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (ingress http). Default 100.
 ``TAILNET_HTTP2_MAX_RESETS``   Streams an HTTP/2 client may reset per 10 s before GOAWAY
                                ENHANCE_YOUR_CALM (rapid reset). Default 200; ``0``: no limit.
@@ -56,10 +67,14 @@ from tailnet_agent.contract.errors import ConfigError
 from tailnet_agent.contract.exposes import Expose, parse_exposes
 from tailnet_agent.contract.targets import PortMapping, Target, parse_targets
 from tailnet_agent.limits import (
+    DEFAULT_HTTP1_MAX_FIELD_SIZE,
+    DEFAULT_HTTP1_MAX_LINE_SIZE,
+    DEFAULT_HTTP2_MAX_HEADER_LIST_SIZE,
     DEFAULT_HTTP2_MAX_RESETS,
     DEFAULT_HTTP2_MAX_STREAMS,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_PEER,
     Limits,
 )
 
@@ -67,6 +82,8 @@ DEFAULT_BIND_ADDRESS = "0.0.0.0"
 DEFAULT_DIAL_TIMEOUT = 30.0
 DEFAULT_UDP_PORT = 41641
 DEFAULT_DRAIN_TIMEOUT = 20.0
+MIN_HEADER_SIZE = 256
+"""The smallest header size limit accepted: below it no ordinary request fits (a typo, not a limit)."""
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -226,13 +243,20 @@ def _number(env: Mapping[str, str], name: str, default: float, *, integer: bool,
 
 
 def parse_limits(env: Mapping[str, str]) -> Limits:
-    """The ``TAILNET_MAX_CONNECTIONS``, ``..._HTTP2_MAX_STREAMS``, ``..._HTTP2_MAX_RESETS`` and
-    ``..._IDLE_TIMEOUT`` variables (unset: :class:`Limits`' defaults)."""
+    """The limits' variables (``TAILNET_MAX_CONNECTIONS`` and the others in the table above;
+    unset: :class:`Limits`' defaults)."""
+    def whole(name: str, default: int, minimum: int = 0) -> int:
+        return int(_number(env, name, default, integer=True, minimum=minimum))
+
     return Limits(
-        max_connections=int(_number(env, env_names.MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS, integer=True)),
-        http2_max_streams=int(_number(env, env_names.HTTP2_MAX_STREAMS, DEFAULT_HTTP2_MAX_STREAMS, integer=True,
-                                      minimum=1)),
-        http2_max_resets=int(_number(env, env_names.HTTP2_MAX_RESETS, DEFAULT_HTTP2_MAX_RESETS, integer=True)),
+        max_connections=whole(env_names.MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS),
+        max_connections_per_peer=whole(env_names.MAX_CONNECTIONS_PER_PEER, DEFAULT_MAX_CONNECTIONS_PER_PEER),
+        http1_max_line_size=whole(env_names.HTTP1_MAX_LINE_SIZE, DEFAULT_HTTP1_MAX_LINE_SIZE, MIN_HEADER_SIZE),
+        http1_max_field_size=whole(env_names.HTTP1_MAX_FIELD_SIZE, DEFAULT_HTTP1_MAX_FIELD_SIZE, MIN_HEADER_SIZE),
+        http2_max_header_list_size=whole(env_names.HTTP2_MAX_HEADER_LIST_SIZE, DEFAULT_HTTP2_MAX_HEADER_LIST_SIZE,
+                                         MIN_HEADER_SIZE),
+        http2_max_streams=whole(env_names.HTTP2_MAX_STREAMS, DEFAULT_HTTP2_MAX_STREAMS, 1),
+        http2_max_resets=whole(env_names.HTTP2_MAX_RESETS, DEFAULT_HTTP2_MAX_RESETS),
         idle_timeout=_number(env, env_names.IDLE_TIMEOUT, DEFAULT_IDLE_TIMEOUT, integer=False))
 
 

@@ -19,10 +19,13 @@ Metrics (``direction`` is ``sent`` towards the target or ``received`` from it)::
     tailnet_agent_target_probe_seconds{target}       histogram of successful probes' connect time
     tailnet_agent_targets_reload_errors_total        targets files that could not be applied
     tailnet_agent_targets_file_valid                 0 while the file on disk is not the one in force
-    tailnet_agent_limit{limit}                       configured limits (tailnet_agent.forward.limits)
+    tailnet_agent_limit{limit}                       configured limits (tailnet_agent.limits)
     tailnet_agent_open_connections                   client connections open, all listeners together
     tailnet_agent_connections_refused_total          connections closed as accepted, over the limit
-    tailnet_agent_http2_goaway_total{reason}         reason: idle, rapid_reset, protocol_error, shutdown
+    tailnet_agent_peer_connections_refused_total     connections closed as accepted, over their peer's limit
+    tailnet_agent_headers_refused_total{protocol}    requests whose header section was over the limits
+    tailnet_agent_http2_goaway_total{reason}         reason: idle, rapid_reset, protocol_error, headers_too_large,
+                                                     write_stalled, shutdown
     tailnet_agent_control_connected                  1 while the control connection is up
     tailnet_agent_derp_connected                     1 while the home DERP region is connected
     tailnet_agent_direct_peers                       peers reached over a direct UDP path (not DERP)
@@ -128,6 +131,13 @@ class AgentMetrics:
         self.refused = Counter("tailnet_agent_connections_refused",
                                "Client connections closed as accepted because the agent held its limit.",
                                registry=self.registry)
+        self.peer_refused = Counter("tailnet_agent_peer_connections_refused",
+                                    "Client connections closed as accepted because their peer address held "
+                                    "its limit.", registry=self.registry)
+        self.headers_refused = Counter("tailnet_agent_headers_refused",
+                                       "HTTP requests refused because their header section was over the limits "
+                                       "(431, or an HTTP/2 connection ended), by protocol.",
+                                       ["protocol"], registry=self.registry)
         self.http2_goaway = Counter("tailnet_agent_http2_goaway", "HTTP/2 connections the agent ended, by reason.",
                                     ["reason"], registry=self.registry)
         if node is not None:

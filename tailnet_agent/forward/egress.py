@@ -31,7 +31,7 @@ import structlog
 from tailnet_agent.config import Forwarded
 from tailnet_agent.contract.targets import PortMapping, Target
 from tailnet_agent.health import AgentMetrics
-from tailnet_agent.limits import ConnectionGate, Refused
+from tailnet_agent.limits import ConnectionGate, Refused, hold_peer
 from tailnet_agent.probe import Prober
 from tailnet_agent.streams import error_reason
 from tailnet_agent.targets import TargetsDiff, diff_targets
@@ -243,7 +243,7 @@ class Forwarder(Generic[F]):
 
         def splice_to_dial(mapping: PortMapping) -> Connection:
             splice = Splice(count_a_to_b=sent.inc, count_b_to_a=received.inc)
-            return splice.a, self._forward(target, mapping, splice), splice.abort
+            return splice.a, _peer_held(self.gate, splice, lambda: self._forward(target, mapping, splice)), splice.abort
 
         def accept() -> asyncio.Protocol:
             gate = self.gate
@@ -325,6 +325,14 @@ class Forwarder(Generic[F]):
             log.debug(f"{self.kind} half-close pin not opened", target=target.name, error=str(exc) or repr(exc))
             return
         pins.add(transport)
+
+
+async def _peer_held(gate: ConnectionGate | None, splice: Splice, forward: Callable[[], Awaitable[None]]) -> None:
+    """Serve an accepted connection while it counts against its peer's limit; over the limit it is
+    closed before anything is dialled."""
+    with hold_peer(gate, await splice.a.made) as admitted:
+        if admitted:
+            await forward()
 
 
 class _Pins:

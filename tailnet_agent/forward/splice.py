@@ -34,6 +34,9 @@ class _End(asyncio.Protocol):
         self._count = count
         self.other: _End
         self.transport: asyncio.Transport | None = None
+        self.made: asyncio.Future[asyncio.Transport] = asyncio.get_running_loop().create_future()
+        """Set by ``connection_made``: an accepted connection's task may run before it (asyncio's
+        server calls it on the loop's next turn), so it waits here for its peer's address."""
         self.eof = False
         self.lost = False
         self.early: list[bytes] = []
@@ -42,6 +45,8 @@ class _End(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        if not self.made.done():
+            self.made.set_result(transport)
         if not self._splice.joined:
             transport.pause_reading()
 

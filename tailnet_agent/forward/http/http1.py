@@ -7,12 +7,15 @@ response began aborts the connection: a client must not take a cut body for a wh
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 
 from tailnet_agent.contract.exposes import VirtualHost
-from tailnet_agent.limits import DEFAULT_IDLE_TIMEOUT
+from tailnet_agent.health import AgentMetrics
+from tailnet_agent.limits import HTTP1_MAX_FIELDS, Limits
 
 from ..h2backend import BackendError
 from .handover import Pending, hand_over
@@ -23,16 +26,63 @@ from .upstream import CHUNK, BadGateway, UpstreamClient
 log = structlog.get_logger("agent.http")
 
 
+def headers_too_large(exc: BaseException | None) -> bool:
+    """aiohttp's parser refused the request for its size: a request line or header field over its
+    limit (``LineTooLong``) or more fields than :data:`HTTP1_MAX_FIELDS` (a plain
+    ``BadHttpMessage`` that only its message tells apart)."""
+    return isinstance(exc, LineTooLong) or (isinstance(exc, BadHttpMessage)
+                                            and exc.message.startswith("Too many headers"))
+
+
+class _Handler(web.RequestHandler):
+    """aiohttp's connection handler, answering a request over the header limits with 431."""
+
+    def __init__(self, server: Http1Server, **kwargs: Any) -> None:
+        super().__init__(server, **kwargs)
+        self.server = server
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if status != 400 or not headers_too_large(exc):
+            return super().handle_error(request, status, exc, message)
+        # Not aiohttp's own handling: it logs the offending line, which may hold a credential.
+        return self.server.refuse_headers(request.remote or "")
+
+
 class Http1Server(web.Server):
     """aiohttp's HTTP/1.1 server protocol factory for one expose; tells each connection's end to
     its waiter, so that the connection stays a task of the expose while it lasts."""
 
-    def __init__(self, upstream: UpstreamClient, whois: Whois, *, idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+    def __init__(self, upstream: UpstreamClient, whois: Whois, *, limits: Limits | None = None,
+                 metrics: AgentMetrics | None = None) -> None:
+        limits = limits or Limits()
         # aiohttp's keep-alive timeout is the idle timeout (0 would mean no keep-alive: a large value instead)
-        super().__init__(self._request, access_log=None, keepalive_timeout=idle_timeout or 1e9)
+        super().__init__(self._request, access_log=None, keepalive_timeout=limits.idle_timeout or 1e9,
+                         max_line_size=limits.http1_max_line_size, max_field_size=limits.http1_max_field_size,
+                         max_headers=HTTP1_MAX_FIELDS)
         self.upstream = upstream
         self.whois = whois
+        self.limits = limits
+        self.metrics = metrics
         self.ends: dict[web.RequestHandler, asyncio.Future[None]] = {}
+
+    def __call__(self) -> web.RequestHandler:
+        return _Handler(self, loop=asyncio.get_running_loop(), **self._kwargs)
+
+    def refuse_headers(self, client: str) -> web.Response:
+        """431 for a request whose request line or header fields are over the limits (the
+        connection then closes: aiohttp cannot tell where the next request would start)."""
+        limits = self.limits
+        log.info("request refused: header section too large", expose=self.upstream.expose.name, client=client,
+                 max_line_size=limits.http1_max_line_size, max_field_size=limits.http1_max_field_size,
+                 max_fields=HTTP1_MAX_FIELDS)
+        if self.metrics is not None:
+            self.metrics.headers_refused.labels("http1").inc()
+        response = web.Response(status=431, text=(
+            f"request line over {limits.http1_max_line_size} bytes, a header field over "
+            f"{limits.http1_max_field_size} bytes or more than {HTTP1_MAX_FIELDS} fields\n"))
+        response.force_close()
+        return response
 
     def connection_lost(self, handler: web.RequestHandler, exc: BaseException | None = None) -> None:
         super().connection_lost(handler, exc)

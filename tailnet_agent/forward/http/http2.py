@@ -25,11 +25,12 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+import hpack
 import structlog
 
 from tailnet_agent.contract.exposes import VirtualHost
 from tailnet_agent.health import AgentMetrics
-from tailnet_agent.limits import Limits, ResetBudget
+from tailnet_agent.limits import HEADER_LIST_HARD_FACTOR, Limits, ResetBudget, header_list_size
 
 from ..h2backend import BackendError
 from .handover import Pending, hand_over
@@ -71,7 +72,10 @@ class _Connection:
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
         self.conn.local_settings = h2.settings.Settings(client=False, initial_values={
             h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: max(1, limits.http2_max_streams),
-            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.conn.DEFAULT_MAX_HEADER_LIST_SIZE})
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: limits.http2_max_header_list_size})
+        # The advertised size is answered with 431 (the block is decoded, so HPACK state stays in
+        # step); HPACK stops decoding at the hard limit, and h2 ends the connection there.
+        self.conn.decoder.max_header_list_size = limits.http2_max_header_list_size * HEADER_LIST_HARD_FACTOR
         self.writer = writer
         self.streams: dict[int, _Stream] = {}
         self.resets = ResetBudget(limits.http2_max_resets, asyncio.get_running_loop().time)
@@ -233,7 +237,8 @@ class Http2Server:
                     try:
                         events = h2c.conn.receive_data(data)
                     except h2.exceptions.ProtocolError as exc:  # e.g. more streams than advertised
-                        h2c.goaway(getattr(exc, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR), "protocol_error")
+                        h2c.goaway(getattr(exc, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR),
+                                   self._protocol_error(exc, client))
                         break
                     for event in events:
                         if isinstance(event, h2.events.RequestReceived) and h2c.draining:
@@ -251,6 +256,8 @@ class Http2Server:
                         if h2c.ending is not None:
                             break
                     h2c.flush()
+                    if not await self._taken(h2c):
+                        break
             finally:
                 self.connections.discard(h2c)
                 for stream in list(h2c.streams.values()):
@@ -283,12 +290,47 @@ class Http2Server:
             finally:
                 h2c.wait = None
 
+    async def _taken(self, h2c: _Connection) -> bool:
+        """Read no more while the client does not take what it was sent: the answers h2 queues
+        for its frames (SETTINGS and PING acknowledgements) would otherwise pile up in the agent
+        without bound (the ping and settings floods, CVE-2019-9512 and -9515). False once the
+        connection is gone or the client took nothing for an idle timeout (then it is ended)."""
+        try:
+            async with asyncio.timeout(self.limits.idle_timeout or None):
+                await h2c.writer.drain()
+        except TimeoutError:
+            h2c.ending = "write_stalled"
+            return False
+        except ConnectionError:
+            return False
+        return True
+
+    def _protocol_error(self, exc: h2.exceptions.ProtocolError, client: str) -> str:
+        """The GOAWAY reason of a connection error; a header list over the hard limit counts as a
+        refused request too."""
+        if not isinstance(exc.__cause__, hpack.OversizedHeaderListError):
+            return "protocol_error"
+        log.info("HTTP/2 connection ended: header list over the hard limit", expose=self.upstream.expose.name,
+                 client=client, limit=self.limits.http2_max_header_list_size * HEADER_LIST_HARD_FACTOR)
+        self._count_refused()
+        return "headers_too_large"
+
+    def _count_refused(self) -> None:
+        if self.metrics is not None:
+            self.metrics.headers_refused.labels("http2").inc()
+
     async def _request(self, h2c: _Connection, stream: _Stream, raw: list[tuple[Any, Any]], host: VirtualHost,
                        client: str, identity: Identity | None) -> None:
         headers = [(_text(k), _text(v)) for k, v in raw]
         pseudo = dict(h for h in headers if h[0].startswith(":"))
         authority = pseudo.get(":authority") or next((v for k, v in headers if k == "host"), "")
         try:
+            if (size := header_list_size(raw)) > (limit := self.limits.http2_max_header_list_size):
+                log.info("request refused: header list too large", expose=self.upstream.expose.name, client=client,
+                         size=size, limit=limit)
+                self._count_refused()
+                await h2c.respond(stream.id, 431, PLAIN_TEXT, [f"header list of {size} bytes, over {limit}\n".encode()])
+                return
             if misdirected(host, authority):
                 await h2c.respond(stream.id, 421, PLAIN_TEXT, [misdirected_text(host, authority).encode()])
                 return

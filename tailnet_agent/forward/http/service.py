@@ -32,7 +32,7 @@ class HttpService:
         self.certs = CertificateStore(expose.hosts)
         self.upstream = UpstreamClient(expose)
         limits = limits or Limits()
-        self.http1 = Http1Server(self.upstream, self.whois, idle_timeout=limits.idle_timeout)
+        self.http1 = Http1Server(self.upstream, self.whois, limits=limits, metrics=metrics)
         self.http2 = Http2Server(self.upstream, limits, metrics)
         self.connections: set[asyncio.Task[Any]] = set()
         """The tasks serving this expose's client connections (cancelled when it stops)."""

@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 
 from tailnet_agent.contract.exposes import VirtualHost
-from tailnet_agent.limits import ConnectionGate, Refused
+from tailnet_agent.limits import ConnectionGate, Refused, hold_peer
 
 from ..egress import Closable
 from .certs import server_context
@@ -134,6 +134,11 @@ class HttpPort:
             transport = await held.made
         except ConnectionError:
             return
+        with hold_peer(self.gate, transport) as admitted:  # over its peer's limit: closed, not served
+            if admitted:
+                await self._serve_admitted(transport)
+
+    async def _serve_admitted(self, transport: asyncio.Transport) -> None:
         try:
             await self._serve(transport)
         except Exception:
