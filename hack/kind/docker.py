@@ -30,6 +30,8 @@ DOCKER_CLI = Path("/usr/bin/docker")
 """Debian's docker.io client, the same release as its daemon (a newer static CLI on PATH would
 negotiate down, but kind is tested with matching ones)."""
 DOCKERD = Path("/usr/sbin/dockerd")
+RUNC = Path("/usr/sbin/runc")
+"""Debian's runc, which docker.io depends on."""
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 60.0
 HOST_PATHS = (Path("/lib/modules"), Path("/etc/docker/key.json"))
@@ -76,9 +78,9 @@ def environment(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def docker(*args: str, check: bool = True, stdin: bytes | None = None, timeout: float = 600
+def docker(*args: str, check: bool = True, stdin: str | None = None, timeout: float = 600
            ) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([str(DOCKER_CLI), *args], env=environment(), input=stdin.decode() if stdin else None,
+    proc = subprocess.run([str(DOCKER_CLI), *args], env=environment(), input=stdin,
                           capture_output=True, text=True, timeout=timeout, check=False)
     if check and proc.returncode != 0:
         raise RuntimeError(f"docker {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
@@ -117,7 +119,10 @@ def start_daemon() -> bool:
     p = paths()
     for directory in (p.root, p.data_root, p.exec_root):
         directory.mkdir(parents=True, exist_ok=True)
-    p.config.write_text(json.dumps(plan.daemon_config(), indent=1) + "\n")
+    p.config.write_text(json.dumps(plan.daemon_config(p), indent=1) + "\n")
+    p.runtime.parent.mkdir(parents=True, exist_ok=True)
+    p.runtime.write_text(plan.runtime_wrapper(str(RUNC)))
+    p.runtime.chmod(0o755)
     log = p.log.open("ab")
     subprocess.Popen(plan.dockerd_argv(str(DOCKERD), p), stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                      env=plan.dockerd_environment(os.environ), start_new_session=True)
@@ -245,7 +250,7 @@ class HostState:
     @classmethod
     def capture(cls) -> HostState:
         values = {}
-        for name in (*SYSCTLS, *EXTRA_SYSCTLS):
+        for name in dict.fromkeys((*SYSCTLS, *EXTRA_SYSCTLS, *plan.KUBELET_TUNABLES)):
             value = _read_sysctl(name)
             if value is not None:
                 values[name] = value
@@ -263,13 +268,22 @@ class HostState:
         return cls(dict(data["sysctls"]), list(data["absent"]))
 
     def restore(self) -> list[str]:
-        """Put it back; return what was changed, for the report."""
+        """Put back what our nodes may have written; return what differs, for the report.
+
+        A sysctl is written back only when it now holds the value a kubelet writes (the nodes
+        should never reach the host's: each binds a file over the entry); any other difference is
+        someone else's (a local node started meanwhile restores its own), so it is only reported.
+        """
         changed = []
         for name, value in self.sysctls.items():
             now = _read_sysctl(name)
-            if now is not None and now != value:
+            if now is None or now == value:
+                continue
+            if plan.KUBELET_TUNABLES.get(name) == now:
                 _run("sysctl", "-qw", f"{name}={value}", check=False)
                 changed.append(f"sysctl {name}: {now} -> {value}")
+            else:
+                changed.append(f"sysctl {name} is {now} (was {value} when the run started; not ours, left)")
         for raw in self.absent:
             path = Path(raw)
             if path.is_dir() and not path.is_symlink():

@@ -36,9 +36,10 @@ SAFE_RANGE = "198.18.0.0/15"
 UNREACHABLE = (POD_SUBNET, SERVICE_SUBNET)
 """Ranges the host does not reach directly: an ``unreachable`` route covers each, so a packet to
 one of them never takes the default route (the pod /24 of each node is routed through it)."""
-GUARD_TABLE = "tailnet_kind_guard"
+GUARD_TABLE = "tailnet_test_kind_guard"
 """An nftables table that drops whatever the host would forward from the kind bridge to an
-address outside 198.18.0.0/15 (should forwarding be on while the cluster runs)."""
+address outside 198.18.0.0/15 (should forwarding be on while the cluster runs). Named as the
+tests' own tables are, so that a local node started meanwhile leaves it alone."""
 
 CLUSTER_NAME = "tailnet-e2e"
 WORKERS = 2
@@ -48,22 +49,39 @@ NODE_IMAGE_REPOSITORY = "localhost/kind-node"
 BASE_IMAGE_REPOSITORY = "localhost/kind-base"
 
 BASE_PACKAGES = ("systemd", "conntrack", "iptables", "nftables", "iproute2", "ethtool", "util-linux", "mount",
-                 "kmod", "libseccomp2", "e2fsprogs", "bash", "ca-certificates", "procps")
+                 "kmod", "libseccomp2", "e2fsprogs", "bash", "ca-certificates", "procps", "jq")
 """What kind's base Dockerfile installs, less what serves storage drivers and tools the cluster
-tests never use (fuse-overlayfs, nfs-common, open-iscsi, pigz, curl, jq)."""
+tests never use (fuse-overlayfs, nfs-common, open-iscsi, pigz, curl); jq serves kind's
+mount-product-files.sh hook."""
 
 KIND_FILES = ("etc/sysctl.d", "etc/systemd/system", "etc/default", "etc/crictl.yaml", "usr/local/bin", "kind")
 """kind's own files (``images/base/files`` of the pinned module), copied into the base at build
 time from Go's module cache: the entrypoint, the units and the mount helpers."""
 ENABLED_UNITS = ("kubelet.service", "containerd.service", "undo-mount-hacks.service", "tailnet-kind-net.service")
-MASKED_UNITS = ("systemd-binfmt.service",)
-"""systemd-binfmt registers into the kernel-global binfmt_misc; kind masks it, and so do we."""
+MASKED_UNITS = ("systemd-binfmt.service", "proc-sys-fs-binfmt_misc.automount", "systemd-sysctl.service",
+                "systemd-modules-load.service", "systemd-pstore.service")
+"""Units that would reach past the node container into the kernel it shares with the host (a
+privileged container): binfmt_misc (kind masks it too), Debian's sysctl defaults (kernel.pid_max,
+fs.protected_*, ...), module loading, the host's pstore."""
+NODE_SYSCTLS = {"net.ipv4.ip_forward": "1", "net.ipv4.conf.all.route_localnet": "1",
+                "net.ipv4.conf.all.arp_ignore": "0", "net.ipv4.conf.default.rp_filter": "1",
+                "net.ipv4.conf.all.rp_filter": "1"}
+"""kind's /etc/sysctl.d, set by the node's own unit (systemd-sysctl is masked): all are per
+network namespace, so they change the node, not the host."""
+KUBELET_TUNABLES = {"vm.overcommit_memory": "1", "vm.panic_on_oom": "0", "kernel.panic": "10",
+                    "kernel.panic_on_oops": "1", "kernel.keys.root_maxkeys": "1000000",
+                    "kernel.keys.root_maxbytes": "25000000"}
+"""What the kubelet writes at start unless it reads these values (``setupKernelTunables``): the
+kernel's, not the container's. Each node shows the kubelet a file with that value bound over the
+/proc/sys entry, so the host keeps its own."""
 NODE_CHANGES = (
     "ENV container=docker",
-    "STOPSIGNAL SIGRTMIN+3",
     'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]',
 )
 """The node image's configuration, as kind's base image has it (``docker import --change``)."""
+STOP_SIGNAL = "SIGRTMIN+3"
+"""What stops systemd cleanly; set by a last ``docker build`` step (``import`` and ``commit`` of
+Docker 20.10 take no STOPSIGNAL change)."""
 
 
 # --- dockerd --------------------------------------------------------------------------------
@@ -100,18 +118,28 @@ class DaemonPaths:
         return self.root / "dockerd.log"
 
     @property
+    def runtime(self) -> Path:
+        return self.root / "bin" / "tailnet-runc"
+
+    @property
     def host(self) -> str:
         """``DOCKER_HOST`` for our commands."""
         return f"unix://{self.socket}"
 
 
-def daemon_config() -> dict[str, Any]:
+RUNTIME = "tailnet-runc"
+
+
+def daemon_config(paths: DaemonPaths) -> dict[str, Any]:
     """dockerd's settings: no default bridge, no iptables or forwarding, no registry mirrors.
 
     The containers' DNS is the host's address on the kind network, where nothing listens: docker's
-    embedded resolver then has nowhere to send a name, instead of the machine's resolver.
+    embedded resolver then has nowhere to send a name, instead of the machine's resolver. The
+    runtime is runc behind :func:`runtime_wrapper`.
     """
     return {
+        "runtimes": {RUNTIME: {"path": str(paths.runtime)}},
+        "default-runtime": RUNTIME,
         "bridge": "none",
         "iptables": False,
         "ip6tables": False,
@@ -126,6 +154,69 @@ def daemon_config() -> dict[str, Any]:
         "log-driver": "json-file",
         "features": {"buildkit": False},
     }
+
+
+def runtime_wrapper(runc: str) -> str:
+    """runc, with every capability the machine's bounding set lacks taken out of the container's
+    (``create``/``run``) or process's (``exec --process``) spec first.
+
+    This VM withholds CAP_SYS_RESOURCE from everything, and Docker 20.10 hands a privileged
+    container (every kind node is one) each capability it knows, which runc then fails to apply
+    ("unable to apply caps: operation not permitted").
+    """
+    return textwrap.dedent(f"""\
+        #!/usr/bin/python3
+        # Written by hack/kind (tailnet-operator): runc without the capabilities this machine withholds.
+        import json, os, sys
+
+        NAMES = {json.dumps(CAPABILITY_NAMES)}
+        bounding = int(open("/proc/self/status").read().split("CapBnd:")[1].split()[0], 16)
+        allowed = {{name for i, name in enumerate(NAMES) if bounding >> i & 1}}
+
+
+        def trim(process):
+            for key, caps in (process.get("capabilities") or {{}}).items():
+                process["capabilities"][key] = [c for c in caps if c in allowed]
+
+
+        def edit(path, inner):
+            with open(path) as f:
+                doc = json.load(f)
+            trim(doc.get("process", {{}}) if inner else doc)
+            with open(path, "w") as f:
+                json.dump(doc, f)
+
+
+        args = sys.argv[1:]
+        for i, arg in enumerate(args):
+            if arg in ("create", "run"):
+                rest = args[i + 1:]
+                bundle = next((v.split("=", 1)[1] for v in rest if v.startswith(("--bundle=", "-b="))), None)
+                for j, v in enumerate(rest[:-1]):
+                    if v in ("--bundle", "-b"):
+                        bundle = rest[j + 1]
+                edit(os.path.join(bundle or ".", "config.json"), True)
+                break
+            if arg == "exec":
+                rest = args[i + 1:]
+                for j, v in enumerate(rest[:-1]):
+                    if v in ("--process", "-p"):
+                        edit(rest[j + 1], False)
+                break
+        os.execv({runc!r}, [{runc!r}, *args])
+        """)
+
+
+CAPABILITY_NAMES = [
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID",
+    "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE", "CAP_NET_BIND_SERVICE", "CAP_NET_BROADCAST", "CAP_NET_ADMIN",
+    "CAP_NET_RAW", "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE", "CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT", "CAP_SYS_NICE", "CAP_SYS_RESOURCE",
+    "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE", "CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL",
+    "CAP_SETFCAP", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN", "CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND",
+    "CAP_AUDIT_READ", "CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE",
+]
+"""Linux capabilities by number (capability.h)."""
 
 
 def dockerd_argv(dockerd: str, paths: DaemonPaths) -> list[str]:
@@ -198,6 +289,11 @@ def net_script() -> str:
         for i, subnet in enumerate(pods))
     cases = "\n".join(f'  {network.network_address + 2 + i}) subnet={subnet} ;;' for i, subnet in enumerate(pods))
     conflist = json.dumps(cni_conflist("SUBNET"), indent=2).replace('"SUBNET"', '"$subnet"')
+    sysctls = "\n".join(f"sysctl -qw {k}={v}" for k, v in NODE_SYSCTLS.items())
+    tunables = "\n".join(
+        f"echo {v} > /run/tailnet-kind/sysctl/{k} && "
+        f"mount --bind /run/tailnet-kind/sysctl/{k} /proc/sys/{k.replace('.', '/')}"
+        for k, v in KUBELET_TUNABLES.items())
     return f"""#!/bin/sh
 # Written by hack/kind (tailnet-operator): the node's pod network, no default route.
 set -eu
@@ -213,7 +309,9 @@ EOF
 {others}
 ip route replace {SERVICE_SUBNET} via {NETWORK_GATEWAY} dev eth0
 ip route del default 2>/dev/null || true
-sysctl -qw net.ipv4.ip_forward=1
+{sysctls}
+mkdir -p /run/tailnet-kind/sysctl
+{tunables}
 """
 
 
@@ -315,8 +413,9 @@ def kind_config(node_image: str, *, etcd: str, workers: int = WORKERS) -> dict[s
     patches = [
         {"kind": "ClusterConfiguration", "imageRepository": IMAGE_REPOSITORY,
          "etcd": {"local": {"imageTag": etcd}}},
-        # CoreDNS is installed after kubeadm, serving the Tailnets' hosts ConfigMap (hack/kind/cluster.py).
-        {"kind": "InitConfiguration", "skipPhases": ["addon/coredns"],
+        # kind skips preflight (it would pull images); CoreDNS is installed after kubeadm, serving
+        # the Tailnets' hosts ConfigMap (hack/kind/cluster.py).
+        {"kind": "InitConfiguration", "skipPhases": ["preflight", "addon/coredns"],
          "nodeRegistration": {"imagePullPolicy": "Never"}},
         {"kind": "JoinConfiguration", "nodeRegistration": {"imagePullPolicy": "Never"}},
         {"kind": "KubeletConfiguration", "failCgroupV1": False, "failSwapOn": False,

@@ -1,0 +1,131 @@
+"""``python -m hack.kind up|down|e2e|node-image|status``: `make e2e` and its steps.
+
+``e2e`` runs ``up``, the ``cluster`` tests against the kind cluster, and ``down`` whatever
+happened; ``up`` leaves the cluster (and our dockerd) running until ``down``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hack import binaries
+
+from . import cluster, docker, nodeimage, plan
+
+
+def kubeconfig_path() -> Path:
+    return docker.docker_root() / f"{plan.CLUSTER_NAME}.kubeconfig"
+
+
+def up() -> dict[str, float]:
+    """dockerd, the network, the node image, the cluster, its wiring; returns timings."""
+    timings: dict[str, float] = {}
+    state = docker.state_file()
+    docker.docker_root().mkdir(parents=True, exist_ok=True)
+    if docker.HostState.load(state) is None:
+        docker.HostState.capture().save(state)
+    started = time.monotonic()
+    docker.start_daemon()
+    docker.ensure_network()
+    docker.add_guard()
+    timings["dockerd"] = time.monotonic() - started
+    started = time.monotonic()
+    node = nodeimage.ensure_node_image()
+    timings["node image"] = time.monotonic() - started
+    print(f"kind: node image {node.ref} ({timings['node image']:.0f}s)", flush=True)
+    workdir = docker.docker_root()
+    if not cluster.exists():
+        timings["kind create"] = cluster.create(kubeconfig_path(), workdir)
+        print(f"kind: cluster created in {timings['kind create']:.0f}s", flush=True)
+    started = time.monotonic()
+    cluster.wire(kubeconfig_path())
+    cluster.wait_ready(kubeconfig_path())
+    timings["ready"] = time.monotonic() - started
+    print(f"kind: nodes and kube-system Ready {timings['ready']:.0f}s later; kubeconfig {kubeconfig_path()}",
+          flush=True)
+    return timings
+
+
+def down() -> list[str]:
+    """Delete the cluster, stop dockerd, remove routes and the guard, restore the host; return
+    what is still left (empty when clean)."""
+    if docker.daemon_pid() is not None:
+        try:
+            cluster.delete()
+        except RuntimeError as exc:
+            print(f"kind: {exc}", file=sys.stderr)
+    docker.stop_daemon()
+    docker.remove_routes()
+    docker.remove_guard()
+    state = docker.HostState.load(docker.state_file())
+    if state is not None:
+        for change in state.restore():
+            print(f"kind: restored {change}")
+        docker.state_file().unlink()
+    kubeconfig_path().unlink(missing_ok=True)
+    left = docker.leftovers()
+    for item in left:
+        print(f"kind: left behind: {item}", file=sys.stderr)
+    return left
+
+
+def e2e(pytest_args: list[str]) -> int:
+    """``up``, the cluster tests, ``down``: the exit status is the tests' (or 1 when set-up or
+    teardown failed)."""
+    status = 1
+    try:
+        up()
+        env = docker.environment()
+        env.update({
+            "TAILNET_E2E_KUBECONFIG": str(kubeconfig_path()),
+            "TAILNET_E2E_KIND_NAME": plan.CLUSTER_NAME,
+            "TAILNET_E2E_HOST_ADDRESS": docker.network_gateway(),
+        })
+        started = time.monotonic()
+        status = subprocess.run([sys.executable, "-m", "pytest", "e2e", "-m", "cluster", *pytest_args],
+                                env=env, check=False).returncode
+        print(f"kind: cluster tests exited {status} after {time.monotonic() - started:.0f}s", flush=True)
+    finally:
+        if os.environ.get("TAILNET_KIND_KEEP") != "1" and down():
+            status = status or 1
+    return status
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hack.kind")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("up")
+    sub.add_parser("down")
+    sub.add_parser("node-image")
+    sub.add_parser("status")
+    run = sub.add_parser("e2e")
+    run.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("kind: make e2e starts its own dockerd and needs root", file=sys.stderr)
+        return 1
+    try:
+        if args.command == "up":
+            up()
+        elif args.command == "down":
+            return 1 if down() else 0
+        elif args.command == "node-image":
+            with docker.running_daemon():
+                print(nodeimage.ensure_node_image().ref)
+        elif args.command == "status":
+            print("\n".join(docker.leftovers()) or "nothing of make e2e is on this machine")
+        else:
+            return e2e([a for a in args.pytest_args if a != "--"])
+    except binaries.MissingToolError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
