@@ -65,7 +65,7 @@ def down() -> list[str]:
     state = docker.HostState.load(docker.state_file())
     if state is not None:
         for change in state.restore():
-            print(f"kind: restored {change}")
+            print(f"kind: {change}")
         docker.state_file().unlink()
     kubeconfig_path().unlink(missing_ok=True)
     left = docker.leftovers()

@@ -221,10 +221,16 @@ def add_routes(node_ips: Sequence[str]) -> None:
 def remove_routes() -> None:
     """Every route into the pod and Service ranges (ours: nothing else uses them)."""
     for cidr in plan.UNREACHABLE:
-        out = _run("ip", "-j", "route", "show", "type", "all", "root", cidr, check=False).stdout
-        for route in json.loads(out or "[]"):
+        for route in _routes(cidr):
             kind = route.get("type", "unicast")
             _run("ip", "route", "del", *([kind] if kind != "unicast" else []), route["dst"], check=False)
+
+
+def _routes(cidr: str) -> list[dict[str, str]]:
+    """Routes of the main table inside ``cidr``, of every type."""
+    proc = _run("ip", "-j", "route", "show", "root", cidr)
+    routes: list[dict[str, str]] = json.loads(proc.stdout or "[]")
+    return routes
 
 
 def add_guard() -> None:
@@ -268,21 +274,17 @@ class HostState:
         return cls(dict(data["sysctls"]), list(data["absent"]))
 
     def restore(self) -> list[str]:
-        """Put back what our nodes may have written; return what differs, for the report.
+        """Remove the host paths the run created; return them, and every sysctl that differs
+        from the start of the run, for the report.
 
-        A sysctl is written back only when it now holds the value a kubelet writes (the nodes
-        should never reach the host's: each binds a file over the entry); any other difference is
-        someone else's (a local node started meanwhile restores its own), so it is only reported.
+        Sysctls are never written back: the nodes do not reach the host's (each binds a file over
+        the kubelet's entries), so a difference is someone else's, such as a local node's
+        kubelet started meanwhile, which restores its own.
         """
         changed = []
         for name, value in self.sysctls.items():
             now = _read_sysctl(name)
-            if now is None or now == value:
-                continue
-            if plan.KUBELET_TUNABLES.get(name) == now:
-                _run("sysctl", "-qw", f"{name}={value}", check=False)
-                changed.append(f"sysctl {name}: {now} -> {value}")
-            else:
+            if now is not None and now != value:
                 changed.append(f"sysctl {name} is {now} (was {value} when the run started; not ours, left)")
         for raw in self.absent:
             path = Path(raw)
@@ -317,8 +319,7 @@ def leftovers() -> list[str]:
     if link.returncode == 0:
         found.append(f"link {plan.NETWORK_BRIDGE}")
     for cidr in plan.UNREACHABLE:
-        out = _run("ip", "-j", "route", "show", "type", "all", "root", cidr, check=False).stdout
-        found += [f"route {r.get('type', '')} {r['dst']}" for r in json.loads(out or "[]")]
+        found += [f"route {r.get('type', 'unicast')} {r['dst']}" for r in _routes(cidr)]
     if _run("nft", "list", "table", "inet", plan.GUARD_TABLE, check=False).returncode == 0:
         found.append(f"nft table {plan.GUARD_TABLE}")
     return found
