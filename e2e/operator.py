@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from e2e.polling import eventually
 from hack.localenv import Headscale
+from tailnet_operator.controllers.egress_status import AgentStatusReader
 from tailnet_operator.controllers.gateway import GatewaySettings
 from tailnet_operator.controllers.kinds import TAILNET
 from tailnet_operator.controllers.policy import PolicyReconciler
@@ -66,11 +67,15 @@ class RunningOperator:
 @asynccontextmanager
 async def running_operator(kubeconfig: Path, namespace: str, *, clock: ShiftedClock | None = None,
                            after_store: Callable[[], Awaitable[None]] | None = None,
-                           gateway: GatewaySettings | None = None) -> AsyncIterator[RunningOperator]:
+                           gateway: GatewaySettings | None = None,
+                           agent_status: AgentStatusReader | None = None) -> AsyncIterator[RunningOperator]:
+    """The operator's controllers in this process; ``agent_status`` stands in for the agents'
+    ``/status`` (default: read over the cluster network, which a test without a node cannot reach)."""
     manager = Manager(rest_config.load(kubeconfig), ManagerOptions(field_manager=OPERATOR, graceful_shutdown_timeout=5),
                       registry=CollectorRegistry())
     events = EventRecorder(manager.client, reporting_controller=OPERATOR, reporting_instance="test")
-    tailnet, policy, *_ = setup(manager, namespace=namespace, events=events, clock=clock, gateway=gateway)
+    tailnet, policy, *_ = setup(manager, namespace=namespace, events=events, clock=clock, gateway=gateway,
+                                agent_status=agent_status)
     tailnet.after_store = after_store
     task = asyncio.create_task(manager.run())
     try:

@@ -53,6 +53,8 @@ from .ingress import FIELD_MANAGER as INGRESS_FIELD_MANAGER
 from .ingress import IngressSettings, ingress_reconciler
 from .ingress import secret_users as ingress_secret_users
 from .kinds import MODELS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
+from .loadbalancer import CLASSED, LoadBalancerReconciler, loadbalancer_reconciler, services_of_tailnet
+from .loadbalancer import FIELD_MANAGER as LOADBALANCER_FIELD_MANAGER
 from .pipeline import TaggedNodeReconciler
 from .policy import FIELD_MANAGER as POLICY_FIELD_MANAGER
 from .policy import TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
@@ -112,6 +114,7 @@ class Reconcilers(NamedTuple):
     ingress: TaggedNodeReconciler[TailnetIngress]
     gateway: GatewayReconciler
     sweep: OrphanSweeper
+    loadbalancer: LoadBalancerReconciler
 
 
 TAILNET_ACCESS_CHANGED = any_of(GenerationChanged(), FieldChanged("status", "apiKey", "id"),
@@ -178,7 +181,8 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
           agent_metrics_namespaces: dict[str, str] | None = None,
           tenant_role: str = "tailnet-operator-tenant", service_account: str = "tailnet-operator",
           gateway: GatewaySettings | None = None, agent_status: AgentStatusReader | None = None) -> Reconcilers:
-    """Add the Tailnet, Policy, Egress, Ingress, DNS, Gateway and orphan-sweep controllers to ``manager``, and
+    """Add the Tailnet, Policy, Egress, Ingress, DNS, Gateway, LoadBalancer and orphan-sweep controllers to
+    ``manager``, and
     the operator's own metrics to its registry; ``namespace`` is the operator's.
 
     ``clock`` (default the manager's) is what the reconcilers read the time from; ``agent_image``
@@ -203,18 +207,19 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
                                EgressSettings(agent_image=agent_image, operator_labels=OPERATOR_LABELS,
                                               metrics_namespaces=metrics_namespaces),
                                agent_status=agent_status)
-    ingress = ingress_reconciler(deps, manager.writer(INGRESS_FIELD_MANAGER),
-                                 IngressSettings(agent_image=agent_image, operator_namespace=namespace,
-                                                 operator_labels=OPERATOR_LABELS, tenant_role=tenant_role,
-                                                 service_account=service_account,
-                                                 metrics_namespaces=metrics_namespaces),
+    ingress_settings = IngressSettings(agent_image=agent_image, operator_namespace=namespace,
+                                       operator_labels=OPERATOR_LABELS, tenant_role=tenant_role,
+                                       service_account=service_account, metrics_namespaces=metrics_namespaces)
+    ingress = ingress_reconciler(deps, manager.writer(INGRESS_FIELD_MANAGER), ingress_settings,
                                  agent_status=agent_status)
     tailnet, policy = _add_tailnet(manager, deps, namespace), _add_policy(manager, deps, namespace)
     _add_egress(manager, egress, namespace)
     _add_ingress(manager, ingress)
     dns = _add_dns(manager, namespace, events)
     gateways = _add_gateway(manager, deps, settings)
-    return Reconcilers(tailnet, policy, egress, dns, ingress, gateways, _add_sweep(manager, deps))
+    loadbalancer = _add_loadbalancer(manager, loadbalancer_reconciler(
+        deps, manager.writer(LOADBALANCER_FIELD_MANAGER), ingress_settings, agent_status=agent_status))
+    return Reconcilers(tailnet, policy, egress, dns, ingress, gateways, _add_sweep(manager, deps), loadbalancer)
 
 
 def _prepare_cache(manager: Manager, namespaces: tuple[str, str]) -> SharedCache:
@@ -282,6 +287,18 @@ def _add_ingress(manager: Manager,
      .watches(SECRET, _ingresses_using_secret(cache))
      .watches(TAILNET, _of_tailnets(cache, TAILNET_INGRESS), TAILNET_ACCESS_CHANGED))
     return ingress
+
+
+def _add_loadbalancer(manager: Manager, loadbalancer: LoadBalancerReconciler) -> LoadBalancerReconciler:
+    """Services are watched cluster-wide (the informer lists every Service: RBAC and the API offer no
+    narrower filter), and only those of a tailnet class pass to the queue (:data:`.loadbalancer.CLASSED`)."""
+    (manager.controller("loadbalancer", loadbalancer)
+     .for_(SERVICE, CLASSED)
+     .owns(DEPLOYMENT, labels=OWNED)
+     .owns(SERVICE, labels=OWNED)
+     .owns(NETWORK_POLICY, labels=OWNED)
+     .watches(TAILNET, services_of_tailnet(manager.cache), TAILNET_ACCESS_CHANGED))
+    return loadbalancer
 
 
 def _add_dns(manager: Manager, namespace: str, events: EventRecorder) -> DnsReconciler:

@@ -11,7 +11,8 @@ deletes the installation's ephemeral nodes offline for longer than ``stale_after
 (:func:`stale_nodes`), which Headscale should have aged out.
 
 What counts is this Tailnet's own: the TailnetEgresses of the operator's namespace (the only
-ones it acts on), the TailnetIngresses and TailnetGateways that name the Tailnet, and the key
+ones it acts on), the TailnetIngresses and TailnetGateways that name the Tailnet, the Services of
+its LoadBalancer class (``tailnet.dev/<tailnet>``, their tag from ``tailnet.dev/tag``), and the key
 Secrets those CRs own (a key Secret without an owner counts unless its ``tailnet.dev/tailnet``
 label names another Tailnet). Keys and nodes of another installation sharing the Headscale carry
 another marker, and those made before markers were per installation carry the shared
@@ -47,7 +48,8 @@ from tailnet_operator.headscale import (
     sweep_orphans,
 )
 from tailnet_operator.names import TAILNET_LABEL, managed_by_operator
-from tailnet_operator.runtime import SECRET, Reader, Request, Result
+from tailnet_operator.resources import loadbalancer
+from tailnet_operator.runtime import SECRET, SERVICE, Reader, Request, Result
 from tailnet_operator.types import JSON
 
 from . import periods
@@ -95,12 +97,14 @@ def references(secrets: Iterable[JSON], crs: Iterable[JSON]) -> References:
 def installation_crs(reader: Reader, tailnet: str, namespace: str) -> list[JSON]:
     """The CRs of this installation that use the Tailnet ``tailnet``: its TailnetIngresses and
     TailnetGateways, and its TailnetEgresses in the operator's ``namespace`` (one elsewhere is
-    never acted on, so it cannot keep a key or node alive)."""
+    never acted on, so it cannot keep a key or node alive); and the Services of its
+    LoadBalancer class, as :func:`~tailnet_operator.resources.loadbalancer.sweep_view` shows them."""
     def of_tailnet(obj: JSON) -> bool:
         return bool(((obj.get("spec") or {}).get("tailnetRef") or {}).get("name") == tailnet)
 
-    return [o for kind in (TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY) for o in reader.list(kind)
-            if of_tailnet(o) and (kind != TAILNET_EGRESS or o["metadata"].get("namespace") == namespace)]
+    crs = [o for kind in (TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY) for o in reader.list(kind)
+           if of_tailnet(o) and (kind != TAILNET_EGRESS or o["metadata"].get("namespace") == namespace)]
+    return crs + [v for s in reader.list(SERVICE) if (v := loadbalancer.sweep_view(s, tailnet)) is not None]
 
 
 def references_from(reader: Reader, tailnet: str, namespace: str) -> References:
