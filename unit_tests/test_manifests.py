@@ -573,8 +573,13 @@ def test_the_tenant_role_is_bound_by_nobody_and_grants_only_applying_an_ingresss
     kinds = {("", "secrets"), ("", "configmaps"), ("", "services"), ("apps", "deployments"),
              ("networking.k8s.io", "networkpolicies"), ("cert-manager.io", "certificates"),
              ("events.k8s.io", "events")}
-    # and Secrets and ConfigMaps read by name (TLS Secrets, what it applied), never listed or watched
+    # and Secrets and ConfigMaps read by name (TLS Secrets, what it applied), never listed or watched;
+    # and a LoadBalancer Service's: the owner of its agent's objects, which are deleted when it is
+    # released without being deleted
+    released = {("", "secrets"), ("", "configmaps"), ("", "services"), ("apps", "deployments"),
+                ("networking.k8s.io", "networkpolicies")}
     assert grants == {(g, r, v) for g, r in kinds for v in ("create", "patch")} | {
-        ("", "secrets", "get"), ("", "configmaps", "get")}
+        ("", "secrets", "get"), ("", "configmaps", "get"), ("", "services/finalizers", "update")} | {
+        (g, r, "delete") for g, r in released}
     doc = RBAC_DOC.read_text()
     assert "tailnet-operator-tenant" in doc and all(f"`{r}`" in doc for _, r in kinds)

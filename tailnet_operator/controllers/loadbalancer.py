@@ -53,7 +53,7 @@ from .ingress import IngressNode, IngressSettings
 from .ingress_status import own_nodes, report
 from .keyrecord import NODE_IDS
 from .kinds import TAILNET_INGRESS
-from .pipeline import Outcome, Run, TaggedNodeReconciler
+from .pipeline import NotReady, Outcome, Run, TaggedNodeReconciler
 from .preauth import AuthKey
 
 __all__ = ["CLASSED", "CONDITION_TYPES", "FIELD_MANAGER", "PORTS_SUPPORTED", "LoadBalancerReconciler",
@@ -324,9 +324,25 @@ class LoadBalancerReconciler:
         obj = self.reader.get(SERVICE, request.name, request.namespace or None)
         if obj is None:
             return Result()
-        if lb.tailnet_of(obj) is not None and not obj["metadata"].get("deletionTimestamp"):
+        if lb.tailnet_of(obj) is None or obj["metadata"].get("deletionTimestamp"):
+            return await self.release(obj)
+        try:
             return await self.pipeline.reconcile(request)
-        return await self.release(obj)
+        except Forbidden as exc:
+            return await self.not_granted(obj, exc)
+
+    async def not_granted(self, obj: JSON, exc: Forbidden) -> Result:
+        """The finalizer could not be held: the operator may patch a Service only in a namespace that
+        granted it the tenant role (never cluster-wide: that would let it rewrite any Service). Say
+        so in the status (which it may write anywhere), after the tenancy, which needs no write."""
+        try:
+            run = self.phases.parse(obj, self.node.tailnet_name)
+            refusal = self.node.refusal(run, None)
+            stop = NotReady.refused(refusal) if refusal is not None else NotReady(
+                "False", "NamespaceNotGranted", self.node.not_granted(run, exc))
+        except NotReady as found:
+            stop = found
+        return await self.phases.stop(obj, stop)
 
     async def release(self, obj: JSON) -> Result:
         """Undo what serving the Service made; a Service never served is not written to."""

@@ -11,7 +11,8 @@ from tailnet_operator.controllers.ingress import IngressSettings
 from tailnet_operator.controllers.loadbalancer import FIELD_MANAGER, loadbalancer_reconciler
 from tailnet_operator.names import FINALIZER
 from tailnet_operator.resources import loadbalancer as lb
-from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Applier, Request, Result
+from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Applier, Request, Resource, Result
+from tailnet_operator.runtime.errors import Forbidden
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY
 from tailnet_operator.types import JSON
 
@@ -27,11 +28,23 @@ OWNED = ((DEPLOYMENT, AGENT), (SERVICE, AGENT), (NETWORK_POLICY, AGENT), (CONFIG
          (SECRET, "web-lb-ingress-auth-key"))
 
 
+class Writes(Applier):
+    """The Applier, refusing writes to the Service itself (not its status) as kube-apiserver does
+    in a namespace that has not bound the tenant role."""
+
+    refuse_services: bool = False
+
+    async def apply(self, resource: Resource, body: JSON, **kwargs: Any) -> JSON:
+        if self.refuse_services and resource == SERVICE and kwargs.get("subresource") != "status":
+            raise Forbidden(403, "Forbidden", 'services "web" is forbidden: cannot patch in "shop"')
+        return await super().apply(resource, body, **kwargs)
+
+
 class LoadBalancerWorld(World):
     def __init__(self) -> None:
         super().__init__()
         self.agent = FakeAgent()
-        self.writer = Applier(self.kube, self.kube, field_manager=FIELD_MANAGER)
+        self.writer = Writes(self.kube, self.kube, field_manager=FIELD_MANAGER)
         self.lb = loadbalancer_reconciler(
             self.deps, self.writer,
             IngressSettings(agent_image="img", operator_namespace=NAMESPACE, operator_labels={"app": "op"}),
@@ -136,6 +149,25 @@ async def test_a_namespace_that_is_not_a_tenant_is_refused_with_an_event_and_get
     assert "NamespaceNotTenant" in world.events.reasons
     assert world.headscale.preauth_keys == {}
     assert world.kube.get(DEPLOYMENT, AGENT, "elsewhere") is None
+
+
+async def test_a_namespace_that_has_not_granted_the_operator_gets_the_command_in_its_status_and_nothing_else() -> None:
+    world = await world_with_tailnet()
+    world.writer.refuse_services = True
+    world.add_service()
+
+    await world.reconcile()
+
+    ready = world.cond("Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "NamespaceNotGranted")
+    assert f"kubectl -n {TENANT} create rolebinding" in ready["message"]
+    assert FINALIZER not in (world.svc()["metadata"].get("finalizers") or [])
+    assert world.headscale.preauth_keys == {}
+    world.writer.refuse_services = False  # the namespace binds the tenant role
+
+    await world.reconcile()
+
+    assert FINALIZER in world.svc()["metadata"]["finalizers"] and world.headscale.preauth_keys
 
 
 async def test_a_tag_outside_the_tenancy_is_refused() -> None:
