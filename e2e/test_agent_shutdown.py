@@ -24,7 +24,9 @@ import pytest
 from e2e.conftest import TailscaleFactory
 from e2e.polling import eventually
 from e2e.test_agent_egress import TAG, local_server, read_all, wait_peer_sees
-from hack.localenv import Headscale, free_port
+from e2e.test_agent_ingress import hello, tcp
+from hack.https_client import tunnel
+from hack.localenv import Headscale, TailscaleNode, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -124,3 +126,76 @@ async def test_sigterm_drains_the_request_in_flight_then_logs_out(
             if agent.returncode is None:
                 agent.kill()
                 await agent.wait()
+
+
+async def answers(laptop: TailscaleNode, address: str, port: int) -> bool:
+    """Whether a new connection from the laptop to ``address:port`` gets ``hello`` back."""
+    try:
+        reader, writer = await asyncio.wait_for(tunnel(laptop.http_proxy_port, address, port), 10)
+        writer.write(b"GET / HTTP/1.0\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(read_all(reader), 10)
+        writer.close()
+    except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
+        return False
+    return answer.endswith(b"hello\n")
+
+
+async def test_sigterm_keeps_an_ingress_answering_until_its_name_is_handed_over(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path) -> None:
+    """An ingress pod replaced while its successor starts (a deleted or evicted pod): peers still
+    resolve its name to it, so after SIGTERM it keeps accepting until control renames its node (the
+    operator hands the name to the successor), then closes its listeners and drains."""
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    laptop = tailscale_nodes("ts-laptop-hold", headscale, authkey=key)
+    server = await asyncio.start_server(hello, "127.0.0.1", 0)
+    listen, health = free_port(), free_port()
+    exposes = tmp_path / "exposes.json"
+    exposes.write_text(json.dumps([tcp("web", listen, server.sockets[0].getsockname()[1])]))
+    (tmp_path / "key").write_text(key)
+    env = {**os.environ, "AGENT_MODE": "ingress", "TAILNET_CONTROL_URL": headscale.url,
+           "TAILNET_AUTH_KEY_FILE": str(tmp_path / "key"), "TAILNET_HOSTNAME": "ingress-hold",
+           "TAILNET_CA_BUNDLE": str(headscale.ca_bundle), "TAILNET_EXPOSES_FILE": str(exposes),
+           "TAILNET_HEALTH_ADDRESS": f"127.0.0.1:{health}", "TAILNET_UDP_PORT": "off",
+           "TAILNET_DRAIN_TIMEOUT": "90"}
+    log = tmp_path / "agent.log"
+    with log.open("wb") as out:
+        agent = await asyncio.create_subprocess_exec(sys.executable, "-m", "tailnet_agent", env=env, cwd=tmp_path,
+                                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        await eventually(lambda: _up(agent, health), timeout=60, what="the agent ready")
+        assert agent.returncode is None, log.read_text()
+        await wait_peer_sees(laptop, "ingress-hold")
+        node = headscale.node_by_name("ingress-hold")
+        assert node is not None
+        address = next(a for a in node["ipAddresses"] if "." in a)
+        assert await answers(laptop, address, listen)
+
+        agent.send_signal(signal.SIGTERM)
+        await eventually(lambda: _at(health, 503), timeout=10, what="/readyz 503 after SIGTERM")
+        for _ in range(3):  # well past the moment a plain drain would have closed the listener
+            assert await answers(laptop, address, listen), "refused while the node still holds the name"
+        assert agent.returncode is None
+
+        headscale.api("POST", f"/api/v1/node/{node['id']}/rename/ingress-hold-old{node['id']}")
+        await eventually(lambda: _refused_over_tailnet(laptop, address, listen), timeout=30,
+                         what="new connections refused once the name was handed over")
+        assert await asyncio.wait_for(agent.wait(), 60) == 0, log.read_text()
+        assert "served until the name was handed over" in log.read_text()
+    finally:
+        server.close()
+        if agent.returncode is None:
+            agent.kill()
+            await agent.wait()
+
+
+async def _up(agent: asyncio.subprocess.Process, health: int) -> bool:
+    return await readyz(health) == 200 or agent.returncode is not None
+
+
+async def _at(health: int, status: int) -> bool:
+    return await readyz(health) == status
+
+
+async def _refused_over_tailnet(laptop: TailscaleNode, address: str, port: int) -> bool:
+    return not await answers(laptop, address, port)

@@ -6,8 +6,10 @@
 non-zero exit: 2 for configuration (including AGENT_MODE), 1 when the node fails (e.g. control
 refuses the pre-auth key).
 
-Shutdown (SIGTERM or SIGINT), in this order: ``/readyz`` turns 503, every listener closes (no new
-connection), the open connections finish within ``TAILNET_DRAIN_TIMEOUT`` (HTTP/1.1 after their
+Shutdown (SIGTERM or SIGINT), in this order: ``/readyz`` turns 503; an ingress whose node holds its
+hostname keeps accepting until control renames it (its successor took the name) or the drain
+share of the drain deadline passes (``tailnet_agent/handover.py``); every listener closes (no new
+connection), the open connections finish within what is left of ``TAILNET_DRAIN_TIMEOUT`` (HTTP/1.1 after their
 current request, HTTP/2 once their streams are done; what is left then is reset), and the node
 logs out of control, so Headscale deletes the ephemeral node at once instead of ageing it out.
 """
@@ -49,6 +51,7 @@ async def run_agent(mode: str) -> int:
     from tailnet_agent import config
     from tailnet_agent.contract.clock import RealClock
     from tailnet_agent.control import ControlOptions, RegistrationError
+    from tailnet_agent.handover import HOLD_SHARE, holds_name, serve_until_handed_over
     from tailnet_agent.health import AgentMetrics, HealthServer
     from tailnet_agent.limits import ConnectionGate
     from tailnet_agent.node import Node, NodeOptions
@@ -106,9 +109,17 @@ async def run_agent(mode: str) -> int:
         log = structlog.get_logger("agent")
         log.info("stopping: not ready, no new connections, draining", drain_timeout=cfg.drain_timeout)
         health.stopping = True
-        if cfg.drain_timeout > 0:
+        budget = cfg.drain_timeout
+        if mode == env_names.INGRESS:
+            held = await serve_until_handed_over(lambda: holds_name(node.netmap, cfg.hostname), clock,
+                                                 budget * HOLD_SHARE)
+            if held > 0:
+                log.info("served until the name was handed over", seconds=round(held, 1),
+                         handed_over=not holds_name(node.netmap, cfg.hostname))
+            budget -= held
+        if budget > 0:
             try:
-                async with asyncio.timeout(cfg.drain_timeout):
+                async with asyncio.timeout(budget):
                     await drain()
                 log.info("connections drained")
             except TimeoutError:

@@ -1,0 +1,37 @@
+"""An ingress agent that is told to stop keeps its listeners while its node still holds the name.
+
+Peers reach an ingress by its MagicDNS name. When its pod is replaced, the operator moves the name
+to the successor's node once that pod is ready (``tailnet_operator/controllers/ingress_status.py``
+``succession``), and peers learn the rename from their next netmap. Until then a peer resolves the
+name to this node, so closing the listeners at SIGTERM would refuse it: a pod deleted, evicted or
+drained while its successor is still starting would drop requests. So the drain starts only once
+control has renamed this node (or never named it ``hostname``), or after :data:`HOLD_SHARE` of the
+drain deadline, which leaves the rest to the connections open by then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tailnet_agent.contract.clock import Clock
+from tailnet_agent.control.netmap import NetMap
+
+HOLD_SHARE = 2 / 3
+"""The part of ``TAILNET_DRAIN_TIMEOUT`` an ingress may keep accepting for (20 s of the operator's 30)."""
+CHECK_INTERVAL = 0.5
+"""Seconds between two looks at the node's own name."""
+
+
+def holds_name(netmap: NetMap | None, hostname: str) -> bool:
+    """Whether control names this node ``hostname`` (the first label of its MagicDNS name)."""
+    if netmap is None or not hostname:
+        return False
+    return netmap.self_node.name.split(".", 1)[0].lower() == hostname.lower()
+
+
+async def serve_until_handed_over(named: Callable[[], bool], clock: Clock, budget: float) -> float:
+    """Wait while ``named()`` and at most ``budget`` seconds; the seconds waited."""
+    started = clock.now()
+    while named() and clock.now() - started < budget:
+        await clock.sleep(min(CHECK_INTERVAL, budget - (clock.now() - started)))
+    return clock.now() - started
