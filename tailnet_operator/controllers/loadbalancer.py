@@ -86,12 +86,12 @@ def loadbalancer_reconciler(deps: Deps, writer: Writer, settings: IngressSetting
 
 def _served_part(obj: JSON) -> tuple[object, ...]:
     meta = obj.get("metadata") or {}
-    return obj.get("spec"), meta.get("annotations"), meta.get("deletionTimestamp"), meta.get("finalizers")
+    return obj.get("spec"), meta.get("annotations"), meta.get("deletionTimestamp")
 
 
 class _Classed:
     """Passes a Service with a tailnet class, and the update that takes the class away; of the
-    updates, only those that change what is served (spec, annotations, deletion, finalizers): the
+    updates, only those that change what is served (spec, annotations, deletion): the
     controller's own status writes wake nothing."""
 
     def create(self, obj: JSON) -> bool:
