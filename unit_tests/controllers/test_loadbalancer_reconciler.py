@@ -9,6 +9,7 @@ from typing import Any
 
 from tailnet_operator.controllers.ingress import IngressSettings
 from tailnet_operator.controllers.loadbalancer import FIELD_MANAGER, loadbalancer_reconciler
+from tailnet_operator.controllers.sweep import references_from
 from tailnet_operator.names import FINALIZER
 from tailnet_operator.resources import loadbalancer as lb
 from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Applier, Request, Resource, Result
@@ -242,3 +243,15 @@ async def test_a_deleted_service_has_its_key_expired_before_the_finalizer_goes()
     assert world.kube.get(SERVICE, "web", TENANT) is None
     assert world.kube.get(SECRET, "loadbalancer.shop.web", NAMESPACE) is None
     assert "PreAuthKeyExpired" in world.events.reasons
+
+
+async def test_the_orphan_sweep_counts_a_served_services_key_and_tag() -> None:
+    world = await world_with_tailnet()
+    world.add_service()
+    await world.reconcile()
+    [key_id] = world.headscale.preauth_keys
+
+    refs = references_from(world.kube, "tn", NAMESPACE)
+
+    assert key_id in refs.key_ids and TAG in refs.tags  # so neither its key nor its node is swept
+    assert TAG not in references_from(world.kube, "other", NAMESPACE).tags
