@@ -5,7 +5,7 @@ HTTP/2 reset budget (pure logic on a fake clock)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from aiohttp.http_exceptions import HttpProcessingError
@@ -14,6 +14,7 @@ from aiohttp.http_parser import HttpRequestParser
 from tailnet_agent.config import parse_limits
 from tailnet_agent.contract.errors import ConfigError
 from tailnet_agent.forward.http.http1 import headers_too_large
+from tailnet_agent.forward.http.http2 import Http2Server, _Connection
 from tailnet_agent.health import AgentMetrics
 from tailnet_agent.limits import LIMIT_NAMES, ConnectionGate, Limits, ResetBudget, header_list_size, peer_address
 
@@ -141,3 +142,35 @@ def test_the_reset_budget_refills_evenly_over_its_period() -> None:
     now[0] = 1000.0  # never more than the limit
     assert sum(budget.spend() for _ in range(20)) == 10
     assert all(ResetBudget(0, lambda: 0.0).spend() for _ in range(1000))
+
+
+class Writer:
+    """A StreamWriter whose client takes what it is sent (``drain`` returns) or nothing at all."""
+
+    def __init__(self, *, taking: bool) -> None:
+        self.taking = taking
+        self.written = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    async def drain(self) -> None:
+        if not self.taking:
+            await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("taking", [True, False])
+async def test_the_http2_read_loop_goes_on_only_once_the_client_took_what_it_was_sent(taking: bool) -> None:
+    """The loop waits for the writer to drain before it reads more (PING answers cannot pile up);
+    a client that takes nothing for an idle timeout ends the connection as ``write_stalled``."""
+    server = Http2Server(cast(Any, None), Limits(idle_timeout=0.05))
+    h2c = _Connection(cast(Any, Writer(taking=taking)), server.limits)
+    assert await asyncio.wait_for(server._taken(h2c), 5) is taking
+    assert h2c.ending == (None if taking else "write_stalled")
+
+
+async def test_an_http2_connection_advertises_its_header_list_limit_and_decodes_up_to_twice_it() -> None:
+    """Between the two a request is decoded and answered 431; past twice it h2 ends the connection."""
+    h2c = _Connection(cast(Any, Writer(taking=True)), Limits(http2_max_header_list_size=4096))
+    assert h2c.conn.local_settings.max_header_list_size == 4096
+    assert h2c.conn.decoder.max_header_list_size == 8192

@@ -1,4 +1,5 @@
-"""Splice: bytes that arrive before the join are kept and forwarded, in order, by it."""
+"""Splice: bytes that arrive before the join are kept and forwarded, in order, by it; a full side
+pauses the reading of the other."""
 
 from __future__ import annotations
 
@@ -99,3 +100,22 @@ async def test_no_eof_gate_once_upstream_has_ended() -> None:
     splice.b.eof_received()
     splice.a.eof_received()
     assert upstream.eof_written and client.eof_written
+
+
+async def test_a_side_over_its_high_water_mark_stops_the_other_sides_reading_until_it_drains() -> None:
+    """What bounds a spliced connection's memory: a transport that cannot take more (its protocol
+    is told ``pause_writing``) stops the reading of the other, so nothing queues between them."""
+    splice = Splice()
+    client, upstream = FakeTransport(), FakeTransport()
+    splice.a.connection_made(client)
+    splice.b.connection_made(upstream)
+    splice.join()
+    assert client.reading and upstream.reading
+    splice.b.pause_writing()  # the tailnet side is full: stop reading the client
+    assert (client.reading, upstream.reading) == (False, True)
+    splice.b.resume_writing()
+    assert client.reading
+    splice.a.pause_writing()  # the client reads nothing: stop reading the tailnet side
+    assert (client.reading, upstream.reading) == (True, False)
+    splice.a.resume_writing()
+    assert upstream.reading
