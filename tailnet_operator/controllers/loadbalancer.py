@@ -293,6 +293,13 @@ def _named_objects(obj: JSON) -> list[tuple[Resource, str]]:
             (CONFIG_MAP, lb.config_map_name_of(str(obj["metadata"]["name"])))]
 
 
+def _wrote_status(obj: JSON) -> bool:
+    """Whether this controller owns fields of the Service's status (a refusal before any finalizer,
+    e.g. TailnetNotFound or NamespaceNotGranted, leaves only that)."""
+    return any(m.get("manager") == FIELD_MANAGER and m.get("subresource") == "status"
+               for m in obj["metadata"].get("managedFields") or [])
+
+
 def _ready(found: list[Cond], node: JSON | None) -> Cond:
     """Ready in a Service's terms: the ingress's Ready, and where the Service is served once it is."""
     ready = next(c for c in found if c.type == "Ready")
@@ -345,10 +352,11 @@ class LoadBalancerReconciler:
         return await self.phases.stop(obj, stop)
 
     async def release(self, obj: JSON) -> Result:
-        """Undo what serving the Service made; a Service never served is not written to."""
+        """Undo what serving the Service made; a Service the operator never wrote to is not written to."""
         location = self.node.key_location(obj)
         record = self.reader.get(SECRET, *location)
-        if record is None and not finalizer.holds(obj):
+        held = record is not None or finalizer.holds(obj)
+        if not held and not _wrote_status(obj):
             return Result()
         staying = not obj["metadata"].get("deletionTimestamp")
         if staying:
@@ -364,9 +372,10 @@ class LoadBalancerReconciler:
                 await self.writer.delete(SECRET, *location)
         if staying:
             await self._forget_status(obj)
+        if staying and held:
             await self.events.normal(obj, "LoadBalancerReleased", (
-                "the Service no longer has a tailnet loadBalancerClass: its tailnet node's key is expired and "
-                "its agent's objects deleted"), action="Release")
+                "the Service no longer has a tailnet loadBalancerClass: what the operator made for it is gone (its "
+                "pre-auth key expired, its agent's objects deleted, its status cleared)"), action="Release")
         if finalizer.holds(obj):
             await finalizer.release(self.writer, SERVICE, obj)
         return Result()

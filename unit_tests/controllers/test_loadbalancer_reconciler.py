@@ -230,6 +230,22 @@ async def test_removing_the_class_deletes_the_objects_expires_the_key_and_lets_g
     assert world.events.reasons[-1] == "LoadBalancerReleased"
 
 
+async def test_removing_the_class_clears_a_status_written_before_anything_was_served() -> None:
+    world = await world_with_tailnet()
+    world.add_service(loadBalancerClass="tailnet.dev/missing")
+    await world.reconcile()
+    assert world.cond("Ready")["reason"] == "TailnetNotFound"
+    assert FINALIZER not in (world.svc()["metadata"].get("finalizers") or [])
+    obj = copy.deepcopy(world.svc())
+    obj["spec"] = {"type": "ClusterIP", "ports": obj["spec"]["ports"]}
+    world.kube.update(SERVICE, obj)
+
+    await world.reconcile()
+
+    assert not (world.svc().get("status") or {}).get("conditions")
+    assert "LoadBalancerReleased" not in world.events.reasons  # nothing was served
+
+
 async def test_a_deleted_service_has_its_key_expired_before_the_finalizer_goes() -> None:
     world = await world_with_tailnet()
     world.add_service()
