@@ -228,7 +228,7 @@ class IngressNode:
     # -- status ---------------------------------------------------------------------------------
 
     async def report(self, run: Run[TailnetIngress], outcome: Outcome) -> tuple[list[Cond], JSON]:
-        nodes = await self._succeed(run, outcome)
+        nodes = await self.free_hostname(run, outcome)
         agent = await self.agent_status.read(run.cr)
         result: Report = report(run.cr, zones_of(run.tailnet), agent=agent, nodes=nodes, key=outcome.key,
                                 reader=self.reader, issues=_certificate_issues(run.cr, outcome.applied),
@@ -236,7 +236,7 @@ class IngressNode:
         await self._record_node(run, outcome.key, result.fields.get("node"), nodes)
         return result.conditions, result.fields
 
-    async def _succeed(self, run: Run[TailnetIngress], outcome: Outcome) -> list[Node]:
+    async def free_hostname(self, run: Run[TailnetIngress], outcome: Outcome) -> list[Node]:
         """Give ``spec.hostname`` to the ingress's newest online node (:func:`.ingress_status.succession`):
         delete its superseded nodes, rename a draining one that holds the name, then rename the newest,
         each with a Normal Event. Returns the nodes as they are afterwards. A Headscale failure is

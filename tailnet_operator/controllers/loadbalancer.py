@@ -247,7 +247,7 @@ class ServiceNode:
 
     async def report(self, run: Run[lb.LoadBalancerService], outcome: Outcome) -> tuple[list[Cond], JSON]:
         shaped = self.shape(run)
-        nodes = await self.ingress._succeed(shaped, outcome)  # the ingress's hostname succession, as is
+        nodes = await self.ingress.free_hostname(shaped, outcome)
         agent = await self.ingress.agent_status.read(shaped.cr)
         result = report(shaped.cr, [], agent=agent, nodes=nodes, key=outcome.key, reader=self.reader,
                         issues={}, dns=False)
