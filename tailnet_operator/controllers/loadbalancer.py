@@ -54,6 +54,7 @@ from .ingress_status import own_nodes, report
 from .keyrecord import NODE_IDS
 from .kinds import TAILNET_INGRESS
 from .pipeline import NotReady, Outcome, Run, TaggedNodeReconciler
+from .policy import TAILNET_INDEX
 from .preauth import AuthKey
 
 __all__ = ["CLASSED", "CONDITION_TYPES", "FIELD_MANAGER", "PORTS_SUPPORTED", "LoadBalancerReconciler",
@@ -113,8 +114,8 @@ def services_of_tailnet(reader: Reader) -> Callable[[JSON], list[Request]]:
 
     def mapper(obj: JSON) -> list[Request]:
         name = obj["metadata"]["name"]
-        return [Request(s["metadata"]["namespace"], s["metadata"]["name"]) for s in reader.list(SERVICE)
-                if lb.tailnet_of(s) == name]
+        return [Request(s["metadata"]["namespace"], s["metadata"]["name"])
+                for s in reader.list(SERVICE, index=(TAILNET_INDEX, name))]
 
     return mapper
 

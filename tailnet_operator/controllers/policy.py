@@ -67,8 +67,9 @@ from tailnet_operator.policy import (
 )
 from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.policy.cache import ParsedPolicies
+from tailnet_operator.resources import loadbalancer as lb
 from tailnet_operator.resources import owned_metadata
-from tailnet_operator.runtime import CONFIG_MAP, Reader, Request, Resource, Result, Writer
+from tailnet_operator.runtime import CONFIG_MAP, SERVICE, Reader, Request, Resource, Result, Writer
 from tailnet_operator.types import JSON
 
 from . import periods
@@ -89,9 +90,14 @@ SKIPPED_IN_STATUS = 64
 """At most this many left-out entries are listed in ``status.policy.skipped`` (the schema's bound)."""
 
 
+INDEXED = (TAILNET_SITE, TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY, SERVICE)
+"""What the cache indexes by :func:`tailnet_ref_index` (as :data:`TAILNET_INDEX`)."""
+
+
 def tailnet_ref_index(obj: JSON) -> list[str]:
-    """Index CRs by the Tailnet they name, so one Tailnet's CRs are one lookup."""
-    name = (obj.get("spec") or {}).get("tailnetRef", {}).get("name")
+    """Index CRs by the Tailnet they name (``spec.tailnetRef``), and Services by the Tailnet of their
+    LoadBalancer class, so one Tailnet's objects are one lookup."""
+    name = (obj.get("spec") or {}).get("tailnetRef", {}).get("name") or lb.tailnet_of(obj)
     return [str(name)] if name else []
 
 
@@ -230,7 +236,10 @@ class _InputReader:
         gateways = self._parsed(TailnetGateway, self.mine(TAILNET_GATEWAY, name), seen)
         # An ingress enters the policy only with a tag its namespace may use (tailnet_operator.tenancy).
         platform = {e.spec.tag for e in egresses} | {g.spec.tag for g in gateways} | {s.spec.router_tag for s in sites}
-        ingresses = [i for i in self._parsed(TailnetIngress, self.mine(TAILNET_INGRESS, name), seen)
+        # A Service of the Tailnet's LoadBalancer class is served as an ingress (its tag owned alike).
+        services = [lb.as_ingress(s) for s in self._parsed(lb.LoadBalancerService, self.mine(SERVICE, name), seen)
+                    if lb.problem(s) is None]
+        ingresses = [i for i in [*self._parsed(TailnetIngress, self.mine(TAILNET_INGRESS, name), seen), *services]
                      if tenancy.judge(i, tailnet, reserved=platform, names=()) is None]
         if len(self._models) > 2 * len(seen) + 64:
             self._models = {k: v for k, v in self._models.items() if k in seen}

@@ -57,7 +57,7 @@ from .loadbalancer import CLASSED, LoadBalancerReconciler, loadbalancer_reconcil
 from .loadbalancer import FIELD_MANAGER as LOADBALANCER_FIELD_MANAGER
 from .pipeline import TaggedNodeReconciler
 from .policy import FIELD_MANAGER as POLICY_FIELD_MANAGER
-from .policy import TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
+from .policy import INDEXED, TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
 from .sweep import OrphanSweeper, SweepMetrics
 from .tailnet import FIELD_MANAGER as TAILNET_FIELD_MANAGER
 from .tailnet import TailnetReconciler
@@ -233,7 +233,7 @@ def _prepare_cache(manager: Manager, namespaces: tuple[str, str]) -> SharedCache
     cache.scheme = cache.scheme.with_models(MODELS)
     for resource in (SECRET, CONFIG_MAP):
         cache.cache_in(resource, namespaces)
-    for resource in (TAILNET_SITE, TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY):
+    for resource in INDEXED:
         cache.add_indexer(resource, TAILNET_INDEX, tailnet_ref_index)
     cache.informer(TAILNET)
     return cache
@@ -259,6 +259,7 @@ def _add_policy(manager: Manager, deps: Deps, namespace: str) -> PolicyReconcile
      .watches(TAILNET_EGRESS, _by_tailnet_ref, GenerationChanged())
      .watches(TAILNET_INGRESS, _by_tailnet_ref, GenerationChanged())
      .watches(TAILNET_GATEWAY, _by_tailnet_ref, GenerationChanged())
+     .watches(SERVICE, _by_tailnet_ref, CLASSED)
      .watches(CONFIG_MAP, _tailnets_referencing(cache, _refers(("policy", "baseConfigMapRef"))))
      .watches(SECRET, _tailnets_referencing(cache, _working_key_of(namespace))))
     return policy

@@ -12,12 +12,8 @@ from tailnet_operator.controllers.access import Deps, HeadscaleAccess, working_k
 from tailnet_operator.controllers.kinds import (
     MODELS,
     TAILNET,
-    TAILNET_EGRESS,
-    TAILNET_GATEWAY,
-    TAILNET_INGRESS,
-    TAILNET_SITE,
 )
-from tailnet_operator.controllers.policy import TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
+from tailnet_operator.controllers.policy import INDEXED, TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
 from tailnet_operator.controllers.tailnet import TailnetReconciler
 from tailnet_operator.runtime import (
     SECRET,
@@ -61,7 +57,7 @@ class World:
     def __init__(self) -> None:
         self.clock = FakeClock()
         self.kube = FakeClient(scheme=Scheme(MODELS), clock=self.clock)
-        for resource in (TAILNET_SITE, TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY):
+        for resource in INDEXED:
             self.kube.add_indexer(resource, TAILNET_INDEX, tailnet_ref_index)
         self.headscale = FakeHeadscale(self.clock)
         self.events = EventLog()

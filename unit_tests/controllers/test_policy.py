@@ -11,7 +11,7 @@ import pytest
 from tailnet_operator.controllers.kinds import TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_SITE
 from tailnet_operator.controllers.policy import rendered_config_map_name
 from tailnet_operator.policy import parse_hujson
-from tailnet_operator.runtime import CONFIG_MAP, SECRET
+from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE
 from tailnet_operator.types import JSON
 
 from .harness import NAMESPACE, World
@@ -415,3 +415,22 @@ async def test_the_read_only_branches_send_headscale_nothing_but_reads(mode: str
     writes = [call for call in world.headscale.calls if not call.startswith("GET ")]
     assert writes == [], f"a read-only branch wrote to Headscale: {writes}"
     assert world.headscale.nodes[0]["approvedRoutes"] == []
+
+
+async def test_a_service_of_the_tailnets_class_owns_its_tag_in_the_policy_as_an_ingress_would() -> None:
+    world = await ready_world(tenants=[{"namespaces": ["shop"], "tags": ["tag:shop-*"]}])
+    for name, namespace, tag in (("web", "shop", "tag:shop-web"), ("db", "elsewhere", "tag:shop-db")):
+        world.kube.add(SERVICE, {"metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}",
+                                              "annotations": {"tailnet.dev/tag": tag}},
+                                 "spec": {"type": "LoadBalancer", "loadBalancerClass": "tailnet.dev/tn",
+                                          "ports": [{"port": 80, "protocol": "TCP"}]}})
+    world.kube.add(SERVICE, {"metadata": {"name": "plain", "namespace": "shop", "uid": "uid-plain",
+                                          "annotations": {"tailnet.dev/tag": "tag:shop-plain"}},
+                             "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]}})
+
+    await world.reconcile_policy()
+
+    owners = parse_hujson(world.headscale.policy)["tagOwners"]
+    assert "tag:shop-web" in owners
+    assert "tag:shop-db" not in owners, "a namespace that is not a tenant adds no tag"
+    assert "tag:shop-plain" not in owners, "a Service without the class is not the Tailnet's"
