@@ -61,23 +61,37 @@ class ClusterUnderTest(Protocol):
 
 @dataclass
 class KindCluster:
-    """A kind cluster made by ``make e2e``; images go in with ``kind load image-archive``."""
+    """A kind cluster made by ``make e2e`` (``python -m hack.kind``) on its own dockerd; images go
+    in with ``kind load image-archive``.
+
+    ``host_address`` is the IPv4 gateway of the kind network (the host's address there). The node
+    image's CNI (ptp) enforces no NetworkPolicy: kind's kindnetd would, but it cannot be built
+    here and needs the nftables ``queue`` expression this kernel lacks; a cluster that enforces
+    them says so with ``TAILNET_E2E_NETWORK_POLICY=1``.
+    """
 
     kubeconfig: Path
     name: str
     host_address: str
-    enforces_network_policy: bool = True
+    enforces_network_policy: bool = False
 
     @classmethod
     def from_environment(cls) -> KindCluster:
-        return cls(Path(os.environ[EXTERNAL_KUBECONFIG]), os.environ.get("TAILNET_E2E_KIND_NAME", "tailnet-e2e"),
-                   os.environ.get("TAILNET_E2E_HOST_ADDRESS", "172.18.0.1"))
+        from hack.kind import plan
+
+        return cls(Path(os.environ[EXTERNAL_KUBECONFIG]), os.environ.get("TAILNET_E2E_KIND_NAME", plan.CLUSTER_NAME),
+                   os.environ.get("TAILNET_E2E_HOST_ADDRESS") or plan.NETWORK_GATEWAY,
+                   os.environ.get("TAILNET_E2E_NETWORK_POLICY") == "1")
 
     def load_image(self, image: Image) -> None:
         from hack import binaries
+        from hack.kind import docker
 
-        subprocess.run([str(binaries.binary("kind")), "load", "image-archive", str(image.archive),
-                        "--name", self.name], check=True, capture_output=True)
+        proc = subprocess.run([str(binaries.binary("kind")), "load", "image-archive", str(image.archive),
+                               "--name", self.name], env=docker.environment(), capture_output=True, text=True,
+                              check=False)
+        if proc.returncode != 0:
+            raise AssertionError(f"kind load image-archive {image.archive} failed: {proc.stderr[-2000:]}")
 
 
 def kubectl(cluster: ClusterUnderTest, *args: str, stdin: str | None = None, check: bool = True,

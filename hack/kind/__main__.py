@@ -103,9 +103,10 @@ def main(argv: list[str]) -> int:
     sub.add_parser("down")
     sub.add_parser("node-image")
     sub.add_parser("status")
-    run = sub.add_parser("e2e")
-    run.add_argument("pytest_args", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    sub.add_parser("e2e", help="up, the cluster tests (further arguments go to pytest), down")
+    args, pytest_args = parser.parse_known_args(argv)
+    if pytest_args and args.command != "e2e":
+        parser.error(f"unrecognized arguments: {' '.join(pytest_args)}")
     if os.geteuid() != 0:
         print("kind: make e2e starts its own dockerd and needs root", file=sys.stderr)
         return 1
@@ -120,7 +121,7 @@ def main(argv: list[str]) -> int:
         elif args.command == "status":
             print("\n".join(docker.leftovers()) or "nothing of make e2e is on this machine")
         else:
-            return e2e([a for a in args.pytest_args if a != "--"])
+            return e2e([a for a in pytest_args if a != "--"])
     except binaries.MissingToolError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
