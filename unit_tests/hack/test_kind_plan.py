@@ -107,3 +107,12 @@ def test_cri_base_spec() -> None:
 def test_content_tag_is_stable_and_sensitive() -> None:
     assert plan.content_tag({"a": "1", "b": "2"}) == plan.content_tag({"b": "2", "a": "1"})
     assert plan.content_tag({"a": "1"}) != plan.content_tag({"a": "2"})
+
+
+
+def test_runtime_wrapper_is_python_that_execs_runc() -> None:
+    text = plan.runtime_wrapper("/usr/sbin/runc")
+    compile(text, "tailnet-runc", "exec")
+    assert text.startswith("#!/usr/bin/python3\n")
+    assert "os.execv('/usr/sbin/runc', ['/usr/sbin/runc', *args])" in text
+    assert '"CAP_SYS_RESOURCE"' in text
