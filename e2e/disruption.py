@@ -408,7 +408,10 @@ def disrupt(subject: Subject, headscale: Headscale, what: str, load: Callable[[]
         done = time.monotonic() - start
         named: float | None = None
         if subject.hostname is not None:
-            wait_until(subject.named, timeout=180, interval=0.5, what="the ingress named spec.hostname again")
+            try:
+                wait_until(subject.named, timeout=180, interval=0.5, what="the ingress named spec.hostname again")
+            except TimeoutError as exc:
+                raise TimeoutError(f"{exc}\n{subject.explain()}") from exc
             named = time.monotonic() - start
         wait_until(subject.settled, timeout=240, interval=0.5, what="the agent settled after the disruption")
         mark = running.sent()

@@ -3,13 +3,13 @@
 Egress: a client pod sends an HTTP GET every 20 ms (a new connection each, 2 s deadline) through
 the egress target's Service to a site host; it loses no request while the agent rolls out or its
 pre-auth key rotates with one replica, nor while one of two replicas is deleted. Ingress: a
-tailscaled laptop sends requests to an https and a tcp expose by the ingress's MagicDNS name; it
-loses none while the agent rolls out (the name moves to the new node once its pod is ready, and the
-old node serves who resolved it before under another name while it drains), and the rollout keeps
-the name (``status.node.name`` and the MagicDNS name are ``spec.hostname`` again once it is done).
-The loads and disruptions are ``e2e/disruption.py``'s, which ``benchmarks/disruption.py`` also runs
-for the figures (durations are measured there only). A node drain needs a second node (``make e2e``
-on kind): not here.
+tailscaled laptop sends requests to an https and a tcp expose by the ingress's MagicDNS name; when
+the agent rolls out, the name moves to the new node once its pod is ready (the old agent serves who
+resolved the name before under another name while it drains), the load recovers, and the name is
+kept (``status.node.name`` and the MagicDNS
+name are ``spec.hostname`` again once it is done). The loads and disruptions are
+``e2e/disruption.py``'s, which ``benchmarks/disruption.py`` also runs for the figures (durations
+are measured there only). A node drain needs a second node (``make e2e`` on kind): not here.
 """
 
 from __future__ import annotations
@@ -82,10 +82,14 @@ class TestEgress:
 
 
 class TestIngress:
-    def test_ingress_loses_nothing_and_keeps_its_name_on_a_rollout(
+    """The name moves in two Headscale renames (the old node's away, then the new node's to the
+    hostname: Headscale refuses a name another node holds and has no swap), so requests by the
+    MagicDNS name fail for the moment between the two map updates; they are counted in the
+    benchmark (docs/benchmarks.md), not claimed to be none here."""
+
+    def test_ingress_keeps_its_name_and_recovers_on_a_rollout(
             self, ingress: IngressWorld, cluster_headscale: Headscale) -> None:
         outcome = disrupt(ingress.subject, cluster_headscale, "rollout", ingress.load)
         assert all(t.sent > 0 for t in outcome.streams.values()), outcome
-        assert _lost(outcome) == {"https": 0, "tcp": 0}, _explain(ingress.subject, outcome)
-        # disrupt() waited for the name: the node and its MagicDNS name are spec.hostname again.
+        # disrupt() waited for the name and for the load's recovery.
         assert ingress.subject.named(), ingress.subject.get().get("status")
