@@ -148,11 +148,12 @@ def stop_daemon() -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT
-        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        while time.monotonic() < deadline and _alive(pid):
             time.sleep(0.2)
-        if Path(f"/proc/{pid}").exists():
+        if _alive(pid):
             os.kill(pid, signal.SIGKILL)
             time.sleep(1)
+            _alive(pid)
     _kill_strays()
     for mount in reversed(own_mounts()):
         _run("umount", "-l", mount, check=False)
@@ -160,6 +161,18 @@ def stop_daemon() -> None:
     shutil.rmtree(p.exec_root, ignore_errors=True)
     p.pidfile.unlink(missing_ok=True)
     p.socket.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs; reaps it when it is our child (``up`` in this process started it)."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def _kill_strays() -> None:
