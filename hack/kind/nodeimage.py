@@ -302,7 +302,19 @@ def ensure_node_image() -> NodeImage:
     finally:
         docker.docker("rm", "-f", name, check=False)
     print(f"kind: node image {ref} built in {time.monotonic() - started:.0f}s")
+    prune_except(plan.NODE_IMAGE_REPOSITORY, ref)
+    prune_except(plan.BASE_IMAGE_REPOSITORY, base)
+    docker.docker("image", "prune", "-f", check=False)  # untagged: control-plane images of an earlier base
     return NodeImage(ref, images)
+
+
+def prune_except(repository: str, keep: str) -> None:
+    """Remove the other tags of ``repository`` (images of earlier inputs), so the cache keeps one
+    node image and one base."""
+    tags = docker.docker("images", "--format", "{{.Repository}}:{{.Tag}}", repository).stdout.split()
+    stale = [t for t in tags if t != keep]
+    if stale:
+        docker.docker("rmi", *stale, check=False)
 
 
 def _wait_containerd(name: str) -> None:
