@@ -26,7 +26,7 @@ from typing import Any
 
 from benchmarks.egress_incluster import pod_rss_kib
 from benchmarks.runtime.__main__ import write_section
-from e2e.cluster import get_json, install_operator_in_cluster
+from e2e.cluster import get_json, install_operator_in_cluster, kubectl
 from e2e.disruption import (
     DEADLINE,
     DISRUPTIONS,
@@ -43,10 +43,12 @@ from e2e.disruption import (
     open_connections,
 )
 from hack import image, versions
-from hack.localenv import Environment, Headscale
+from hack.localenv import Environment, Headscale, wait_until
 
 BEGIN, END = "<!-- bench:disruption:begin -->", "<!-- bench:disruption:end -->"
 CONNECTIONS = 1000
+PEER_LIMIT = 2 * CONNECTIONS
+"""The agent's connections per peer while the RSS is measured (default 512): one pod opens them all."""
 DRAIN_NOTE = ("node drain: not measured here. The local node is the only node: a drain cordons it and "
               "evicts the agent with nowhere to schedule its successor (and evicts the operator and "
               "CoreDNS with it), so it measures an outage of the whole cluster, not the agent's drain. "
@@ -101,7 +103,13 @@ def run(rounds: int, progress: Path | None) -> dict[str, Any]:
         ns = install_operator_in_cluster(cluster, project.ref, env.root / "install")
         rss: dict[str, Any] = {}
         with egress_world(cluster, ns, headscale, project.ref, env.site_host, env.tailscale_node) as egress:
+            # One client pod opens every connection: the agent's per-peer limit is raised for it.
+            kubectl(cluster, "-n", ns, "set", "env", f"deployment/{egress.subject.deployment}", "-c", "agent",
+                    f"TAILNET_MAX_CONNECTIONS_PER_PEER={PEER_LIMIT}")
+            wait_until(lambda: len(egress.subject.pods()) == 1 and egress.subject.settled(), timeout=240,
+                       what="the agent rolled out with the raised per-peer limit")
             (pod,) = egress.subject.pods()
+            rss["per_peer_limit"] = PEER_LIMIT
             uid = pod["metadata"]["uid"]
             rss["limits"] = pod["spec"]["containers"][0].get("resources", {}).get("limits", {})
             rss["idle_kib"] = pod_rss_kib(uid)
@@ -205,8 +213,10 @@ def table(doc: dict[str, Any]) -> str:
         f"Agent RSS (egress, 1 replica, memory limit {limit}; each round separated by `/`): "
         f"{_cell([format(r['idle_kib'] / 1024, '.1f') for r in measured])} MiB idle, "
         f"{_cell([format(r['open_kib'] / 1024, '.1f') for r in measured])} MiB with "
-        f"{_cell([format(r['connections'], ',') for r in measured])} connections open through it (each echoed "
-        f"once), {_cell([format(r['after_kib'] / 1024, '.1f') for r in measured])} MiB just after they closed; "
+        f"{_cell([format(r['connections'], ',') for r in measured])} connections open through it from one "
+        f"client pod (each echoed once; the per-peer limit raised to {measured[0].get('per_peer_limit', 'none')} "
+        "for it, the other limits at their defaults), "
+        f"{_cell([format(r['after_kib'] / 1024, '.1f') for r in measured])} MiB just after they closed; "
         f"container restarts {_cell([str(r['restarts']) for r in measured])}.",
     ]
     if doc.get("note"):

@@ -26,6 +26,7 @@ import h2.settings
 import pytest
 from aiohttp import web
 
+from e2e.backends import served
 from e2e.polling import eventually
 from hack.localenv import free_port
 from hack.localenv._pki import CertificateAuthority
@@ -77,13 +78,8 @@ async def backend() -> AsyncIterator[Backend]:
     app.router.add_post("/echo", echo_length)
     app.router.add_post("/early", early)
     app.router.add_get("/slow", slow)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", state.port).start()
-    try:
+    async with served(app, state.port):
         yield state
-    finally:
-        await runner.cleanup()
 
 
 # The agent's listener on 127.0.0.1 --------------------------------------------------------------

@@ -25,6 +25,7 @@ import pytest
 from aiohttp import web
 from cryptography import x509
 
+from e2e.backends import served
 from e2e.conftest import TailscaleFactory
 from e2e.polling import eventually
 from e2e.test_agent_egress import TAG, read_all, wait_peer_sees
@@ -266,14 +267,8 @@ async def named_backend(name: str) -> AsyncIterator[int]:
     app = web.Application()
     app[BACKEND_NAME] = name
     app.router.add_route("*", "/{tail:.*}", identity_echo)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
+    async with served(app) as port:
         yield port
-    finally:
-        await runner.cleanup()
 
 
 SPOOFED = (("Tailnet-User-Login", "root@evil.test"), ("Tailnet-Node-Tags", "tag:admin"),

@@ -28,6 +28,7 @@ import h2.settings
 import pytest
 from aiohttp import web
 
+from e2e.backends import served
 from e2e.conftest import TailscaleFactory
 from e2e.polling import eventually
 from e2e.test_agent_egress import TAG, local_server, running_agent, target, wait_peer_sees
@@ -166,13 +167,8 @@ async def backend() -> AsyncIterator[Backend]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", ok)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", state.port).start()
-    try:
+    async with served(app, state.port):
         yield state
-    finally:
-        await runner.cleanup()
 
 
 def http_expose(tmp_path: Path, backend_port: int) -> tuple[dict[str, Any], Path]:

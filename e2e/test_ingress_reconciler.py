@@ -347,6 +347,17 @@ def _joined(hostname: str, workdir: Path, headscale: Headscale, environment: Env
     return node
 
 
+async def _shop_with_its_key(scene: Scene) -> str:
+    """The ingress ``shop`` (a tcp expose) on a Tailnet whose policy owns its tag; the pre-auth key
+    the operator minted for it."""
+    admin, tenant = scene.admin, scene.tenant
+    tailnet = await _tailnet(admin, scene.headscale, scene.namespace, tenant, owned_policy=True)
+    await admin.create(TAILNET_INGRESS, ingress_object("shop", tenant, tailnet, [TCP]))
+    secret = await eventually(lambda: _get(admin, SECRET, "shop-ingress-auth-key", tenant), timeout=60,
+                              what="the ingress's pre-auth key")
+    return base64.b64decode(secret["data"]["authKey"]).decode()
+
+
 def _node_at(headscale: Headscale, address: str) -> JSON | None:
     return next((n for n in headscale.api("GET", "/api/v1/node")["nodes"] if address in n["ipAddresses"]), None)
 
@@ -361,11 +372,7 @@ async def test_a_restarted_agents_node_is_renamed_to_the_hostname_once_its_crash
     nodes: list[TailscaleNode] = []
     try:
         async with running_operator(scene.kubeconfig, scene.namespace):
-            tailnet = await _tailnet(admin, scene.headscale, scene.namespace, tenant, owned_policy=True)
-            await admin.create(TAILNET_INGRESS, ingress_object("shop", tenant, tailnet, [TCP]))
-            secret = await eventually(lambda: _get(admin, SECRET, "shop-ingress-auth-key", tenant), timeout=60,
-                                      what="the ingress's pre-auth key")
-            key = base64.b64decode(secret["data"]["authKey"]).decode()
+            key = await _shop_with_its_key(scene)
 
             nodes.append(_joined("shop-gw", tmp_path / "first", scene.headscale, environment, key))
             first = _node_at(scene.headscale, nodes[0].ipv4())
@@ -429,11 +436,7 @@ async def test_a_rollouts_old_node_hands_the_hostname_over_once_the_new_pod_is_r
     nodes: list[TailscaleNode] = []
     try:
         async with running_operator(scene.kubeconfig, scene.namespace):
-            tailnet = await _tailnet(admin, scene.headscale, scene.namespace, tenant, owned_policy=True)
-            await admin.create(TAILNET_INGRESS, ingress_object("shop", tenant, tailnet, [TCP]))
-            secret = await eventually(lambda: _get(admin, SECRET, "shop-ingress-auth-key", tenant), timeout=60,
-                                      what="the ingress's pre-auth key")
-            key = base64.b64decode(secret["data"]["authKey"]).decode()
+            key = await _shop_with_its_key(scene)
             nodes.append(_joined("shop-gw", tmp_path / "old", scene.headscale, environment, key))
             old = _node_at(scene.headscale, nodes[0].ipv4())
             assert old is not None and old["givenName"] == "shop-gw"

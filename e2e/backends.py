@@ -1,0 +1,24 @@
+"""HTTP backends on 127.0.0.1 for the agent tests: an aiohttp application served until the block ends."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from hack.localenv import free_port
+
+
+@contextlib.asynccontextmanager
+async def served(app: web.Application, port: int | None = None) -> AsyncIterator[int]:
+    """Serve ``app`` on 127.0.0.1 (``port``, or a free one) and yield the port; stopped at the end
+    with half a second for the requests in progress."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    port = port or free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield port
+    finally:
+        await runner.cleanup()
