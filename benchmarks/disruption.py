@@ -160,8 +160,8 @@ def table(doc: dict[str, Any]) -> str:
     errors: list[str] = []
     for row in doc["rows"]:
         if "error" in row:
-            errors.append(f"{row['subject']} x{row['replicas']} {row['disruption']} round {row['round']}: "
-                          f"{row['error']}")
+            errors.append(f"{row['subject']} ({row.get('shape', 'now')}) x{row['replicas']} {row['disruption']} "
+                          f"round {row['round']}: {row['error']}")
             continue
         shape = row.get("shape", "now")
         for stream, t in row["streams"].items():
