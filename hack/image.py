@@ -490,15 +490,20 @@ def base_image() -> str:
 
 def _base_rootfs(tag: str) -> Path:
     """A tarball of the debootstrapped rootfs, cached so that a wiped storage re-imports quickly."""
-    tarball = images_dir() / "base" / f"{tag}.tar"
+    return rootfs_tarball(images_dir() / "base" / f"{tag}.tar", BASE_PACKAGES)
+
+
+def rootfs_tarball(tarball: Path, packages: Sequence[str]) -> Path:
+    """``tarball``: a minimal Debian rootfs with ``packages``, made with debootstrap unless cached
+    there (trimmed of what no container reads)."""
     if tarball.is_file():
         return tarball
     debootstrap = _require("debootstrap", "debootstrap")
     tarball.parent.mkdir(parents=True, exist_ok=True)
     suite = versions.DEBIAN_SUITE
-    with tempfile.TemporaryDirectory(dir=images_dir()) as tmp:
+    with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp:
         rootfs = Path(tmp) / "rootfs"
-        _run([debootstrap, "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", suite, str(rootfs),
+        _run([debootstrap, "--variant=minbase", f"--include={','.join(packages)}", suite, str(rootfs),
               apt_mirror(suite)])
         _trim_rootfs(rootfs)
         partial = tarball.with_suffix(".partial")

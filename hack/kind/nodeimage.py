@@ -100,24 +100,7 @@ def rootfs_tag() -> str:
 
 def rootfs_tarball() -> Path:
     """The debootstrapped rootfs with kind's packages, cached as a tarball."""
-    tarball = image.images_dir() / "kind-base" / f"{rootfs_tag()}.tar"
-    if tarball.is_file():
-        return tarball
-    debootstrap = shutil.which("debootstrap")
-    if debootstrap is None:
-        raise binaries.MissingToolError("debootstrap is missing (apt-get install debootstrap)")
-    tarball.parent.mkdir(parents=True, exist_ok=True)
-    suite = versions.DEBIAN_SUITE
-    with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp:
-        rootfs = Path(tmp) / "rootfs"
-        _run([debootstrap, "--variant=minbase", f"--include={','.join(plan.BASE_PACKAGES)}", suite, str(rootfs),
-              image.apt_mirror(suite)])
-        image._trim_rootfs(rootfs)
-        partial = tarball.with_suffix(".partial")
-        _run(["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "-cf", str(partial),
-              "--exclude=./dev/*", "--exclude=./proc/*", "--exclude=./sys/*", "."])
-        os.replace(partial, tarball)
-    return tarball
+    return image.rootfs_tarball(image.images_dir() / "kind-base" / f"{rootfs_tag()}.tar", plan.BASE_PACKAGES)
 
 
 def _trim_systemd(rootfs: Path) -> None:
