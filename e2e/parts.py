@@ -3,7 +3,13 @@ any conftest is: ``hack.suite`` runs the suite as two processes side by side, on
 
 from __future__ import annotations
 
+import hypothesis  # noqa: F401
 import pytest
+
+# Imported here, at start-up: hypothesis's plugin imports it only when printing the summary, and
+# by then Python 3.11.7's AST validator can fail the assertion rewrite of its modules with
+# "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905), failing a run whose
+# tests all passed.
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -309,6 +309,8 @@ impl Stack {
         // queues only 32 packets per client and drops the rest, so the sender must ramp up.
         s.set_congestion_control(tcp::CongestionControl::Cubic);
         s.set_keep_alive(Some(Duration::from_secs(25)));
+        // Received segments past a hole are kept in up to RECEIVE_HOLES ranges (Cargo.toml's
+        // assembler feature); a segment that would need one more is dropped and must be sent again.
         // Drop connections whose peer stops acknowledging for this long.
         s.set_timeout(Some(Duration::from_secs(120)));
         s
@@ -751,4 +753,36 @@ impl Stack {
 fn random_seed() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+/// Holes the receive side of a connection can hold data past (smoltcp's assembler, sized by the
+/// `assembler-max-segment-count-32` feature). A DERP relay that overflows its 32-packet queue
+/// drops runs of a burst, each run a hole. With smoltcp's default of 4, segments past the fourth
+/// hole were dropped on arrival, and a sender that recovers one hole per timeout (the gVisor
+/// stack of tailscale 1.80) slowed to a few packets a minute (e2e/test_interop.py, DERP path).
+pub const RECEIVE_HOLES: usize = 32;
+
+#[cfg(test)]
+mod tests {
+    use super::RECEIVE_HOLES;
+    use smoltcp::storage::Assembler;
+
+    #[test]
+    fn received_data_is_kept_past_as_many_holes_as_a_derp_queue_can_cause() {
+        let mut assembler = Assembler::new();
+        // Every other segment of a burst lost: a hole before each one that arrived.
+        for i in 0..RECEIVE_HOLES {
+            assembler.add(2 * i + 1, 1).expect("room for this hole");
+        }
+        assert!(
+            assembler.add(2 * RECEIVE_HOLES + 1, 1).is_err(),
+            "one more hole than RECEIVE_HOLES"
+        );
+        // Resending the holes in order delivers everything: each fills one hole and releases the
+        // segment after it.
+        for _ in 0..RECEIVE_HOLES {
+            assert_eq!(assembler.add_then_remove_front(0, 1).expect("the front always fits"), 2);
+        }
+        assert!(assembler.is_empty());
+    }
 }

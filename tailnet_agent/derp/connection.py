@@ -38,9 +38,9 @@ READ_SIZE = 64 << 10
 """Bytes asked for per socket read: 64 KiB."""
 TLS_READ_SIZE = 120 << 10
 """The most asyncio's TLS layer decrypts per read (see :func:`cap_tls_reads`): below the agent's
-128 KiB mmap threshold. Not READ_SIZE: with the TLS layer capped at the stream's own 64 KiB, a
-DERP download from a tailscale 1.80 peer stalled in the interop test (e2e/test_interop.py) while
-120 KiB and the uncapped 256 KiB did not; the cause is not known yet."""
+128 KiB mmap threshold. The read size shapes the bursts a DERP relay queues and drops; with 64 KiB
+a download from a tailscale 1.80 peer once stalled, because the stack kept data past only 4 holes
+(native/src/stack.rs ``RECEIVE_HOLES`` is 32 since)."""
 
 
 class DerpNodeLike(Protocol):
