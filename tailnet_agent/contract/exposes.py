@@ -10,7 +10,9 @@ at startup and on every change (:func:`parse_exposes`). A JSON list; every probl
                   "caFile": "/etc/tailnet/ca/web/ca.crt", "serverName": "web.shop.svc"},
       "hosts": [{"name": "shop.example.com", "alias": "shop",
                  "tls": {"certFile": "/etc/tailnet/tls/shop/tls.crt",
-                         "keyFile": "/etc/tailnet/tls/shop/tls.key"}}]}]
+                         "keyFile": "/etc/tailnet/tls/shop/tls.key"},
+                 "routes": [{"path": "/api", "type": "Prefix",
+                             "backend": {"host": "api.shop.svc", "port": 8080, "scheme": "http"}}]}]}]
 
 * ``port``: the tailnet port the agent listens on. http exposes may share a port (the host named
   in SNI chooses the expose; a name may then belong to one host of them only); a tcp expose
@@ -40,7 +42,8 @@ from .environment import EXPOSES_FILE
 from .errors import ConfigError
 from .targets import PortMapping
 
-__all__ = ["H2", "HTTP", "HTTP1", "TCP", "Backend", "Expose", "VirtualHost", "exposes_document", "parse_exposes"]
+__all__ = ["EXACT", "H2", "HTTP", "HTTP1", "PREFIX", "TCP", "Backend", "Expose", "Route", "VirtualHost",
+           "exposes_document", "parse_exposes"]
 
 NAME = EXPOSES_FILE
 TCP = "tcp"
@@ -48,6 +51,8 @@ HTTP = "http"
 HTTP1 = "http1"
 H2 = "h2"
 _MODES = {"tcp": TCP, "l4": TCP, "http": HTTP}
+EXACT = "Exact"
+PREFIX = "Prefix"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +85,21 @@ class Backend:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Route:
+    """One path of a host and the backend its requests go to."""
+
+    path: str
+    """Starts with ``/``; compared with the request's path without its query."""
+    type: str = PREFIX
+    """``Exact`` (the whole path) or ``Prefix`` (by path element: ``/foo`` matches ``/foo/bar``,
+    never ``/foobar``)."""
+    backend: Backend
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "type": self.type, "backend": self.backend.to_json(HTTP)}
+
+
+@dataclass(frozen=True, kw_only=True)
 class VirtualHost:
     name: str
     alias: str | None = None
@@ -87,6 +107,11 @@ class VirtualHost:
     """More names of the host, e.g. the alias under each of the tailnet's DNS zones."""
     cert_file: str
     key_file: str
+    routes: tuple[Route, ...] = ()
+    """Path routing; empty: every request goes to the expose's backend."""
+    fallback: bool = True
+    """Where a request no route matches goes: the expose's backend (True) or nowhere, 404 (False).
+    Without routes every request goes to the expose's backend, whatever this says."""
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -99,6 +124,10 @@ class VirtualHost:
             out["alias"] = self.alias
         if self.aliases:
             out["aliases"] = list(self.aliases)
+        if self.routes:
+            out["routes"] = [r.to_json() for r in self.routes]
+        if not self.fallback:
+            out["fallback"] = False
         return out
 
 
@@ -183,9 +212,28 @@ def _host(raw: Any, where: str) -> VirtualHost:
     tls = _object(item.get("tls"), f"{where}.tls")
     cert, key = _text(tls, "certFile", f"{where}.tls"), _text(tls, "keyFile", f"{where}.tls")
     assert name is not None and cert is not None and key is not None
+    raw_routes = item.get("routes", [])
+    if not isinstance(raw_routes, list):
+        raise ConfigError(f"{NAME}: {where}.routes must be a list")
+    fallback = item.get("fallback", True)
+    if not isinstance(fallback, bool):
+        raise ConfigError(f"{NAME}: {where}.fallback must be true or false, got {fallback!r}")
     return VirtualHost(name=name.lower().rstrip("."), alias=alias.lower().rstrip(".") if alias else None,
                        aliases=tuple(a.strip().lower().rstrip(".") for a in raw_aliases),
-                       cert_file=cert, key_file=key)
+                       cert_file=cert, key_file=key,
+                       routes=tuple(_route(r, f"{where}.routes[{k}]") for k, r in enumerate(raw_routes)),
+                       fallback=fallback)
+
+
+def _route(raw: Any, where: str) -> Route:
+    item = _object(raw, where)
+    path = item.get("path")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ConfigError(f"{NAME}: {where}.path must be a string starting with /, got {path!r}")
+    kind = item.get("type", PREFIX)
+    if kind not in (EXACT, PREFIX):
+        raise ConfigError(f"{NAME}: {where}.type must be Exact or Prefix, got {kind!r}")
+    return Route(path=path, type=kind, backend=_backend(item.get("backend"), f"{where}.backend", HTTP))
 
 
 def parse_exposes(text: str) -> tuple[Expose, ...]:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tailnet_agent.contract.errors import ConfigError
-from tailnet_agent.contract.exposes import Backend, Expose, VirtualHost, parse_exposes
+from tailnet_agent.contract.exposes import Backend, Expose, Route, VirtualHost, exposes_document, parse_exposes
 from tailnet_agent.contract.targets import PortMapping
 from tailnet_agent.targets import diff_targets
 
@@ -65,6 +65,21 @@ def test_http_exposes_may_share_a_port_and_speak_h2_to_the_backend() -> None:
     assert first.backend == Backend(host="grpc", port=50051, protocol="h2") and second.backend.protocol == "http1"
 
 
+def test_a_hosts_routes_and_fallback_survive_the_round_trip() -> None:
+    routed = VirtualHost(name="shop.example", cert_file="c", key_file="k", fallback=False, routes=(
+        Route(path="/api", backend=Backend(host="api", port=8080)),
+        Route(path="/api/v2", type="Exact", backend=Backend(host="v2", port=443, scheme="https", protocol="h2"))))
+    plain = VirtualHost(name="plain.example", cert_file="c", key_file="k")
+    web = Expose(name="web", port=443, mode="http", backend=Backend(host="web", port=80), hosts=(routed, plain))
+    text = exposes_document([web])
+    assert parse_exposes(text) == (web,)
+    hosts = json.loads(text)[0]["hosts"]
+    assert hosts[0]["routes"][0] == {"path": "/api", "type": "Prefix",
+                                     "backend": {"host": "api", "port": 8080, "scheme": "http"}}
+    assert hosts[0]["fallback"] is False
+    assert "routes" not in hosts[1] and "fallback" not in hosts[1]  # a plain host's entry is as before
+
+
 def _one(**fields: Any) -> str:
     expose = {"name": "web", "port": 443, "backend": {"host": "web", "port": 80}, **fields}
     return json.dumps([expose])
@@ -100,6 +115,16 @@ def _one(**fields: Any) -> str:
      "TAILNET_EXPOSES_FILE: [0] (web).backend.protocol must be http1 or h2 (http exposes only), got 'h2'"),
     (_one(mode="http", hosts=[{"name": "a", "tls": TLS}], backend={"host": "w", "port": 80, "protocol": "h3"}),
      "TAILNET_EXPOSES_FILE: [0] (web).backend.protocol must be http1 or h2 (http exposes only), got 'h3'"),
+    (_one(mode="http", hosts=[{"name": "a", "tls": TLS, "routes": [{"path": "api", "backend": {"host": "h",
+                                                                                               "port": 1}}]}]),
+     "TAILNET_EXPOSES_FILE: [0] (web).hosts[0].routes[0].path must be a string starting with /, got 'api'"),
+    (_one(mode="http", hosts=[{"name": "a", "tls": TLS, "routes": [{"path": "/", "type": "Regex",
+                                                                    "backend": {"host": "h", "port": 1}}]}]),
+     "TAILNET_EXPOSES_FILE: [0] (web).hosts[0].routes[0].type must be Exact or Prefix, got 'Regex'"),
+    (_one(mode="http", hosts=[{"name": "a", "tls": TLS, "routes": [{"path": "/", "backend": {"host": "h"}}]}]),
+     "TAILNET_EXPOSES_FILE: [0] (web).hosts[0].routes[0].backend.port must be a port number 1-65535, got None"),
+    (_one(mode="http", hosts=[{"name": "a", "tls": TLS, "fallback": "no"}]),
+     "TAILNET_EXPOSES_FILE: [0] (web).hosts[0].fallback must be true or false, got 'no'"),
 ])
 def test_errors_name_the_entry(text: str, error: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -18,11 +18,12 @@ import pytest
 from aiohttp import web
 from cryptography import x509
 
+from e2e.backends import served
 from hack.grpc_echo import GrpcEcho, grpc_frame, grpc_messages
 from hack.https_client import Answer, request
 from hack.localenv import free_port
 from hack.localenv._pki import CertificateAuthority
-from tailnet_agent.contract.exposes import Backend, Expose, VirtualHost
+from tailnet_agent.contract.exposes import Backend, Expose, Route, VirtualHost
 from tailnet_agent.control import netmap as nm
 from tailnet_agent.forward.egress import Closable
 from tailnet_agent.forward.http import (
@@ -164,6 +165,47 @@ async def test_sni_host_binding_http1_and_http2(ca: CertificateAuthority) -> Non
                 assert json.loads(answer.body)["bodyLength"] == len(big)
             with pytest.raises((ssl.SSLError, ConnectionError)):  # refused by the SNI callback
                 await ask(listen, ca, "c.example.test")
+
+
+@contextlib.asynccontextmanager
+async def named_backend(name: str) -> AsyncIterator[int]:
+    """A backend that answers every request with its name and the path it was asked for."""
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response({"backend": name, "path": request.path_qs})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    async with served(app) as port:
+        yield port
+
+
+async def test_routes_choose_the_backend_by_path_http1_and_http2(ca: CertificateAuthority) -> None:
+    async with named_backend("default") as default, named_backend("api") as api, named_backend("v2") as v2:
+        def to(port: int) -> Backend:
+            return Backend(host="127.0.0.1", port=port)
+
+        routes = (Route(path="/api", backend=to(api)), Route(path="/api/v2", type="Exact", backend=to(v2)))
+        routed = vhost(ca, "routed.example.test")
+        strict = vhost(ca, "strict.example.test")
+        plain = vhost(ca, "plain.example.test")
+        web_expose = Expose(name="web", port=free_port(), mode="http", backend=to(default), hosts=(
+            VirtualHost(name=routed.name, cert_file=routed.cert_file, key_file=routed.key_file, routes=routes),
+            VirtualHost(name=strict.name, cert_file=strict.cert_file, key_file=strict.key_file, routes=routes,
+                        fallback=False),
+            plain))
+        async with running((web_expose,)):
+            for alpn in ("http/1.1", "h2"):
+                for sni, path, expected in (
+                        ("routed.example.test", "/api/v2", "v2"), ("routed.example.test", "/api/v2/x", "api"),
+                        ("routed.example.test", "/api?q=1", "api"), ("routed.example.test", "/apiary", "default"),
+                        ("routed.example.test", "/", "default"), ("strict.example.test", "/api/x", "api"),
+                        ("plain.example.test", "/api", "default")):
+                    answer = await ask(web_expose.port, ca, sni, alpn=alpn, path=path)
+                    assert answer.alpn == alpn and answer.status == 200, answer
+                    assert json.loads(answer.body) == {"backend": expected, "path": path}, (sni, path, alpn)
+                missed = await ask(web_expose.port, ca, "strict.example.test", alpn=alpn, path="/apiary?x=1")
+                assert missed.status == 404, missed
+                assert b"no path of strict.example.test matches /apiary" in missed.body
 
 
 def install(host: VirtualHost, cert: bytes, key: bytes) -> None:

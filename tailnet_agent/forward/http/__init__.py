@@ -6,7 +6,9 @@ callback finds the host named in SNI among the hosts of every http expose on tha
 switches to its certificate (an unknown name is refused with ``unrecognized_name``; no SNI means
 the first host of the first of those exposes in the file). The host so chosen binds the
 connection to its expose (:class:`HttpService`): a request whose Host (or ``:authority``) is not
-that host's name or alias gets 421 Misdirected Request. ALPN ``h2`` is served with the ``h2``
+that host's name or alias gets 421 Misdirected Request. A host with routes sends each request to
+the backend of its longest matching path (:mod:`.routes`, the Ingress's rules); one no route
+matches goes to the expose's backend, or gets 404 when the host has no fallback. ALPN ``h2`` is served with the ``h2``
 library, anything else by aiohttp's HTTP/1.1 server protocol.
 
 Requests go to the backend over HTTP/1.1 with an aiohttp client (``protocol: http1``) or over
@@ -32,7 +34,8 @@ One concept a module, each importing only those below it:
 * :mod:`.sni`: :class:`HttpPort`, the shared listener and the SNI routing to an expose;
 * :mod:`.service`: :class:`HttpService`, one expose's certificates, backend and connections;
 * :mod:`.http1` and :mod:`.http2`: the client side of each HTTP version;
-* :mod:`.upstream`: the backend client and the shape of its answer;
+* :mod:`.upstream`: the backend clients and the shape of their answer;
+* :mod:`.routes`: path routing (pure);
 * :mod:`.handover`: a connection's way from the listener to its HTTP protocol;
 * :mod:`.certs`: the certificate store;
 * :mod:`.headers` and :mod:`.identity`: the header policy and who the caller is.

@@ -21,7 +21,7 @@ from ..h2backend import BackendError
 from .handover import Pending, hand_over
 from .headers import misdirected, misdirected_text, request_headers, response_headers
 from .identity import Whois
-from .upstream import CHUNK, BadGateway, UpstreamClient
+from .upstream import CHUNK, BadGateway, Upstreams, not_found_text
 
 log = structlog.get_logger("agent.http")
 
@@ -53,14 +53,14 @@ class Http1Server(web.Server):
     """aiohttp's HTTP/1.1 server protocol factory for one expose; tells each connection's end to
     its waiter, so that the connection stays a task of the expose while it lasts."""
 
-    def __init__(self, upstream: UpstreamClient, whois: Whois, *, limits: Limits | None = None,
+    def __init__(self, upstreams: Upstreams, whois: Whois, *, limits: Limits | None = None,
                  metrics: AgentMetrics | None = None) -> None:
         limits = limits or Limits()
         # aiohttp's keep-alive timeout is the idle timeout (0 would mean no keep-alive: a large value instead)
         super().__init__(self._request, access_log=None, keepalive_timeout=limits.idle_timeout or 1e9,
                          max_line_size=limits.http1_max_line_size, max_field_size=limits.http1_max_field_size,
                          max_headers=HTTP1_MAX_FIELDS)
-        self.upstream = upstream
+        self.upstreams = upstreams
         self.whois = whois
         self.limits = limits
         self.metrics = metrics
@@ -73,7 +73,7 @@ class Http1Server(web.Server):
         """431 for a request whose request line or header fields are over the limits (the
         connection then closes: aiohttp cannot tell where the next request would start)."""
         limits = self.limits
-        log.info("request refused: header section too large", expose=self.upstream.expose.name, client=client,
+        log.info("request refused: header section too large", expose=self.upstreams.name, client=client,
                  max_line_size=limits.http1_max_line_size, max_field_size=limits.http1_max_field_size,
                  max_fields=HTTP1_MAX_FIELDS)
         if self.metrics is not None:
@@ -102,12 +102,15 @@ class Http1Server(web.Server):
         authority = request.headers.get("Host", "")
         if misdirected(host, authority):
             return web.Response(status=421, text=misdirected_text(host, authority))
+        target = request.rel_url.raw_path_qs
+        if (upstream_client := self.upstreams.pick(host, target)) is None:
+            return web.Response(status=404, text=not_found_text(host, target))
         client = request.remote or ""
         headers = request_headers(request.headers.items(), client=client, authority=authority,
-                                  identity=self.whois(client), trailers=self.upstream.trailers)
+                                  identity=self.whois(client), trailers=upstream_client.trailers)
         body = request.content.iter_chunked(CHUNK) if request.body_exists else None
         try:
-            async with self.upstream.request(request.method, authority, request.rel_url.raw_path_qs, headers,
+            async with upstream_client.request(request.method, authority, target, headers,
                                              body, list) as upstream:
                 response = web.StreamResponse(status=upstream.status, reason=upstream.reason or None)
                 for key, value in response_headers(upstream.headers):
@@ -117,7 +120,7 @@ class Http1Server(web.Server):
                     async for chunk in upstream.body():
                         await response.write(chunk)
                 except BackendError as exc:
-                    log.warning("backend failed during the response", expose=self.upstream.expose.name,
+                    log.warning("backend failed during the response", expose=self.upstreams.name,
                                 error=str(exc))
                     request.transport.abort()  # the client must not take a cut body for a whole one
                     return response

@@ -44,7 +44,7 @@ from .headers import (
     trailer_headers,
 )
 from .identity import Identity
-from .upstream import CHUNK, BadGateway, UpstreamClient
+from .upstream import CHUNK, BadGateway, Upstreams, not_found_text
 
 log = structlog.get_logger("agent.http")
 
@@ -203,9 +203,9 @@ class _Connection:
 class Http2Server:
     """Serves the HTTP/2 connections of one expose."""
 
-    def __init__(self, upstream: UpstreamClient, limits: Limits | None = None,
+    def __init__(self, upstreams: Upstreams, limits: Limits | None = None,
                  metrics: AgentMetrics | None = None) -> None:
-        self.upstream = upstream
+        self.upstreams = upstreams
         self.limits = limits or Limits()
         self.metrics = metrics
         self.connections: set[_Connection] = set()
@@ -310,7 +310,7 @@ class Http2Server:
         refused request too."""
         if not isinstance(exc.__cause__, hpack.OversizedHeaderListError):
             return "protocol_error"
-        log.info("HTTP/2 connection ended: header list over the hard limit", expose=self.upstream.expose.name,
+        log.info("HTTP/2 connection ended: header list over the hard limit", expose=self.upstreams.name,
                  client=client, limit=self.limits.http2_max_header_list_size * HEADER_LIST_HARD_FACTOR)
         self._count_refused()
         return "headers_too_large"
@@ -326,7 +326,7 @@ class Http2Server:
         authority = pseudo.get(":authority") or next((v for k, v in headers if k == "host"), "")
         try:
             if (size := header_list_size(raw)) > (limit := self.limits.http2_max_header_list_size):
-                log.info("request refused: header list too large", expose=self.upstream.expose.name, client=client,
+                log.info("request refused: header list too large", expose=self.upstreams.name, client=client,
                          size=size, limit=limit)
                 self._count_refused()
                 await h2c.respond(stream.id, 431, PLAIN_TEXT, [f"header list of {size} bytes, over {limit}\n".encode()])
@@ -334,11 +334,15 @@ class Http2Server:
             if misdirected(host, authority):
                 await h2c.respond(stream.id, 421, PLAIN_TEXT, [misdirected_text(host, authority).encode()])
                 return
+            target = pseudo.get(":path", "/")
+            if (upstream_client := self.upstreams.pick(host, target)) is None:
+                await h2c.respond(stream.id, 404, PLAIN_TEXT, [not_found_text(host, target).encode()])
+                return
             forwarded = request_headers(headers, client=client, authority=authority, identity=identity,
-                                        trailers=self.upstream.trailers)
+                                        trailers=upstream_client.trailers)
             body = None if stream.ended else h2c.body(stream)
             try:
-                async with self.upstream.request(pseudo.get(":method", "GET"), authority, pseudo.get(":path", "/"),
+                async with upstream_client.request(pseudo.get(":method", "GET"), authority, target,
                                                  forwarded, body, lambda: request_trailers(stream.trailers),
                                                  ) as upstream:
                     out = [(k.lower(), v) for k, v in response_headers(upstream.headers)]
@@ -350,7 +354,7 @@ class Http2Server:
             except BadGateway as exc:
                 await h2c.respond(stream.id, 502, PLAIN_TEXT, [f"{exc}\n".encode()])
             except BackendError as exc:  # after the response began: the client must see it fail
-                log.warning("backend failed during the response", expose=self.upstream.expose.name, error=str(exc))
+                log.warning("backend failed during the response", expose=self.upstreams.name, error=str(exc))
                 h2c.reset(stream.id)
         except (h2.exceptions.StreamClosedError, ConnectionError):
             pass

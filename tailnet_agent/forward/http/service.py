@@ -19,7 +19,7 @@ from .handover import Pending
 from .http1 import Http1Server
 from .http2 import Http2Server
 from .identity import Whois
-from .upstream import UpstreamClient
+from .upstream import Upstreams
 
 
 class HttpService:
@@ -30,15 +30,15 @@ class HttpService:
         self.expose = expose
         self.whois = whois or (lambda ip: None)
         self.certs = CertificateStore(expose.hosts)
-        self.upstream = UpstreamClient(expose)
+        self.upstreams = Upstreams(expose)
         limits = limits or Limits()
-        self.http1 = Http1Server(self.upstream, self.whois, limits=limits, metrics=metrics)
-        self.http2 = Http2Server(self.upstream, limits, metrics)
+        self.http1 = Http1Server(self.upstreams, self.whois, limits=limits, metrics=metrics)
+        self.http2 = Http2Server(self.upstreams, limits, metrics)
         self.connections: set[asyncio.Task[Any]] = set()
         """The tasks serving this expose's client connections (cancelled when it stops)."""
 
     async def __aenter__(self) -> HttpService:
-        self.upstream.open()
+        self.upstreams.open()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -47,7 +47,7 @@ class HttpService:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
-        await self.upstream.close()
+        await self.upstreams.close()
 
     async def drain(self) -> None:
         """Finish the requests in progress and end the connections (listener closed by then):

@@ -7,6 +7,9 @@ expose's CA file (or the system roots) for its server name, always. Either way t
 :class:`Upstream`, so the client side (:mod:`.http1`, :mod:`.http2`) need not know which protocol
 brought it. A backend that cannot be asked is :class:`BadGateway` (502); one that fails after its
 head arrived raises :class:`~tailnet_agent.forward.h2backend.BackendError` from the body.
+
+An expose has one client per backend (:class:`Upstreams`): its own, and each distinct backend of
+its hosts' routes; :meth:`Upstreams.pick` chooses one for a request by host and path (:mod:`.routes`).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from typing import Any, Protocol
 import aiohttp
 import structlog
 
-from tailnet_agent.contract.exposes import H2, Expose
+from tailnet_agent.contract.exposes import H2, Backend, Expose, VirtualHost
 
 from ..h2backend import BackendError, H2Backend
 from .headers import Headers
+from .routes import choose
 
 log = structlog.get_logger("agent.http")
 
@@ -70,11 +74,12 @@ class _Http1Response:
 
 
 class UpstreamClient:
-    """The client of one expose's backend, open between :meth:`open` and :meth:`close`."""
+    """The client of one backend of an expose (named ``expose`` in logs), open between :meth:`open`
+    and :meth:`close`."""
 
-    def __init__(self, expose: Expose) -> None:
+    def __init__(self, backend: Backend, *, expose: str) -> None:
+        self.backend = backend
         self.expose = expose
-        backend = expose.backend
         self.base = f"{backend.scheme}://{backend.host}:{backend.port}"
         self.tls: ssl.SSLContext | None = None
         if backend.scheme == "https":
@@ -91,7 +96,7 @@ class UpstreamClient:
 
     def open(self) -> None:
         """Create the client of the backend's protocol (it connects on the first request)."""
-        backend = self.expose.backend
+        backend = self.backend
         if backend.protocol == H2:
             self.h2 = H2Backend(backend.host, backend.port, tls=self.tls,
                                 server_name=backend.server_name or backend.host)
@@ -121,7 +126,7 @@ class UpstreamClient:
                 yield response
             return
         assert self.client is not None
-        backend = self.expose.backend
+        backend = self.backend
         extra: dict[str, Any] = {}
         if backend.scheme == "https":
             extra["server_hostname"] = backend.server_name or backend.host
@@ -134,7 +139,45 @@ class UpstreamClient:
             yield _Http1Response(answer)
 
     def _bad_gateway(self, error: str) -> BadGateway:
-        backend = self.expose.backend
+        backend = self.backend
         message = f"backend {backend.host}:{backend.port} failed: {error}"
-        log.warning("bad gateway", expose=self.expose.name, error=message)
+        log.warning("bad gateway", expose=self.expose, error=message)
         return BadGateway(message)
+
+
+class Upstreams:
+    """The clients of every backend of one expose, open between :meth:`open` and :meth:`close`."""
+
+    def __init__(self, expose: Expose) -> None:
+        self.expose = expose
+        self.name = expose.name
+        backends = [expose.backend, *(r.backend for h in expose.hosts for r in h.routes)]
+        self.clients = {b: UpstreamClient(b, expose=expose.name) for b in dict.fromkeys(backends)}
+
+    @property
+    def default(self) -> UpstreamClient:
+        """The expose's own backend's client."""
+        return self.clients[self.expose.backend]
+
+    def pick(self, host: VirtualHost, target: str) -> UpstreamClient | None:
+        """The client a request to ``host`` for ``target`` (its path and query) goes to: its route's
+        backend's; without a matching route the expose's, or None (404) when the host has routes
+        and no fallback."""
+        if not host.routes:
+            return self.default
+        if (route := choose(host.routes, target)) is not None:
+            return self.clients[route.backend]
+        return self.default if host.fallback else None
+
+    def open(self) -> None:
+        for client in self.clients.values():
+            client.open()
+
+    async def close(self) -> None:
+        for client in self.clients.values():
+            await client.close()
+
+
+def not_found_text(host: VirtualHost, target: str) -> str:
+    """The body of the 404 a request no route of ``host`` matches gets."""
+    return f"no path of {host.name} matches {target.split('?', 1)[0]}, and it has no default backend\n"
