@@ -32,6 +32,9 @@ from tailnet_operator.api.egress import NodeStatus, PreAuthKeyStatus
 # The cross-expose host-name rule is quadratic in both; these keep it within the CEL budget.
 EXPOSES_MAX = 8
 HOSTS_MAX = 4
+PATHS_MAX = 16
+"""Paths of one host (an Ingress rule's paths, those of its rules without a host included)."""
+PATH_MAX_LENGTH = 256
 DNS_TEMPLATE_PLACEHOLDERS = ("{hostname}", "{name}", "{namespace}")
 
 
@@ -84,6 +87,33 @@ class HostTLS(ApiModel):
         return self
 
 
+class PathBackend(ApiModel):
+    """The in-cluster Service a path's requests go to."""
+
+    service: DNS1035Label = Field(description="Name of a Service in this namespace.")
+    port: Port = Field(description="Port of the Service.")
+
+
+class HostPath(ApiModel):
+    """One path of a host and the Service its requests go to (an Ingress's HTTPIngressPath)."""
+
+    path: str = Field(
+        pattern="^/", max_length=PATH_MAX_LENGTH,
+        description="The request path to match (without the query), starting with /.",
+    )
+    path_type: Literal["Exact", "Prefix"] = Field(
+        default="Prefix",
+        description=(
+            "Exact matches the whole path; Prefix matches by path element (/foo matches /foo and /foo/bar, "
+            "not /foobar). The longest matching path wins, Exact before Prefix of the same path. "
+            "Defaults to Prefix."
+        ),
+    )
+    backend: PathBackend = Field(
+        description="Where the path's requests go; spoken to as the expose's backend is (scheme, protocol, CA)."
+    )
+
+
 class VirtualHost(ApiModel):
     """A name an http expose answers to (matched by SNI and Host)."""
 
@@ -92,6 +122,21 @@ class VirtualHost(ApiModel):
         default=None, description="Optional short name under the same zones, e.g. grafana."
     )
     tls: HostTLS = Field(description="The certificate for this name.")
+    paths: list[HostPath] | None = Field(
+        default=None,
+        max_length=PATHS_MAX,
+        description=(
+            "Optional path routing: a request goes to the backend of its longest matching path; without "
+            "paths every request goes to the expose's backend."
+        ),
+    )
+    unmatched_paths: Literal["Backend", "NotFound"] = Field(
+        default="Backend",
+        description=(
+            "With paths: what a request no path matches gets, the expose's backend (Backend) or "
+            "404 Not Found (NotFound). Defaults to Backend."
+        ),
+    )
 
 
 class Backend(ApiModel):

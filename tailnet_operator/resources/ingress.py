@@ -13,13 +13,14 @@ cert-manager has not issued yet does not keep the pod (and its tcp exposes) from
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 from typing import Any
 
 from tailnet_agent.contract import environment as env_names
 from tailnet_agent.contract import exposes as agent_exposes
 from tailnet_operator import names
-from tailnet_operator.api.ingress import Expose, TailnetIngress, VirtualHost, render_dns_template
+from tailnet_operator.api.ingress import Expose, HostPath, TailnetIngress, VirtualHost, render_dns_template
 from tailnet_operator.names import MANAGED_BY, TAILNET_LABEL, auth_key_secret_name
 
 from . import agent as pod
@@ -178,7 +179,8 @@ def _ca_path(expose: Expose) -> str:
 
 
 def _agent_expose(ingress: TailnetIngress, expose: Expose, zones: list[str]) -> agent_exposes.Expose:
-    """One expose as the agent reads it: its backend by Service name, its hosts' files in the projection."""
+    """One expose as the agent reads it: its backend by Service name, its hosts' files in the
+    projection, each host's paths as routes to their Services (spoken to as the expose's backend)."""
     host, port = backend_host(ingress, expose), expose.backend.port
     if expose.mode == "tcp":
         return agent_exposes.Expose(name=expose.name, port=expose.port,
@@ -186,13 +188,20 @@ def _agent_expose(ingress: TailnetIngress, expose: Expose, zones: list[str]) -> 
     ca_file = f"{CERTS_DIR}/{_ca_path(expose)}" if expose.backend.ca_secret_ref is not None else None
     backend = agent_exposes.Backend(host=host, port=port, scheme=expose.backend.scheme,
                                     protocol=expose.backend.protocol, ca_file=ca_file)
+
+    def route(path: HostPath) -> agent_exposes.Route:
+        to = dataclasses.replace(backend, host=f"{path.backend.service}.{_namespace(ingress)}.svc",
+                                 port=path.backend.port)
+        return agent_exposes.Route(path=path.path, type=path.path_type, backend=to)
+
     hosts = []
     for vhost in expose.hosts or []:
         secret_dir = f"{CERTS_DIR}/{_tls_dir(host_secret_name(ingress, vhost))}"
         hosts.append(agent_exposes.VirtualHost(
             name=vhost.name.lower(), alias=vhost.alias or None,
             aliases=tuple(alias_names(vhost, zones)) if vhost.alias else (),
-            cert_file=f"{secret_dir}/tls.crt", key_file=f"{secret_dir}/tls.key"))
+            cert_file=f"{secret_dir}/tls.crt", key_file=f"{secret_dir}/tls.key",
+            routes=tuple(route(p) for p in vhost.paths or []), fallback=vhost.unmatched_paths == "Backend"))
     return agent_exposes.Expose(name=expose.name, port=expose.port, backend=backend, mode=agent_exposes.HTTP,
                                 hosts=tuple(hosts))
 

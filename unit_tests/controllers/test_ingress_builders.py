@@ -6,7 +6,7 @@ and DNS names follow the template and the zones."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from tailnet_agent.contract.endpoints import HEALTH_PORT
 from tailnet_agent.contract.exposes import parse_exposes
@@ -87,6 +87,20 @@ def test_the_exposes_file_is_what_the_agent_parses() -> None:
     assert set(shop.names) == {"shop.apps.example.internal", "shop", "shop.corp.example.internal"}
     assert shop.cert_file == f"{build.CERTS_DIR}/tls/shop-tls/tls.crt"
     assert build.exposes_document(ingress([DB, WEB]), ZONES) == build.exposes_document(ingress([DB, WEB]), ZONES)
+
+
+def test_a_hosts_paths_become_routes_to_their_services_spoken_to_as_the_exposes_backend() -> None:
+    paths = [{"path": "/api", "backend": {"service": "api", "port": 8080}},
+             {"path": "/api/v2", "pathType": "Exact", "backend": {"service": "v2", "port": 80}}]
+    shop_host, admin_host = cast(list[dict[str, Any]], WEB["hosts"])
+    routed = {**WEB, "hosts": [{**shop_host, "paths": paths, "unmatchedPaths": "NotFound"}, admin_host]}
+    [web] = parse_exposes(build.exposes_document(ingress([routed]), ZONES))
+    shop, admin = web.hosts
+    assert [(r.path, r.type, r.backend.host, r.backend.port) for r in shop.routes] == [
+        ("/api", "Prefix", "api.tenant.svc", 8080), ("/api/v2", "Exact", "v2.tenant.svc", 80)]
+    assert {(r.backend.scheme, r.backend.ca_file) for r in shop.routes} == {("https", web.backend.ca_file)}
+    assert not shop.fallback
+    assert admin.routes == () and admin.fallback  # a host without paths is as before
 
 
 def test_the_pod_template_does_not_depend_on_ports_or_backends() -> None:
