@@ -436,3 +436,30 @@ async def test_a_burst_of_changes_on_many_objects_costs_exactly_two_writes_each(
         await eventually(lambda: all_settled("two"), what="every change settled")
         await quiet(manager, reconciler, admin, namespace, [f"w{i}" for i in range(count)])
         assert writes(registry) == 4 * count, "each change: one ConfigMap and one status write, no more"
+
+
+async def test_listed_objects_of_a_built_in_kind_carry_their_kind_as_watched_ones_do(
+    control_plane: ControlPlane, admin: Client, namespace: str
+) -> None:
+    """kube-apiserver leaves ``apiVersion`` and ``kind`` out of a built-in kind's list items; an
+    object read from the cache is an owner and an Event's subject by its kind, whichever way it came."""
+    from tailnet_operator.runtime.cache.informer import Informer
+
+    await admin.create(CONFIG_MAP, {"metadata": {"name": "listed", "namespace": namespace}})
+    raw = await admin.request("GET", CONFIG_MAP.path(namespace))
+    assert raw["items"] and "kind" not in raw["items"][0], "the server sends list items without their kind"
+    listed = await admin.list(CONFIG_MAP, namespace)
+    assert [(o["apiVersion"], o["kind"]) for o in listed.items] == [("v1", "ConfigMap")]
+
+    informer = Informer(admin, CONFIG_MAP, namespace)
+    task = asyncio.create_task(informer.run())
+    try:
+        await eventually(lambda: informer.synced, what="sync")
+        await admin.create(CONFIG_MAP, {"metadata": {"name": "watched", "namespace": namespace}})
+        await eventually(lambda: informer.store.get(f"{namespace}/watched") is not None, what="the watched object")
+        for name in ("listed", "watched"):
+            obj = informer.store.get(f"{namespace}/{name}") or {}
+            assert (obj.get("apiVersion"), obj.get("kind")) == ("v1", "ConfigMap"), name
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

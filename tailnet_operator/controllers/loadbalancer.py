@@ -24,9 +24,7 @@ pre-auth key (recorded in the operator's namespace), the agent's objects in the 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import structlog
 
@@ -58,7 +56,7 @@ from .policy import TAILNET_INDEX
 from .preauth import AuthKey
 
 __all__ = ["CLASSED", "CONDITION_TYPES", "FIELD_MANAGER", "PORTS_SUPPORTED", "LoadBalancerReconciler",
-           "ServiceNode", "ServiceStatus", "TypedServices", "loadbalancer_reconciler", "services_of_tailnet"]
+           "ServiceNode", "ServiceStatus", "loadbalancer_reconciler", "services_of_tailnet"]
 
 log = structlog.get_logger("controllers.loadbalancer")
 
@@ -77,7 +75,7 @@ SKIP_HINT = "expire it by hand (headscale preauthkeys expire), or let the orphan
 def loadbalancer_reconciler(deps: Deps, writer: Writer, settings: IngressSettings, *,
                             agent_status: AgentStatusReader | None = None) -> LoadBalancerReconciler:
     """The LoadBalancer class's reconciler; writes as :data:`FIELD_MANAGER` through ``writer``."""
-    shaped, deps = ServiceStatus(writer), dataclasses.replace(deps, reader=TypedServices(deps.reader))
+    shaped = ServiceStatus(writer)
     ingress = IngressNode(deps, shaped, settings, agent_status or HttpAgentStatus(service=build.agent_name))
     return LoadBalancerReconciler(deps, shaped, ServiceNode(deps, shaped, settings, ingress))
 
@@ -118,27 +116,6 @@ def services_of_tailnet(reader: Reader) -> Callable[[JSON], list[Request]]:
                 for s in reader.list(SERVICE, index=(TAILNET_INDEX, name))]
 
     return mapper
-
-
-# -- a Service as the pipeline reads and writes it -----------------------------------------------
-
-
-class TypedServices:
-    """A Reader that gives a Service its ``apiVersion`` and ``kind``: kube-apiserver leaves them
-    out of the items of a built-in kind's list, and a Service is an owner and an Event's subject
-    here, both of which name its kind. Everything else passes through unchanged."""
-
-    def __init__(self, reader: Reader) -> None:
-        self.reader = reader
-
-    def get(self, kind: Any, name: str, namespace: str | None = None) -> Any:
-        obj = self.reader.get(kind, name, namespace)
-        if kind == SERVICE and isinstance(obj, dict) and "kind" not in obj:
-            return {"apiVersion": SERVICE.api_version, "kind": SERVICE.kind, **obj}
-        return obj
-
-    def list(self, kind: Any, namespace: str | None = None, *, index: tuple[str, str] | None = None) -> Any:
-        return self.reader.list(kind, namespace, index=index)
 
 
 # -- the status a Service can hold -----------------------------------------------------------------

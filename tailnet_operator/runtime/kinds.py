@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 
@@ -22,6 +23,14 @@ class Resource:
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
+
+    def typed(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """``obj`` with this kind's ``apiVersion`` and ``kind`` where it has none: kube-apiserver
+        leaves them out of the items of a built-in kind's list, and an object is an owner and an
+        Event's subject by its kind (client-go's informers set them the same way)."""
+        if "kind" in obj and "apiVersion" in obj:
+            return obj
+        return {"apiVersion": self.api_version, "kind": self.kind, **obj}
 
     @property
     def base(self) -> str:

@@ -159,7 +159,8 @@ class Client:
         while True:
             page = await self.request("GET", resource.path(namespace), params=params,
                                       accept=METADATA_LIST_ACCEPT if metadata_only else None)
-            items += page.get("items") or []
+            found = page.get("items") or []
+            items += found if metadata_only else [resource.typed(item) for item in found]
             meta = page.get("metadata", {})
             token = meta.get("continue")
             if not token:

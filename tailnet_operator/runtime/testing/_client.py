@@ -258,7 +258,8 @@ class FakeClient(TypedReader):
     async def list_objects(self, resource: Resource, namespace: str | None = None, *,
                            label_selector: str | None = None) -> ObjectList:
         labels = dict(part.split("=", 1) for part in label_selector.split(",")) if label_selector else None
-        items = [copy.deepcopy(o) for o in self._list_raw(resource, namespace, None) if matches_labels(o, labels)]
+        items = [resource.typed(copy.deepcopy(o)) for o in self._list_raw(resource, namespace, None)
+                 if matches_labels(o, labels)]
         return ObjectList(items, str(self._version))
 
     async def watch_objects(self, resource: Resource, namespace: str | None = None, *, resource_version: str,
