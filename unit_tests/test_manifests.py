@@ -575,11 +575,12 @@ def test_the_tenant_role_is_bound_by_nobody_and_grants_only_applying_an_ingresss
              ("events.k8s.io", "events")}
     # and Secrets and ConfigMaps read by name (TLS Secrets, what it applied), never listed or watched;
     # and a LoadBalancer Service's: the owner of its agent's objects, which are deleted when it is
-    # released without being deleted
+    # released without being deleted; and an Ingress of a tailnet IngressClass's finalizer and ownership
     released = {("", "secrets"), ("", "configmaps"), ("", "services"), ("apps", "deployments"),
                 ("networking.k8s.io", "networkpolicies")}
     assert grants == {(g, r, v) for g, r in kinds for v in ("create", "patch")} | {
-        ("", "secrets", "get"), ("", "configmaps", "get"), ("", "services/finalizers", "update")} | {
+        ("", "secrets", "get"), ("", "configmaps", "get"), ("", "services/finalizers", "update"),
+        ("networking.k8s.io", "ingresses", "patch"), ("networking.k8s.io", "ingresses/finalizers", "update")} | {
         (g, r, "delete") for g, r in released}
     doc = RBAC_DOC.read_text()
     assert "tailnet-operator-tenant" in doc and all(f"`{r}`" in doc for _, r in kinds)

@@ -211,7 +211,7 @@ class IngressNode:
     def desired(self, run: Run[TailnetIngress], key: AuthKey) -> Desired:
         owner, ingress, zones = run.obj, run.cr, zones_of(run.tailnet)
         agent = build.AgentSpec(image=self.settings.agent_image, control_url=key.login_url,
-                                auth_secret=auth_key_secret_name(TAILNET_INGRESS.kind, run.name),
+                                auth_secret=auth_key_secret_name(TAILNET_INGRESS.kind, str(ingress.metadata.name)),
                                 ca_bundle=self.access.agent_ca(run.tailnet),
                                 operator_labels=self.settings.operator_labels,
                                 metrics_namespaces=self.settings.metrics_namespaces)
@@ -233,7 +233,7 @@ class IngressNode:
         result: Report = report(run.cr, zones_of(run.tailnet), agent=agent, nodes=nodes, key=outcome.key,
                                 reader=self.reader, issues=_certificate_issues(run.cr, outcome.applied),
                                 dns=run.tailnet.spec.dns is not None)
-        await self._record_node(run, outcome.key, result.fields.get("node"), nodes)
+        await self.record_node(self.key_location(run.obj), outcome.key, result.fields.get("node"), nodes)
         return result.conditions, result.fields
 
     async def free_hostname(self, run: Run[TailnetIngress], outcome: Outcome) -> list[Node]:
@@ -276,11 +276,12 @@ class IngressNode:
                         node=plan.newest.id, error=str(exc))
         return after
 
-    async def _record_node(self, run: Run[TailnetIngress], key: AuthKey, node: JSON | None, nodes: list[Node]) -> None:
-        """Note on the record the node's addresses (from Headscale), where the DNS reconciler reads
-        them, and the ids of the ingress's nodes, which stay its own after their key is retired
-        (succession, revocation). One field manager owns both, so both are sent each time."""
-        name, namespace = self.key_location(run.obj)
+    async def record_node(self, location: tuple[str, str | None], key: AuthKey, node: JSON | None,
+                          nodes: list[Node]) -> None:
+        """Note on the record at ``location`` the node's addresses (from Headscale), where the DNS
+        reconciler reads them, and the ids of the ingress's nodes, which stay its own after their key
+        is retired (succession, revocation). One field manager owns both, so both are sent each time."""
+        name, namespace = location
         record = self.reader.get(SECRET, name, namespace) or {}
         notes = (record.get("metadata") or {}).get("annotations") or {}
         # no node yet keeps the last address (a restart does not empty DNS)

@@ -24,6 +24,10 @@ TAILNET_INGRESS = _resource("TailnetIngress")
 TAILNET_SITE = _resource("TailnetSite")
 TAILNET_GATEWAY = _resource("TailnetGateway")
 
+INGRESS = Resource("networking.k8s.io", "v1", "ingresses", "Ingress")
+"""Built-in kinds the IngressClass reads (:mod:`.ingressclass`)."""
+INGRESS_CLASS = Resource("networking.k8s.io", "v1", "ingressclasses", "IngressClass", namespaced=False)
+
 MODELS: dict[type[BaseModel], Resource] = {
     Tailnet: TAILNET,
     TailnetEgress: TAILNET_EGRESS,

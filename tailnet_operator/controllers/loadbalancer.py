@@ -18,45 +18,39 @@ pre-auth key (recorded in the operator's namespace), the agent's objects in the 
 * release: when the class goes (a type other than LoadBalancer wipes it) or the Service is being
   deleted, the key is expired (bounded like every finalizer: :mod:`.cleanup`), the record deleted,
   and, for a Service that stays, the agent's objects deleted and the status this controller wrote
-  removed, before the finalizer comes off (:class:`LoadBalancerReconciler`).
+  removed, before the finalizer comes off (:class:`~.classed.ClassedReconciler`).
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
 import structlog
 
 from tailnet_operator.api.ingress import TailnetIngress
-from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.headscale import Node
-from tailnet_operator.names import TAILNET_LABEL, auth_key_secret_name
-from tailnet_operator.policy.adapters import derive_from_objects
-from tailnet_operator.policy.derive import Derived
+from tailnet_operator.names import auth_key_secret_name
 from tailnet_operator.resources import ingress as build
 from tailnet_operator.resources import loadbalancer as lb
-from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Reader, Request, Resource, Result, Writer
-from tailnet_operator.runtime.errors import Forbidden, NotFound
-from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY
-from tailnet_operator.tenancy import Refusal
+from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Reader, Request, Resource, Writer
 from tailnet_operator.types import JSON
 
-from . import conditions, finalizer
-from .access import Deps, NoAccess
-from .applier import Applier, Desired, owned_by
+from . import conditions
+from .access import Deps
+from .classed import ClassedReconciler
 from .conditions import Cond
 from .egress_status import AgentStatusReader, HttpAgentStatus
 from .ingress import IngressNode, IngressSettings
-from .ingress_status import own_nodes, report
+from .ingress_status import own_nodes
 from .keyrecord import NODE_IDS
 from .kinds import TAILNET_INGRESS
-from .pipeline import NotReady, Outcome, Run, TaggedNodeReconciler
+from .pipeline import Outcome, Run
 from .policy import TAILNET_INDEX
 from .preauth import AuthKey
+from .shaped import ShapedNode
 
-__all__ = ["CLASSED", "CONDITION_TYPES", "FIELD_MANAGER", "PORTS_SUPPORTED", "LoadBalancerReconciler",
-           "ServiceNode", "ServiceStatus", "loadbalancer_reconciler", "services_of_tailnet"]
+__all__ = ["CLASSED", "CONDITION_TYPES", "FIELD_MANAGER", "PORTS_SUPPORTED", "LoadBalancedServices",
+           "LoadBalancerReconciler", "ServiceNode", "ServiceStatus", "loadbalancer_reconciler", "services_of_tailnet"]
 
 log = structlog.get_logger("controllers.loadbalancer")
 
@@ -67,9 +61,6 @@ PORTS_SUPPORTED = "PortsSupported"
 CONDITION_TYPES = ("TagOwned", "PreAuthKeyValid", "ExposesReady", "HostnameAssigned", PORTS_SUPPORTED)
 STATUS_FIELDS = ("conditions", "loadBalancer")
 """What a Service's status can hold of what the pipeline writes."""
-LISTED_KINDS = (DEPLOYMENT, SERVICE, NETWORK_POLICY)
-"""What a served Service owns in its namespace and the cache lists there: pruned when its class goes."""
-SKIP_HINT = "expire it by hand (headscale preauthkeys expire), or let the orphan sweep do it"
 
 
 def loadbalancer_reconciler(deps: Deps, writer: Writer, settings: IngressSettings, *,
@@ -77,7 +68,7 @@ def loadbalancer_reconciler(deps: Deps, writer: Writer, settings: IngressSetting
     """The LoadBalancer class's reconciler; writes as :data:`FIELD_MANAGER` through ``writer``."""
     shaped = ServiceStatus(writer)
     ingress = IngressNode(deps, shaped, settings, agent_status or HttpAgentStatus(service=build.agent_name))
-    return LoadBalancerReconciler(deps, shaped, ServiceNode(deps, shaped, settings, ingress))
+    return ClassedReconciler(deps, shaped, ServiceNode(deps, shaped, settings, ingress), LoadBalancedServices())
 
 
 # -- the watch filter -----------------------------------------------------------------------------
@@ -156,28 +147,20 @@ class ServiceStatus:
 # -- the kind ------------------------------------------------------------------------------------
 
 
-class ServiceNode:
+class ServiceNode(ShapedNode[lb.LoadBalancerService]):
     """What a LoadBalancer Service adds to the pipeline: its TailnetIngress shape, served by the
-    ingress's parts, and its status in the Service's own terms."""
+    ingress's parts (:class:`~.shaped.ShapedNode`), and its status in the Service's own terms."""
 
     resource = SERVICE
     model = lb.LoadBalancerService
     field_manager = FIELD_MANAGER
     condition_types: tuple[str, ...] = CONDITION_TYPES
 
-    def __init__(self, deps: Deps, writer: Writer, settings: IngressSettings, ingress: IngressNode) -> None:
-        self.reader, self.access, self.events = deps.reader, deps.access, deps.events
-        self.writer = writer
-        self.settings = settings
-        self.ingress = ingress
+    def record_name(self, namespace: str, name: str) -> str:
+        return lb.record_name(namespace, name)
 
-    @staticmethod
-    def shape(run: Run[lb.LoadBalancerService]) -> Run[TailnetIngress]:
-        """The reconcile as the ingress's parts see it: the Service as stored, its TailnetIngress shape."""
-        return Run(run.obj, lb.as_ingress(run.cr), run.tailnet)
-
-    def accepts(self, request: Request) -> bool:
-        return True
+    def shape_of(self, cr: lb.LoadBalancerService) -> TailnetIngress:
+        return lb.as_ingress(cr)
 
     def spec_problem(self, run: Run[lb.LoadBalancerService]) -> tuple[str, str] | None:
         return lb.problem(run.cr)
@@ -188,47 +171,11 @@ class ServiceNode:
     def tag(self, cr: lb.LoadBalancerService) -> str:
         return cr.tag
 
-    def derived(self, cr: lb.LoadBalancerService) -> Derived:
-        return derive_from_objects(ingresses=[lb.as_ingress(cr)])
-
-    def key_location(self, obj: JSON) -> tuple[str, str | None]:
-        """The Service's record in the operator's namespace, which the Service's namespace cannot write."""
-        meta = obj["metadata"]
-        return lb.record_name(meta["namespace"], meta["name"]), self.settings.operator_namespace
-
     def key_metadata(self, run: Run[lb.LoadBalancerService]) -> JSON:
         return lb.record_metadata(run.cr, self.settings.operator_namespace)
 
-    def refusal(self, run: Run[lb.LoadBalancerService], live_policy: str | None) -> Refusal | None:
-        """The ingress's tenancy: the namespace, the tag (a reserved one only by its exact name)."""
-        return self.ingress.refusal(self.shape(run), live_policy)
-
-    def not_granted(self, run: Run[lb.LoadBalancerService], exc: Forbidden) -> str:
-        return self.ingress.not_granted(self.shape(run), exc)
-
-    def before_key(self, run: Run[lb.LoadBalancerService]) -> Desired:
-        return self.ingress.before_key(self.shape(run))
-
-    def desired(self, run: Run[lb.LoadBalancerService], key: AuthKey) -> Desired:
-        """The ingress's agent objects for the shape, owned by the Service (no Certificate: tcp only)."""
-        owner, ingress = run.obj, lb.as_ingress(run.cr)
-        agent = build.AgentSpec(image=self.settings.agent_image, control_url=key.login_url,
-                                auth_secret=auth_key_secret_name(TAILNET_INGRESS.kind, lb.object_name(run.cr)),
-                                ca_bundle=self.access.agent_ca(run.tailnet),
-                                operator_labels=self.settings.operator_labels,
-                                metrics_namespaces=self.settings.metrics_namespaces)
-        return Desired.of((SECRET, build.auth_secret(owner, ingress, key.key)),
-                          (DEPLOYMENT, build.deployment(owner, ingress, agent)),
-                          (SERVICE, build.agent_service(owner, ingress)),
-                          (NETWORK_POLICY, build.network_policy(owner, ingress, agent,
-                                                                self.settings.operator_namespace)))
-
     async def report(self, run: Run[lb.LoadBalancerService], outcome: Outcome) -> tuple[list[Cond], JSON]:
-        shaped = self.shape(run)
-        nodes = await self.ingress.free_hostname(shaped, outcome)
-        agent = await self.ingress.agent_status.read(shaped.cr)
-        result = report(shaped.cr, [], agent=agent, nodes=nodes, key=outcome.key, reader=self.reader,
-                        issues={}, dns=False)
+        result, nodes = await self.served(run, outcome)
         await self._record_nodes(run, outcome.key, nodes)
         conds = [c for c in result.conditions if c.type in CONDITION_TYPES]
         node = result.fields.get("node")
@@ -263,21 +210,6 @@ class ServiceNode:
                                 field_manager=NODE_FIELD_MANAGER)
 
 
-def _named_objects(obj: JSON) -> list[tuple[Resource, str]]:
-    """The agent's key Secret and exposes ConfigMap of a Service, by its name alone (its spec may no
-    longer be one the class serves)."""
-    stem = lb.object_name_of(str(obj["metadata"]["name"]))
-    return [(SECRET, auth_key_secret_name(TAILNET_INGRESS.kind, stem)),
-            (CONFIG_MAP, lb.config_map_name_of(str(obj["metadata"]["name"])))]
-
-
-def _wrote_status(obj: JSON) -> bool:
-    """Whether this controller owns fields of the Service's status (a refusal before any finalizer,
-    e.g. TailnetNotFound or NamespaceNotGranted, leaves only that)."""
-    return any(m.get("manager") == FIELD_MANAGER and m.get("subresource") == "status"
-               for m in obj["metadata"].get("managedFields") or [])
-
-
 def _ready(found: list[Cond], node: JSON | None) -> Cond:
     """Ready in a Service's terms: the ingress's Ready, and where the Service is served once it is."""
     ready = next(c for c in found if c.type == "Ready")
@@ -289,99 +221,28 @@ def _ready(found: list[Cond], node: JSON | None) -> Cond:
     return Cond("Ready", "True", "Serving", f"served on the tailnet at {where}; {exposes.message}")
 
 
-# -- the reconciler ------------------------------------------------------------------------------
+# -- the classed object -------------------------------------------------------------------------
 
 
-class LoadBalancerReconciler:
-    """Serves a classed Service through the pipeline; releases one whose class went or that is
-    being deleted (the pipeline's own deletion reads a CR's ``spec.tailnetRef``, which a Service
-    has not: the Tailnet comes from the record's label instead)."""
+class LoadBalancedServices:
+    """The Service as a classed object (:class:`~.classed.Classed`)."""
 
-    def __init__(self, deps: Deps, writer: Writer, node: ServiceNode) -> None:
-        self.pipeline = TaggedNodeReconciler(deps, writer, node)
-        self.phases = self.pipeline.phases
-        self.node = node
-        self.reader, self.access, self.events = deps.reader, deps.access, deps.events
-        self.writer = writer
-        self.applier = Applier(deps.reader, writer, field_manager=FIELD_MANAGER)
+    resource = SERVICE
+    field_manager = FIELD_MANAGER
+    released = ("LoadBalancerReleased", (
+        "the Service no longer has a tailnet loadBalancerClass: what the operator made for it is gone (its "
+        "pre-auth key expired, its agent's objects deleted, its status cleared)"))
 
-    async def reconcile(self, request: Request) -> Result:
-        obj = self.reader.get(SERVICE, request.name, request.namespace or None)
-        if obj is None:
-            return Result()
-        if lb.tailnet_of(obj) is None or obj["metadata"].get("deletionTimestamp"):
-            return await self.release(obj)
-        try:
-            return await self.pipeline.reconcile(request)
-        except Forbidden as exc:
-            return await self.not_granted(obj, exc)
+    def tailnet_of(self, obj: JSON) -> str | None:
+        return lb.tailnet_of(obj)
 
-    async def not_granted(self, obj: JSON, exc: Forbidden) -> Result:
-        """The finalizer could not be held: the operator may patch a Service only in a namespace that
-        granted it the tenant role (never cluster-wide: that would let it rewrite any Service). Say
-        so in the status (which it may write anywhere), after the tenancy, which needs no write."""
-        try:
-            run = self.phases.parse(obj, self.node.tailnet_name)
-            refusal = self.node.refusal(run, None)
-            stop = NotReady.refused(refusal) if refusal is not None else NotReady(
-                "False", "NamespaceNotGranted", self.node.not_granted(run, exc))
-        except NotReady as found:
-            stop = found
-        return await self.phases.stop(obj, stop)
+    def named_objects(self, obj: JSON) -> list[tuple[Resource, str]]:
+        """The agent's key Secret and exposes ConfigMap of a Service, by its name alone."""
+        stem = lb.object_name_of(str(obj["metadata"]["name"]))
+        return [(SECRET, auth_key_secret_name(TAILNET_INGRESS.kind, stem)),
+                (CONFIG_MAP, lb.config_map_name_of(str(obj["metadata"]["name"])))]
 
-    async def release(self, obj: JSON) -> Result:
-        """Undo what serving the Service made; a Service the operator never wrote to is not written to."""
-        location = self.node.key_location(obj)
-        record = self.reader.get(SECRET, *location)
-        held = record is not None or finalizer.holds(obj)
-        if not held and not _wrote_status(obj):
-            return Result()
-        staying = not obj["metadata"].get("deletionTimestamp")
-        if staying:
-            await self._delete_agent(obj)
-        if (stored := AuthKey.from_secret(record)) is not None:
-            again = await self.phases.cleanup.run(obj, lambda: self._expire(obj, record, stored),
-                                                  what=f"pre-auth key {stored.prefix}",
-                                                  reason="PreAuthKeyNotExpired", hint=SKIP_HINT)
-            if again is not None:
-                return again
-        if record is not None:
-            with contextlib.suppress(NotFound):
-                await self.writer.delete(SECRET, *location)
-        if staying:
-            await self._forget_status(obj)
-        if staying and held:
-            await self.events.normal(obj, "LoadBalancerReleased", (
-                "the Service no longer has a tailnet loadBalancerClass: what the operator made for it is gone (its "
-                "pre-auth key expired, its agent's objects deleted, its status cleared)"), action="Release")
-        if finalizer.holds(obj):
-            await finalizer.release(self.writer, SERVICE, obj)
-        return Result()
 
-    async def _delete_agent(self, obj: JSON) -> None:
-        """Delete what the Service owns (garbage collection would not: the Service stays). The kinds
-        the cache lists everywhere are pruned; the Secret and ConfigMap, which it reads only by name
-        outside the operator's namespaces, are found by their names."""
-        namespace, uid = obj["metadata"]["namespace"], str(obj["metadata"]["uid"])
-        await self.applier.apply(obj, Desired.of(prune=[(k, namespace) for k in LISTED_KINDS]))
-        for resource, name in _named_objects(obj):
-            found = self.reader.get(resource, name, namespace)
-            if found is not None and owned_by(found, uid):
-                with contextlib.suppress(NotFound):
-                    await self.writer.delete(resource, name, namespace, uid=found["metadata"].get("uid"))
-
-    async def _expire(self, obj: JSON, record: JSON | None, stored: AuthKey) -> None:
-        """Expire the key on the Tailnet the record names (or the class, when it has no label)."""
-        name = ((record or {}).get("metadata", {}).get("labels") or {}).get(TAILNET_LABEL) or lb.tailnet_of(obj)
-        tailnet = self.reader.get(Tailnet, name or "")
-        if tailnet is None:
-            raise NoAccess(f"the Tailnet {name} is gone")
-        async with self.access.open(self.access.working(tailnet)) as hs:
-            await self.phases.keys.expire(hs, stored)
-        await self.events.normal(obj, "PreAuthKeyExpired", f"expired pre-auth key {stored.prefix}", action="Expire")
-
-    async def _forget_status(self, obj: JSON) -> None:
-        """Remove what this controller wrote to the status (an apply that sends none of it)."""
-        meta = obj["metadata"]
-        await self.writer.apply_status(SERVICE, {"metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-                                                 "status": {}}, field_manager=FIELD_MANAGER)
+LoadBalancerReconciler = ClassedReconciler
+"""Serves a classed Service through the pipeline; releases one whose class went or that is being
+deleted (:mod:`.classed`)."""

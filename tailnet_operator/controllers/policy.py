@@ -37,6 +37,7 @@ reconciler's fields never overwrite each other.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
@@ -67,6 +68,7 @@ from tailnet_operator.policy import (
 )
 from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.policy.cache import ParsedPolicies
+from tailnet_operator.resources import ingressclass as ic
 from tailnet_operator.resources import loadbalancer as lb
 from tailnet_operator.resources import owned_metadata
 from tailnet_operator.runtime import CONFIG_MAP, SERVICE, Reader, Request, Resource, Result, Writer
@@ -75,7 +77,7 @@ from tailnet_operator.types import JSON
 from . import periods
 from .access import Deps, NoAccess, TailnetRun, live_tailnet, name_of
 from .conditions import Cond
-from .kinds import TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
+from .kinds import INGRESS, INGRESS_CLASS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .status import StatusWriter
 
 log = structlog.get_logger("controllers.policy")
@@ -86,6 +88,9 @@ FIELD_MANAGER = "tailnet-operator-policy"
 RESYNC_SECONDS = periods.POLICY_RESYNC
 POLICY_KEY = "policy.hujson"
 TAILNET_INDEX = "tailnetRef"
+CLASS_INDEX = "ingressClassName"
+"""Ingresses by ``spec.ingressClassName`` ("" for those without a class): an Ingress names its
+Tailnet through its class (:func:`ingresses_of_classes`)."""
 SKIPPED_IN_STATUS = 64
 """At most this many left-out entries are listed in ``status.policy.skipped`` (the schema's bound)."""
 
@@ -99,6 +104,22 @@ def tailnet_ref_index(obj: JSON) -> list[str]:
     LoadBalancer class, so one Tailnet's objects are one lookup."""
     name = (obj.get("spec") or {}).get("tailnetRef", {}).get("name") or lb.tailnet_of(obj)
     return [str(name)] if name else []
+
+
+def class_index(obj: JSON) -> list[str]:
+    """:data:`CLASS_INDEX` of an Ingress."""
+    return [str((obj.get("spec") or {}).get("ingressClassName") or "")]
+
+
+def ingresses_of_classes(reader: Reader, classes: list[JSON]) -> list[JSON]:
+    """The Ingresses that name one of the IngressClasses ``classes``, and those without a class when
+    one of them is marked default (whether it is the cluster's one default is
+    :func:`~tailnet_operator.resources.ingressclass.class_of`'s to say)."""
+    names = [str(c["metadata"]["name"]) for c in classes]
+    if any(((c.get("metadata") or {}).get("annotations") or {}).get(ic.DEFAULT_CLASS_ANNOTATION) == "true"
+           for c in classes):
+        names.append("")
+    return [i for name in dict.fromkeys(names) for i in reader.list(INGRESS, index=(CLASS_INDEX, name))]
 
 
 def rendered_config_map_name(tailnet: str) -> str:
@@ -239,7 +260,16 @@ class _InputReader:
         # A Service of the Tailnet's LoadBalancer class is served as an ingress (its tag owned alike).
         services = [lb.as_ingress(s) for s in self._parsed(lb.LoadBalancerService, self.mine(SERVICE, name), seen)
                     if lb.problem(s) is None]
-        ingresses = [i for i in [*self._parsed(TailnetIngress, self.mine(TAILNET_INGRESS, name), seen), *services]
+        # So is an Ingress of one of its IngressClasses.
+        classes = self.reader.list(INGRESS_CLASS)
+        classed = [o for o in ingresses_of_classes(self.reader, [c for c in classes if ic.tailnet_of_class(c) == name])
+                   if ic.tailnet_of(o, classes) == name and not o["metadata"].get("deletionTimestamp")]
+        shapes = []
+        for obj in self._parsed(ic.IngressObject, classed, seen):
+            with contextlib.suppress(ic.Problem):
+                shapes.append(ic.as_ingress(obj, name, self._ports(obj.namespace)))
+        ingresses = [i for i in [*self._parsed(TailnetIngress, self.mine(TAILNET_INGRESS, name), seen), *services,
+                                 *shapes]
                      if tenancy.judge(i, tailnet, reserved=platform, names=()) is None]
         if len(self._models) > 2 * len(seen) + 64:
             self._models = {k: v for k, v in self._models.items() if k in seen}
@@ -247,6 +277,9 @@ class _InputReader:
             egresses=egresses, ingresses=ingresses, gateways=gateways,
             sites=[s for s in sites if not verdicts[name_of(s)].blocked])
         return Inputs(derived, sites, verdicts)
+
+    def _ports(self, namespace: str) -> ic.PortOf:
+        return ic.ports_of(lambda service: self.reader.get(SERVICE, service, namespace))
 
     def _parsed(self, model: type[M], objects: list[JSON], seen: set[tuple[str, str]]) -> list[M]:
         """:func:`_parsed`, validating only the objects not seen at this resourceVersion before."""

@@ -10,6 +10,8 @@ from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.monitoring import HeadscaleMetrics, StateCollector, register_build_info
 from tailnet_operator.names import MANAGED_BY
 from tailnet_operator.resources.gateway import GATEWAY_LABEL
+from tailnet_operator.resources.ingressclass import tailnet_of as ingress_tailnet
+from tailnet_operator.resources.ingressclass import tailnet_of_class
 from tailnet_operator.runtime import (
     CONFIG_MAP,
     SECRET,
@@ -42,6 +44,7 @@ from .access import (
     observed_client_factory,
     working_key_secret_name,
 )
+from .classed import ClassedReconciler
 from .dns import FIELD_MANAGER as DNS_FIELD_MANAGER
 from .dns import DnsReconciler, tailnet_of
 from .egress import FIELD_MANAGER as EGRESS_FIELD_MANAGER
@@ -52,12 +55,23 @@ from .gateway import GatewayReconciler, GatewaySettings
 from .ingress import FIELD_MANAGER as INGRESS_FIELD_MANAGER
 from .ingress import IngressSettings, ingress_reconciler
 from .ingress import secret_users as ingress_secret_users
-from .kinds import MODELS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
+from .ingressclass import FIELD_MANAGER as INGRESSCLASS_FIELD_MANAGER
+from .ingressclass import ingressclass_reconciler, ingresses_of_class, ingresses_of_tailnet
+from .kinds import (
+    INGRESS,
+    INGRESS_CLASS,
+    MODELS,
+    TAILNET,
+    TAILNET_EGRESS,
+    TAILNET_GATEWAY,
+    TAILNET_INGRESS,
+    TAILNET_SITE,
+)
 from .loadbalancer import CLASSED, LoadBalancerReconciler, loadbalancer_reconciler, services_of_tailnet
 from .loadbalancer import FIELD_MANAGER as LOADBALANCER_FIELD_MANAGER
 from .pipeline import TaggedNodeReconciler
+from .policy import CLASS_INDEX, INDEXED, TAILNET_INDEX, PolicyReconciler, class_index, tailnet_ref_index
 from .policy import FIELD_MANAGER as POLICY_FIELD_MANAGER
-from .policy import INDEXED, TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
 from .sweep import OrphanSweeper, SweepMetrics
 from .tailnet import FIELD_MANAGER as TAILNET_FIELD_MANAGER
 from .tailnet import TailnetReconciler
@@ -97,6 +111,15 @@ def _by_tailnet_ref(obj: JSON) -> list[Request]:
     return [Request("", name) for name in tailnet_ref_index(obj)]
 
 
+def _tailnet_of_class(obj: JSON) -> list[Request]:
+    return [Request("", name)] if (name := tailnet_of_class(obj)) else []
+
+
+def _tailnets_of_ingress(cache: Reader) -> Callable[[JSON], list[Request]]:
+    """An Ingress reaches the Tailnet its class names (its tag enters that Tailnet's policy)."""
+    return lambda obj: [Request("", name)] if (name := ingress_tailnet(obj, cache.list(INGRESS_CLASS))) else []
+
+
 OWNED = MANAGED_BY
 """The label on every object the operator owns: its Deployment, Service and NetworkPolicy
 informers watch only those, cluster-wide (the Role limits writes to the operator's namespace)."""
@@ -115,6 +138,7 @@ class Reconcilers(NamedTuple):
     gateway: GatewayReconciler
     sweep: OrphanSweeper
     loadbalancer: LoadBalancerReconciler
+    ingressclass: ClassedReconciler
 
 
 TAILNET_ACCESS_CHANGED = any_of(GenerationChanged(), FieldChanged("status", "apiKey", "id"),
@@ -219,7 +243,10 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
     gateways = _add_gateway(manager, deps, settings)
     loadbalancer = _add_loadbalancer(manager, loadbalancer_reconciler(
         deps, manager.writer(LOADBALANCER_FIELD_MANAGER), ingress_settings, agent_status=agent_status))
-    return Reconcilers(tailnet, policy, egress, dns, ingress, gateways, _add_sweep(manager, deps), loadbalancer)
+    ingressclass = _add_ingressclass(manager, ingressclass_reconciler(
+        deps, manager.writer(INGRESSCLASS_FIELD_MANAGER), ingress_settings, agent_status=agent_status))
+    return Reconcilers(tailnet, policy, egress, dns, ingress, gateways, _add_sweep(manager, deps), loadbalancer,
+                       ingressclass)
 
 
 def _prepare_cache(manager: Manager, namespaces: tuple[str, str]) -> SharedCache:
@@ -235,6 +262,7 @@ def _prepare_cache(manager: Manager, namespaces: tuple[str, str]) -> SharedCache
         cache.cache_in(resource, namespaces)
     for resource in INDEXED:
         cache.add_indexer(resource, TAILNET_INDEX, tailnet_ref_index)
+    cache.add_indexer(INGRESS, CLASS_INDEX, class_index)
     cache.informer(TAILNET)
     return cache
 
@@ -260,6 +288,8 @@ def _add_policy(manager: Manager, deps: Deps, namespace: str) -> PolicyReconcile
      .watches(TAILNET_INGRESS, _by_tailnet_ref, GenerationChanged())
      .watches(TAILNET_GATEWAY, _by_tailnet_ref, GenerationChanged())
      .watches(SERVICE, _by_tailnet_ref, CLASSED)
+     .watches(INGRESS, _tailnets_of_ingress(cache), INGRESS_SERVED_CHANGED)
+     .watches(INGRESS_CLASS, _tailnet_of_class, any_of(GenerationChanged(), FieldChanged("metadata", "annotations")))
      .watches(CONFIG_MAP, _tailnets_referencing(cache, _refers(("policy", "baseConfigMapRef"))))
      .watches(SECRET, _tailnets_referencing(cache, _working_key_of(namespace))))
     return policy
@@ -300,6 +330,34 @@ def _add_loadbalancer(manager: Manager, loadbalancer: LoadBalancerReconciler) ->
      .owns(NETWORK_POLICY, labels=OWNED)
      .watches(TAILNET, services_of_tailnet(manager.cache), TAILNET_ACCESS_CHANGED))
     return loadbalancer
+
+
+INGRESS_SERVED_CHANGED = any_of(GenerationChanged(), FieldChanged("metadata", "annotations"),
+                                FieldChanged("metadata", "deletionTimestamp"))
+"""What an Ingress's reconcile waits for: its spec, its annotations (hostname, tag) and its deletion;
+its own status writes wake nothing."""
+
+
+def _ingresses_near(cache: Reader) -> Callable[[JSON], list[Request]]:
+    """A Service's ports reach the Ingresses of its namespace (a backend may name a port by name)."""
+    return lambda obj: [Request(i["metadata"]["namespace"], i["metadata"]["name"])
+                        for i in cache.list(INGRESS, obj["metadata"].get("namespace"))]
+
+
+def _add_ingressclass(manager: Manager, reconciler: ClassedReconciler) -> ClassedReconciler:
+    """Ingresses and IngressClasses are watched cluster-wide; an Ingress of another class is read
+    from the cache and left alone (:class:`.ingressclass.IngressClasses`)."""
+    cache = manager.cache
+    (manager.controller("ingressclass", reconciler)
+     .for_(INGRESS, INGRESS_SERVED_CHANGED)
+     .owns(DEPLOYMENT, labels=OWNED)
+     .owns(SERVICE, labels=OWNED)
+     .owns(NETWORK_POLICY, labels=OWNED)
+     .watches(INGRESS_CLASS, ingresses_of_class(cache),
+              any_of(GenerationChanged(), FieldChanged("metadata", "annotations")))
+     .watches(SERVICE, _ingresses_near(cache), FieldChanged("spec", "ports"))
+     .watches(TAILNET, ingresses_of_tailnet(cache), TAILNET_ACCESS_CHANGED))
+    return reconciler
 
 
 def _add_dns(manager: Manager, namespace: str, events: EventRecorder) -> DnsReconciler:

@@ -48,14 +48,14 @@ from tailnet_operator.headscale import (
     sweep_orphans,
 )
 from tailnet_operator.names import TAILNET_LABEL, managed_by_operator
-from tailnet_operator.resources import loadbalancer
+from tailnet_operator.resources import ingressclass, loadbalancer
 from tailnet_operator.runtime import SECRET, SERVICE, Reader, Request, Result
 from tailnet_operator.types import JSON
 
 from . import periods
 from .access import Deps, NoAccess, Problem
 from .keyrecord import KEY_ID, KEY_TAG, PREVIOUS_KEY_ID
-from .kinds import TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS
+from .kinds import INGRESS, INGRESS_CLASS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS
 
 __all__ = ["STALE_AFTER", "SWEEP_SECONDS", "OrphanSweeper", "SweepMetrics", "installation_crs", "list_orphans",
            "references", "references_from", "stale_nodes"]
@@ -98,13 +98,16 @@ def installation_crs(reader: Reader, tailnet: str, namespace: str) -> list[JSON]
     """The CRs of this installation that use the Tailnet ``tailnet``: its TailnetIngresses and
     TailnetGateways, and its TailnetEgresses in the operator's ``namespace`` (one elsewhere is
     never acted on, so it cannot keep a key or node alive); and the Services of its
-    LoadBalancer class, as :func:`~tailnet_operator.resources.loadbalancer.sweep_view` shows them."""
+    LoadBalancer class, as :func:`~tailnet_operator.resources.loadbalancer.sweep_view` shows them,
+    and the Ingresses of its IngressClasses (:func:`~tailnet_operator.resources.ingressclass.sweep_view`)."""
     def of_tailnet(obj: JSON) -> bool:
         return bool(((obj.get("spec") or {}).get("tailnetRef") or {}).get("name") == tailnet)
 
     crs = [o for kind in (TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY) for o in reader.list(kind)
            if of_tailnet(o) and (kind != TAILNET_EGRESS or o["metadata"].get("namespace") == namespace)]
-    return crs + [v for s in reader.list(SERVICE) if (v := loadbalancer.sweep_view(s, tailnet)) is not None]
+    classes = reader.list(INGRESS_CLASS)
+    return crs + [v for s in reader.list(SERVICE) if (v := loadbalancer.sweep_view(s, tailnet)) is not None] \
+        + [v for i in reader.list(INGRESS) if (v := ingressclass.sweep_view(i, tailnet, classes)) is not None]
 
 
 def references_from(reader: Reader, tailnet: str, namespace: str) -> References:

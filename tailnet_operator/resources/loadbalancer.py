@@ -34,12 +34,15 @@ __all__ = [
     "HOSTNAME_ANNOTATION",
     "NAME_SUFFIX",
     "TAG_ANNOTATION",
+    "AnnotatedObject",
     "LoadBalancerService",
+    "annotated_view",
     "as_ingress",
     "config_map_name_of",
     "default_hostname",
     "load_balancer_class",
     "load_balancer_status",
+    "name_problem",
     "object_name",
     "object_name_of",
     "problem",
@@ -121,14 +124,14 @@ class _Spec(BaseModel):
     ports: list[ServicePort] = Field(default_factory=list)
 
 
-class LoadBalancerService(BaseModel):
-    """A Service as the LoadBalancer class reads it: its annotations (validated, so a bad one is
-    an ``InvalidSpec`` naming ``metadata.annotations.tailnet.dev/...``) and its ports."""
+class AnnotatedObject(BaseModel):
+    """A built-in object served as a tailnet node (a Service of the class, an Ingress of the
+    IngressClass): its name and its annotations (validated, so a bad one is an ``InvalidSpec``
+    naming ``metadata.annotations.tailnet.dev/...``), each with its default."""
 
     model_config = ConfigDict(extra="ignore")
 
     metadata: _Meta
-    spec: _Spec
 
     @property
     def name(self) -> str:
@@ -139,17 +142,23 @@ class LoadBalancerService(BaseModel):
         return str(self.metadata.namespace)
 
     @property
-    def tailnet(self) -> str:
-        """The Tailnet the class names ("" when the Service has none: it is not served)."""
-        return tailnet_of({"spec": {"type": self.spec.type, "loadBalancerClass": self.spec.load_balancer_class}}) or ""
-
-    @property
     def hostname(self) -> str:
         return self.metadata.annotations.hostname or default_hostname(self.namespace, self.name)
 
     @property
     def tag(self) -> str:
         return self.metadata.annotations.tag or DEFAULT_TAG
+
+
+class LoadBalancerService(AnnotatedObject):
+    """A Service as the LoadBalancer class reads it: its annotations and its ports."""
+
+    spec: _Spec
+
+    @property
+    def tailnet(self) -> str:
+        """The Tailnet the class names ("" when the Service has none: it is not served)."""
+        return tailnet_of({"spec": {"type": self.spec.type, "loadBalancerClass": self.spec.load_balancer_class}}) or ""
 
 
 def tcp_ports(service: LoadBalancerService) -> list[ServicePort]:
@@ -186,10 +195,16 @@ def problem(service: LoadBalancerService) -> tuple[str, str] | None:
     if len(ports) > EXPOSES_MAX:
         return "TooManyPorts", (f"the Service has {len(ports)} TCP ports; a tailnet node serves at most "
                                 f"{EXPOSES_MAX}: split it into Services of at most {EXPOSES_MAX} ports")
-    longest = 63 - _LONGEST_OWNED_SUFFIX - len(NAME_SUFFIX)
-    if len(service.name) > longest:
-        return "NameTooLong", (f"the Service's name has {len(service.name)} characters; its agent's objects "
-                               f"({object_name(service)}-ingress-agent) need it to have at most {longest}")
+    return name_problem("Service", service.name, NAME_SUFFIX)
+
+
+def name_problem(kind: str, name: str, suffix: str) -> tuple[str, str] | None:
+    """NameTooLong when the names of the agent's objects made of ``name + suffix`` would not be
+    DNS labels (the status Service's is the longest), None when they are."""
+    longest = 63 - _LONGEST_OWNED_SUFFIX - len(suffix)
+    if len(name) > longest:
+        return "NameTooLong", (f"the {kind}'s name has {len(name)} characters; its agent's objects "
+                               f"({name}{suffix}-ingress-agent) need it to have at most {longest}")
     return None
 
 
@@ -240,7 +255,11 @@ def load_balancer_status(node: Mapping[str, Any] | None) -> dict[str, Any]:
 def sweep_view(service: Mapping[str, Any], tailnet: str) -> dict[str, Any] | None:
     """A Service of ``tailnet``'s class as the orphan sweep counts a CR (its metadata and
     ``spec.tag``), so that its key and node are never taken for orphans; None for any other."""
-    if tailnet_of(service) != tailnet:
-        return None
-    notes = (service.get("metadata") or {}).get("annotations") or {}
-    return {"metadata": service.get("metadata") or {}, "spec": {"tag": notes.get(TAG_ANNOTATION) or DEFAULT_TAG}}
+    return annotated_view(service) if tailnet_of(service) == tailnet else None
+
+
+def annotated_view(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """An :class:`AnnotatedObject` (as stored) as the orphan sweep counts a CR: its metadata and its
+    tag as ``spec.tag``."""
+    notes = (obj.get("metadata") or {}).get("annotations") or {}
+    return {"metadata": obj.get("metadata") or {}, "spec": {"tag": notes.get(TAG_ANNOTATION) or DEFAULT_TAG}}

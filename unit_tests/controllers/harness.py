@@ -10,10 +10,18 @@ from tailnet_operator.controllers import policy as policy_controller
 from tailnet_operator.controllers import tailnet as tailnet_controller
 from tailnet_operator.controllers.access import Deps, HeadscaleAccess, working_key_secret_name
 from tailnet_operator.controllers.kinds import (
+    INGRESS,
     MODELS,
     TAILNET,
 )
-from tailnet_operator.controllers.policy import INDEXED, TAILNET_INDEX, PolicyReconciler, tailnet_ref_index
+from tailnet_operator.controllers.policy import (
+    CLASS_INDEX,
+    INDEXED,
+    TAILNET_INDEX,
+    PolicyReconciler,
+    class_index,
+    tailnet_ref_index,
+)
 from tailnet_operator.controllers.tailnet import TailnetReconciler
 from tailnet_operator.runtime import (
     SECRET,
@@ -59,6 +67,7 @@ class World:
         self.kube = FakeClient(scheme=Scheme(MODELS), clock=self.clock)
         for resource in INDEXED:
             self.kube.add_indexer(resource, TAILNET_INDEX, tailnet_ref_index)
+        self.kube.add_indexer(INGRESS, CLASS_INDEX, class_index)
         self.headscale = FakeHeadscale(self.clock)
         self.events = EventLog()
         recorder = EventRecorder(self.events, reporting_instance="test", clock=self.clock)
