@@ -117,7 +117,7 @@ class IngressStatus(ServiceStatus):
         super().__init__(writer)
         self.reader, self.events = deps.reader, deps.events
         self._told: dict[str, tuple[str, str, str]] = {}
-        """By the Ingress's uid: the Ready (status, reason, message) last told."""
+        """By the Ingress's uid: the Ready (status, reason, message) last told (forgotten on release)."""
 
     async def apply_status(self, resource: Resource, body: JSON, *, field_manager: str | None = None) -> JSON:
         if resource == INGRESS:
@@ -135,9 +135,12 @@ class IngressStatus(ServiceStatus):
         ready = next((c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
         meta = body.get("metadata") or {}
         obj = self.reader.get(INGRESS, meta.get("name", ""), meta.get("namespace"))
-        if ready is None or obj is None:
+        if obj is None:
             return
         uid = str(obj["metadata"].get("uid"))
+        if ready is None:  # released: nothing more to tell about it
+            self._told.pop(uid, None)
+            return
         told = (str(ready.get("status")), str(ready.get("reason")), str(ready.get("message")))
         if self._told.get(uid) == told:
             return
