@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from tailnet_operator.controllers import setup as wiring
-from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS, TAILNET_INGRESS
+from tailnet_operator.controllers.ingressclass import ingresses_of_class, ingresses_of_tailnet
+from tailnet_operator.controllers.kinds import INGRESS, INGRESS_CLASS, TAILNET, TAILNET_EGRESS, TAILNET_INGRESS
 from tailnet_operator.names import working_key_secret_name
+from tailnet_operator.resources import ingressclass as ic
 from tailnet_operator.resources.gateway import GATEWAY_LABEL
 from tailnet_operator.runtime import Request
 from tailnet_operator.types import JSON
@@ -101,3 +103,28 @@ def test_a_gateway_object_reaches_its_gateway_by_label_and_a_hosts_file_its_tail
     hosts = wiring._hosts_file_of(world.kube)
     assert hosts({"metadata": {"name": "tailnet-hosts", "namespace": "kube-system"}}) == ["a"]
     assert hosts({"metadata": {"name": "tailnet-hosts", "namespace": "default"}}) == []
+
+
+def test_ingresses_are_reached_through_their_class_and_its_tailnet() -> None:
+    world = World()
+    params = {"apiGroup": "tailnet.dev", "kind": "Tailnet"}
+    ours = world.kube.add(INGRESS_CLASS, {"metadata": {"name": "tailnet"}, "spec": {
+        "controller": ic.CONTROLLER, "parameters": {**params, "name": "a"}}})
+    world.kube.add(INGRESS_CLASS, {"metadata": {"name": "nginx"}, "spec": {"controller": "k8s.io/ingress-nginx"}})
+    for name, cls in (("shop", "tailnet"), ("blog", "nginx"), ("bare", None)):
+        spec = {"ingressClassName": cls} if cls else {}
+        world.kube.add(INGRESS, {"metadata": {"name": name, "namespace": TENANT}, "spec": spec})
+
+    assert ingresses_of_tailnet(world.kube)({"metadata": {"name": "a"}}) == [Request(TENANT, "shop")]
+    assert ingresses_of_tailnet(world.kube)({"metadata": {"name": "b"}}) == []
+    assert ingresses_of_class(world.kube)(ours) == [Request(TENANT, "shop")]
+    default = {**ours, "metadata": {"name": "tailnet", "annotations": {ic.DEFAULT_CLASS_ANNOTATION: "true"}}}
+    assert ingresses_of_class(world.kube)(default) == [Request(TENANT, "shop"), Request(TENANT, "bare")]
+    # the policy: an Ingress reaches the Tailnet its class names, a class the Tailnet it names
+    assert wiring._tailnets_of_ingress(world.kube)(world.kube.get(INGRESS, "shop", TENANT) or {}) == [Request("", "a")]
+    assert wiring._tailnets_of_ingress(world.kube)(world.kube.get(INGRESS, "blog", TENANT) or {}) == []
+    assert wiring._tailnet_of_class(ours) == [Request("", "a")]
+    # a Service's ports reach the Ingresses of its namespace (a backend may name a port)
+    assert {r.name for r in wiring._ingresses_near(world.kube)({"metadata": {"name": "api", "namespace": TENANT}})} \
+        == {"shop", "blog", "bare"}
+    assert wiring._ingresses_near(world.kube)({"metadata": {"name": "api", "namespace": "elsewhere"}}) == []
