@@ -23,7 +23,7 @@ import pytest
 
 from e2e.conftest import TailscaleFactory
 from e2e.polling import eventually
-from hack.localenv import Headscale, SiteHost, TailscaleNode, free_port
+from hack.localenv import Environment, Headscale, SiteHost, TailscaleNode, free_port
 from tailnet_agent.contract.backoff import Backoff, derp_backoff
 from tailnet_agent.contract.targets import PortMapping, Target
 from tailnet_agent.control import ControlOptions
@@ -289,6 +289,43 @@ async def test_the_stun_endpoint_reaches_peers(headscale: Headscale) -> None:
             return bool(seen) and stun_endpoint in seen[0].endpoints
 
         await eventually(listed, timeout=30, what="the observer's netmap lists the STUN endpoint")
+
+
+async def test_a_direct_path_over_ipv6_to_a_peer_whose_only_endpoint_is_ipv6(
+        environment: Environment, tailscale_nodes: TailscaleFactory) -> None:
+    """The agent's UDP socket is dual-stack: a peer that STUN found only an IPv6 endpoint for (its
+    local addresses left out, Headscale's STUN on ``[::1]`` alone) is reached directly over IPv6."""
+    headscale = environment.headscale(stun_ipv6=True)
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    peer = tailscale_nodes("ts-v6", headscale, authkey=key)
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(await reader.readexactly(1 << 20))
+        await writer.drain()
+        writer.close()
+
+    async with local_server(echo) as port, \
+            running_agent(headscale, "agent-v6", key, [target("v6", peer.ipv4(), port)], udp_port=0) as agent:
+        await wait_peer_sees(peer, "agent-v6")
+        await eventually(lambda: any(text.startswith("[::1]:") for text, _ in agent.node.control.endpoints),
+                         timeout=30, what="the agent's IPv6 endpoint from STUN")
+        await connect_and_close(agent.listen_port("v6", port))
+        await eventually(lambda: direct_peers(agent) == ["ts-v6"], timeout=30, what="a direct path to the peer")
+        key_hex = next(p.key for p in agent.node.netmap.peers.values() if p.hostname == "ts-v6") \
+            if agent.node.netmap else ""
+        path = agent.node.disco.direct_path(bytes.fromhex(key_hex.removeprefix("nodekey:")))
+        assert path is not None and path[0] == "::1", f"the path is {path}, not the peer's IPv6 endpoint"
+
+        before = dict(agent.node.counters)
+        payload = os.urandom(1 << 20)
+        reader, writer = await asyncio.open_connection("127.0.0.1", agent.listen_port("v6", port))
+        writer.write(payload)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readexactly(1 << 20), 60) == payload
+        writer.close()
+        udp_out = agent.node.counters.get("udp_bytes_out", 0) - before.get("udp_bytes_out", 0)
+        udp_in = agent.node.counters.get("udp_bytes_in", 0) - before.get("udp_bytes_in", 0)
+        assert udp_out > 1 << 20 and udp_in > 1 << 20, "both directions went over the IPv6 path"
 
 
 async def connect_and_close(port: int) -> None:

@@ -1,8 +1,9 @@
 """The node's direct path: one UDP socket, STUN, and disco deciding which peers get WireGuard over UDP.
 
-With ``udp_port`` set the node binds one IPv4 UDP socket, reports its interface addresses with
-that port as endpoints (plus the address the home region's STUN server saw, refreshed every
-20 s), and answers and sends disco pings; a peer with a confirmed path gets WireGuard over UDP
+With ``udp_port`` set the node binds one UDP socket, dual-stack where the host has IPv6 (IPv4 only
+where it has not), reports its interface addresses with that port as endpoints (plus, per address
+family, the address the home region's STUN server saw, refreshed every 20 s), and answers and
+sends disco pings; a peer with a confirmed path, over IPv4 or IPv6, gets WireGuard over UDP
 (the data plane reads and writes the socket in batches: no per-packet Python), the others keep
 going through DERP. :meth:`DirectPath.run` re-pings paths in use and looks for paths to the
 peers the node sends to, once a second and soon after traffic went through DERP.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import socket
 from collections.abc import Callable
 
@@ -21,8 +23,9 @@ from tailnet_agent import _native as nat
 from tailnet_agent import stun
 from tailnet_agent.control import ControlClient, NetMap
 from tailnet_agent.control.client import ENDPOINT_LOCAL, ENDPOINT_STUN
+from tailnet_agent.derp.connection import addresses_by_family
 from tailnet_agent.disco import Action, Disco, NoteSource, SendDerp, SendUdp, SetDirect
-from tailnet_agent.netif import local_ipv4_addresses
+from tailnet_agent.netif import local_ipv4_addresses, local_ipv6_addresses
 
 log = structlog.get_logger("agent.node")
 
@@ -53,6 +56,37 @@ def _grow_socket_buffers(sock: socket.socket) -> None:
                 sock.setsockopt(socket.SOL_SOCKET, plain, UDP_SOCKET_BUFFER)
 
 
+def endpoint_text(addr: tuple[str, int]) -> str:
+    """``ip:port``, or ``[ip]:port`` for IPv6, as endpoints are written in map requests."""
+    return f"[{addr[0]}]:{addr[1]}" if ":" in addr[0] else f"{addr[0]}:{addr[1]}"
+
+
+def _bind_udp(port: int) -> socket.socket:
+    """A non-blocking UDP socket on ``port``: dual-stack (IPv6, IPv4 mapped) where the host has
+    IPv6, else IPv4 only."""
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    except OSError:  # no IPv6 in this kernel or namespace
+        sock = None
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.setblocking(False)
+            sock.bind(("::", port))
+            return sock
+        except OSError as exc:
+            sock.close()
+            log.info("UDP for direct paths over IPv4 only", reason=str(exc))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.setblocking(False)
+        sock.bind(("0.0.0.0", port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class DirectPath:
     """UDP, STUN and disco of one node. ``port`` None means DERP only (no socket, no disco loop).
 
@@ -72,8 +106,8 @@ class DirectPath:
         self._wake = wake
         self._udp: socket.socket | None = None
         self._udp_writer = False
-        self._stun_endpoint: tuple[str, int] | None = None
-        """Our address as a DERP node's STUN server saw it; None until one answered."""
+        self._stun_endpoints: dict[int, tuple[str, int]] = {}
+        """IP version -> our address as a DERP node's STUN server saw it over that family."""
         self._stun_pending: dict[bytes, float] = {}
         """STUN transaction id -> when it was sent."""
         self._derp_traffic = asyncio.Event()
@@ -108,21 +142,38 @@ class DirectPath:
         disco.endpoints = tuple(addr for addr, _ in self._endpoints())
         return disco
 
+    @property
+    def dual_stack(self) -> bool:
+        """The socket speaks IPv6 as well as IPv4 (so peers' IPv6 endpoints are worth a ping)."""
+        return self._udp is not None and self._udp.family == socket.AF_INET6
+
     def _endpoints(self) -> list[tuple[tuple[str, int], int]]:
         """Our UDP endpoints with their type: interface addresses, then what STUN saw."""
         if self._udp is None:
             return []
         port = self._udp.getsockname()[1]
-        found = [((ip, port), ENDPOINT_LOCAL) for ip in local_ipv4_addresses()]
-        if self._stun_endpoint is not None and all(addr != self._stun_endpoint for addr, _ in found):
-            found.append((self._stun_endpoint, ENDPOINT_STUN))
+        local = local_ipv4_addresses() + (local_ipv6_addresses() if self.dual_stack else [])
+        found = [((ip, port), ENDPOINT_LOCAL) for ip in local]
+        for seen in self._stun_endpoints.values():
+            if all(addr != seen for addr, _ in found):
+                found.append((seen, ENDPOINT_STUN))
         return found
 
     def update_endpoints(self) -> None:
         """Refresh the endpoints disco offers and map requests carry (the disco loop reports changes)."""
         endpoints = self._endpoints()
         self.disco.endpoints = tuple(addr for addr, _ in endpoints)
-        self._control.endpoints = [(f"{ip}:{port}", kind) for (ip, port), kind in endpoints]
+        self._control.endpoints = [(endpoint_text(addr), kind) for addr, kind in endpoints]
+
+    def _sendto(self, packet: bytes, addr: tuple[str, int]) -> None:
+        """Send one datagram; an IPv4 address is IPv4-mapped on the dual-stack socket. A full socket
+        or an unreachable address loses it (a ping or a STUN request: both are repeated)."""
+        if self._udp is None:
+            return
+        if self.dual_stack and ":" not in addr[0]:
+            addr = (f"::ffff:{addr[0]}", addr[1])
+        with contextlib.suppress(OSError):
+            self._udp.sendto(packet, addr)
 
     async def _send_stun(self, loop: asyncio.AbstractEventLoop) -> None:
         """Binding requests to the home region's STUN servers; answers arrive as StunUdp events."""
@@ -135,36 +186,34 @@ class DirectPath:
             if derp_node.stun_port < 0:
                 continue
             port = derp_node.stun_port or stun.DEFAULT_PORT
-            host = derp_node.ipv4 or derp_node.host_name
-            try:
-                infos = await loop.getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM)
-            except OSError as exc:
-                log.debug("STUN server not resolved", host=host, error=str(exc))
-                continue
-            tx_id = stun.new_tx_id()
-            self._stun_pending[tx_id] = loop.time()
-            with contextlib.suppress(OSError):
-                self._udp.sendto(stun.binding_request(tx_id), infos[0][4][:2])
+            for version, host in addresses_by_family(derp_node):
+                if version == 6 and not self.dual_stack:
+                    continue
+                family = socket.AF_INET6 if version == 6 else socket.AF_INET
+                try:
+                    infos = await loop.getaddrinfo(host, port, family=family, type=socket.SOCK_DGRAM)
+                except OSError as exc:
+                    log.debug("STUN server not resolved", host=host, family=f"IPv{version}", error=str(exc))
+                    continue
+                tx_id = stun.new_tx_id()
+                self._stun_pending[tx_id] = loop.time()
+                address = infos[0][4]
+                self._sendto(stun.binding_request(tx_id), (str(address[0]), int(address[1])))
 
     def on_stun(self, payload: bytes) -> None:
         answer = stun.parse_response(payload)
         if answer is None or self._stun_pending.pop(answer[0], None) is None:
             return
-        if answer[1] != self._stun_endpoint:
-            log.info("STUN endpoint", address=f"{answer[1][0]}:{answer[1][1]}")
-            self._stun_endpoint = answer[1]
+        version = ipaddress.ip_address(answer[1][0]).version
+        if answer[1] != self._stun_endpoints.get(version):
+            log.info("STUN endpoint", address=endpoint_text(answer[1]))
+            self._stun_endpoints[version] = answer[1]
             self.update_endpoints()
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._port is None:
             return
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            sock.setblocking(False)
-            sock.bind(("0.0.0.0", self._port))
-        except OSError:
-            sock.close()
-            raise
+        sock = _bind_udp(self._port)
         with contextlib.suppress(OSError):  # coalesced receives (Linux >= 5.0); optional
             sock.setsockopt(socket.SOL_UDP, UDP_GRO, 1)
         _grow_socket_buffers(sock)
@@ -208,9 +257,7 @@ class DirectPath:
         for action in actions:
             match action:
                 case SendUdp(addr, packet):
-                    if self._udp is not None:
-                        with contextlib.suppress(OSError):  # full or unreachable: a lost ping
-                            self._udp.sendto(packet, addr)
+                    self._sendto(packet, addr)
                 case SendDerp(region, key, packet):
                     self._dataplane.derp_send(region, key, packet)
                     self._wake()

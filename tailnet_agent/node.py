@@ -283,7 +283,8 @@ class Node:
         if not self.home_region or self.home_region not in netmap.derp_map.regions:
             self.home_region = choose_home_region(netmap.derp_map) or 0
         self._push_peers()
-        self.direct.apply(self.direct.disco.set_peers(disco_peers(netmap, fallback_region=self.home_region)))
+        self.direct.apply(self.direct.disco.set_peers(disco_peers(netmap, fallback_region=self.home_region,
+                                                                    ipv6=self.direct.dual_stack)))
         self.dataplane.set_filter(filter_rules(netmap))
         if first:
             log.info("first netmap", peers=len(netmap.peers), home_region=self.home_region)

@@ -80,8 +80,9 @@ def filter_rules(netmap: NetMap) -> list[nat.FilterRule]:
             for rule in netmap.packet_filter]
 
 
-def disco_peers(netmap: NetMap, *, fallback_region: int) -> list[DiscoPeer]:
-    """Disco's view of the peers: raw node and disco keys, IPv4 ``ip:port`` endpoints, home region."""
+def disco_peers(netmap: NetMap, *, fallback_region: int, ipv6: bool = False) -> list[DiscoPeer]:
+    """Disco's view of the peers: raw node and disco keys, ``ip:port`` endpoints (IPv4, and
+    ``[ip]:port`` IPv6 ones with ``ipv6``: the node's UDP socket is dual-stack), home region."""
     out: list[DiscoPeer] = []
     for peer in netmap.peers.values():
         if peer.expired or not peer.key.startswith("nodekey:") or not peer.disco_key.startswith("discokey:"):
@@ -95,8 +96,10 @@ def disco_peers(netmap: NetMap, *, fallback_region: int) -> list[DiscoPeer]:
         for text in peer.endpoints:
             host, _, port = text.rpartition(":")
             with contextlib.suppress(ValueError):
-                if ipaddress.ip_address(host).version == 4 and 0 < int(port) < 65536:
-                    endpoints.append((host, int(port)))
+                ip = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+                # A link-local address names an interface of the peer's machine: not one to send to.
+                if (ip.version == 4 or (ipv6 and not ip.is_link_local)) and 0 < int(port) < 65536:
+                    endpoints.append((str(ip), int(port)))
         out.append(DiscoPeer(node_key, disco_key, tuple(endpoints), peer.home_derp or fallback_region))
     return out
 

@@ -78,12 +78,12 @@ class Environment:
         return plane.start()
 
     def headscale(self, name: str | None = None, *, address: str = "127.0.0.1",
-                  extra_records: list[dict[str, str]] | None = None) -> Headscale:
+                  extra_records: list[dict[str, str]] | None = None, stun_ipv6: bool = False) -> Headscale:
         """A started Headscale; ``address`` is where it listens (the node address for pods);
-        ``extra_records`` go to its ``dns.extra_records``."""
+        ``extra_records`` go to its ``dns.extra_records``; ``stun_ipv6``: its STUN on ``[::1]`` only."""
         name = name or f"headscale-{next(self._names)}"
         server = Headscale(self._dir(name), log_dir=self.log_dir, run_id=self.run_id, name=name,
-                           address=address, extra_records=extra_records)
+                           address=address, extra_records=extra_records, stun_ipv6=stun_ipv6)
         self._owned.append(server)
         return server.start()
 

@@ -40,8 +40,11 @@ class Headscale:
 
     def __init__(self, workdir: Path, *, log_dir: Path, run_id: str, name: str = "headscale",
                  ca: CertificateAuthority | None = None, address: str = "127.0.0.1",
-                 extra_records: list[dict[str, str]] | None = None) -> None:
+                 extra_records: list[dict[str, str]] | None = None, stun_ipv6: bool = False) -> None:
         self.workdir = workdir
+        self.stun_ipv6 = stun_ipv6
+        """STUN answers on ``[::1]`` only and the DERP map names ``::1`` beside the IPv4 address: a node
+        learns only an IPv6 endpoint from STUN (its DERP connection stays on IPv4)."""
         self.extra_records = list(extra_records or ())
         """``dns.extra_records`` (``{"name", "type", "value"}``): tailnet DNS names that are not nodes."""
         self.split_dns: dict[str, list[str]] = {}
@@ -178,10 +181,11 @@ class Headscale:
             "derp": {
                 "server": {
                     "enabled": True, "region_id": 999, "region_code": "local", "region_name": "local",
-                    "stun_listen_addr": f"{self.address}:{self.stun_port}",
+                    "stun_listen_addr": f"{'[::1]' if self.stun_ipv6 else self.address}:{self.stun_port}",
                     "private_key_path": str(state / "derp_server_private.key"),
                     "automatically_add_embedded_derp_region": True,
                     "ipv4": self.address,
+                    **({"ipv6": "::1"} if self.stun_ipv6 else {}),
                 },
                 "urls": [], "paths": [], "auto_update_enabled": False, "update_frequency": "24h",
             },

@@ -138,6 +138,32 @@ pub fn receive(fd: i32, buf: &mut [u8], max: usize, mut feed: impl FnMut(SocketA
     fed
 }
 
+/// The address family of the socket `fd` (`AF_INET`, or `AF_INET6` for a dual-stack one).
+fn socket_family(fd: i32) -> libc::c_int {
+    let mut family: libc::c_int = libc::AF_INET;
+    let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: SO_DOMAIN writes one c_int into `family`, whose size `len` gives.
+    unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_DOMAIN,
+            &mut family as *mut _ as *mut libc::c_void,
+            &mut len,
+        );
+    }
+    family
+}
+
+/// `dst` as a socket of `family` names it: an IPv4 address is IPv4-mapped on a dual-stack
+/// (`AF_INET6`) socket, which refuses a `sockaddr_in`.
+fn on_family(dst: &SocketAddr, family: libc::c_int) -> SocketAddr {
+    match dst {
+        SocketAddr::V4(v4) if family == libc::AF_INET6 => SocketAddr::new(v4.ip().to_ipv6_mapped().into(), v4.port()),
+        _ => *dst,
+    }
+}
+
 /// One `sendmsg` of `datagrams` to `dst`; with `segment` set, as GSO segments of that size.
 fn send_msg(fd: i32, dst: &SocketAddr, datagrams: &[&[u8]], segment: Option<u16>) -> io::Result<()> {
     let (mut addr, addr_len) = sockaddr(dst);
@@ -209,13 +235,15 @@ fn gso_unsupported(e: &io::Error) -> bool {
 /// address) lose those datagrams only.
 pub fn send_queue(fd: i32, queue: &mut VecDeque<(SocketAddr, Vec<u8>)>, gso: &mut bool) -> Sent {
     let mut sent = Sent::default();
+    let family = socket_family(fd);
     while let Some((dst, first)) = queue.front() {
         let run = if *gso { gso_run(queue) } else { 1 };
+        let dst = on_family(dst, family);
         let result = if run > 1 {
             let datagrams: Vec<&[u8]> = queue.iter().take(run).map(|(_, p)| p.as_slice()).collect();
-            send_msg(fd, dst, &datagrams, Some(first.len() as u16))
+            send_msg(fd, &dst, &datagrams, Some(first.len() as u16))
         } else {
-            send_msg(fd, dst, &[first.as_slice()], None)
+            send_msg(fd, &dst, &[first.as_slice()], None)
         };
         sent.calls += 1;
         match result {
@@ -326,6 +354,38 @@ mod tests {
             if gso {
                 assert_eq!(sent.calls, 2, "two GSO runs, each ended by a shorter datagram");
             }
+        }
+    }
+
+    #[test]
+    fn a_dual_stack_socket_sends_to_and_hears_from_both_families() {
+        let dual = UdpSocket::bind("[::]:0").unwrap();
+        dual.set_nonblocking(true).unwrap();
+        let port = dual.local_addr().unwrap().port();
+        let v4 = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let v6 = UdpSocket::bind("[::1]:0").unwrap();
+        for peer in [&v4, &v6] {
+            peer.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+            let mut queue = VecDeque::from([(peer.local_addr().unwrap(), b"ping".to_vec())]);
+            let mut gso = true;
+            assert_eq!(send_queue(dual.as_raw_fd(), &mut queue, &mut gso).datagrams, 1);
+            let mut buf = [0u8; 16];
+            let (n, _) = peer.recv_from(&mut buf).unwrap();
+            assert_eq!(&buf[..n], b"ping");
+            let back: SocketAddr = if peer.local_addr().unwrap().is_ipv4() {
+                format!("127.0.0.1:{port}").parse().unwrap()
+            } else {
+                format!("[::1]:{port}").parse().unwrap()
+            };
+            peer.send_to(b"pong", back).unwrap();
+            let mut from = Vec::new();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while from.is_empty() && std::time::Instant::now() < deadline {
+                let mut rbuf = vec![0u8; RECV_BUFFER];
+                receive(dual.as_raw_fd(), &mut rbuf, 4, |src, d| from.push((src, d.to_vec())));
+            }
+            // An IPv4 sender is seen as IPv4, not as its IPv4-mapped IPv6 form.
+            assert_eq!(from, vec![(peer.local_addr().unwrap(), b"pong".to_vec())]);
         }
     }
 }

@@ -85,23 +85,27 @@ class DerpNode:
                    stun_only=bool(doc.get("STUNOnly")))
 
 
-def dial_addresses(node: DerpNodeLike) -> list[str]:
-    """Addresses to try in order: IPv4 first, then IPv6; an empty field means "resolve HostName"."""
-    out: list[str] = []
+def addresses_by_family(node: DerpNodeLike) -> list[tuple[int, str]]:
+    """(IP version, address or host name) for each family the node may be reached over: IPv4
+    first, then IPv6; an empty field means "resolve HostName" in that family, a field that is no
+    address of its family ("none") leaves the family out."""
+    out: list[tuple[int, str]] = []
     for value, version in ((node.ipv4, 4), (node.ipv6, 6)):
         if not value:
-            candidate = node.host_name
-        else:
-            try:
-                ip = ipaddress.ip_address(value)
-            except ValueError:
-                continue
-            if ip.version != version:
-                continue
-            candidate = str(ip)
-        if candidate not in out:
-            out.append(candidate)
+            out.append((version, node.host_name))
+            continue
+        try:
+            ip = ipaddress.ip_address(value)
+        except ValueError:
+            continue
+        if ip.version == version:
+            out.append((version, str(ip)))
     return out
+
+
+def dial_addresses(node: DerpNodeLike) -> list[str]:
+    """Addresses to try in order: IPv4 first, then IPv6; an empty field means "resolve HostName"."""
+    return list(dict.fromkeys(candidate for _, candidate in addresses_by_family(node)))
 
 
 def cap_tls_reads(writer: asyncio.StreamWriter, size: int = TLS_READ_SIZE) -> bool:

@@ -7,6 +7,7 @@ from typing import Any
 from tailnet_agent.control import netmap as nm
 from tailnet_agent.projection import (
     choose_home_region,
+    disco_peers,
     filter_rules,
     peer_routes,
     peer_specs,
@@ -96,3 +97,13 @@ def test_magicdns_names() -> None:
     assert resolve_name(m, "nope") is None
     assert resolve_name(m, "web.other.test") is None
     assert resolve_name(m, "") is None
+
+
+def test_disco_peers_take_ipv6_endpoints_only_for_a_dual_stack_socket() -> None:
+    peer = node(2, "peer.tailnet.test.", ["100.64.0.2/32"], Key=KEY_B, HomeDERP=7,
+                Endpoints=["198.18.0.5:41641", "[fd00::5]:41641", "[fe80::1%eth0]:1", "[fd00::5]:0", "junk"])
+    [v4_only] = disco_peers(netmap([peer]), fallback_region=1)
+    assert v4_only.endpoints == (("198.18.0.5", 41641),)
+    [dual] = disco_peers(netmap([peer]), fallback_region=1, ipv6=True)
+    assert dual.endpoints == (("198.18.0.5", 41641), ("fd00::5", 41641))
+    assert dual.derp_region == 7

@@ -8,7 +8,7 @@ import pytest
 
 from hack import derp_codec as codec
 from tailnet_agent.derp import frames as f
-from tailnet_agent.derp.connection import DerpConnection, DerpNode, dial_addresses
+from tailnet_agent.derp.connection import DerpConnection, DerpNode, addresses_by_family, dial_addresses
 from tailnet_agent.derp.errors import ConnectionLost, HandshakeRejected, UpgradeRefused
 
 from .fakeserver import FakeDerpServer
@@ -24,6 +24,12 @@ def test_dial_addresses_follow_the_derp_node_fields() -> None:
     assert dial_addresses(DerpNode(host_name="h", ipv4="none", ipv6="fd00::1")) == ["fd00::1"]
     assert dial_addresses(DerpNode(host_name="h")) == ["h"]
     assert dial_addresses(DerpNode(host_name="h", ipv4="fd00::1", ipv6="none")) == []
+
+
+def test_addresses_by_family_name_each_family_the_node_may_be_reached_over() -> None:
+    assert addresses_by_family(DerpNode(host_name="h")) == [(4, "h"), (6, "h")]
+    assert addresses_by_family(DerpNode(host_name="h", ipv4="127.0.0.1", ipv6="none")) == [(4, "127.0.0.1")]
+    assert addresses_by_family(DerpNode(host_name="h", ipv4="none", ipv6="::1")) == [(6, "::1")]
 
 
 async def test_handshake_then_packets_pings_and_note_preferred() -> None:
