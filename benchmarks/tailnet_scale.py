@@ -1,12 +1,13 @@
 """The agent at tailnet scale: the agent against tailscaled (userspace) on one tailnet of
-``--sizes`` peers under the policy benchmark's ``--rules``-rule policy.
+``--sizes`` peers under the policy benchmark's ``--rules``-rule policy (up to ``--full-policy-max``
+peers; above, the open policy of :func:`open_policy`, see there why).
 
 Real Headscale on 127.0.0.1. The peers are registered with the agent's own control client
 (:mod:`tailnet_agent.control`): a Noise connection per machine key, a register with a pre-auth key,
 and one non-streaming map request that reports a disco key, an endpoint and a home DERP region, as
 a node does before it polls; then the connection is closed, so the peers are offline nodes in
 everyone's netmap. Half of them belong to the users the policy's groups name, half carry the
-policy's ``tag:svc-N`` tags. The two measured clients carry ``tag:bench-client`` and every
+policy's ``tag:svc-N`` tags (the first ten). The two measured clients carry ``tag:bench-client`` and every
 ``tag:svc-N``, so the policy's grants all apply to them; a rule lets every node reach them (each sees
 the whole tailnet) and one lets them reach ``tag:bench-server``, a tailscaled in front of a
 sink/source server (its own process) on 127.0.0.1.
@@ -18,19 +19,22 @@ hold every peer (the agent's trace, ``tailscale status``), and measures:
 * RSS of each process once both hold the full netmap and have carried a connection, and after the round;
 * map update: ``--updates`` new peers registered one after another; the time from the register
   request to the peer being in each client's netmap (the agent's trace records when it applied the
-  message; tailscaled is asked with LocalAPI ``whois`` every 5 ms), and each client's CPU time per
-  update over the whole sequence;
+  message; tailscaled is asked with LocalAPI ``whois`` every 10 ms), then ``--updates`` more
+  without polling for each client's CPU time per update (less its idle rate, taken before);
 * connection setup (connect + one byte echoed, to the server's tailnet address over DERP, through the
   agent's egress listener and tailscaled's SOCKS5 listener in alternating batches) while new peers
   register (up to ``--stream-rate`` a second, four at once), each a map update for both;
 * the agent's own time per message (decode, the netmap's projection onto the data plane, the filter
   compile), from the trace.
 
-The agent runs as ``python -m benchmarks.tailnet_scale agent``: the agent's own entry point with a
+The agent runs as ``python -m benchmarks.agent_trace``: the agent's own entry point with a
 trace around the control client's message handler and the node's netmap steps (timings and the node
 keys each message added, one JSON line per message). Nothing leaves 127.0.0.0/8.
 
-    python -m benchmarks.tailnet_scale [--sizes 200,5000] [--full-policy-max 400] [--rounds 3] [--json F] [--doc F]
+    python -m benchmarks.tailnet_scale [--sizes 200,1000] [--full-policy-max 200] [--rounds 3] [--json F] [--doc F]
+
+``--from-json F`` renders an earlier run's JSON, ``--from-log F`` the per-round lines of a run that
+was stopped before it wrote its JSON (medians only).
 """
 
 from __future__ import annotations
@@ -63,7 +67,8 @@ from hack import versions
 from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until
 from tailnet_agent.contract import environment as env_names
 
-BEGIN, END = "<!-- bench:tailnet-scale:begin -->", "<!-- bench:tailnet-scale:end -->"
+SECTION = "tailnet-scale"
+"""The doc's markers: ``<!-- bench:SECTION:begin -->`` and ``...:end -->``."""
 CLIENT_TAG, SERVER_TAG, PEER_TAG = "tag:bench-client", "tag:bench-server", "tag:bench-peer"
 TAGGED_SERVICES = 10
 """Services whose tag the tagged peers carry (the clients carry every service's tag, so each grant
@@ -96,7 +101,8 @@ def open_policy(policy: str) -> str:
     Headscale holds it while peers register, and it is the measured policy at sizes above
     ``--full-policy-max``: Headscale 0.29 rebuilds its peer map on every node change by testing
     every pair of nodes against every rule (``PolicyManager.BuildPeerMap``), so under 2,000 rules a
-    change costs it about a minute of CPU at 400 nodes here and grows with the square of the nodes.
+    client joining 400 nodes waited 66 s for its first map here, and the cost grows with the square
+    of the nodes.
     Under this policy the first rule matches every pair."""
     doc = json.loads(policy)
     return json.dumps({"groups": doc["groups"], "tagOwners": doc["tagOwners"],
@@ -166,10 +172,10 @@ class Registrar:
         queue = iter(range(pending))
 
         async def worker() -> None:
-            for _ in queue:
+            for i in queue:
                 await self.register()
-                if progress is not None and self.count % 500 == 0:
-                    progress(self.count)
+                if progress is not None and (i + 1) % 500 == 0:
+                    progress(total - pending + i + 1)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
@@ -327,6 +333,7 @@ async def _measure(registrar: Registrar, node: TailscaleNode, pid: int, trace: P
         await until_reachable(dial)
     await asyncio.sleep(3)
     agent.rss_ready_mib, ts.rss_ready_mib = rss_mib(pid), rss_mib(ts_pid)
+    idle = await cpu_rates((pid, ts_pid), 5.0)  # before any update: Headscale may send one late
     full_lines = len(read_trace(trace))
 
     # Map updates, one at a time: the time until each client holds the new peer.
@@ -343,7 +350,6 @@ async def _measure(registrar: Registrar, node: TailscaleNode, pid: int, trace: P
         await asyncio.sleep(0.5)  # the next update is measured alone
 
     # The CPU they cost, without LocalAPI polls: the same number of updates, less the idle rate.
-    idle = await cpu_rates((pid, ts_pid), 5.0)
     before, started = (cpu_seconds(pid), cpu_seconds(ts_pid)), time.monotonic()
     keys = [str((await registrar.register()).client.keys.node.public) for _ in range(updates)]
     await agent_applied(trace, keys[-1], time.monotonic() + 120)
@@ -465,14 +471,39 @@ def summary_line(r: Round) -> dict[str, Any]:
 
 
 def _median(values: Sequence[float]) -> float:
-    return float(statistics.median(values)) if values else float("nan")
+    """The median of the values that are numbers (NaN marks a figure a round could not give)."""
+    known = [v for v in values if v == v]
+    return float(statistics.median(known)) if known else float("nan")
 
 
 def side_figures(side: dict[str, Any]) -> dict[str, float]:
     """One client's figures in one round, from its JSON."""
     return {"rss_ready": side["rss_ready_mib"], "rss_after": side["rss_after_mib"],
-            "update_p50": _median(side["update_ms"]), "cpu_update": side["cpu_per_update_ms"],
-            "setup_p50": _median(side["setup_ms"]), "setup_p99": percentile(side["setup_ms"], 0.99)}
+            "update_p50": _median(side["update_ms"]),
+            # 0: the idle rate, taken over 5 s, exceeded what the window spent (a late update in it).
+            "cpu_update": side["cpu_per_update_ms"] or float("nan"),
+            "setup_p50": _median(side["setup_ms"]),
+            "setup_p99": side.get("setup_p99_ms", percentile(side["setup_ms"], 0.99))}
+
+
+def rounds_from_log(text: str) -> list[dict[str, Any]]:
+    """Rounds as their progress lines give them (a run stopped before its JSON): medians only,
+    so each side's setup p99 is unknown (NaN)."""
+    rounds = []
+    for line in text.splitlines():
+        if not line.startswith('{"size"'):
+            continue
+        doc = json.loads(line)
+
+        def side(s: dict[str, Any]) -> dict[str, Any]:
+            return {"peers": s["peers"], "rss_ready_mib": s["rss"][0], "rss_after_mib": s["rss"][1],
+                    "update_ms": [s["update_p50"]], "cpu_per_update_ms": s["cpu_update"],
+                    "setup_ms": [s["setup_p50"]], "setup_p99_ms": float("nan")}
+
+        rounds.append({"size": doc["size"], "round": doc["round"], "loadavg": doc["load"],
+                       "agent": side(doc["agent"]), "tailscaled": side(doc["tailscaled"]),
+                       "trace": doc["trace"], "stream": doc["stream"]})
+    return rounds
 
 
 COLUMNS = (("rss_ready", "RSS, full netmap MiB", 1), ("rss_after", "RSS after the round MiB", 1),
@@ -490,7 +521,9 @@ def size_table(rounds: Sequence[dict[str, Any]]) -> list[str]:
         cells = []
         for key, _, digits in COLUMNS:
             values = [f[key] for f in figures]
-            cells.append(f"**{_median(values):.{digits}f}** ({', '.join(f'{v:.{digits}f}' for v in values)})")
+            shown = ", ".join("-" if v != v else f"{v:.{digits}f}" for v in values)
+            middle = _median(values)
+            cells.append("-" if middle != middle else f"**{middle:.{digits}f}** ({shown})")
         held = f"{peers[0]:,}" if len(peers) == 1 else f"{peers[0]:,}-{peers[-1]:,}"
         lines.append(f"| {label} | {held} | " + " | ".join(cells) + " |")
     return lines
@@ -503,6 +536,9 @@ def goals(rounds: Sequence[dict[str, Any]]) -> list[str]:
     out = []
     for key, goal in (("rss_after", "RSS"), ("cpu_update", "map update (CPU per update)"), ("setup_p50", "setup p50")):
         a, t = _median([f[key] for f in agent]), _median([f[key] for f in ts])
+        if a != a or t != t:
+            out.append(f"{goal} ≤ tailscaled's: not measured (no round gave the figure for both)")
+            continue
         out.append(f"{goal} ≤ tailscaled's: {'met' if a <= t else 'missed'} ({a:.1f} against {t:.1f}, "
                    f"{a / t:.2f}x)")
     return out
@@ -525,17 +561,17 @@ def agent_steps(rounds: Sequence[dict[str, Any]]) -> list[str]:
 def report(doc: dict[str, Any]) -> str:
     rounds = doc["rounds"]
     sizes = sorted({r["size"] for r in rounds})
-    loads = ", ".join(f"{x:.1f}" for x in doc["loadavg_before"])
     round_loads = ", ".join(f"{r['loadavg']:.1f}" for r in rounds)
-    out = [f"## The agent at tailnet scale, {doc['date']} (commit {doc['commit']})", "",
+    loads = (f"load average {', '.join(f'{x:.1f}' for x in doc['loadavg_before'])} before the run, "
+             f"{', '.join(f'{x:.1f}' for x in doc['loadavg_after'])} after (each round's 1-minute figure: "
+             f"{round_loads})") if doc["loadavg_before"] else f"1-minute load average at each round: {round_loads}"
+    out = [f"### The agent at tailnet scale, {doc['date']} (commit {doc['commit']})", "",
            f"Headscale {versions.HEADSCALE} with embedded DERP and tailscaled {versions.TAILSCALE} on 127.0.0.1, "
-           f"{doc['cpus']} cores; load average {loads} before the run, "
-           f"{', '.join(f'{x:.1f}' for x in doc['loadavg_after'])} after "
-           f"(each round's 1-minute figure: {round_loads}). "
-           f"Policy: the policy benchmark's {doc['rules']:,}-rule base with the benchmark's tags and two rules, up to "
-           f"{doc['full_policy_max']:,} peers; above, its groups and tag owners with one rule that lets everyone "
-           "reach everyone, because Headscale 0.29 tests every pair of nodes against every rule on each change "
-           f"(below). {len(rounds) // max(len(sizes), 1)} rounds per size, "
+           f"{doc['cpus']} cores; {loads}. "
+           f"Policy (in each heading): the policy benchmark's {doc['rules']:,}-rule base with the benchmark's tags "
+           "and two rules, or `open`: its groups and tag owners with one rule that lets everyone reach everyone, "
+           "since Headscale 0.29 tests every pair of nodes against every rule on each change (below). "
+           f"{len(rounds) // max(len(sizes), 1)} rounds per size, "
            "each with a fresh agent and tailscaled; cells are the median of the rounds, every round's figure "
            f"in brackets. Map update: {doc['updates']} new peers per round. Setup: {doc['setups']} connections "
            f"per client over DERP while new peers register (up to {doc['stream_rate']:g} a second, four at once).", ""]
@@ -545,9 +581,9 @@ def report(doc: dict[str, Any]) -> str:
         streamed = [r["stream"] for r in at]
         registered = float(doc["registration_s"].get(str(size), doc["registration_s"].get(size, 0)))
         policy = doc["policies"].get(str(size), doc["policies"].get(size, ""))
-        out += [f"### {size:,} peers, policy: {policy}", "",
+        out += [f"#### {size:,} peers, policy: {policy}", "",
                 f"Registered in {registered:.0f} s "
-                f"(cumulative). Packet filter as received: {', '.join(f'{n:,}' for n in filter_rules)} rules. "
+                f"(cumulative). Filter rules as received: {', '.join(f'{n:,}' for n in filter_rules)}. "
                 "During the setup measurement the agent applied "
                 f"{', '.join(str(s['agent_messages']) for s in streamed)} map messages "
                 f"({', '.join(str(s['peers_added']) for s in streamed)} peers registered meanwhile).", "",
@@ -558,35 +594,50 @@ def report(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--sizes", default="200,5000")
+    parser.add_argument("--sizes", default="200,1000")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rules", type=int, default=2000)
-    parser.add_argument("--full-policy-max", type=int, default=400,
+    parser.add_argument("--full-policy-max", type=int, default=200,
                         help="sizes above this are measured under the open policy (see open_policy)")
     parser.add_argument("--updates", type=int, default=6)
     parser.add_argument("--setups", type=int, default=200)
     parser.add_argument("--stream-rate", type=float, default=5.0)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--doc", type=Path, default=None)
+    parser.add_argument("--section", default=SECTION, help=f"the doc's markers (default {SECTION})")
     parser.add_argument("--from-json", type=Path, default=None,
                         help="measure nothing: render the tables of an earlier run's --json")
+    parser.add_argument("--from-log", type=Path, default=None,
+                        help="measure nothing: render the rounds of a stopped run's output (medians only)")
+    parser.add_argument("--log-commit", default=None, help="with --from-log: the commit the stopped run measured")
     args = parser.parse_args(argv)
     import structlog
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     if args.from_json:
         doc = json.loads(args.from_json.read_text())
+    elif args.from_log:
+        text = args.from_log.read_text()
+        rounds = rounds_from_log(text)
+        doc = {"date": dt.date.today().isoformat(), "commit": f"{args.log_commit or commit()}, rounds of a stopped run",
+               "cpus": os.cpu_count(), "loadavg_before": [], "loadavg_after": [], "rules": args.rules,
+               "updates": args.updates, "setups": args.setups, "stream_rate": args.stream_rate,
+               "full_policy_max": args.full_policy_max, "rounds": rounds,
+               "registration_s": {int(m.split()[0]): float(m.split()[-2]) for m in text.splitlines()
+                                  if m.endswith(" s") and " peers registered in " in m},
+               "policies": {r["size"]: f"{args.rules:,} rules" if r["size"] <= args.full_policy_max else "open"
+                            for r in rounds}}
     else:
         doc = asyncio.run(run([int(s) for s in args.sizes.split(",")], args.rounds, rules=args.rules,
                               full_policy_max=args.full_policy_max,
                               updates=args.updates, setups=args.setups, stream_rate=args.stream_rate))
-    if args.json and not args.from_json:
+    if args.json and not (args.from_json or args.from_log):
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=1))
     text = report(doc)
     print(text)
     if args.doc:
-        write_section(args.doc, BEGIN, END, text)
+        write_section(args.doc, f"<!-- bench:{args.section}:begin -->", f"<!-- bench:{args.section}:end -->", text)
     return 0
 
 

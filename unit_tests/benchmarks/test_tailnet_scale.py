@@ -53,3 +53,25 @@ def test_the_size_table_gives_the_median_of_the_rounds_and_every_round_in_bracke
     assert goals[0].startswith("RSS ≤ tailscaled's: missed (61.0 against 51.0")
     assert goals[1].startswith("map update (CPU per update) ≤ tailscaled's: met (5.0 against 5.0")
     assert goals[2].startswith("setup p50 ≤ tailscaled's: missed (3.0 against 2.0")
+
+
+def test_a_round_whose_cpu_figure_was_lost_shows_a_dash_and_stays_out_of_the_median() -> None:
+    lost = {**_side(50, 100, 2), "cpu_per_update_ms": 0.0}
+    rounds = [{"agent": lost, "tailscaled": _side(60, 200, 3)},
+              {"agent": {**_side(50, 100, 2), "cpu_per_update_ms": 9.0}, "tailscaled": _side(60, 200, 3)}]
+    agent = scale.size_table(rounds)[2]
+    assert "**9.0** (-, 9.0)" in agent
+    assert scale.goals(rounds)[1].startswith("map update (CPU per update) ≤ tailscaled's: missed (9.0 against 5.0")
+    assert scale.goals(rounds[:1])[1].endswith("not measured (no round gave the figure for both)")
+
+
+def test_a_stopped_runs_progress_lines_give_its_rounds_with_medians_only() -> None:
+    side = {"peers": 1002, "rss": [70.0, 80.0], "update_p50": 3000.0, "cpu_update": 600.0, "setup_p50": 12.0}
+    line = json.dumps({"size": 1000, "round": 0, "load": 3.2, "agent": side, "tailscaled": side,
+                       "trace": {}, "stream": {}})
+    rounds = scale.rounds_from_log(f"1000 peers registered in 92 s\n{line}\nregistered 1500\n")
+    assert len(rounds) == 1 and rounds[0]["size"] == 1000 and rounds[0]["loadavg"] == 3.2
+    figures = scale.side_figures(rounds[0]["agent"])
+    assert (figures["rss_after"], figures["update_p50"], figures["setup_p50"]) == (80.0, 3000.0, 12.0)
+    assert figures["setup_p99"] != figures["setup_p99"]  # unknown: NaN
+    assert scale.size_table(rounds)[2].endswith("| **12.0** (12.0) | - |")
