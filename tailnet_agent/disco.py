@@ -224,8 +224,12 @@ class Disco:
     # -- inputs --
 
     def set_peers(self, peers: Iterable[DiscoPeer]) -> list[Action]:
-        """The netmap's peers; paths of peers that left or changed disco key are dropped."""
-        new = {p.node_key: p for p in peers if len(p.disco_key) == KEY_LEN and self._can_seal(p.disco_key)}
+        """The netmap's peers; paths of peers that left or changed disco key are dropped. A disco
+        key is checked once: a peer already held with the same key passed the check then."""
+        known = self._peers
+        new = {p.node_key: p for p in peers if len(p.disco_key) == KEY_LEN and (
+            ((held := known.get(p.node_key)) is not None and held.disco_key == p.disco_key)
+            or self._can_seal(p.disco_key))}
         actions: list[Action] = []
         for key, path in list(self._paths.items()):
             if key not in new or new[key].disco_key != self._peers[key].disco_key:

@@ -135,3 +135,24 @@ def test_a_peer_leaving_the_netmap_drops_its_path() -> None:
     deliver(deliver(a.disco.tick(0.0, [b.node_key]), a, b, 0.0), b, a, 0.0)
     assert a.disco.set_peers([]) == []
     assert a.disco.direct_path(b.node_key) is None
+
+
+def test_a_peers_disco_key_is_checked_once_not_on_every_netmap(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tailnet_agent.disco as disco_module
+    from tailnet_agent.derp import frames
+
+    a, b = pair()
+    c = Side("c", ("10.0.0.3", 41643))
+    sealed: list[bytes] = []
+    real_seal = frames.seal
+
+    def counting_seal(private_key: bytes, peer_public: bytes, message: bytes) -> bytes:
+        sealed.append(peer_public)
+        return real_seal(private_key, peer_public, message)
+
+    monkeypatch.setattr(disco_module, "seal", counting_seal)
+    a.disco.set_peers([b.as_peer(), c.as_peer()])
+    assert sealed == [c.public], "b was checked when it joined; only the new peer is"
+    rekeyed = Side("b2", b.addr)
+    a.disco.set_peers([DiscoPeer(b.node_key, rekeyed.public, (b.addr,), 999), c.as_peer()])
+    assert sealed == [c.public, rekeyed.public], "a new disco key is checked again"
