@@ -294,7 +294,9 @@ async def test_the_stun_endpoint_reaches_peers(headscale: Headscale) -> None:
 async def test_a_direct_path_over_ipv6_to_a_peer_whose_only_endpoint_is_ipv6(
         environment: Environment, tailscale_nodes: TailscaleFactory) -> None:
     """The agent's UDP socket is dual-stack: a peer that STUN found only an IPv6 endpoint for (its
-    local addresses left out, Headscale's STUN on ``[::1]`` alone) is reached directly over IPv6."""
+    local addresses left out, Headscale's STUN on ``[::1]`` alone) is reached directly over IPv6.
+    The agent offers only its STUN endpoint too, so neither side learns an IPv4 address of the
+    other (a ping from one would make it a path)."""
     headscale = environment.headscale(stun_ipv6=True)
     key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
     peer = tailscale_nodes("ts-v6", headscale, authkey=key)
@@ -305,7 +307,8 @@ async def test_a_direct_path_over_ipv6_to_a_peer_whose_only_endpoint_is_ipv6(
         writer.close()
 
     async with local_server(echo) as port, \
-            running_agent(headscale, "agent-v6", key, [target("v6", peer.ipv4(), port)], udp_port=0) as agent:
+            running_agent(headscale, "agent-v6", key, [target("v6", peer.ipv4(), port)], udp_port=0,
+                          local_endpoints=False) as agent:
         await wait_peer_sees(peer, "agent-v6")
         await eventually(lambda: any(text.startswith("[::1]:") for text, _ in agent.node.control.endpoints),
                          timeout=30, what="the agent's IPv6 endpoint from STUN")

@@ -262,6 +262,9 @@ async def test_an_ingress_of_the_class_routes_by_path_to_two_backends_over_the_t
         assert await _get(admin, SECRET, ic.record_name(tenant, "shop"), scene.namespace) is None
         [hs_key] = [k for k in scene.headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"] if k["id"] == key_id]
         assert datetime.fromisoformat(str(hs_key["expiration"]).replace("Z", "+00:00")) <= datetime.now(UTC)
+        # This control plane has no namespace controller: what stays is seen by every later operator.
+        for name in ("shop", "elsewhere", "bare"):
+            await admin.delete(INGRESS, name, tenant)
 
 
 async def _released(admin: Client, namespace: str) -> bool:

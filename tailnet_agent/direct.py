@@ -96,8 +96,9 @@ class DirectPath:
 
     def __init__(self, dataplane: nat.DataPlane, control: ControlClient, *, port: int | None,
                  netmap: Callable[[], NetMap | None], home: Callable[[], int], wake: Callable[[], None],
-                 path_changed: Callable[[], None] = lambda: None) -> None:
+                 path_changed: Callable[[], None] = lambda: None, local_endpoints: bool = True) -> None:
         self._dataplane = dataplane
+        self._local_endpoints = local_endpoints
         self._path_changed = path_changed
         self._control = control
         self._port = port
@@ -152,7 +153,8 @@ class DirectPath:
         if self._udp is None:
             return []
         port = self._udp.getsockname()[1]
-        local = local_ipv4_addresses() + (local_ipv6_addresses() if self.dual_stack else [])
+        local = local_ipv4_addresses() + (local_ipv6_addresses() if self.dual_stack else []) \
+            if self._local_endpoints else []
         found = [((ip, port), ENDPOINT_LOCAL) for ip in local]
         for seen in self._stun_endpoints.values():
             if all(addr != seen for addr, _ in found):

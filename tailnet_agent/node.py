@@ -99,6 +99,9 @@ class NodeOptions:
     """Seconds without any byte from a relay before it is reconnected (the server keeps alive every 60 s)."""
     udp_port: int | None = 0
     """UDP port for direct paths (disco and WireGuard); 0 picks a free one; None: DERP only."""
+    local_endpoints: bool = True
+    """Offer the interface addresses as endpoints; False offers only what STUN saw (tailscaled's
+    ``TS_DEBUG_OMIT_LOCAL_ADDRS``), so a test can say which family a peer reaches the node over."""
 
 
 # -- the node -------------------------------------------------------------------------------------
@@ -118,7 +121,8 @@ class Node:
         self.home_region = 0
         """Home DERP region id; 0 until the first netmap with a DERP map."""
         self.direct = DirectPath(self.dataplane, self.control, port=options.udp_port, netmap=lambda: self.netmap,
-                                 home=lambda: self.home_region, wake=self.wake, path_changed=self._notify)
+                                 home=lambda: self.home_region, wake=self.wake, path_changed=self._notify,
+                                 local_endpoints=options.local_endpoints)
         self.relays = Relays(self.dataplane, tls=tls_context(options.control.ca_bundle),
                              read_timeout=options.derp_read_timeout, backoff=options.derp_backoff,
                              wake=self.wake, notify=self._notify, report_home=self.control.set_preferred_derp)
