@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from e2e.conftest import TailscaleFactory
+from e2e.disruption import streak
 from e2e.polling import eventually
 from e2e.test_agent_egress import TAG, local_server, read_all, wait_peer_sees
 from e2e.test_agent_ingress import hello, tcp
@@ -280,12 +281,7 @@ class Load:
 
     def streak(self) -> int:
         """Answers in a row at the end."""
-        count = 0
-        for _, why in reversed(self.results):
-            if why is not None:
-                break
-            count += 1
-        return count
+        return streak([(at, at, why is None) for at, why in self.results])
 
     def stop(self) -> dict[float, str]:
         """Stop; each failed request by when it started (seconds after the first) with why."""
