@@ -65,22 +65,19 @@ def _bind_udp(port: int) -> socket.socket:
     """A non-blocking UDP socket on ``port``: dual-stack (IPv6, IPv4 mapped) where the host has
     IPv6, else IPv4 only."""
     try:
-        sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-    except OSError:  # no IPv6 in this kernel or namespace
-        sock = None
-    if sock is not None:
-        try:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.setblocking(False)
-            sock.bind(("::", port))
-            return sock
-        except OSError as exc:
-            sock.close()
-            log.info("UDP for direct paths over IPv4 only", reason=str(exc))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        return _bound(socket.AF_INET6, ("::", port))
+    except OSError as exc:  # no IPv6 in this kernel or namespace
+        log.info("UDP for direct paths over IPv4 only", reason=str(exc))
+    return _bound(socket.AF_INET, ("0.0.0.0", port))
+
+
+def _bound(family: socket.AddressFamily, address: tuple[str, int]) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.setblocking(False)
-        sock.bind(("0.0.0.0", port))
+        sock.bind(address)
     except OSError:
         sock.close()
         raise
@@ -148,14 +145,18 @@ class DirectPath:
         """The socket speaks IPv6 as well as IPv4 (so peers' IPv6 endpoints are worth a ping)."""
         return self._udp is not None and self._udp.family == socket.AF_INET6
 
+    def _local_addresses(self) -> list[str]:
+        """The interface addresses offered as endpoints (IPv6 ones only from a dual-stack socket)."""
+        if not self._local_endpoints:
+            return []
+        return local_ipv4_addresses() + (local_ipv6_addresses() if self.dual_stack else [])
+
     def _endpoints(self) -> list[tuple[tuple[str, int], int]]:
         """Our UDP endpoints with their type: interface addresses, then what STUN saw."""
         if self._udp is None:
             return []
         port = self._udp.getsockname()[1]
-        local = local_ipv4_addresses() + (local_ipv6_addresses() if self.dual_stack else []) \
-            if self._local_endpoints else []
-        found = [((ip, port), ENDPOINT_LOCAL) for ip in local]
+        found = [((ip, port), ENDPOINT_LOCAL) for ip in self._local_addresses()]
         for seen in self._stun_endpoints.values():
             if all(addr != seen for addr, _ in found):
                 found.append((seen, ENDPOINT_STUN))
