@@ -15,6 +15,7 @@ first listed. None when no route matches: the caller decides (the expose's backe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from tailnet_agent.contract.exposes import EXACT, Route
@@ -35,21 +36,32 @@ def elements(path: str) -> list[str]:
 
 def matches(route: Route, path: str) -> bool:
     """Whether ``route`` matches the request path ``path`` (no query)."""
+    return _matches(route, path, tuple(elements(path)))
+
+
+def _matches(route: Route, path: str, parts: tuple[str, ...]) -> bool:
     if route.type == EXACT:
         return path == route.path
-    want = elements(route.path)
-    return elements(path)[:len(want)] == want
+    want = _route_elements(route.path)
+    return parts[:len(want)] == want
+
+
+@functools.lru_cache(maxsize=4096)
+def _route_elements(path: str) -> tuple[str, ...]:
+    """A route's elements, split once per route path rather than once per request."""
+    return tuple(elements(path))
 
 
 def _rank(route: Route) -> tuple[int, int, bool]:
-    return len(elements(route.path)), len(route.path), route.type == EXACT
+    return len(_route_elements(route.path)), len(route.path), route.type == EXACT
 
 
 def choose(routes: Sequence[Route], target: str) -> Route | None:
     """The route a request for ``target`` (path, maybe with a query) goes to; None when none matches."""
     path = request_path(target)
+    parts = tuple(elements(path))
     best: Route | None = None
     for route in routes:
-        if matches(route, path) and (best is None or _rank(route) > _rank(best)):
+        if _matches(route, path, parts) and (best is None or _rank(route) > _rank(best)):
             best = route
     return best
