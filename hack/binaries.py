@@ -58,7 +58,7 @@ The build of a set is a two-stage pipeline:
 1. One thread *prepares* components in turn: the throwaway module (or the module copy),
    ``go get``, and ``go list -deps`` of the packages to build, which downloads every module the
    compile needs without compiling anything. This runs ahead of the compiles, so downloads
-   (network-bound) overlap the compiles (CPU-bound).
+   (network-bound) overlap the compiles (CPU-bound). Preparing takes no lock.
 2. At most ``--jobs`` (default 2, 1 on a one-CPU machine) compiles run at once. A second
    compile starts only while ``MemAvailable`` (``/proc/meminfo``) is at least
    :data:`SECOND_BUILD_MIN_FREE` (6 GiB, room for two Kubernetes-sized compiles and links
@@ -73,10 +73,14 @@ ones do not end up alone at the tail. The durations are kept in ``<cache>/bin/.t
 recorded, :data:`TYPICAL_SECONDS` (cold, one at a time, on 2 cores) stands in. Each component
 prints a progress line: what is being built, how long its last build took, and what is left.
 
-The per-version lock files stay as they were: a component whose lock another process holds
-(a second worktree, the interop matrix, CI's background build) is left for last, then waited
-for, and found cached. Every component ``go build``s in the shared default Go caches
-(``GOCACHE``, ``GOMODCACHE``), so packages two components share compile once.
+A builder holds a component's per-version lock only while it compiles it: a component whose
+lock another process holds (a second worktree, the interop matrix, CI's background build) is
+passed over for the next prepared one and tried again every few seconds, then found cached.
+A component prepared but waiting for a free slot stays free for another builder to take, so
+two builders never wait on each other's queues (CI's one-at-a-time background build once kept
+Headscale, which the first tests need, behind its Kubernetes). Every component ``go build``s in
+the shared default Go caches (``GOCACHE``, ``GOMODCACHE``), so packages two components share
+compile once.
 
 Building less:
 
@@ -119,7 +123,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Generic, TypeVar
+from typing import IO, Generic, Protocol, TypeVar
 
 from hack import versions
 
@@ -476,21 +480,42 @@ class Failure:
     error: str
 
 
+class Claim(Protocol):
+    """What a builder holds while it compiles a component: its lock, released by ``close``."""
+
+    def close(self) -> None: ...
+
+
+class _Unlocked:
+    def close(self) -> None:
+        pass
+
+
+def _no_lock(component: Component) -> Claim | None:
+    return _Unlocked()
+
+
 @dataclass
 class Pipeline(Generic[P]):
     """Prepare components one after another on one thread; compile up to ``jobs`` of them at a
     time, memory permitting, in the order they were prepared.
 
-    ``prepare(component, wait)`` returns what ``compile`` takes, or None (cached by now: nothing
-    to do), or raises :class:`Busy` (another process builds it: asked again with ``wait=True``
-    once every other component is prepared). Any other exception fails that component only.
+    ``prepare(component)`` returns what ``compile`` takes, or None (cached already: nothing to
+    do). Right before a compile starts, ``claim(component)`` takes the component for this
+    process: it returns the :class:`Claim` held during the compile, or None (another process
+    built it meanwhile), or raises :class:`Busy` (another process is building it: the next
+    prepared component goes first, and this one is claimed again every ``poll`` seconds).
+    ``discard(prepared)`` cleans up what is not compiled. Any other exception fails that
+    component only.
     """
 
     components: Sequence[Component]
-    prepare: Callable[[Component, bool], P | None]
+    prepare: Callable[[Component], P | None]
     compile: Callable[[Component, P, int], float | None]
     """``compile(component, prepared, beside)``: ``beside`` is how many compiles run next to it;
     it may return the seconds the whole build took (preparation included) for the progress line."""
+    claim: Callable[[Component], Claim | None] = _no_lock
+    discard: Callable[[P], None] = lambda prepared: None
     jobs: int = 2
     available: Callable[[], int | None] = mem_available
     min_free: int = SECOND_BUILD_MIN_FREE
@@ -498,7 +523,7 @@ class Pipeline(Generic[P]):
     last: dict[str, float | None] = field(default_factory=dict)
     report: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
     poll: float = 5.0
-    """Seconds between looks at the memory while a compile waits for it."""
+    """Seconds between looks at the memory, or at another process's lock, while a compile waits."""
     failures: list[Failure] = field(default_factory=list)
     started: list[str] = field(default_factory=list)
     """Component keys in the order their compiles started."""
@@ -519,21 +544,45 @@ class Pipeline(Generic[P]):
                 if self._prepared_all and not self._ready and self._running == 0:
                     break
                 if self._ready and may_start(self._running, self.jobs, self.available() if self._running else None,
-                                             self.min_free):
-                    component, prepared = self._ready.pop(0)
-                    self._running += 1
-                    self.started.append(component.key)
-                    self._say("building", component, len(self.started))
-                    thread = threading.Thread(target=self._compile_one, args=(component, prepared, self._running - 1),
-                                              name=f"binaries-{component.key}", daemon=True)
-                    compiles.append(thread)
-                    thread.start()
+                                             self.min_free) and self._take_next(compiles):
                     continue
                 self._cond.wait(self.poll if self._ready else None)
         preparer.join()
         for thread in compiles:
             thread.join()
         return self.failures
+
+    def _take_next(self, compiles: list[threading.Thread]) -> bool:
+        """Claim the first prepared component no other process is building and start its
+        compile (one found built by now is reported cached instead); False when every prepared
+        one is busy elsewhere. Called with ``_cond`` held."""
+        for index, (component, prepared) in enumerate(self._ready):
+            claim: Claim | Exception | None
+            try:
+                claim = self.claim(component)
+            except Busy:
+                continue
+            except Exception as exc:
+                claim = exc
+            del self._ready[index]
+            if isinstance(claim, Exception):
+                self.discard(prepared)
+                self._fail(component, claim)
+            elif claim is None:
+                self.discard(prepared)
+                self._finished.add(component.key)
+                self._say("cached", component, len(self._finished))
+            else:
+                self._running += 1
+                self.started.append(component.key)
+                self._say("building", component, len(self.started))
+                thread = threading.Thread(target=self._compile_one,
+                                          args=(component, prepared, claim, self._running - 1),
+                                          name=f"binaries-{component.key}", daemon=True)
+                compiles.append(thread)
+                thread.start()
+            return True
+        return False
 
     def _left(self, current: Component) -> list[Component]:
         return [c for c in self.components if c.key not in self._finished and c.key != current.key]
@@ -547,26 +596,20 @@ class Pipeline(Generic[P]):
 
     def _prepare_all(self) -> None:
         try:
-            busy: list[Component] = []
             for component in self.components:
-                if not self._prepare_one(component, wait=False):
-                    busy.append(component)
-            for component in busy:
-                self._prepare_one(component, wait=True)
+                self._prepare_one(component)
         finally:  # the compiles of what is ready still finish, and run() returns
             with self._cond:
                 self._prepared_all = True
                 self._cond.notify_all()
 
-    def _prepare_one(self, component: Component, *, wait: bool) -> bool:
-        """False when another process holds the component (try again, waiting)."""
+    def _prepare_one(self, component: Component) -> None:
         try:
-            result = self.prepare(component, wait)
-        except Busy:
-            return False
+            result = self.prepare(component)
         except Exception as exc:  # one component's failure is reported; the others go on
-            self._fail(component, exc)
-            return True
+            with self._cond:
+                self._fail(component, exc)
+            return
         with self._cond:
             if result is None:
                 self._finished.add(component.key)
@@ -574,32 +617,33 @@ class Pipeline(Generic[P]):
             else:
                 self._ready.append((component, result))
             self._cond.notify_all()
-        return True
 
-    def _compile_one(self, component: Component, prepared: P, beside: int) -> None:
+    def _compile_one(self, component: Component, prepared: P, claim: Claim, beside: int) -> None:
         started = time.monotonic()
         try:
             took = self.compile(component, prepared, beside)
         except Exception as exc:  # reported below; the other compiles go on
-            self._fail(component, exc)
+            with self._cond:
+                self._fail(component, exc)
         else:
             with self._cond:
                 self._finished.add(component.key)
                 self._say("built", component, len(self._finished),
                           took=time.monotonic() - started if took is None else took)
         finally:
+            claim.close()
             with self._cond:
                 self._running -= 1
                 self._cond.notify_all()
 
     def _fail(self, component: Component, exc: BaseException) -> None:
+        """Report a component's failure; called with ``_cond`` held."""
         lines = [line for line in str(exc).splitlines() if line.strip()]
         last = lines[-1] if lines else repr(exc)
-        with self._cond:
-            self._finished.add(component.key)
-            self.failures.append(Failure(component, str(exc) or repr(exc)))
-            self.report(f"binaries: {component.name} {component.version} FAILED: {last}")
-            self._cond.notify_all()
+        self._finished.add(component.key)
+        self.failures.append(Failure(component, str(exc) or repr(exc)))
+        self.report(f"binaries: {component.name} {component.version} FAILED: {last}")
+        self._cond.notify_all()
 
 
 # --- the Go builds ----------------------------------------------------------------------------
@@ -626,18 +670,16 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
 @dataclass
 class Workspace:
     """A component ready to compile: its module set up and every module it needs downloaded.
-    Holds the component's lock and its temporary directory until :func:`compile_workspace`."""
+    Holds its temporary directory until :func:`compile_workspace` (or ``close``)."""
 
     go: str
     work: Path
     ldflags: str
     tmp: tempfile.TemporaryDirectory[str]
-    lock: IO[str]
     prepare_seconds: float
 
     def close(self) -> None:
         self.tmp.cleanup()
-        self.lock.close()
 
 
 def _lock(component: Component, *, wait: bool) -> IO[str] | None:
@@ -664,14 +706,22 @@ def ldflags(component: Component) -> str:
     return "-s -w"
 
 
-def prepare(component: Component, wait: bool = True) -> Workspace | None:
-    """Take the component's lock and set up its build; None when it is cached by now.
-    Raises :class:`Busy` when another process holds the lock and not ``wait``."""
-    lock = _lock(component, wait=wait)
+def claim(component: Component) -> IO[str] | None:
+    """The component's lock for its compile; None when it is built by now (the lock is not
+    kept). Raises :class:`Busy` while another process holds it."""
+    lock = _lock(component, wait=False)
     if lock is None:
         raise Busy(component.key)
     if component.is_built():
         lock.close()
+        return None
+    return lock
+
+
+def prepare(component: Component) -> Workspace | None:
+    """Set up the component's build and download what it needs (no lock: another process may
+    prepare it too, and the first to :func:`claim` it compiles); None when it is cached."""
+    if component.is_built():
         return None
     started = time.monotonic()
     tmp = tempfile.TemporaryDirectory(prefix=f"{component.name}-build-")
@@ -683,9 +733,8 @@ def prepare(component: Component, wait: bool = True) -> Workspace | None:
              env={"CGO_ENABLED": "1" if component.cgo else "0"})  # downloads, compiles nothing
     except BaseException:
         tmp.cleanup()
-        lock.close()
         raise
-    return Workspace(go, work, ldflags(component), tmp, lock, time.monotonic() - started)
+    return Workspace(go, work, ldflags(component), tmp, time.monotonic() - started)
 
 
 def _set_up(go: str, component: Component, tmp: Path) -> Path:
@@ -778,8 +827,8 @@ def build_commands(go: str, component: Component, staging: Path, ldflags: str) -
 
 
 def compile_workspace(component: Component, workspace: Workspace, beside: int = 0) -> float:
-    """Compile a prepared component into the cache; release its lock; return the seconds the
-    whole build (preparation included) took, and record them."""
+    """Compile a prepared component into the cache (its lock held by the caller); return the
+    seconds the whole build (preparation included) took, and record them."""
     try:
         started = time.monotonic()
         staging = Path(tempfile.mkdtemp(prefix=f".{component.name}-", dir=cache_root()))
@@ -839,10 +888,15 @@ def build(component: Component) -> float:
     print(progress_line("building", component, position=1, total=1, last=last_build(component, timings),
                         typical=estimate(component, timings), left=[], left_seconds=0),
           file=sys.stderr, flush=True)
-    workspace = prepare(component, wait=True)
-    if workspace is None:  # another process built it while this one waited
-        return 0.0
-    elapsed = compile_workspace(component, workspace)
+    lock = _lock(component, wait=True)
+    assert lock is not None
+    try:
+        workspace = prepare(component)
+        if workspace is None:  # another process built it while this one waited
+            return 0.0
+        elapsed = compile_workspace(component, workspace)
+    finally:
+        lock.close()
     print(f"built {component.name} {component.version} in {elapsed:.0f}s -> {component.directory}",
           file=sys.stderr, flush=True)
     return elapsed
@@ -860,7 +914,7 @@ def build_all(components: Sequence[Component], *, jobs: int | None = None, in_or
     timings = load_timings()
     ordered = missing if in_order else longest_first(missing, timings)
     pipeline: Pipeline[Workspace] = Pipeline(
-        ordered, prepare, compile_workspace, jobs=jobs or default_jobs(),
+        ordered, prepare, compile_workspace, claim=claim, discard=Workspace.close, jobs=jobs or default_jobs(),
         estimates={c.key: estimate(c, timings) for c in ordered},
         last={c.key: last_build(c, timings) for c in ordered})
     return pipeline.run()

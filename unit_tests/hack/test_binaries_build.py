@@ -262,14 +262,14 @@ class Fakes:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.prepared: list[tuple[str, bool]] = []
+        self.prepared: list[str] = []
         self.compiled: list[str] = []
         self.running = 0
         self.most_running = 0
 
-    def prepare(self, component: Component, wait: bool) -> str | None:
+    def prepare(self, component: Component) -> str | None:
         with self.lock:
-            self.prepared.append((component.name, wait))
+            self.prepared.append(component.name)
         return component.name
 
     def enter(self) -> None:
@@ -307,7 +307,7 @@ def test_pipeline_compiles_in_the_given_order_and_reports_each() -> None:
 def test_cached_and_failing_components_do_not_stop_the_others() -> None:
     fakes = Fakes()
 
-    def prepare(component: Component, wait: bool) -> str | None:
+    def prepare(component: Component) -> str | None:
         if component is binaries.ETCD:
             return None  # another process built it meanwhile
         if component is binaries.HELM:
@@ -330,20 +330,49 @@ def test_cached_and_failing_components_do_not_stop_the_others() -> None:
     assert any("runc 1.3.3 FAILED: seccomp.h: No such file" in line for line in lines)
 
 
-def test_a_component_another_process_builds_is_waited_for_last() -> None:
+def test_a_component_another_process_builds_is_passed_over_then_found_built() -> None:
     fakes = Fakes()
+    tries: list[str] = []
 
-    def prepare(component: Component, wait: bool) -> str | None:
-        fakes.prepare(component, wait)
-        if component is binaries.KUBERNETES and not wait:
-            raise binaries.Busy(component.key)
-        return component.name
+    def claim(component: Component) -> binaries.Claim | None:
+        tries.append(component.name)
+        if component is binaries.KUBERNETES:
+            if "etcd" not in fakes.compiled or "kind" not in fakes.compiled:
+                raise binaries.Busy(component.key)  # another process is compiling it
+            return None  # and has built it by now
+        return binaries._Unlocked()
 
-    made: Pipeline[str] = Pipeline([binaries.KUBERNETES, binaries.ETCD, binaries.KIND], prepare, fakes.compile,
-                                   jobs=1, report=lambda line: None)
+    discarded: list[str] = []
+    lines: list[str] = []
+    made: Pipeline[str] = Pipeline([binaries.KUBERNETES, binaries.ETCD, binaries.KIND], fakes.prepare, fakes.compile,
+                                   claim=claim, discard=discarded.append, jobs=1, poll=0.01, report=lines.append)
     assert made.run() == []
-    assert fakes.prepared == [("kubernetes", False), ("etcd", False), ("kind", False), ("kubernetes", True)]
-    assert sorted(fakes.compiled) == ["etcd", "kind", "kubernetes"]
+    assert fakes.prepared == ["kubernetes", "etcd", "kind"]
+    assert fakes.compiled == ["etcd", "kind"]
+    assert tries[0] == "kubernetes" and tries[-1] == "kubernetes"
+    assert discarded == ["kubernetes"]
+    assert any("cached kubernetes" in line for line in lines)
+
+
+def test_a_claim_is_released_when_its_compile_ends_even_when_it_fails() -> None:
+    released: list[str] = []
+
+    class Held:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def close(self) -> None:
+            released.append(self.name)
+
+    def compile(component: Component, prepared: str, beside: int) -> None:
+        assert released == ([] if component is binaries.ETCD else ["etcd"])
+        if component is binaries.KIND:
+            raise RuntimeError("go build failed")
+
+    made: Pipeline[str] = Pipeline([binaries.ETCD, binaries.KIND], lambda c: c.name, compile,
+                                   claim=lambda c: Held(c.name), jobs=1, report=lambda line: None)
+    assert [f.component.name for f in made.run()] == ["kind"]
+    assert released == ["etcd", "kind"]
 
 
 def test_two_compiles_run_at_once_when_memory_allows() -> None:
@@ -442,13 +471,13 @@ def test_the_node_and_gateway_corefiles_use_no_dropped_plugin() -> None:
 
 def test_the_progress_line_gives_the_whole_build_time_the_compile_reports() -> None:
     lines: list[str] = []
-    made: Pipeline[str] = Pipeline([binaries.KIND], lambda c, wait: c.name, lambda c, p, beside: 42.0,
+    made: Pipeline[str] = Pipeline([binaries.KIND], lambda c: c.name, lambda c, p, beside: 42.0,
                                    report=lines.append)
     assert made.run() == []
     assert lines[-1].startswith("binaries [1/1] built kind 0.33.0 in 42s")
 
 
-def test_prepare_leaves_a_locked_component_to_its_builder_and_skips_a_cached_one(
+def test_a_locked_component_is_busy_and_a_built_one_needs_no_claim_or_preparation(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import fcntl
 
@@ -459,7 +488,44 @@ def test_prepare_leaves_a_locked_component_to_its_builder_and_skips_a_cached_one
     with lock_path.open("w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # another builder holds it
         with pytest.raises(binaries.Busy):
-            binaries.prepare(binaries.KIND, wait=False)
+            binaries.claim(binaries.KIND)
+    claimed = binaries.claim(binaries.KIND)
+    assert claimed is not None
+    claimed.close()
     binaries.KIND.directory.mkdir(parents=True)
     binaries.KIND.path("kind").write_text("")
-    assert binaries.prepare(binaries.KIND, wait=False) is None
+    assert binaries.claim(binaries.KIND) is None
+    assert binaries.prepare(binaries.KIND) is None
+
+
+def test_a_builder_locks_a_component_only_while_it_compiles_it(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    """Two builders share the machine (CI's background one at one compile at a time beside
+    ``make test``'s): while one compiles Kubernetes, the Headscale it has prepared must stay free
+    for the other to take, or the first tests wait for both compiles in a row."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(binaries, "require_go", lambda: "go")
+    monkeypatch.setattr(binaries, "record_timing", lambda *args, **kwargs: None)
+    monkeypatch.setattr(binaries, "_set_up", lambda go, component, work: work)
+    free_while_kubernetes_compiled: list[bool] = []
+
+    def fake_go(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+        if cmd[1] != "build":
+            return ""  # go list -deps: the downloads
+        if "k8s.io/kubernetes/cmd/kubelet" in cmd:
+            other = binaries._lock(binaries.HEADSCALE, wait=False)  # what another process would try
+            free_while_kubernetes_compiled.append(other is not None)
+            if other is not None:
+                other.close()
+        target = cmd[cmd.index("-o") + 1]
+        if target.endswith("/"):  # one go build for every binary of the component
+            for package in cmd[cmd.index("-o") + 2:]:
+                (Path(target) / binaries.default_binary_name(package)).write_text("")
+        else:
+            Path(target).write_text("")
+        return ""
+
+    monkeypatch.setattr(binaries, "_run", fake_go)
+    assert binaries.build_all([binaries.KUBERNETES, binaries.HEADSCALE], jobs=1, in_order=True) == []
+    assert free_while_kubernetes_compiled == [True]
+    assert binaries.KUBERNETES.is_built() and binaries.HEADSCALE.is_built()
