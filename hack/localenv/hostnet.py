@@ -18,7 +18,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,17 +169,24 @@ class HostNetwork:
             return "the kernel has no bridge netfilter (net.bridge.bridge-nf-call-iptables)"
         return None
 
-    def setup(self, *, run_id: str = "", workdir: Path | None = None) -> HostNetwork:
+    def setup(self, *, run_id: str = "", workdir: Path | None = None,
+              reclaim: Callable[[], list[str]] | None = None) -> HostNetwork:
+        """Take the host for a node. A live node holds :data:`LOCK` all along, so a bridge found
+        once the lock is ours was left by a run killed before its teardown: ``reclaim`` (the
+        node's own cleanup, run under this lock) undoes it first; what it cannot undo, or a
+        bridge without ``reclaim``, fails the setup with what is left."""
         reason = self.available()
         if reason is not None:
             raise HostNetworkError(reason)
         self._lock = _acquire(LOCK, LOCK_WAIT)
         if link_exists(NODE_BRIDGE):
-            os.close(self._lock)
-            self._lock = None
-            raise HostNetworkError(
-                f"{NODE_BRIDGE} exists: another local node is running, or a run was killed before its "
-                "teardown; stop it or run `python -m hack.localenv cleanup`")
+            left = reclaim() if reclaim is not None else [f"link {NODE_BRIDGE}"]
+            if left:
+                os.close(self._lock)
+                self._lock = None
+                raise HostNetworkError(
+                    f"a local node killed before its teardown left {', '.join(left)}; "
+                    "run `python -m hack.localenv cleanup` or remove them by hand")
         self.sysctls_before = read_sysctls(SYSCTLS)
         self.paths_before = {p for p in HOST_PATHS if p.exists()}
         self.nft_before = nft_tables()

@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -235,7 +236,7 @@ class Cluster:
 
         started = time.monotonic()
         try:
-            self.host.setup(run_id=self.run_id, workdir=self.workdir)
+            self.host.setup(run_id=self.run_id, workdir=self.workdir, reclaim=reclaim_killed_run)
             self.plane = ControlPlane(self.workdir / "controlplane", log_dir=self.log_dir, run_id=self.run_id,
                                       address=hostnet.NODE_IP, cluster=True, group=hostnet.NODE_GID).start()
             self.timings["control plane"] = time.monotonic() - started
@@ -496,25 +497,35 @@ def deployment_available(kubeconfig: Path, namespace: str, name: str) -> bool:
 def cleanup() -> list[str]:
     """Undo what a local node that was killed before its teardown left on the host: its
     processes (they carry the run's marker), containers, mounts, cgroups and host changes."""
+    lock = hostnet._acquire(hostnet.LOCK, 10)  # a live node holds it: never clean under one
+    try:
+        return reclaim_killed_run()
+    finally:
+        os.close(lock)
+
+
+def reclaim_killed_run() -> list[str]:
+    """:func:`cleanup`'s work, for a caller that holds the host's lock (a node starting after a
+    killed one); what is still on the host afterwards."""
     from ._process import marked_processes
 
     record = hostnet.HostNetwork.from_record()
     if record is None:
         return ["no record of a local node on this host"]
     host, run_id, workdir = record
-    lock = hostnet._acquire(hostnet.LOCK, 10)  # a live node holds it: never clean under one
-    try:
-        if run_id:
-            for pid, _ in marked_processes(run_id):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, 9)
-        for cgroup in hostnet.cgroup_dirs("kubepods"):
-            hostnet.remove_cgroup_tree(cgroup)
-        if workdir is not None:
-            hostnet.unmount_all(workdir)
-        return host.restore()
-    finally:
-        os.close(lock)
+    if run_id:
+        for pid, _ in marked_processes(run_id):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+    for cgroup in hostnet.cgroup_dirs("kubepods"):
+        hostnet.remove_cgroup_tree(cgroup)
+    if workdir is not None:
+        hostnet.unmount_all(workdir)
+    left = host.restore()
+    if not left:
+        print(f"local node: cleaned up what run {run_id or '(unnamed)'} left, killed before its teardown",
+              file=sys.stderr, flush=True)
+    return left
 
 
 __all__ = ["CLUSTER_DNS", "HOSTS_CONFIG_MAP", "NODE_NAME", "SERVICE_CIDR", "Cluster", "Node", "kubectl"]
