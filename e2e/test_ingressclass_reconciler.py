@@ -29,10 +29,12 @@ from e2e.test_agent_ingress import IngressAgent, ingress_agent
 from hack.https_client import request, tunnel
 from hack.localenv import ControlPlane, Headscale
 from hack.localenv._pki import CertificateAuthority
+from tailnet_operator.controllers.ingressclass import FIELD_MANAGER
 from tailnet_operator.controllers.kinds import INGRESS, INGRESS_CLASS, TAILNET
 from tailnet_operator.resources import ingressclass as ic
 from tailnet_operator.resources import loadbalancer as lb
 from tailnet_operator.resources.ingress import CERTS_DIR, EXPOSES_FILE
+from tailnet_operator.runtime import managed_paths
 from tailnet_operator.runtime.client import JSON, Client
 from tailnet_operator.runtime.errors import NotFound
 from tailnet_operator.runtime.kinds import CONFIG_MAP, DEPLOYMENT, EVENT, NAMESPACE, SECRET, SERVICE
@@ -259,6 +261,10 @@ async def test_an_ingress_of_the_class_routes_by_path_to_two_backends_over_the_t
                          what="the agent's objects, the status and the finalizer gone with the class")
         await eventually(lambda: _events(admin, tenant, "shop", {"IngressReleased"}), timeout=30,
                          what="the Event saying the Ingress was released")
+        # What the release leaves of the controller's status entry owns no field: a later reconcile
+        # (every operator start) has nothing to undo and reads nothing of the agent.
+        released = await admin.get(INGRESS, "shop", tenant)
+        assert managed_paths(released, FIELD_MANAGER, subresource="status") <= {("f:status",)}
         assert await _get(admin, SECRET, ic.record_name(tenant, "shop"), scene.namespace) is None
         [hs_key] = [k for k in scene.headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"] if k["id"] == key_id]
         assert datetime.fromisoformat(str(hs_key["expiration"]).replace("Z", "+00:00")) <= datetime.now(UTC)

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.names import TAILNET_LABEL
-from tailnet_operator.runtime import SECRET, Request, Resource, Result, Writer
+from tailnet_operator.runtime import SECRET, Request, Resource, Result, Writer, managed_paths
 from tailnet_operator.runtime.errors import Forbidden, NotFound
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, SERVICE
 from tailnet_operator.types import JSON
@@ -118,9 +118,10 @@ class ClassedReconciler:
 
     def _wrote_status(self, obj: JSON) -> bool:
         """Whether this controller owns fields of the object's status (a refusal before any
-        finalizer, e.g. TailnetNotFound or NamespaceNotGranted, leaves only that)."""
-        return any(m.get("manager") == self.classed.field_manager and m.get("subresource") == "status"
-                   for m in obj["metadata"].get("managedFields") or [])
+        finalizer, e.g. TailnetNotFound or NamespaceNotGranted, leaves only that). The entry a
+        release leaves (``{"f:status": {}}``: the empty status it applied) owns none."""
+        owned = managed_paths(obj, self.classed.field_manager, subresource="status")
+        return any(path[:1] == ("f:status",) and len(path) > 1 for path in owned)
 
     async def _delete_agent(self, obj: JSON) -> None:
         """Delete what the object owns (garbage collection would not: the object stays). The kinds

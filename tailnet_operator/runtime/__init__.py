@@ -29,7 +29,8 @@ Headscale                   ``headscale.HeadscaleClient``               ``headsc
 ==========================  ==========================================  ======================================
 
 Helpers: :func:`owner_reference` / :func:`set_controller_reference` for owned objects,
-:func:`needs_apply` (the comparison the :class:`Applier` makes), finalizers, predicates, and
+:func:`needs_apply` (the comparison the :class:`Applier` makes), :func:`managed_paths` (what a
+field manager owns), finalizers, predicates, and
 the API errors (:class:`NotFound`, :class:`Conflict`, ...). Everything else in the submodules
 is the engine behind these names.
 """
@@ -41,7 +42,7 @@ from .client import Client, ObjectList, WatchEvent, config
 from .client.apply import Applier
 from .client.config import RestConfig
 from .client.interfaces import ListerWatcher, Reader, Writer
-from .client.ssa import needs_apply
+from .client.ssa import managed_paths, needs_apply
 from .clock import Clock, FakeClock, RealClock
 from .controller import (
     DEFAULT_WORKERS,
@@ -125,6 +126,7 @@ __all__ = [
     "certainly_not_written",
     "config",
     "has_finalizer",
+    "managed_paths",
     "needs_apply",
     "owner_mapper",
     "owner_reference",

@@ -190,6 +190,26 @@ async def test_removing_the_class_deletes_the_objects_expires_the_key_and_lets_g
     assert world.events.reasons[-1] == "IngressReleased"
 
 
+async def test_a_released_ingress_is_neither_read_for_its_agent_nor_written_again() -> None:
+    """The release leaves the controller's status entry owning nothing (the empty status it
+    applied); a later reconcile, as after every operator start, must see nothing to undo: in a
+    namespace without the tenant role its reads of the agent's objects would be refused."""
+    world = await world_with_tailnet()
+    world.add_ingress()
+    await world.reconcile()
+    obj = copy.deepcopy(world.ing())
+    obj["spec"]["ingressClassName"] = "nginx"
+    world.kube.update(INGRESS, obj)
+    await world.reconcile()
+    world.kube.writes.clear()
+    events = len(world.events.reasons)
+
+    await world.reconcile()
+
+    assert world.kube.writes == []
+    assert len(world.events.reasons) == events
+
+
 async def test_the_policy_owns_its_tag_and_the_sweep_counts_its_key() -> None:
     world = await world_with_tailnet(policy='{"grants": []}')
     world.kube.add(CONFIG_MAP, {"metadata": {"name": "base", "namespace": NAMESPACE},
