@@ -252,7 +252,16 @@ class DataPlane:
         """The node's addresses, e.g. ["100.64.0.5/32", "fd7a:115c:a1e0::5/128"]
         (at most one IPv4 and one IPv6)."""
     def set_peers(self, peers: Sequence[PeerSpec]) -> None:
-        """Replace the peer set; peers whose key is unchanged keep their WireGuard session."""
+        """Replace the peer set; peers whose key is unchanged keep their WireGuard session. A prefix
+        two peers claim routes to the earlier one in ``peers``."""
+    def upsert_peers(self, peers: Sequence[tuple[int, PeerSpec]]) -> None:
+        """Add or update peers given as ``(rank, spec)``; every other peer stays as it is, and an
+        updated one keeps its WireGuard session and direct path. A prefix two peers claim routes to
+        the lower rank (the agent passes the node id, the order ``set_peers`` gets them in).
+        Nothing changes when a spec does not parse (ValueError)."""
+    def remove_peers(self, keys: Sequence[bytes]) -> None:
+        """Remove the peers with these node keys (unknown ones are ignored); a prefix one of them
+        routed goes to the next peer claiming it, if any."""
     def set_filter(self, rules: Sequence[FilterRule]) -> None:
         """Inbound packet filter. Until first set, every new inbound flow is denied."""
     def derp_feed(self, region: int, chunk: bytes) -> None:

@@ -272,21 +272,30 @@ impl DataPlane {
         Ok(())
     }
 
+    /// Replaces the peer set; a prefix two peers claim routes to the earlier in `peers`.
     pub fn set_peers(&mut self, peers: Vec<(NodeKey, Vec<String>, u32)>) -> Result<(), Error> {
-        let mut specs = Vec::with_capacity(peers.len());
-        for (key, ips, region) in peers {
-            let allowed_ips = ips
-                .iter()
-                .map(|s| s.parse::<Prefix>().map_err(Error::InvalidArgument))
-                .collect::<Result<Vec<_>, _>>()?;
-            specs.push(PeerSpec {
-                key,
-                allowed_ips,
-                derp_region: region,
-            });
-        }
+        let ranked = peers
+            .into_iter()
+            .zip(0u64..)
+            .map(|((key, ips, region), rank)| (rank, key, ips, region));
+        let specs = parse_specs(ranked)?;
         self.peers.set(specs);
         Ok(())
+    }
+
+    /// Adds or updates the peers `(rank, key, AllowedIPs, region)`; every other peer, its
+    /// session and its routes stay as they are. A prefix two peers claim routes to the lower
+    /// rank. Nothing changes when one of them does not parse.
+    pub fn upsert_peers(&mut self, peers: Vec<(u64, NodeKey, Vec<String>, u32)>) -> Result<(), Error> {
+        for spec in parse_specs(peers.into_iter())? {
+            self.peers.upsert(spec);
+        }
+        Ok(())
+    }
+
+    /// Removes the peers with these keys (unknown ones are ignored).
+    pub fn remove_peers(&mut self, keys: &[NodeKey]) {
+        self.peers.remove(keys);
     }
 
     pub fn set_filter(&mut self, rules: &[RuleSpec]) -> Result<(), Error> {
@@ -609,6 +618,24 @@ impl DataPlane {
     pub fn stack(&mut self) -> &mut Stack {
         &mut self.stack
     }
+}
+
+/// Peer specs from `(rank, key, AllowedIPs, region)`; the first prefix that does not parse fails them all.
+fn parse_specs(peers: impl Iterator<Item = (u64, NodeKey, Vec<String>, u32)>) -> Result<Vec<PeerSpec>, Error> {
+    peers
+        .map(|(rank, key, ips, derp_region)| -> Result<PeerSpec, Error> {
+            let allowed_ips = ips
+                .iter()
+                .map(|s| s.parse::<Prefix>().map_err(Error::InvalidArgument))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(PeerSpec {
+                key,
+                allowed_ips,
+                derp_region,
+                rank,
+            })
+        })
+        .collect()
 }
 
 /// Checks a decrypted packet and queues it for the stack.
@@ -1108,6 +1135,51 @@ mod tests {
         let c = b.counters();
         assert_eq!((c.drop_spoofed_source, c.drop_tsmp, c.drop_filtered), (1, 1, 1));
         assert_eq!(c.packets_in, 0);
+    }
+
+    /// A's view of B changes (a subnet added, then replaced) while a connection is open: no new
+    /// handshake, the bytes still arrive; once B is removed, nothing routes to it.
+    #[test]
+    fn upserting_a_peer_keeps_its_session_and_removing_it_drops_its_routes() {
+        let (mut a, mut b) = pair();
+        let (ha, hb, mut now) = connected(&mut a, &mut b);
+        let handshakes = a.counters().wg_handshake_packets + b.counters().wg_handshake_packets;
+        let other = DataPlane::new(&[3u8; 32], 256 * 1024).unwrap().public_key();
+        let b_ips = |extra: &str| vec![format!("{B_IP}/32"), "fd7a:115c:a1e0::2/128".into(), extra.to_string()];
+        a.upsert_peers(vec![
+            (2, b.public_key(), b_ips("10.9.0.0/16"), 1),
+            (3, other, vec!["100.64.0.3/32".into()], 1),
+        ])
+        .unwrap();
+        a.upsert_peers(vec![(2, b.public_key(), b_ips("10.8.0.0/16"), 1)])
+            .unwrap();
+        assert!(a.peers.route("10.9.1.1".parse().unwrap()).is_none());
+        assert_eq!(a.peers.route("10.8.1.1".parse().unwrap()), Some(b.public_key()));
+        assert!(a
+            .upsert_peers(vec![(2, b.public_key(), vec!["nonsense".into()], 1)])
+            .is_err());
+        assert_eq!(
+            a.peers.route("10.8.1.1".parse().unwrap()),
+            Some(b.public_key()),
+            "unchanged"
+        );
+        a.stack().send(ha, b"still here").unwrap();
+        let (mut got, mut ev) = (Vec::new(), Vec::new());
+        while got != b"still here" {
+            now += 0.001;
+            assert!(now < 5.0, "the bytes never arrived");
+            step(&mut a, &mut b, now, &mut ev);
+            got.extend(b.stack().recv(hb, 1 << 20).unwrap());
+        }
+        assert_eq!(
+            a.counters().wg_handshake_packets + b.counters().wg_handshake_packets,
+            handshakes
+        );
+
+        a.remove_peers(&[b.public_key()]);
+        assert_eq!(a.peers.len(), 1);
+        assert!(a.peers.route(B_IP.parse().unwrap()).is_none());
+        assert_eq!(a.peers.route("100.64.0.3".parse().unwrap()), Some(other));
     }
 
     #[test]

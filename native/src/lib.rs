@@ -324,6 +324,27 @@ impl DataPlane {
         self.inner.set_peers(specs).map_err(to_py_err)
     }
 
+    /// Adds or updates peers given as `(rank, (key, AllowedIPs, region))`; the others stay.
+    #[allow(clippy::type_complexity)]
+    fn upsert_peers(&mut self, peers: Vec<(u64, (Vec<u8>, Vec<String>, u32))>) -> PyResult<()> {
+        let mut specs = Vec::with_capacity(peers.len());
+        for (rank, (key, ips, region)) in peers {
+            specs.push((rank, parse_key(&key, "peer node key").map_err(to_py_err)?, ips, region));
+        }
+        self.inner.upsert_peers(specs).map_err(to_py_err)
+    }
+
+    /// Removes the peers with these node keys.
+    fn remove_peers(&mut self, keys: Vec<Vec<u8>>) -> PyResult<()> {
+        let keys = keys
+            .iter()
+            .map(|k| parse_key(k, "peer node key"))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(to_py_err)?;
+        self.inner.remove_peers(&keys);
+        Ok(())
+    }
+
     fn set_filter(&mut self, rules: Vec<RuleSpec>) -> PyResult<()> {
         self.inner.set_filter(&rules).map_err(to_py_err)
     }

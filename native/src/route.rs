@@ -150,6 +150,29 @@ impl<T: Copy> RouteTable<T> {
         true
     }
 
+    /// Routes `prefix` to `value`, replacing its owner if it had one.
+    pub fn set(&mut self, prefix: Prefix, value: T) {
+        let table = if prefix.is_ipv4() { &mut self.v4 } else { &mut self.v6 };
+        let key = addr_bits(prefix.addr()).0;
+        table.entry(prefix.prefix_len()).or_default().insert(key, value);
+    }
+
+    /// Removes the route of `prefix`; a prefix length left without routes costs lookups no probe.
+    pub fn remove(&mut self, prefix: Prefix) -> Option<T> {
+        let table = if prefix.is_ipv4() { &mut self.v4 } else { &mut self.v6 };
+        let slot = table.get_mut(&prefix.prefix_len())?;
+        let removed = slot.remove(&addr_bits(prefix.addr()).0);
+        if slot.is_empty() {
+            table.remove(&prefix.prefix_len());
+        }
+        removed
+    }
+
+    /// Routes held, over both families.
+    pub fn len(&self) -> usize {
+        self.v4.values().chain(self.v6.values()).map(HashMap::len).sum()
+    }
+
     pub fn lookup(&self, ip: IpAddr) -> Option<T> {
         let (bits, width) = addr_bits(ip);
         let table = if ip.is_ipv4() { &self.v4 } else { &self.v6 };
@@ -215,6 +238,22 @@ mod tests {
         assert_eq!(t.lookup(ip("192.168.1.1")), Some(1));
         assert_eq!(t.lookup(ip("fd7a:115c:a1e0::7")), Some(5));
         assert_eq!(t.lookup(ip("fd7b::1")), None);
+    }
+
+    #[test]
+    fn set_replaces_and_remove_falls_back_to_a_shorter_prefix() {
+        let mut t = RouteTable::new();
+        t.insert(p("10.0.0.0/8"), 1);
+        t.insert(p("10.1.0.0/16"), 2);
+        t.set(p("10.1.0.0/16"), 3);
+        assert_eq!(t.lookup(ip("10.1.2.3")), Some(3));
+        assert_eq!(t.remove(p("10.1.0.0/16")), Some(3));
+        assert_eq!(t.lookup(ip("10.1.2.3")), Some(1));
+        assert_eq!(t.remove(p("10.1.0.0/16")), None);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.v4.len(), 1, "no empty /16 bucket is left to probe");
+        assert_eq!(t.remove(p("10.0.0.0/8")), Some(1));
+        assert!(t.is_empty());
     }
 
     #[test]
