@@ -5,8 +5,9 @@ benchmark (:mod:`benchmarks.tailnet_scale`).
 with a wrapper around the control client's message handler and the node's netmap steps: one JSON
 line per message that is not a keep-alive, with when it was applied, its wall and CPU time, the
 peers and filter rules held after it, the node keys it added, and the milliseconds of each step
-(the peers' and the filter's projection, the data plane's ``set_peers`` and ``set_filter``, disco's
-peers). Standard library and the agent only, so the process's memory is the agent's.
+(the peers' and the filter's projection, the data plane's ``upsert_peers``, ``remove_peers`` and
+``set_filter``, disco's peers). Standard library and the agent only, so the process's memory is the
+agent's.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ TRACE = "BENCH_AGENT_TRACE"
 
 def main() -> int:
     from tailnet_agent import __main__ as agent_main
+    from tailnet_agent import disco as disco_module
     from tailnet_agent import node as node_module
+    from tailnet_agent import projection as projection_module
     from tailnet_agent.control import client as client_module
     from tailnet_agent.control import netmap as nm
 
@@ -42,18 +45,22 @@ def main() -> int:
 
         return wrapper
 
-    for name in ("filter_rules", "peer_specs", "disco_peers"):
-        setattr(node_module, name, timed(name, getattr(node_module, name)))
+    steps_of: tuple[tuple[object, str, str], ...] = (
+        (node_module, "filter_rules", "filter_rules"),
+        (projection_module.PeerProjection, "update", "project_peers"),
+        (disco_module.Disco, "update_peers", "disco_update"))
+    for owner, name, step in steps_of:
+        setattr(owner, name, timed(step, getattr(owner, name)))
 
     class TimedDataPlane:
-        """The data plane as the netmap step sees it, with ``set_peers`` and ``set_filter`` timed."""
+        """The data plane as the netmap step sees it, with its peer and filter calls timed."""
 
         def __init__(self, inner: Any) -> None:
             self._inner = inner
 
         def __getattr__(self, name: str) -> Any:
             attr = getattr(self._inner, name)
-            return timed(name, attr) if name in ("set_filter", "set_peers") else attr
+            return timed(name, attr) if name in ("set_filter", "set_peers", "upsert_peers", "remove_peers") else attr
 
     on_netmap = node_module.Node._on_netmap
 

@@ -250,6 +250,11 @@ async def cpu_rates(pids: Sequence[int], seconds: float) -> list[float]:
     return [(cpu_seconds(pid) - b) / seconds for pid, b in zip(pids, before, strict=True)]
 
 
+STEPS = ("peer_specs", "set_peers", "disco_peers", "project_peers", "upsert_peers", "remove_peers", "disco_update",
+         "filter_rules", "set_filter")
+"""The netmap steps the agent's trace may time (:mod:`benchmarks.agent_trace`)."""
+
+
 def trace_summary(lines: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The agent's own timings (ms): the last full netmap's steps, and the medians of the messages
     after it (updates)."""
@@ -258,7 +263,9 @@ def trace_summary(lines: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return {}
     full = fulls[-1]
     after = lines[lines.index(full) + 1:]
-    steps = ("ms", "cpu_ms", "on_netmap", "peer_specs", "set_peers", "disco_peers", "filter_rules", "set_filter")
+    # Steps of the agent that wrote the trace (an earlier agent had other ones).
+    present = {step for line in lines for step in line}
+    steps = ("ms", "cpu_ms", "on_netmap", *(step for step in STEPS if step in present))
     out: dict[str, Any] = {"filter_rules_count": full.get("filter_count", 0), "updates": len(after)}
     out["full"] = {step: round(float(full.get(step, 0.0)), 2) for step in steps}
     out["full"]["decode"] = round(float(full["ms"]) - float(full.get("on_netmap", 0.0)), 2)
@@ -548,13 +555,18 @@ def agent_steps(rounds: Sequence[dict[str, Any]]) -> list[str]:
     """The agent's own time per message (medians of the rounds), full netmap and update."""
     names = (("decode", "decode the message into the netmap"), ("peer_specs", "project the peers"),
              ("set_peers", "data plane set_peers"), ("disco_peers", "disco's peers"),
+             ("project_peers", "project the changed peers"), ("upsert_peers", "data plane upsert_peers"),
+             ("remove_peers", "data plane remove_peers"), ("disco_update", "disco's changed peers"),
              ("filter_rules", "project the filter"), ("set_filter", "data plane set_filter (compile)"),
              ("ms", "whole message (wall)"), ("cpu_ms", "whole message (CPU)"))
     lines = ["| step | full netmap ms | one update ms |", "|---|---|---|"]
     for key, label in names:
         full = _median([float(r["trace"].get("full", {}).get(key, float("nan"))) for r in rounds])
         update = _median([float((r["trace"].get("update_messages") or {}).get(key, float("nan"))) for r in rounds])
-        lines.append(f"| {label} | {full:.1f} | {update:.1f} |")
+        if full != full and update != update:
+            continue  # a step this run's agent does not have
+        lines.append(f"| {label} | {'-' if full != full else f'{full:.1f}'} | "
+                     f"{'-' if update != update else f'{update:.1f}'} |")
     return lines
 
 

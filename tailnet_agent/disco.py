@@ -29,8 +29,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import structlog
 
@@ -221,24 +222,47 @@ class Disco:
         """Our disco public key (raw)."""
         return self._public
 
+    @property
+    def peers(self) -> Mapping[bytes, DiscoPeer]:
+        """The peers disco holds, by node key (those whose disco key can be sealed to)."""
+        return MappingProxyType(self._peers)
+
     # -- inputs --
 
     def set_peers(self, peers: Iterable[DiscoPeer]) -> list[Action]:
         """The netmap's peers; paths of peers that left or changed disco key are dropped. A disco
         key is checked once: a peer already held with the same key passed the check then."""
-        known = self._peers
-        new = {p.node_key: p for p in peers if len(p.disco_key) == KEY_LEN and (
-            ((held := known.get(p.node_key)) is not None and held.disco_key == p.disco_key)
-            or self._can_seal(p.disco_key))}
+        peers = list(peers)
+        wanted = {p.node_key for p in peers}
+        return self.update_peers(peers, [key for key in self._peers if key not in wanted])
+
+    def update_peers(self, changed: Iterable[DiscoPeer], removed: Iterable[bytes]) -> list[Action]:
+        """:meth:`set_peers` for the peers a netmap changed: ``changed`` added or updated, the node
+        keys ``removed`` gone; every other peer and its path stay as they are."""
         actions: list[Action] = []
-        for key, path in list(self._paths.items()):
-            if key not in new or new[key].disco_key != self._peers[key].disco_key:
-                del self._paths[key]
-                if path.addr is not None and key in new:
-                    actions.append(SetDirect(key, None))
-        self._peers = new
-        self._by_disco = {p.disco_key: p.node_key for p in new.values()}
+        for key in removed:
+            self._forget(key)
+        for peer in changed:
+            held = self._peers.get(peer.node_key)
+            if len(peer.disco_key) != KEY_LEN or not (
+                    (held is not None and held.disco_key == peer.disco_key) or self._can_seal(peer.disco_key)):
+                self._forget(peer.node_key)
+                continue
+            if held is not None and held.disco_key != peer.disco_key:
+                path = self._paths.get(peer.node_key)
+                if path is not None and path.addr is not None:
+                    actions.append(SetDirect(peer.node_key, None))
+                self._forget(peer.node_key)
+            self._peers[peer.node_key] = peer
+            self._by_disco[peer.disco_key] = peer.node_key
         return actions
+
+    def _forget(self, node_key: bytes) -> None:
+        """Drop a peer and its path (its WireGuard leaves the data plane with it, or never had a path)."""
+        held = self._peers.pop(node_key, None)
+        self._paths.pop(node_key, None)
+        if held is not None and self._by_disco.get(held.disco_key) == node_key:
+            del self._by_disco[held.disco_key]
 
     def set_node_public(self, node_public: bytes) -> None:
         """Our node key changed (rotation): pings carry the new one."""

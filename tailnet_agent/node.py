@@ -20,8 +20,10 @@ Home DERP region: the lowest region id of the DERP map that may be a home (not `
 with a non-STUN-only node). tailscaled measures latency instead; with Headscale's single embedded
 region the choice is the same. The region stays the home while it is in the map.
 
-What the node pushes into the data plane is the pure projection of each netmap
-(:mod:`tailnet_agent.projection`: routes, peers, packet filter, home region, MagicDNS).
+What the node pushes into the data plane is the projection of each netmap
+(:mod:`tailnet_agent.projection`: routes, peers, packet filter, home region, MagicDNS), and only
+what changed: the peers a message added, changed or removed (``upsert_peers``, ``remove_peers``,
+:meth:`Disco.update_peers <tailnet_agent.disco.Disco.update_peers>`), the filter when it differs.
 
 Node-key rotation: when control rotates the node key (the key expired, or the node was expired by an
 admin), the next netmap switches the data plane to the new key (WireGuard sessions restart, TCP
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,17 +49,12 @@ from tailnet_agent import _native as nat
 from tailnet_agent.contract.backoff import Backoff
 from tailnet_agent.contract.clock import Clock, RealClock
 from tailnet_agent.control import ControlClient, ControlOptions, NetMap, NodeKeys
+from tailnet_agent.control.netmap import FilterRule
 from tailnet_agent.derp import DerpConnection, tls_context
 from tailnet_agent.direct import DirectPath
 from tailnet_agent.disco import Disco
 from tailnet_agent.dns import DnsError, Resolver, lookup_static
-from tailnet_agent.projection import (
-    choose_home_region,
-    disco_peers,
-    filter_rules,
-    peer_specs,
-    self_addresses,
-)
+from tailnet_agent.projection import PeerProjection, choose_home_region, filter_rules, self_addresses
 from tailnet_agent.pump import Pump
 from tailnet_agent.relays import Relays
 from tailnet_agent.streams import ClientConnected, DialError, StreamTable, TailnetServer
@@ -131,6 +128,12 @@ class Node:
         self.resolver = Resolver(lambda: self.netmap, self._dial_resolver, self.clock)
         """Names beyond MagicDNS: extra records and split DNS (:mod:`tailnet_agent.dns`)."""
         self._addresses: list[str] = []
+        self._projection = PeerProjection()
+        """The peers as last pushed: a netmap re-projects and pushes only what it changed."""
+        self._disco_fed: Disco | None = None
+        """The Disco the projection's updates went to (a new disco key makes a new one)."""
+        self._filters: Mapping[str, tuple[FilterRule, ...]] | None = None
+        """The named packet filters last compiled into the data plane; None before the first."""
         self._changed = asyncio.Event()
         self._tg: asyncio.TaskGroup | None = None
         self._streams: StreamTable | None = None
@@ -274,7 +277,10 @@ class Node:
     # -- netmap --
 
     def _on_netmap(self, netmap: NetMap) -> None:
-        """Push a new netmap into the data plane (called by the control client, synchronously)."""
+        """Push a new netmap into the data plane (called by the control client, synchronously).
+
+        Only what the netmap changed is pushed: the peers it added, changed or removed, and the
+        packet filter when it differs, so a message costs what it carries, not the tailnet's size."""
         first = self.netmap is None
         self.netmap = netmap
         if self.control.keys.node.raw != self._node_key:
@@ -286,10 +292,8 @@ class Node:
             log.info("tailnet addresses", addresses=self.addresses())
         if not self.home_region or self.home_region not in netmap.derp_map.regions:
             self.home_region = choose_home_region(netmap.derp_map) or 0
-        self._push_peers()
-        self.direct.apply(self.direct.disco.set_peers(disco_peers(netmap, fallback_region=self.home_region,
-                                                                    ipv6=self.direct.dual_stack)))
-        self.dataplane.set_filter(filter_rules(netmap))
+        self._push_peers(netmap)
+        self._push_filter(netmap)
         if first:
             log.info("first netmap", peers=len(netmap.peers), home_region=self.home_region)
         self.relays.update(netmap, home=self.home_region, node_key=self._node_key)
@@ -305,10 +309,29 @@ class Node:
         log.info("node key rotated; DERP connections re-made with the new key",
                  node_key=self.control.keys.node.public.short())
 
-    def _push_peers(self) -> None:
-        if self.netmap is not None:
-            self.dataplane.set_peers(peer_specs(self.netmap, accept_routes=self.options.accept_routes,
-                                                fallback_region=self.home_region))
+    def _push_peers(self, netmap: NetMap) -> None:
+        """The peers this netmap added, changed or removed, to the data plane and to disco."""
+        changes = self._projection.update(netmap.peers, accept_routes=self.options.accept_routes,
+                                          fallback_region=self.home_region, ipv6=self.direct.dual_stack)
+        if changes.removals:
+            self.dataplane.remove_peers(changes.removals)
+        if changes.upserts:
+            self.dataplane.upsert_peers(changes.upserts)
+        disco = self.direct.disco
+        if disco is self._disco_fed:
+            self.direct.apply(disco.update_peers(changes.disco_upserts, changes.disco_removals))
+        else:  # a new Disco (the first, or one for a new disco key) holds no peer yet
+            self.direct.apply(disco.set_peers(self._projection.disco_peers()))
+            self._disco_fed = disco
+
+    def _push_filter(self, netmap: NetMap) -> None:
+        """Project and compile the packet filter only when it changed: a map message that does not
+        touch the filters keeps their very mapping, and one that resends them is compared first."""
+        filters = netmap.packet_filters
+        if filters is self._filters or (self._filters is not None and filters == self._filters):
+            return
+        self.dataplane.set_filter(filter_rules(netmap))
+        self._filters = filters
 
     # -- the pump --
 

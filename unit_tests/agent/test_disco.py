@@ -156,3 +156,60 @@ def test_a_peers_disco_key_is_checked_once_not_on_every_netmap(monkeypatch: pyte
     rekeyed = Side("b2", b.addr)
     a.disco.set_peers([DiscoPeer(b.node_key, rekeyed.public, (b.addr,), 999), c.as_peer()])
     assert sealed == [c.public, rekeyed.public], "a new disco key is checked again"
+
+
+def direct(a: Side, b: Side) -> None:
+    """A finds a direct path to B (B knows A, so it answers)."""
+    b.disco.update_peers([a.as_peer()], [])
+    deliver(deliver(a.disco.tick(0.0, [b.node_key]), a, b, 0.0), b, a, 0.0)
+    assert a.disco.direct_path(b.node_key) == b.addr
+
+
+def test_updating_some_peers_leaves_the_others_and_their_paths_alone() -> None:
+    a, b = pair()
+    c, d = Side("c", ("10.0.0.3", 41643)), Side("d", ("10.0.0.4", 41644))
+    a.disco.update_peers([c.as_peer(), d.as_peer()], [])
+    direct(a, b)
+    direct(a, c)
+    moved = DiscoPeer(b.node_key, b.public, (("10.0.9.2", 1),), 5)  # new endpoints and region, same disco key
+    assert a.disco.update_peers([moved], [d.node_key]) == []
+    assert a.disco.direct_path(b.node_key) == b.addr, "the same disco key keeps the path"
+    assert a.disco.peers[b.node_key] == moved
+    assert set(a.disco.peers) == {b.node_key, c.node_key}
+    rekeyed = Side("c2", c.addr)
+    assert a.disco.update_peers([DiscoPeer(c.node_key, rekeyed.public, (c.addr,), 999)], []) == [
+        SetDirect(c.node_key, None)], "a new disco key is a new node: back to DERP"
+    assert a.disco.direct_path(c.node_key) is None
+    # Messages are matched to the new key only.
+    ping = seal_packet(c.private, c.public, a.public, Ping(b"t" * 12, c.node_key))
+    assert a.disco.handle_udp(c.addr, ping, 0.0) == []
+    ping = seal_packet(rekeyed.private, rekeyed.public, a.public, Ping(b"t" * 12, c.node_key))
+    assert NoteSource(c.addr, c.node_key) in a.disco.handle_udp(c.addr, ping, 0.0)
+
+
+def test_a_removed_or_unusable_peer_is_forgotten_with_its_path() -> None:
+    a, b = pair()
+    c = Side("c", ("10.0.0.3", 41643))
+    a.disco.update_peers([c.as_peer()], [])
+    direct(a, b)
+    direct(a, c)
+    assert a.disco.update_peers([DiscoPeer(c.node_key, bytes(32), (), 999)], [b.node_key]) == []
+    assert a.disco.peers == {}
+    assert a.disco.direct_peers() == []
+    ping = seal_packet(b.private, b.public, a.public, Ping(b"t" * 12, b.node_key))
+    assert a.disco.handle_udp(b.addr, ping, 0.0) == [], "a removed peer's messages are a stranger's"
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_set_peers_and_update_peers_end_in_the_same_state(incremental: bool) -> None:
+    a, b = pair()
+    c, d = Side("c", ("10.0.0.3", 41643)), Side("d", ("10.0.0.4", 41644))
+    a.disco.set_peers([b.as_peer(), c.as_peer()])
+    direct(a, b)
+    direct(a, c)
+    rekeyed = Side("c2", c.addr)
+    wanted = [DiscoPeer(c.node_key, rekeyed.public, (c.addr,), 999), d.as_peer()]
+    actions = a.disco.update_peers(wanted, [b.node_key]) if incremental else a.disco.set_peers(wanted)
+    assert actions == [SetDirect(c.node_key, None)]
+    assert dict(a.disco.peers) == {p.node_key: p for p in wanted}
+    assert a.disco.direct_peers() == []
