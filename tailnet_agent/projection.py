@@ -142,7 +142,8 @@ class PeerProjection:
 
     A netmap keeps the very ``Node`` object of every peer a message did not touch
     (:func:`tailnet_agent.control.netmap.apply`), and a ``Node`` is frozen: a peer whose object is
-    the one projected last time projects to the same spec and disco peer. Only the others are
+    the one projected last time projects to the same spec and disco peer. Of the others, those
+    whose projected fields are equal (a peer resent as it was) keep their projection; the rest are
     projected again, and only results that differ are reported. What the data plane and disco hold
     after applying every update equals :func:`peer_specs` and :func:`disco_peers` of the netmap
     (peers are keyed by node key there; two peers with one node key are not modelled). A change of
@@ -165,13 +166,17 @@ class PeerProjection:
                ipv6: bool) -> PeerChanges:
         """Project the peers whose ``Node`` changed since the last call; what to send where."""
         params = (accept_routes, fallback_region, ipv6)
-        changed = self._changed_ids(peers, everyone=params != self._params)
+        everyone = params != self._params
+        changed = self._changed_ids(peers, everyone=everyone)
         self._params = params
         specs_before: dict[bytes, tuple[int, nat.PeerSpec] | None] = {}
         disco_before: dict[bytes, tuple[int, DiscoPeer] | None] = {}
         for pid in changed:
             old = self._held.pop(pid, None)
             node = peers.get(pid)
+            if old is not None and node is not None and not everyone and _inputs(old.node) == _inputs(node):
+                self._held[pid] = _Projected(node, old.spec, old.disco)  # resent as it was
+                continue
             new = None if node is None else _Projected(
                 node, peer_spec(node, accept_routes=accept_routes, fallback_region=fallback_region),
                 disco_peer(node, fallback_region=fallback_region, ipv6=ipv6))
@@ -196,6 +201,13 @@ class PeerProjection:
         if len(held) > kept:  # some held peer is gone
             changed += [pid for pid in held if pid not in peers]
         return sorted(changed)
+
+
+def _inputs(node: nm.Node) -> tuple[object, ...]:
+    """The fields :func:`peer_spec` and :func:`disco_peer` read: a control server may resend every
+    peer as changed (Headscale does on each policy-relevant change), and comparing these is far
+    cheaper than projecting again."""
+    return (node.expired, node.key, node.disco_key, node.home_derp, node.addresses, node.allowed_ips, node.endpoints)
 
 
 _Held = TypeVar("_Held", "nat.PeerSpec", DiscoPeer)
