@@ -280,6 +280,13 @@ def module_tiers(items: Iterable[tuple[Path, Iterable[str]]]) -> dict[Path, int]
     return {path: 3 if tier is None else tier for path, tier in tiers.items()}
 
 
+def run_order(tier: int, *, before_cluster: bool) -> tuple[int, int]:
+    """Where a test runs: by its module's tier, and within a tier a module marked
+    ``before_cluster`` first. Such a module takes the host's local-node lock itself, which the
+    session's cluster, once started, holds until the session ends."""
+    return tier, 0 if before_cluster else 1
+
+
 TIER_PARTS = {"local": frozenset({0, 1, 2}), "node": frozenset({3})}
 """The parts ``--tiers`` (``e2e/parts.py``) selects. Only the node part touches the host's network
 beyond its own namespaces and ports, so the two can run at once on one machine."""
@@ -304,7 +311,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             config.hook.pytest_deselected(items=deselected)
             items[:] = [item for item in items if tiers.get(item.path, 0) in keep]
     _prebuild_project_image(config, items)
-    items.sort(key=lambda item: tiers.get(item.path, 0))
+    items.sort(key=lambda item: run_order(tiers.get(item.path, 0),
+                                          before_cluster=item.get_closest_marker("before_cluster") is not None))
 
 
 _prebuild: subprocess.Popen[bytes] | None = None

@@ -1,9 +1,11 @@
 """The local node's host side: a run killed before its teardown does not block the next one.
 
-Runs in the node part (``--tiers node``): it takes the host's node lock and its bridge."""
+Runs in the node part (``--tiers node``), before the session's cluster starts: it takes the host's
+node lock and its bridge itself, which that cluster holds until the session ends."""
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,10 @@ import pytest
 from hack.localenv import hostnet
 from hack.localenv.node import reclaim_killed_run
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.before_cluster]
+
+SETUP_WAIT = 120.0
+"""Seconds the stand-in node may wait for the host's node lock (another run's node ending)."""
 
 _KILLED_NODE = """
 import sys, time
@@ -36,6 +41,9 @@ def killed_node(tmp_path: Path) -> str:
                              cwd=Path(__file__).parent.parent)
     try:
         assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], SETUP_WAIT)
+        assert ready, (f"the stand-in node did not take the host within {SETUP_WAIT:.0f}s: another local node "
+                       f"holds {hostnet.LOCK}")
         assert child.stdout.readline().strip() == "up", "the stand-in node did not set up the host network"
     finally:
         child.kill()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from e2e.conftest import TIER_PARTS, binaries_tier, module_tiers
+from e2e.conftest import TIER_PARTS, binaries_tier, module_tiers, run_order
 
 
 def test_a_test_s_fixtures_say_what_it_needs_built() -> None:
@@ -32,3 +32,12 @@ def test_the_two_parts_share_no_tier_and_leave_none_out() -> None:
     assert not local & node
     assert local | node == {0, 1, 2, 3}
     assert 3 in node, "only the node part may start the local node"
+
+
+def test_a_module_that_takes_the_node_lock_runs_before_the_cluster_s_modules() -> None:
+    """The session's cluster holds the host's node lock from its first test to the session's end:
+    a module that takes the lock itself must come first in its tier, or it waits for a lock its
+    own session holds."""
+    modules = {"test_cluster.py": (3, False), "test_localnode_host.py": (3, True), "test_crds.py": (2, False)}
+    ordered = sorted(modules, key=lambda m: run_order(modules[m][0], before_cluster=modules[m][1]))
+    assert ordered == ["test_crds.py", "test_localnode_host.py", "test_cluster.py"]
