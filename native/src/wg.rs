@@ -337,8 +337,9 @@ mod tests {
         )
     }
 
-    #[test]
-    fn an_upsert_replaces_one_peers_routes_and_keeps_every_session() {
+    /// Two peers: `a` (key returned first) with a subnet route beside its address, `b` with its
+    /// address only.
+    fn two_peers() -> (Peers, NodeKey, NodeKey) {
         let mut peers = Peers::new([1; 32]);
         let (a, b) = (
             spec(2, &["100.64.0.6/32", "10.0.0.0/8"], 1),
@@ -347,6 +348,12 @@ mod tests {
         let (ka, kb) = (a.key, b.key);
         peers.upsert(a);
         peers.upsert(b);
+        (peers, ka, kb)
+    }
+
+    #[test]
+    fn an_upsert_replaces_one_peers_routes_and_keeps_every_session() {
+        let (mut peers, ka, kb) = two_peers();
         start_handshake(&mut peers, &ka);
         start_handshake(&mut peers, &kb);
         peers.get_mut(&kb).unwrap().direct = Some("192.0.2.7:41641".parse().unwrap());
@@ -371,14 +378,7 @@ mod tests {
 
     #[test]
     fn a_removed_peer_takes_its_routes_and_session_index_along() {
-        let mut peers = Peers::new([1; 32]);
-        let (a, b) = (
-            spec(2, &["100.64.0.6/32", "10.0.0.0/8"], 1),
-            spec(3, &["100.64.0.7/32"], 1),
-        );
-        let (ka, kb) = (a.key, b.key);
-        peers.upsert(a);
-        peers.upsert(b);
+        let (mut peers, ka, kb) = two_peers();
         start_handshake(&mut peers, &kb);
         peers.remove(&[ka, [9; 32]]);
         assert_eq!(peers.len(), 1);
