@@ -205,18 +205,24 @@ def module_site_host(environment: Environment) -> Iterator[Callable[[], SiteHost
         yield create
 
 
+def require_local_node() -> None:
+    """Skip where the local node cannot run (a machine limitation: root, the node's tools)."""
+    from hack.localenv.hostnet import HostNetwork
+
+    reason = HostNetwork.available()
+    if reason is not None:
+        pytest.skip(f"the local node cannot run here: {reason}")
+
+
 @pytest.fixture(scope="session")
 def cluster(environment: Environment) -> ClusterUnderTest:
     """The cluster the ``cluster`` tests run against; started once per session."""
     from e2e.cluster import EXTERNAL_KUBECONFIG, KindCluster
-    from hack.localenv.hostnet import HostNetwork
 
     global _cluster
     if os.environ.get(EXTERNAL_KUBECONFIG):
         return KindCluster.from_environment()
-    reason = HostNetwork.available()
-    if reason is not None:
-        pytest.skip(f"the local node cannot run here: {reason}")
+    require_local_node()
     _cluster = environment.cluster()
     return _cluster
 

@@ -15,6 +15,8 @@ import pytest
 from hack.localenv import hostnet
 from hack.localenv.node import reclaim_killed_run
 
+from .conftest import require_local_node
+
 pytestmark = [pytest.mark.integration, pytest.mark.before_cluster]
 
 SETUP_WAIT = 120.0
@@ -33,9 +35,7 @@ time.sleep(600)
 def killed_node(tmp_path: Path) -> str:
     """The host network of a node whose process was killed before its teardown: its bridge,
     route, guard table and record stay, its lock is gone with it."""
-    reason = hostnet.HostNetwork.available()
-    if reason is not None:
-        pytest.skip(f"the local node cannot run here: {reason}")
+    require_local_node()
     run_id = f"killed-{tmp_path.name}"
     child = subprocess.Popen([sys.executable, "-c", _KILLED_NODE, run_id], stdout=subprocess.PIPE, text=True,
                              cwd=Path(__file__).parent.parent)
