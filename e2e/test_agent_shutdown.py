@@ -17,6 +17,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -291,7 +292,7 @@ class Load:
 
 
 def _ingress_environment(workdir: Path, headscale: Headscale, key: str, hostname: str, listen: int, backend: int,
-                         health: int) -> dict[str, str]:
+                         health: int, extra: Mapping[str, str]) -> dict[str, str]:
     """The agent's environment, its key and exposes files written under ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
     exposes = workdir / "exposes.json"
@@ -301,7 +302,7 @@ def _ingress_environment(workdir: Path, headscale: Headscale, key: str, hostname
             "TAILNET_AUTH_KEY_FILE": str(workdir / "key"), "TAILNET_HOSTNAME": hostname,
             "TAILNET_CA_BUNDLE": str(headscale.ca_bundle), "TAILNET_EXPOSES_FILE": str(exposes),
             "TAILNET_HEALTH_ADDRESS": f"127.0.0.1:{health}", "TAILNET_UDP_PORT": "off",
-            "TAILNET_DRAIN_TIMEOUT": "90"}
+            "TAILNET_DRAIN_TIMEOUT": "90", **extra}
 
 
 class IngressProcess:
@@ -312,9 +313,9 @@ class IngressProcess:
 
     @classmethod
     async def start(cls, workdir: Path, headscale: Headscale, key: str, hostname: str, listen: int,
-                    backend: int) -> IngressProcess:
+                    backend: int, extra_env: Mapping[str, str] | None = None) -> IngressProcess:
         health = free_port()
-        env = _ingress_environment(workdir, headscale, key, hostname, listen, backend, health)
+        env = _ingress_environment(workdir, headscale, key, hostname, listen, backend, health, extra_env or {})
         log = workdir / "agent.log"
         with log.open("wb") as out:
             process = await asyncio.create_subprocess_exec(sys.executable, "-m", "tailnet_agent", env=env,

@@ -8,10 +8,12 @@ refuses the pre-auth key).
 
 Shutdown (SIGTERM or SIGINT), in this order: ``/readyz`` turns 503; an ingress whose node holds its
 hostname keeps accepting until control renames it (its successor took the name) or the drain
-share of the drain deadline passes (``tailnet_agent/handover.py``); every listener closes (no new
-connection), the open connections finish within what is left of ``TAILNET_DRAIN_TIMEOUT`` (HTTP/1.1 after their
-current request, HTTP/2 once their streams are done; what is left then is reset), and the node
-logs out of control, so Headscale deletes the ephemeral node at once instead of ageing it out.
+share of the drain deadline passes, and one whose replicas share an address withdraws its route to
+it and keeps accepting until control has moved it to another replica (``tailnet_agent/handover.py``);
+every listener closes (no new connection), the open connections finish within what is left of
+``TAILNET_DRAIN_TIMEOUT`` (HTTP/1.1 after their current request, HTTP/2 once their streams are done;
+what is left then is reset), and the node logs out of control, so Headscale deletes the ephemeral
+node at once instead of ageing it out.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ async def run_agent(mode: str) -> int:
     from tailnet_agent import config
     from tailnet_agent.contract.clock import RealClock
     from tailnet_agent.control import ControlOptions, RegistrationError
-    from tailnet_agent.handover import HOLD_SHARE, holds_name, serve_until_handed_over
+    from tailnet_agent.handover import HOLD_SHARE, SETTLE, holds_name, serve_until_handed_over
     from tailnet_agent.health import AgentMetrics, HealthServer
     from tailnet_agent.limits import ConnectionGate
     from tailnet_agent.node import Node, NodeOptions
@@ -63,7 +65,8 @@ async def run_agent(mode: str) -> int:
     control = ControlOptions(url=cfg.control_url, auth_key=cfg.auth_key, auth_key_file=cfg.auth_key_file,
                              hostname=cfg.hostname, ca_bundle=cfg.ca_bundle)
     node = Node(NodeOptions(control=control, accept_routes=cfg.accept_routes, dial_timeout=cfg.dial_timeout,
-                            udp_port=cfg.udp_port), clock=clock)
+                            udp_port=cfg.udp_port, shared_addresses=tuple(map(str, cfg.shared_addresses))),
+                clock=clock)
     metrics = AgentMetrics(node)
     cfg.limits.report(metrics)
     gate = ConnectionGate.of(cfg.limits, metrics)
@@ -110,7 +113,18 @@ async def run_agent(mode: str) -> int:
         log.info("stopping: not ready, no new connections, draining", drain_timeout=cfg.drain_timeout)
         health.stopping = True
         budget = cfg.drain_timeout
-        if mode == env_names.INGRESS:
+        if mode == env_names.INGRESS and node.shared_routes:
+            serving = node.serves_shared
+            await node.withdraw_shared()
+            held = await serve_until_handed_over(lambda: node.serves_shared, clock, budget * HOLD_SHARE)
+            if serving:
+                settle = min(SETTLE, max(0.0, budget * HOLD_SHARE - held))
+                await clock.sleep(settle)
+                held += settle
+                log.info("served until the shared address moved", seconds=round(held, 1),
+                         handed_over=not node.serves_shared, routes=list(node.shared_routes))
+            budget -= held
+        elif mode == env_names.INGRESS:
             held = await serve_until_handed_over(lambda: holds_name(node.netmap, cfg.hostname), clock,
                                                  budget * HOLD_SHARE)
             if held > 0:

@@ -251,6 +251,10 @@ class DataPlane:
     def set_self(self, addresses: Sequence[str]) -> None:
         """The node's addresses, e.g. ["100.64.0.5/32", "fd7a:115c:a1e0::5/128"]
         (at most one IPv4 and one IPv6)."""
+    def set_shared(self, addresses: Sequence[str]) -> None:
+        """Shared host addresses (at most one IPv4 and one IPv6) answered as the node's own besides
+        its tailnet addresses: an address several nodes advertise as a route, which control gives
+        to one of them at a time. Listeners accept on them; dials keep the node's own source."""
     def set_peers(self, peers: Sequence[PeerSpec]) -> None:
         """Replace the peer set; peers whose key is unchanged keep their WireGuard session. A prefix
         two peers claim routes to the earlier one in ``peers``."""

@@ -42,6 +42,12 @@ Every problem is a :class:`ConfigError` with a one-line message naming the varia
                                false and the listeners are closed meanwhile), before the rest are
                                reset and the node logs out. Default 20 (below Kubernetes' default
                                grace period of 30 s, leaving room for the logout); ``0``: none.
+``TAILNET_SHARED_ADDRESS``     Ingress only: the address the ingress's replicas share, one IPv4 and/or
+                               one IPv6 address (comma-separated), outside the tailnet's own ranges.
+                               Each replica advertises it as a /32 (/128) route and answers on it;
+                               control sends it to one replica at a time and moves it when that one
+                               goes. At SIGTERM the replica withdraws the route first and keeps
+                               accepting until control has moved it. Unset: none.
 =============================  ======================================================================
 
 The limits are :class:`tailnet_agent.limits.Limits`' (each one's meaning is documented there).
@@ -130,6 +136,8 @@ class AgentConfig:
     """What clients may hold (connections, HTTP/2 streams and resets, idle time)."""
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     """Seconds the open connections get to finish after SIGTERM. Default 20; 0: none."""
+    shared_addresses: tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...] = ()
+    """``TAILNET_SHARED_ADDRESS``: addresses advertised as host routes and answered as the node's own."""
 
 
 def _required(env: Mapping[str, str], name: str) -> str:
@@ -208,6 +216,9 @@ def load(env: Mapping[str, str] | None = None, *, mode: str = env_names.EGRESS) 
         raise ConfigError(f"{env_names.BIND_ADDRESS} must be an IP address, got {bind!r}") from None
     health_host, health_port = parse_host_port(
         env_names.HEALTH_ADDRESS, env.get(env_names.HEALTH_ADDRESS, "").strip() or DEFAULT_HEALTH_ADDRESS)
+    shared = env.get(env_names.SHARED_ADDRESS, "").strip()
+    if shared and mode != env_names.INGRESS:
+        raise ConfigError(f"{env_names.SHARED_ADDRESS} is for ingress agents only")
     accept = env.get(env_names.ACCEPT_ROUTES, "").strip()
     accept_routes = parse_bool(env_names.ACCEPT_ROUTES, accept) if accept else mode == env_names.EGRESS
     timeout_text = env.get(env_names.DIAL_TIMEOUT, "").strip()
@@ -226,7 +237,33 @@ def load(env: Mapping[str, str] | None = None, *, mode: str = env_names.EGRESS) 
                        bind_address=bind, health_host=health_host, health_port=health_port,
                        accept_routes=accept_routes, dial_timeout=dial_timeout, udp_port=parse_udp_port(env),
                        limits=parse_limits(env),
-                       drain_timeout=_number(env, env_names.DRAIN_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, integer=False))
+                       drain_timeout=_number(env, env_names.DRAIN_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, integer=False),
+                       shared_addresses=parse_shared_addresses(shared))
+
+
+TAILNET_RANGES = (ipaddress.ip_network("100.64.0.0/10"), ipaddress.ip_network("fd7a:115c:a1e0::/48"))
+"""The ranges control gives node addresses from (Tailscale's CGNAT and ULA ranges): never shared."""
+
+
+def parse_shared_addresses(value: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...]:
+    """``TAILNET_SHARED_ADDRESS``: at most one IPv4 and one IPv6 address, none in :data:`TAILNET_RANGES`."""
+    name = env_names.SHARED_ADDRESS
+    found: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
+    for text in filter(None, (part.strip() for part in value.split(","))):
+        try:
+            address = ipaddress.ip_address(text)
+        except ValueError:
+            raise ConfigError(f"{name} must be IP addresses, got {text!r}") from None
+        if any(address in network for network in TAILNET_RANGES):
+            raise ConfigError(f"{name}: {address} is in the tailnet's own range; "
+                              "choose an address outside 100.64.0.0/10 and fd7a:115c:a1e0::/48")
+        if (address.is_loopback or address.is_multicast or address.is_unspecified or address.is_link_local
+                or address.is_reserved):
+            raise ConfigError(f"{name}: {address} is not a unicast address a peer can route to")
+        if any(a.version == address.version for a in found):
+            raise ConfigError(f"{name}: at most one IPv4 and one IPv6 address, got {value!r}")
+        found.append(address)
+    return tuple(found)
 
 
 def _number(env: Mapping[str, str], name: str, default: float, *, integer: bool, minimum: float = 0) -> float:

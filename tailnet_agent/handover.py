@@ -7,6 +7,12 @@ name to this node, so closing the listeners at SIGTERM would refuse it: a pod de
 drained while its successor is still starting would drop requests. So the drain starts only once
 control has renamed this node (or never named it ``hostname``), or after :data:`HOLD_SHARE` of the
 drain deadline, which leaves the rest to the connections open by then.
+
+An ingress whose replicas share an address (``TAILNET_SHARED_ADDRESS``) hands that over instead: it
+withdraws its route to it, and control moves the route to another replica (Headscale elects a new
+primary among the online advertisers and sends every peer the change). The replica keeps accepting
+while control still names it the primary, then :data:`SETTLE` seconds more for peers whose netmap
+comes a little later than its own.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ from tailnet_agent.control.netmap import NetMap
 HOLD_SHARE = 2 / 3
 """The part of ``TAILNET_DRAIN_TIMEOUT`` an ingress may keep accepting for (20 s of the operator's 30)."""
 CHECK_INTERVAL = 0.5
-"""Seconds between two looks at the node's own name."""
+"""Seconds between two looks at the node's own name (or primary routes)."""
+SETTLE = 2.0
+"""Seconds a replica keeps accepting after control moved the shared address away: peers get the
+same map update (Headscale batches every 800 ms), some a little later than this node."""
 
 
 def holds_name(netmap: NetMap | None, hostname: str) -> bool:

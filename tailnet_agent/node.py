@@ -39,8 +39,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import ipaddress
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
@@ -99,6 +100,10 @@ class NodeOptions:
     local_endpoints: bool = True
     """Offer the interface addresses as endpoints; False offers only what STUN saw (tailscaled's
     ``TS_DEBUG_OMIT_LOCAL_ADDRS``), so a test can say which family a peer reaches the node over."""
+    shared_addresses: tuple[str, ...] = ()
+    """Addresses this node shares with others (an ingress's replicas): each is advertised as a host
+    route (``control.routes`` gains it) and answered as the node's own; control sends it to one of
+    the advertisers at a time (Headscale's HA subnet routes)."""
 
 
 # -- the node -------------------------------------------------------------------------------------
@@ -110,10 +115,17 @@ class Node:
     def __init__(self, options: NodeOptions, keys: NodeKeys | None = None, *, clock: Clock | None = None) -> None:
         self.options = options
         self.clock: Clock = clock or RealClock()
-        self.control = ControlClient(options.control, keys or NodeKeys.generate(), on_netmap=self._on_netmap)
+        self.shared_routes = tuple(str(ipaddress.ip_network(a)) for a in options.shared_addresses)
+        """The host routes of ``options.shared_addresses`` (``198.18.5.10/32``)."""
+        control = options.control
+        if self.shared_routes:
+            control = replace(control, routes=tuple(dict.fromkeys((*control.routes, *self.shared_routes))))
+        self.control = ControlClient(control, keys or NodeKeys.generate(), on_netmap=self._on_netmap)
         self._node_key = self.control.keys.node.raw
         kwargs = {} if options.tcp_buffer_size is None else {"tcp_buffer_size": options.tcp_buffer_size}
         self.dataplane = nat.DataPlane(self._node_key, **kwargs)
+        if options.shared_addresses:
+            self.dataplane.set_shared(list(options.shared_addresses))
         self.netmap: NetMap | None = None
         self.home_region = 0
         """Home DERP region id; 0 until the first netmap with a DERP map."""
@@ -161,6 +173,22 @@ class Node:
                 self._streams.abort_all(NotRunningError("the tailnet node stopped"))
                 self._streams = None
             self._notify()
+
+    @property
+    def serves_shared(self) -> bool:
+        """Whether control sends a shared address to this node: one of :attr:`shared_routes` is among
+        its primary routes in the latest netmap."""
+        if self.netmap is None or not self.shared_routes:
+            return False
+        primary = {str(route) for route in self.netmap.self_node.primary_routes}
+        return any(route in primary for route in self.shared_routes)
+
+    async def withdraw_shared(self) -> bool:
+        """Stop advertising the shared addresses (they stay answered here), so that control moves
+        them to another advertiser. Returns whether control took the change now."""
+        if not self.shared_routes:
+            return True
+        return await self.control.set_routes(tuple(r for r in self.control.routes if r not in self.shared_routes))
 
     async def logout(self) -> bool:
         """Log out of control (the node stays up until ``run`` is cancelled, but registers no

@@ -262,13 +262,13 @@ impl DataPlane {
     }
 
     pub fn set_self(&mut self, addresses: &[String]) -> Result<(), Error> {
-        let prefixes = addresses
-            .iter()
-            .map(|a| a.parse::<Prefix>().map_err(Error::InvalidArgument))
-            .collect::<Result<Vec<_>, _>>()?;
-        // Addresses are host addresses regardless of the length written.
-        let hosts: Vec<Prefix> = prefixes.iter().map(|p| Prefix::host(p.addr())).collect();
-        self.stack.set_addresses(&hosts)?;
+        self.stack.set_addresses(&host_prefixes(addresses)?)?;
+        Ok(())
+    }
+
+    /// Shared host addresses answered as the node's own (`Stack::set_shared`).
+    pub fn set_shared(&mut self, addresses: &[String]) -> Result<(), Error> {
+        self.stack.set_shared(&host_prefixes(addresses)?)?;
         Ok(())
     }
 
@@ -687,6 +687,14 @@ fn deliver(
     inbound.push_back((pkt.to_vec(), info));
 }
 
+/// Parses addresses as host prefixes, whatever length is written (`100.64.0.5/32`, `100.64.0.5`).
+fn host_prefixes(addresses: &[String]) -> Result<Vec<Prefix>, Error> {
+    addresses
+        .iter()
+        .map(|a| a.parse::<Prefix>().map(|p| Prefix::host(p.addr())).map_err(Error::InvalidArgument))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -882,6 +890,46 @@ mod tests {
         assert_eq!(got_a, b"reply after EOF");
         assert!(a_eof);
         assert_eq!(b.counters().drop_filtered, 0);
+    }
+
+    /// B answers on a shared address (an HA route A sends to B) as on its own; what B dials
+    /// keeps B's own address as its source, and a second shared IPv4 address is refused.
+    #[test]
+    fn a_shared_address_is_answered_and_never_the_source_of_a_dial() {
+        const SHARED: &str = "198.18.5.10";
+        let (mut a, mut b) = pair();
+        b.set_shared(&[SHARED.into()]).unwrap();
+        a.set_peers(vec![(b.public_key(), vec![format!("{B_IP}/32"), format!("{SHARED}/32")], 1)])
+            .unwrap();
+        assert!(b.set_shared(&[SHARED.into(), "198.18.5.11".into()]).is_err());
+        b.stack().listen(80).unwrap();
+        a.stack().listen(81).unwrap();
+        let ha = a.tcp_connect(format!("{SHARED}:80").parse().unwrap(), 30.0);
+        let hb = b.tcp_connect(format!("{A_IP}:81").parse().unwrap(), 30.0);
+        let (mut b_accepted, mut a_accepted) = (None, None);
+        let mut ev = Vec::new();
+        for i in 1..5_000 {
+            step(&mut a, &mut b, f64::from(i) * 0.001, &mut ev);
+            for (side, e) in ev.drain(..) {
+                match (side, e) {
+                    ('b', Event::Tcp(TcpEvent::Accepted { handle, .. })) => b_accepted = Some(handle),
+                    ('a', Event::Tcp(TcpEvent::Accepted { handle, remote, .. })) => {
+                        a_accepted = Some((handle, remote))
+                    }
+                    (_, Event::Tcp(TcpEvent::DialFailed { reason, .. })) => panic!("dial failed: {reason}"),
+                    _ => {}
+                }
+            }
+            if b_accepted.is_some() && a_accepted.is_some() {
+                break;
+            }
+        }
+        let b_handle = b_accepted.expect("B never accepted on its shared address");
+        let (local, _) = b.stack().endpoints(b_handle).unwrap();
+        assert_eq!(local.unwrap().ip().to_string(), SHARED);
+        let (_, remote) = a_accepted.expect("A never accepted B's dial");
+        assert_eq!(remote.ip().to_string(), B_IP, "B dialled from its shared address");
+        let _ = (ha, hb);
     }
 
     /// Connects A to B and steps until B accepted; returns (A's handle, B's handle, now).

@@ -316,6 +316,10 @@ impl DataPlane {
         self.inner.set_self(&addresses).map_err(to_py_err)
     }
 
+    fn set_shared(&mut self, addresses: Vec<String>) -> PyResult<()> {
+        self.inner.set_shared(&addresses).map_err(to_py_err)
+    }
+
     fn set_peers(&mut self, peers: Vec<(Vec<u8>, Vec<String>, u32)>) -> PyResult<()> {
         let mut specs = Vec::with_capacity(peers.len());
         for (key, ips, region) in peers {

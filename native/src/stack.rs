@@ -219,6 +219,14 @@ impl Orphan {
     }
 }
 
+fn check_one_per_family(addrs: &[Prefix]) -> Result<(), StackError> {
+    let v4 = addrs.iter().filter(|p| p.is_ipv4()).count();
+    if v4 > 1 || addrs.len() - v4 > 1 {
+        return Err(StackError::TooManyAddresses(addrs.len()));
+    }
+    Ok(())
+}
+
 pub struct Stack {
     iface: Interface,
     pub device: VirtualDevice,
@@ -234,6 +242,11 @@ pub struct Stack {
     next_port: u16,
     events: Vec<TcpEvent>,
     now: f64,
+    /// The node's own tailnet addresses (at most one per family), first on the interface so
+    /// that they are the source of every connection the node opens.
+    own: Vec<Prefix>,
+    /// Shared host addresses the node answers as its own (`set_shared`), after `own`.
+    shared: Vec<Prefix>,
 }
 
 impl Stack {
@@ -255,6 +268,8 @@ impl Stack {
             next_port: EPHEMERAL_FIRST + (random_seed() % 16384) as u16,
             events: Vec::new(),
             now,
+            own: Vec::new(),
+            shared: Vec::new(),
         }
     }
 
@@ -262,18 +277,9 @@ impl Stack {
     /// Connections bound to an address the node no longer has are reset (the node re-joined
     /// with new addresses; nothing would reach them again).
     pub fn set_addresses(&mut self, addrs: &[Prefix]) -> Result<(), StackError> {
-        let v4: Vec<_> = addrs.iter().filter(|p| p.is_ipv4()).collect();
-        let v6: Vec<_> = addrs.iter().filter(|p| !p.is_ipv4()).collect();
-        if v4.len() > 1 || v6.len() > 1 {
-            return Err(StackError::TooManyAddresses(addrs.len()));
-        }
-        self.iface.update_ip_addrs(|a| {
-            a.clear();
-            for p in addrs {
-                // Capacity is 2 and we checked there is at most one per family.
-                let _ = a.push(IpCidr::new(IpAddress::from(p.addr()), p.prefix_len()));
-            }
-        });
+        check_one_per_family(addrs)?;
+        self.own = addrs.to_vec();
+        self.apply_addresses();
         let routes = self.iface.routes_mut();
         routes.remove_default_ipv4_route();
         routes.remove_default_ipv6_route();
@@ -284,15 +290,44 @@ impl Stack {
                 IpAddr::V6(a) => routes.add_default_ipv6_route(a).map(|_| ()),
             };
         }
+        self.abort_unbound();
+        Ok(())
+    }
+
+    /// Sets the shared host addresses (at most one IPv4 and one IPv6) this node answers as its
+    /// own besides its tailnet addresses: an address several nodes advertise as a route, which
+    /// control sends to one of them at a time. Listeners accept on them; connections the node
+    /// opens keep its own addresses as their source. Connections to a removed one are reset.
+    pub fn set_shared(&mut self, addrs: &[Prefix]) -> Result<(), StackError> {
+        check_one_per_family(addrs)?;
+        self.shared = addrs.to_vec();
+        self.apply_addresses();
+        self.abort_unbound();
+        Ok(())
+    }
+
+    fn apply_addresses(&mut self) {
+        let all: Vec<Prefix> = self.own.iter().chain(self.shared.iter()).copied().collect();
+        self.iface.update_ip_addrs(|a| {
+            a.clear();
+            for p in &all {
+                // Capacity is 4 (Cargo.toml) and each list has at most one address per family.
+                let _ = a.push(IpCidr::new(IpAddress::from(p.addr()), p.prefix_len()));
+            }
+        });
+    }
+
+    /// Resets the connections bound to an address the interface no longer has.
+    fn abort_unbound(&mut self) {
         for conn in self.conns.values() {
             let s = self.sockets.get_mut::<tcp::Socket>(conn.socket);
             if let Some(local) = s.local_endpoint() {
-                if !addrs.iter().any(|p| p.addr() == IpAddr::from(local.addr)) {
+                let ip = IpAddr::from(local.addr);
+                if !self.own.iter().chain(self.shared.iter()).any(|p| p.addr() == ip) {
                     s.abort();
                 }
             }
         }
-        Ok(())
     }
 
     pub fn is_local(&self, ip: IpAddr) -> bool {

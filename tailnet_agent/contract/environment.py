@@ -34,6 +34,7 @@ __all__ = [
     "MAX_CONNECTIONS",
     "MAX_CONNECTIONS_PER_PEER",
     "MODES",
+    "SHARED_ADDRESS",
     "TARGETS",
     "TARGETS_FILE",
     "UDP_PORT",
@@ -66,6 +67,8 @@ HTTP2_MAX_STREAMS: Final = "TAILNET_HTTP2_MAX_STREAMS"
 HTTP2_MAX_RESETS: Final = "TAILNET_HTTP2_MAX_RESETS"
 IDLE_TIMEOUT: Final = "TAILNET_IDLE_TIMEOUT"
 DRAIN_TIMEOUT: Final = "TAILNET_DRAIN_TIMEOUT"
+SHARED_ADDRESS: Final = "TAILNET_SHARED_ADDRESS"
+"""An ingress's address shared by its replicas, advertised by each as a route (ingress only)."""
 LOG_FORMAT: Final = "TAILNET_LOG_FORMAT"
 """``json`` for JSON lines; anything else (or unset): console lines."""
 LOG_LEVEL: Final = "TAILNET_LOG_LEVEL"

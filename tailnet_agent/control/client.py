@@ -127,6 +127,9 @@ class ControlOptions:
     change, so a container restarted before that recovers). None: a refused key is final."""
     key_wait: float = 180.0
     """Seconds to wait for a new key in ``auth_key_file`` after a refusal. Default 180."""
+    routes: tuple[str, ...] = ()
+    """Prefixes advertised as subnet routes (``Hostinfo.RoutableIPs``), e.g. an ingress's shared
+    ``198.18.5.10/32``; :meth:`ControlClient.set_routes` changes them while the node runs."""
 
 
 class _Reauthenticate(ControlError):
@@ -165,6 +168,8 @@ class ControlClient:
         self._sleep = _sleep
         self.preferred_derp = 0
         """Home DERP region reported in Hostinfo.NetInfo; 0 until the data plane picks one."""
+        self.routes: tuple[str, ...] = options.routes
+        """Prefixes advertised in ``Hostinfo.RoutableIPs``."""
         self.endpoints: list[tuple[str, int]] = []
         """UDP endpoints reported in map requests: (``ip:port``, ``tailcfg.EndpointType``: local 1,
         STUN 2); empty: DERP only."""
@@ -257,7 +262,15 @@ class ControlClient:
             info["RequestTags"] = list(self.options.request_tags)
         if self.preferred_derp:
             info["NetInfo"] = {"PreferredDERP": self.preferred_derp}
+        if self.routes:
+            info["RoutableIPs"] = list(self.routes)
         return info
+
+    async def set_routes(self, routes: tuple[str, ...]) -> bool:
+        """Advertise ``routes`` instead (``()`` withdraws every route), sent like
+        :meth:`set_preferred_derp`: control elects another primary for a route withdrawn here."""
+        self.routes = routes
+        return await self._lite_update("routes", routes=list(routes))
 
     async def set_preferred_derp(self, region: int) -> bool:
         """Report ``region`` as this node's home DERP, so peers send to it there.

@@ -126,3 +126,35 @@ def test_empty_key_file(env: dict[str, str], tmp_path: Path) -> None:
     env["TAILNET_AUTH_KEY_FILE"] = str(empty)
     with pytest.raises(ConfigError, match="is empty"):
         load(env)
+
+
+def _ingress_env(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    exposes = tmp_path / "exposes.json"
+    exposes.write_text('[{"name": "db", "port": 5432, "backend": {"host": "db.shop.svc", "port": 5432}}]')
+    return {**{k: v for k, v in env.items() if k != "TAILNET_TARGETS"}, "TAILNET_EXPOSES_FILE": str(exposes)}
+
+
+def test_an_ingress_reads_its_shared_addresses(env: dict[str, str], tmp_path: Path) -> None:
+    ingress = _ingress_env(env, tmp_path)
+    assert load(ingress, mode="ingress").shared_addresses == ()
+    ingress["TAILNET_SHARED_ADDRESS"] = " 198.18.5.10, 2001:db8::10 "
+    assert [str(a) for a in load(ingress, mode="ingress").shared_addresses] == ["198.18.5.10", "2001:db8::10"]
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("100.64.0.9", r"in the tailnet's own range"),
+    ("fd7a:115c:a1e0::9", r"in the tailnet's own range"),
+    ("198.18.5.10,198.18.5.11", r"at most one IPv4 and one IPv6 address"),
+    ("127.0.0.1", r"not a unicast address a peer can route to"),
+    ("shop.example", r"must be IP addresses, got 'shop.example'"),
+])
+def test_a_bad_shared_address_is_refused_with_its_reason(env: dict[str, str], tmp_path: Path, value: str,
+                                                         message: str) -> None:
+    ingress = {**_ingress_env(env, tmp_path), "TAILNET_SHARED_ADDRESS": value}
+    with pytest.raises(ConfigError, match=rf"^TAILNET_SHARED_ADDRESS.*{message}"):
+        load(ingress, mode="ingress")
+
+
+def test_an_egress_refuses_a_shared_address(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match=r"^TAILNET_SHARED_ADDRESS is for ingress agents only$"):
+        load({**env, "TAILNET_SHARED_ADDRESS": "198.18.5.10"})

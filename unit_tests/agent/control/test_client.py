@@ -286,3 +286,14 @@ async def test_a_refused_key_waits_for_a_new_one_in_its_file_and_gives_up_after_
         await asyncio.wait_for(client.run(), 5)
     assert waits == [KEY_POLL] * 4  # key_wait 20 s / 5 s
 
+
+
+async def test_advertised_routes_go_in_the_hostinfo_and_a_withdrawal_goes_with_the_next_poll() -> None:
+    server = FakeControl(maps=[MapScript(frames=[{"Node": SELF}])])
+    client = make_client(server, [])
+    client.routes = ("198.18.5.10/32",)
+    await run_until_stop(client)
+    assert server.register_bodies[0]["Hostinfo"]["RoutableIPs"] == ["198.18.5.10/32"]
+    assert server.map_bodies[0]["Hostinfo"]["RoutableIPs"] == ["198.18.5.10/32"]
+    assert await client.set_routes(()) is False, "not connected: nothing sent now"
+    assert "RoutableIPs" not in client.map_request()["Hostinfo"]
