@@ -7,8 +7,9 @@ primary) and moves it when that one goes. A replica told to stop withdraws its r
 accepting until Headscale has moved it, so the laptop's requests to the address, each a new
 connection every 20 ms, are never refused while the primary is replaced; the same load by
 MagicDNS name over a name hand-over (``test_agent_shutdown.py``) finds no node of the name for
-about a second. What tailscaled adds (a connection hung while it reconfigures for a peer that
-joins or leaves, docs/decisions.md) is counted, not failed.
+about a second. What the move and tailscaled add (a connection open at the instant the route moves
+is cut; one opened while tailscaled reconfigures for a peer that joins or leaves can hang,
+docs/decisions.md) is counted, not failed.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ pytestmark = [
 SHARED = "198.18.251.10"
 """Inside the tests' range and outside the site hosts' (198.18.1.0 to 198.18.250.255)."""
 ROUTE = f"{SHARED}/32"
+REFUSED = "ConnectionError: CONNECT refused"
+"""How a request the laptop could not open fails (tailscaled's proxy answers the CONNECT with an
+error): what a replica that stopped accepting too early, or no replica holding the route, gives. A
+request whose connection was open when the route moved fails otherwise (its packets go to the new
+primary, which knows nothing of it): the move's cost, counted, not failed."""
 
 
 @pytest.fixture
@@ -64,7 +70,9 @@ async def test_a_replaced_primary_hands_the_shared_address_over_without_refusing
     laptop = tailscale_nodes("ts-laptop-shared", headscale, authkey=key, accept_routes=True)
     server = await asyncio.start_server(hello, "127.0.0.1", 0)
     backend, listen = server.sockets[0].getsockname()[1], free_port()
-    shared_env = {"TAILNET_SHARED_ADDRESS": fenced}
+    # A connection open across the move is cut (below): its socket on the old replica then waits out
+    # the drain deadline, kept short here.
+    shared_env = {"TAILNET_SHARED_ADDRESS": fenced, "TAILNET_DRAIN_TIMEOUT": "20"}
     agents: list[IngressProcess] = []
     load: Load | None = None
 
@@ -100,10 +108,12 @@ async def test_a_replaced_primary_hands_the_shared_address_over_without_refusing
         assert "served until the shared address moved" in agents[0].log.read_text()
         await eventually(lambda: load.streak() >= 50, timeout=30, what="50 answers in a row after the old replica left")
         outcomes = load.stop()
-        refused = {at: why for at, why in outcomes.items() if why != UNANSWERED}
-        assert not refused, f"requests to the shared address failed during the hand-over: {refused}"
+        refused = {at: why for at, why in outcomes.items() if why.startswith(REFUSED)}
+        assert not refused, f"requests to the shared address refused during the hand-over: {refused}"
+        cut = {at: why for at, why in outcomes.items() if why != UNANSWERED and at not in refused}
         print(f"\nof {load.sent()} requests to the shared address, none refused; "
-              f"{sum(w == UNANSWERED for w in outcomes.values())} went unanswered (docs/decisions.md)")
+              f"{sum(w == UNANSWERED for w in outcomes.values())} went unanswered and {len(cut)} were cut by the "
+              f"move {sorted(cut.values())} (docs/decisions.md)")
     finally:
         if load is not None:
             load.stop()

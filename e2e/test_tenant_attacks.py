@@ -24,6 +24,7 @@ from hack.localenv import ControlPlane, Headscale
 from hack.localenv.headscale import HeadscaleError
 from tailnet_operator.controllers.dns import parse_hosts
 from tailnet_operator.controllers.kinds import TAILNET, TAILNET_EGRESS, TAILNET_INGRESS
+from tailnet_operator.policy.hujson import parse_hujson
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import JSON, Client
 from tailnet_operator.runtime.errors import APIError, Forbidden, NotFound
@@ -47,6 +48,8 @@ SELF_REVIEW = Resource("authorization.k8s.io", "v1", "selfsubjectaccessreviews",
 
 ZONE = "apps.e2e.internal"
 EGRESS_TAG = "tag:shop-egress"
+SHARED_RANGE = "198.18.5.0/28"
+"""The range the Tailnet lets the tenant take shared addresses from."""
 """The platform's egress tag, under the tenant's prefix on purpose: a prefix must not hand it over."""
 GRANT_SOURCE = "tag:shop-ci"
 """A grant source of the base policy, also under the prefix."""
@@ -129,7 +132,8 @@ async def _create_tailnet(scene_admin: Client, headscale: Headscale, namespace: 
         "dns": {"hostsConfigMap": {"namespace": namespace, "name": "hosts"}, "zones": [ZONE]},
         "policy": {"baseConfigMapRef": {"namespace": namespace, "name": "base", "key": "policy.hujson"},
                    "mode": "Apply"},
-        "tenants": [{"namespaces": [shop], "tags": ["tag:shop-*"], "dnsNames": [f"*.shop.{ZONE}"]}],
+        "tenants": [{"namespaces": [shop], "tags": ["tag:shop-*"], "dnsNames": [f"*.shop.{ZONE}"],
+                     "sharedAddresses": [SHARED_RANGE]}],
     }
     await scene_admin.create(TAILNET, tailnet_object(tailnet, headscale, namespace, **spec))
     await scene_admin.create(TAILNET_EGRESS, {
@@ -271,6 +275,15 @@ async def test_admission_refuses_a_name_outside_the_tenants_names(scene: Scene, 
 
 
 @pytest.mark.usefixtures("admission")
+async def test_admission_refuses_a_shared_address_outside_the_tenants_ranges(scene: Scene) -> None:
+    outside = ingress("ha", scene.shop, scene.tailnet, "tag:shop-ha", replicas=2, sharedAddress="198.18.9.10")
+    message = await _refusal(scene.tenant, outside)
+    assert message is not None and "may not use the sharedAddress 198.18.9.10" in message
+    assert await _refusal(scene.tenant, ingress("ha", scene.shop, scene.tailnet, "tag:shop-ha", replicas=2,
+                                                sharedAddress="198.18.5.10")) is None
+
+
+@pytest.mark.usefixtures("admission")
 async def test_admission_lets_the_tenant_use_what_it_was_given(scene: Scene) -> None:
     assert await _refusal(scene.tenant, ingress("web", scene.shop, scene.tailnet, "tag:shop-web",
                                                 dnsTemplate=f"web.shop.{ZONE}")) is None
@@ -333,6 +346,37 @@ async def test_a_cluster_name_never_reaches_the_hosts_file(scene: Scene, templat
     await _refused_by_the_operator(scene, ingress("dns", scene.shop, scene.tailnet, "tag:shop-web",
                                                   dnsTemplate=template), "DNSNameOutsideZones")
     assert template not in await _hosts(scene.admin, scene.operator_namespace)
+
+
+async def test_a_shared_address_is_approved_for_its_holder_alone_and_leaves_its_tag_the_tenants(
+        scene: Scene) -> None:
+    """The render approves the address's host route for the ingress's tag (its replicas advertise
+    it); that approval must not make the tag reserved, or the ingress would refuse itself on its next
+    pass. A later ingress claiming the same address is refused and gets no approval."""
+    await scene.tenant.create(TAILNET_INGRESS, ingress("ha", scene.shop, scene.tailnet, "tag:shop-ha", replicas=2,
+                                                       sharedAddress="198.18.5.10"), scene.shop)
+    live = await eventually(lambda: _live_policy_with(scene.headscale, '"198.18.5.10/32"'), timeout=60,
+                            what="the shared address's route approved in the live policy")
+    assert parse_hujson(live)["autoApprovers"]["routes"]["198.18.5.10/32"] == ["tag:shop-ha"]
+    await scene.tenant.merge_patch(TAILNET_INGRESS, "ha", {"spec": {"hostname": "ha2"}}, scene.shop)
+    await eventually(lambda: _observed(scene.admin, scene.shop, "ha", 2), timeout=60,
+                     what="the ingress reconciled after the approval went live")
+    conditions = {c["type"]: c for c in (await scene.admin.get(TAILNET_INGRESS, "ha", scene.shop))["status"]
+                  ["conditions"]}
+    assert conditions["Ready"]["reason"] != "TagReserved", conditions["Ready"]
+    assert conditions["TagOwned"]["status"] == "True", conditions["TagOwned"]
+
+    cond = await _refused_by_the_operator(scene, ingress("copy", scene.shop, scene.tailnet, "tag:shop-copy",
+                                                         replicas=2, sharedAddress="198.18.5.10"),
+                                          "SharedAddressTaken")
+    assert f"198.18.5.10 is held by TailnetIngress {scene.shop}/ha" in cond["message"]
+    live = _live_policy_with(scene.headscale, '"198.18.5.10/32"')
+    assert parse_hujson(live)["autoApprovers"]["routes"]["198.18.5.10/32"] == ["tag:shop-ha"]
+
+
+async def _observed(client: Client, namespace: str, name: str, generation: int) -> bool:
+    status = (await client.get(TAILNET_INGRESS, name, namespace)).get("status") or {}
+    return int(status.get("observedGeneration") or 0) >= generation
 
 
 async def test_a_name_held_by_another_ingress_is_refused_on_the_later_one(scene: Scene) -> None:

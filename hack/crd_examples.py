@@ -191,6 +191,12 @@ INVALID_EXAMPLES: tuple[InvalidExample, ...] = (
     InvalidExample(
         "in-template", "TailnetIngress", "spec.dnsTemplate", _set("spec.dnsTemplate", "{hostname}..example")
     ),
+    InvalidExample("in-replicas-unshared", "TailnetIngress", "spec.replicas", _set("spec.replicas", 2)),
+    InvalidExample("in-many-replicas", "TailnetIngress", "spec.replicas", _set("spec.replicas", 11)),
+    InvalidExample("in-shared-tailnet-range", "TailnetIngress", "spec.sharedAddress",
+                   _set("spec.sharedAddress", "100.64.3.3")),
+    InvalidExample("in-shared-loopback", "TailnetIngress", "spec.sharedAddress",
+                   _set("spec.sharedAddress", "127.0.0.1")),
     # TailnetSite
     InvalidExample("st-cidr", "TailnetSite", "spec.routes[1]", _set("spec.routes.1", "192.168.50.300/24")),
     InvalidExample("st-hostbits", "TailnetSite", "spec.routes[0]", _set("spec.routes.0", "192.168.50.1/24")),

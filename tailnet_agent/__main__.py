@@ -53,7 +53,7 @@ async def run_agent(mode: str) -> int:
     from tailnet_agent import config
     from tailnet_agent.contract.clock import RealClock
     from tailnet_agent.control import ControlOptions, RegistrationError
-    from tailnet_agent.handover import HOLD_SHARE, SETTLE, holds_name, serve_until_handed_over
+    from tailnet_agent.handover import HOLD_SHARE, SETTLE, SHARED_HOLD, holds_name, serve_until_handed_over
     from tailnet_agent.health import AgentMetrics, HealthServer
     from tailnet_agent.limits import ConnectionGate
     from tailnet_agent.node import Node, NodeOptions
@@ -115,8 +115,10 @@ async def run_agent(mode: str) -> int:
         budget = cfg.drain_timeout
         if mode == env_names.INGRESS and node.shared_routes:
             serving = node.serves_shared
+            log.info("withdrawing the shared address", routes=list(node.shared_routes), serving=serving)
             await node.withdraw_shared()
-            held = await serve_until_handed_over(lambda: node.serves_shared, clock, budget * HOLD_SHARE)
+            hold = min(SHARED_HOLD, budget * HOLD_SHARE)
+            held = await serve_until_handed_over(lambda: node.serves_shared, clock, hold)
             if serving:
                 settle = min(SETTLE, max(0.0, budget * HOLD_SHARE - held))
                 await clock.sleep(settle)

@@ -68,6 +68,7 @@ from typing import Protocol
 from urllib.parse import urlparse
 
 from tailnet_agent.contract import environment as env_names
+from tailnet_agent.contract.addresses import shared_address_problem
 from tailnet_agent.contract.endpoints import DEFAULT_HEALTH_ADDRESS, HEALTH_PORT
 from tailnet_agent.contract.errors import ConfigError
 from tailnet_agent.contract.exposes import Expose, parse_exposes
@@ -241,12 +242,8 @@ def load(env: Mapping[str, str] | None = None, *, mode: str = env_names.EGRESS) 
                        shared_addresses=parse_shared_addresses(shared))
 
 
-TAILNET_RANGES = (ipaddress.ip_network("100.64.0.0/10"), ipaddress.ip_network("fd7a:115c:a1e0::/48"))
-"""The ranges control gives node addresses from (Tailscale's CGNAT and ULA ranges): never shared."""
-
-
 def parse_shared_addresses(value: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...]:
-    """``TAILNET_SHARED_ADDRESS``: at most one IPv4 and one IPv6 address, none in :data:`TAILNET_RANGES`."""
+    """``TAILNET_SHARED_ADDRESS``: at most one IPv4 and one IPv6 address, each one that may be shared."""
     name = env_names.SHARED_ADDRESS
     found: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
     for text in filter(None, (part.strip() for part in value.split(","))):
@@ -254,12 +251,8 @@ def parse_shared_addresses(value: str) -> tuple[ipaddress.IPv4Address | ipaddres
             address = ipaddress.ip_address(text)
         except ValueError:
             raise ConfigError(f"{name} must be IP addresses, got {text!r}") from None
-        if any(address in network for network in TAILNET_RANGES):
-            raise ConfigError(f"{name}: {address} is in the tailnet's own range; "
-                              "choose an address outside 100.64.0.0/10 and fd7a:115c:a1e0::/48")
-        if (address.is_loopback or address.is_multicast or address.is_unspecified or address.is_link_local
-                or address.is_reserved):
-            raise ConfigError(f"{name}: {address} is not a unicast address a peer can route to")
+        if (problem := shared_address_problem(address)) is not None:
+            raise ConfigError(f"{name}: {address} {problem}")
         if any(a.version == address.version for a in found):
             raise ConfigError(f"{name}: at most one IPv4 and one IPv6 address, got {value!r}")
         found.append(address)

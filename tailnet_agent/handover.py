@@ -11,8 +11,8 @@ drain deadline, which leaves the rest to the connections open by then.
 An ingress whose replicas share an address (``TAILNET_SHARED_ADDRESS``) hands that over instead: it
 withdraws its route to it, and control moves the route to another replica (Headscale elects a new
 primary among the online advertisers and sends every peer the change). The replica keeps accepting
-while control still names it the primary, then :data:`SETTLE` seconds more for peers whose netmap
-comes a little later than its own.
+until its netmap shows another replica holding the route (at most :data:`SHARED_HOLD` seconds),
+then :data:`SETTLE` seconds more for peers whose netmap comes a little later than its own.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ HOLD_SHARE = 2 / 3
 """The part of ``TAILNET_DRAIN_TIMEOUT`` an ingress may keep accepting for (20 s of the operator's 30)."""
 CHECK_INTERVAL = 0.5
 """Seconds between two looks at the node's own name (or primary routes)."""
+SHARED_HOLD = 10.0
+"""Seconds at most a replica waits to see its shared address move (Headscale takes up to about 2 s:
+a NodeStore batch of 500 ms and a map batch of 800 ms), for a move its netmap never shows (no
+other replica, or one the policy hides from it)."""
 SETTLE = 2.0
 """Seconds a replica keeps accepting after control moved the shared address away: peers get the
 same map update (Headscale batches every 800 ms), some a little later than this node."""

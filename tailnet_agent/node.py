@@ -176,12 +176,17 @@ class Node:
 
     @property
     def serves_shared(self) -> bool:
-        """Whether control sends a shared address to this node: one of :attr:`shared_routes` is among
-        its primary routes in the latest netmap."""
+        """Whether control still sends a shared address to this node, as far as its netmap tells: one
+        of :attr:`shared_routes` is among its own primary routes and no peer has it as a primary route.
+
+        Headscale re-elects at once when the route is withdrawn, but sends this node's own entry
+        again only with a change of its own, so a peer that took the route is what shows the move."""
         if self.netmap is None or not self.shared_routes:
             return False
-        primary = {str(route) for route in self.netmap.self_node.primary_routes}
-        return any(route in primary for route in self.shared_routes)
+        mine = {str(route) for route in self.netmap.self_node.primary_routes}
+        held = [route for route in self.shared_routes if route in mine]
+        taken = {str(route) for peer in self.netmap.peers.values() for route in peer.primary_routes}
+        return any(route not in taken for route in held)
 
     async def withdraw_shared(self) -> bool:
         """Stop advertising the shared addresses (they stay answered here), so that control moves

@@ -14,6 +14,9 @@ kind a tenant creates, so it is the only kind judged here. The rules, as the adm
 * A name belongs to the first holder: an egress alias first, then ingresses ordered by
   creation time (then namespace and name, so every restart decides the same). A later
   claimant is refused, whatever the order the operator happens to see them in.
+* A shared address (``spec.sharedAddress``) is available when it lies in one of the
+  ``sharedAddresses`` ranges of an entry naming the namespace and in none of the Tailnet's
+  ``reservedNetworks``; it belongs to its first holder as a name does.
 
 Everything here is pure: the callers gather the Tailnet, the reserved tags and the claims, and
 act on the :class:`Refusal` (a condition reason and a message that says what to ask for).
@@ -24,6 +27,7 @@ parts that need no other object: namespace, tag and names.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,10 +39,14 @@ __all__ = [
     "Claim",
     "Refusal",
     "claim_order",
+    "claimed",
     "first_holders",
+    "is_address",
     "judge",
     "name_allowed",
     "policy_reserved_tags",
+    "shared_address_holders",
+    "shared_routes",
     "tag_allowed",
     "taken",
 ]
@@ -98,7 +106,69 @@ def judge(ingress: TailnetIngress, tailnet: Tailnet, *, reserved: Iterable[str],
             f"namespace {namespace} may use the tags {', '.join(sorted(patterns))} on the Tailnet "
             f"{tailnet_name}, not {tag}; nothing was created on the tailnet. Choose one of those, or "
             f"{_ask(tag, tailnet_name)}"))
+    if (refusal := _address_refusal(ingress, tailnet, entries, namespace)) is not None:
+        return refusal
     return _names_refusal(tailnet, entries, namespace, list(names))
+
+
+def _address_refusal(ingress: TailnetIngress, tailnet: Tailnet, entries: list[TailnetTenant],
+                     namespace: str) -> Refusal | None:
+    if ingress.spec.shared_address is None:
+        return None
+    address, tailnet_name = ipaddress.ip_address(ingress.spec.shared_address), str(tailnet.metadata.name)
+    reserved = [n for n in tailnet.spec.reserved_networks or [] if address in ipaddress.ip_network(n)]
+    if reserved:
+        return Refusal("SharedAddressReserved", (
+            f"the sharedAddress {address} lies in the Tailnet {tailnet_name}'s reservedNetworks "
+            f"({', '.join(reserved)}); nothing was created on the tailnet. Choose an address outside them"))
+    ranges = [r for entry in entries for r in entry.shared_addresses or []]
+    if not any(address in ipaddress.ip_network(r) for r in ranges):
+        allowed = f"shared addresses from {', '.join(sorted(ranges))}" if ranges else "no shared addresses"
+        return Refusal("SharedAddressNotAllowed", (
+            f"namespace {namespace} may use {allowed} on the Tailnet {tailnet_name}, not {address}; nothing "
+            f"was created on the tailnet. Choose an address in those ranges, or "
+            f"{_ask('a range holding it', tailnet_name)} (sharedAddresses)"))
+    return None
+
+
+def claimed(ingress: TailnetIngress, names: Iterable[str]) -> tuple[str, ...]:
+    """What an ingress claims against every other object: its ``names`` and its shared address."""
+    shared = () if ingress.spec.shared_address is None else (str(ipaddress.ip_address(ingress.spec.shared_address)),)
+    return (*names, *shared)
+
+
+def shared_address_holders(ingresses: Iterable[TailnetIngress]) -> list[TailnetIngress]:
+    """The ingresses that hold their shared address (its first claimant, by :func:`claim_order`), so
+    only their tag is approved for it; a later claimant is refused (``SharedAddressTaken``)."""
+    holders: dict[str, TailnetIngress] = {}
+    ranked = sorted((i for i in ingresses if i.spec.shared_address is not None),
+                    key=lambda i: claim_order(i.model_dump(by_alias=True, mode="json")))
+    for ingress in ranked:
+        holders.setdefault(str(ipaddress.ip_address(str(ingress.spec.shared_address))), ingress)
+    return list(holders.values())
+
+
+def shared_routes(ingresses: Iterable[TailnetIngress], tailnet: Tailnet) -> dict[str, set[str]]:
+    """``{shared-address route: the tags of the ingresses claiming it}`` (for :func:`policy_reserved_tags`),
+    of the ingresses whose namespace the Tailnet grants that address: a claim the admin did not grant
+    never unreserves a tag."""
+    routes: dict[str, set[str]] = {}
+    for ingress in ingresses:
+        entries = _entries(tailnet, str(ingress.metadata.namespace))
+        if ingress.spec.shared_address is not None and entries and _address_refusal(
+                ingress, tailnet, entries, str(ingress.metadata.namespace)) is None:
+            ip = ipaddress.ip_address(ingress.spec.shared_address)
+            routes.setdefault(f"{ip}/{ip.max_prefixlen}", set()).add(ingress.spec.tag)
+    return routes
+
+
+def is_address(claim: str) -> bool:
+    """Whether a claimed string is a shared address (the rest are DNS names)."""
+    try:
+        ipaddress.ip_address(claim)
+    except ValueError:
+        return False
+    return True
 
 
 def _ask(what: str, tailnet: str) -> str:
@@ -158,19 +228,30 @@ def first_holders(claims: Iterable[Claim]) -> dict[str, Claim]:
 
 
 def taken(names: Iterable[str], mine: tuple[int, str, str, str], holders: Mapping[str, Claim]) -> Refusal | None:
-    """The refusal of a claimant ranked ``mine`` whose ``names`` another claimant holds."""
+    """The refusal of a claimant ranked ``mine`` whose ``names`` (or shared address, :func:`claimed`)
+    another claimant holds."""
     clashes = [(n, holders[n]) for n in (x.lower().rstrip(".") for x in names)
                if n in holders and holders[n].rank != mine]
     if not clashes:
         return None
+    if addresses := [(n, c) for n, c in clashes if is_address(n)]:
+        described = "; ".join(f"{n} is held by {c.holder}" for n, c in addresses)
+        return Refusal("SharedAddressTaken", (
+            f"the sharedAddress {described}; nothing was created on the tailnet. An address belongs to "
+            "whoever claimed it first (ingresses by creation time): choose another address"))
     described = "; ".join(f"{n} is held by {c.holder}" for n, c in clashes)
     return Refusal("DNSNameTaken", (
         f"{described}; nothing was created on the tailnet. A name belongs to whoever claimed it first "
         "(egress aliases, then ingresses by creation time): choose another name"))
 
 
-def policy_reserved_tags(policy: Mapping[str, Any]) -> set[str]:
-    """Tags a parsed policy uses as grant or ACL sources and as route or exit-node approvers."""
+def policy_reserved_tags(policy: Mapping[str, Any], *, shared: Mapping[str, set[str]] | None = None) -> set[str]:
+    """Tags a parsed policy uses as grant or ACL sources and as route or exit-node approvers.
+
+    ``shared`` maps each ingress's shared-address route (``198.18.5.10/32``) to the tags of the
+    ingresses claiming it: a route approved for those tags alone is what the operator renders for
+    them (:func:`shared_routes`), not a platform identity, so it reserves nothing (else an ingress
+    given a shared address would find its own tag reserved on its next pass)."""
     tags: set[str] = set()
     for section in ("grants", "acls"):
         for rule in policy.get(section) or []:
@@ -178,7 +259,10 @@ def policy_reserved_tags(policy: Mapping[str, Any]) -> set[str]:
                 tags.update(s for s in rule.get("src") or [] if isinstance(s, str) and s.startswith("tag:"))
     approvers = policy.get("autoApprovers") or {}
     if isinstance(approvers, Mapping):
-        for approved in (approvers.get("routes") or {}).values():
-            tags.update(a for a in approved or [] if isinstance(a, str) and a.startswith("tag:"))
+        for route, approved in (approvers.get("routes") or {}).items():
+            found = {a for a in approved or [] if isinstance(a, str) and a.startswith("tag:")}
+            if shared and found <= shared.get(str(route), set()):
+                continue
+            tags.update(found)
         tags.update(a for a in approvers.get("exitNode") or [] if isinstance(a, str) and a.startswith("tag:"))
     return tags

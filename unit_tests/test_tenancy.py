@@ -14,10 +14,13 @@ from tailnet_operator.resources import ingress as build
 from tailnet_operator.tenancy import (
     Claim,
     claim_order,
+    claimed,
     first_holders,
     judge,
     name_allowed,
     policy_reserved_tags,
+    shared_address_holders,
+    shared_routes,
     tag_allowed,
     taken,
 )
@@ -38,7 +41,7 @@ def tailnet(*tenants: dict[str, Any], dns: bool = True) -> Tailnet:
 
 def ingress(namespace: str = "shop", tag: str = "tag:shop-web", *, template: str | None = None,
             host: str | None = None, alias: str | None = None, name: str = "web",
-            created: str = "2026-01-01T00:00:00Z") -> TailnetIngress:
+            created: str = "2026-01-01T00:00:00Z", shared: str | None = None) -> TailnetIngress:
     expose: dict[str, Any] = {"name": "web", "port": 443, "backend": {"service": "web", "port": 80}}
     if host is not None:
         expose |= {"mode": "http", "hosts": [{"name": host, "tls": {"secretName": "web-tls"},
@@ -46,6 +49,8 @@ def ingress(namespace: str = "shop", tag: str = "tag:shop-web", *, template: str
     spec: dict[str, Any] = {"tailnetRef": {"name": "tn"}, "tag": tag, "hostname": "web", "exposes": [expose]}
     if template:
         spec["dnsTemplate"] = template
+    if shared:
+        spec |= {"sharedAddress": shared, "replicas": 2}
     return TailnetIngress.model_validate({"metadata": {"name": name, "namespace": namespace,
                                                        "creationTimestamp": created}, "spec": spec})
 
@@ -155,3 +160,45 @@ def test_the_shipped_samples_are_within_their_tenancy() -> None:
     sample_ingress = TailnetIngress.model_validate({**raw, "metadata": {**raw["metadata"], "namespace": "monitoring"}})
     names = build.dns_names(sample_ingress, zones_of(sample_tailnet))
     assert judge(sample_ingress, sample_tailnet, reserved=set(), names=names) is None
+
+
+SHARING = {**SHOP, "sharedAddresses": ["198.18.5.0/28"]}
+
+
+def test_a_shared_address_needs_a_range_the_namespace_is_granted() -> None:
+    assert verdict(ingress(shared="198.18.5.10"), tailnet(SHARING)) is None
+    assert verdict(ingress(shared="198.18.5.20"), tailnet(SHARING)) == "SharedAddressNotAllowed"
+    refusal = judge(ingress(shared="198.18.5.10"), tailnet(SHOP), reserved=set(), names=[])
+    assert refusal is not None and refusal.reason == "SharedAddressNotAllowed"
+    assert "may use no shared addresses" in refusal.message and "(sharedAddresses)" in refusal.message
+
+
+def test_a_shared_address_in_the_tailnets_reserved_networks_is_refused() -> None:
+    net = tailnet(SHARING)
+    net.spec.reserved_networks = ["198.18.5.8/29"]
+    assert verdict(ingress(shared="198.18.5.10"), net) == "SharedAddressReserved"
+    assert verdict(ingress(shared="198.18.5.2"), net) is None
+
+
+def test_a_shared_address_belongs_to_its_first_claimant() -> None:
+    early = ingress(name="a", shared="198.18.5.10")
+    late = ingress(name="b", shared="198.18.5.10", created="2026-02-01T00:00:00Z")
+    claims = [Claim(claim_order(i.model_dump(by_alias=True, mode="json")), claimed(i, [])) for i in (late, early)]
+    refusal = taken(claimed(late, []), claims[0].rank, first_holders(claims))
+    assert refusal is not None and refusal.reason == "SharedAddressTaken"
+    assert "198.18.5.10 is held by TailnetIngress shop/a" in refusal.message
+    assert taken(claimed(early, []), claims[1].rank, first_holders(claims)) is None
+    assert shared_address_holders([late, early]) == [early], "only the holder's tag is approved for it"
+
+
+def test_a_granted_shared_route_reserves_nothing_and_an_ungranted_one_still_does() -> None:
+    """The operator renders each shared address's route approved for its ingress's tag; that entry
+    must not make the tag reserved (the ingress would refuse itself next pass). A claim the admin
+    did not grant (outside the namespace's ranges) leaves the route's approvers reserved."""
+    policy = {"autoApprovers": {"routes": {"198.18.5.10/32": ["tag:shop-web"],
+                                           "198.18.9.10/32": ["tag:shop-db"]}}}
+    granted, ungranted = ingress(shared="198.18.5.10"), ingress(tag="tag:shop-db", shared="198.18.9.10")
+    routes = shared_routes([granted, ungranted], tailnet(SHARING))
+    assert routes == {"198.18.5.10/32": {"tag:shop-web"}}
+    assert policy_reserved_tags(policy, shared=routes) == {"tag:shop-db"}
+    assert policy_reserved_tags(policy) == {"tag:shop-web", "tag:shop-db"}

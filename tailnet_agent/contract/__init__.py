@@ -10,5 +10,6 @@ agent (unit_tests/test_import_boundaries.py checks all three rules).
   agent's side) and their writer (the operator's side);
 * :mod:`.status`: the ``GET /status`` document and its route states;
 * :mod:`.clock` and :mod:`.backoff`: the time seam and the one jittered backoff both sides use;
-* :mod:`.errors`: :class:`~.errors.ConfigError`, what a parser raises for a bad value.
+* :mod:`.errors`: :class:`~.errors.ConfigError`, what a parser raises for a bad value;
+* :mod:`.addresses`: which addresses an ingress's replicas may share.
 """

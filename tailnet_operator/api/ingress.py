@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
+from tailnet_agent.contract.addresses import shared_address_problem
 from tailnet_operator.api.common import (
     DNS_SUBDOMAIN_PATTERN,
     ApiModel,
@@ -16,6 +18,7 @@ from tailnet_operator.api.common import (
     DNSLabel,
     DNSName,
     Generation,
+    IPAddress,
     LocalSecretKeyRef,
     ObjectMeta,
     Port,
@@ -27,7 +30,7 @@ from tailnet_operator.api.common import (
     duplicates,
     validations,
 )
-from tailnet_operator.api.egress import NodeStatus, PreAuthKeyStatus
+from tailnet_operator.api.egress import MAX_REPLICAS, NodeStatus, PreAuthKeyStatus
 
 # The cross-expose host-name rule is quadratic in both; these keep it within the CEL budget.
 EXPOSES_MAX = 8
@@ -253,6 +256,12 @@ class TailnetIngressSpec(ApiModel):
                 "a host name may appear in only one expose",
                 ".exposes",
             ),
+            cel(
+                "!has(self.replicas) || self.replicas == 1 || has(self.sharedAddress)",
+                "replicas above 1 need a sharedAddress: clients reach the replicas at that address, "
+                "since a MagicDNS name belongs to one node",
+                ".replicas",
+            ),
         )
     )
 
@@ -278,6 +287,33 @@ class TailnetIngressSpec(ApiModel):
         description="Listeners on the tailnet and the Services behind them.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
+    shared_address: IPAddress | None = Field(
+        default=None,
+        description=(
+            "An address the ingress's agent pods share, outside the tailnet's ranges (e.g. 198.18.5.10, from a "
+            "range the Tailnet's tenants entry grants in sharedAddresses). Each pod advertises it as a host "
+            "route, approved for the ingress's tag; Headscale sends it to one pod at a time and moves it when "
+            "that pod goes, so rollouts, drains and lost pods keep it answering. The DNS names of the hosts file "
+            "point at it. Clients must accept routes (tailscale up --accept-routes, the default off Linux) and "
+            "the policy must grant them the address, as it grants the tag."
+        ),
+        json_schema_extra=validations(
+            cel("!isIP(self) || !(cidr('100.64.0.0/10').containsIP(self) || "
+                "cidr('fd7a:115c:a1e0::/48').containsIP(self))",
+                "must be outside the tailnet's own ranges 100.64.0.0/10 and fd7a:115c:a1e0::/48"),
+            cel("!isIP(self) || ip(self).isGlobalUnicast()", "must be a unicast address a peer can route to"),
+        ),
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_REPLICAS,
+        description=(
+            "Number of agent Pods. Above 1 it needs sharedAddress: every Pod is its own node serving the "
+            "address, with a PodDisruptionBudget (at most one evicted at a time) and spread over nodes, so a "
+            f"drain or a lost Pod is answered by another. Defaults to 1; at most {MAX_REPLICAS}."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -292,6 +328,12 @@ class TailnetIngressSpec(ApiModel):
                     )
         if dups := duplicates([h.name for e in self.exposes for h in e.hosts or []]):
             raise ValueError(f"exposes: a host name may appear in only one expose: {dups}")
+        if self.replicas > 1 and self.shared_address is None:
+            raise ValueError("replicas: replicas above 1 need a sharedAddress: clients reach the replicas at "
+                             "that address, since a MagicDNS name belongs to one node")
+        if self.shared_address is not None and (
+                problem := shared_address_problem(ipaddress.ip_address(self.shared_address))) is not None:
+            raise ValueError(f"sharedAddress: {self.shared_address} {problem}")
         if self.dns_template is not None:
             expanded = render_dns_template(self.dns_template, hostname="h", name="n", namespace="ns")
             if not re.fullmatch(DNS_SUBDOMAIN_PATTERN, expanded):

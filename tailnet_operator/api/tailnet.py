@@ -92,6 +92,18 @@ class TailnetTenant(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
 
+    shared_addresses: list[CIDR] | None = Field(
+        default=None,
+        max_length=16,
+        description=(
+            "Ranges their ingresses may take a sharedAddress from (the address an ingress's replicas share, "
+            "advertised as a route): e.g. 198.18.5.0/28. An address belongs to the first ingress that "
+            "claims it. Without this field the tenant gets no shared addresses, so its ingresses run one "
+            "replica."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
 
 class PolicyConfigMapRef(NamespacedName):
     """A key in a ConfigMap holding the base HuJSON policy."""

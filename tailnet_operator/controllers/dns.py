@@ -41,7 +41,7 @@ from tailnet_operator.resources import ingress as ingress_build
 from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Reader, Request, Result, Writer
 from tailnet_operator.runtime.errors import Forbidden
 from tailnet_operator.runtime.events import EventRecorder
-from tailnet_operator.tenancy import Claim, claim_order, first_holders, in_zone, judge
+from tailnet_operator.tenancy import Claim, claim_order, claimed, first_holders, in_zone, is_address, judge
 from tailnet_operator.types import JSON
 
 from . import hosts_guard, periods
@@ -136,9 +136,14 @@ class DnsReconciler:
 
     def _ingress_entries(self, tailnet: Tailnet, previous: dict[str, str]) -> dict[str, str]:
         entries: dict[str, str] = {}
-        for name, claim in name_holders(self.reader, tailnet, self.namespace).items():
-            if claim.rank[0] == 0:
-                continue  # an egress alias: written above
+        holders = name_holders(self.reader, tailnet, self.namespace)
+        for name, claim in holders.items():
+            if claim.rank[0] == 0 or is_address(name):
+                continue  # an egress alias (written above), or a shared address (no name)
+            shared = next((n for n in claim.names if is_address(n) and holders.get(n) is claim), None)
+            if shared is not None:  # the ingress's replicas share it: its names point there
+                entries[name] = shared
+                continue
             namespace, ingress = claim.rank[2], claim.rank[3]
             record = self.reader.get(SECRET, ingress_build.record_name(namespace, ingress), self.namespace)
             address = node_address(record)
@@ -195,7 +200,7 @@ def name_holders(reader: Reader, tailnet: Tailnet, namespace: str, *,
             continue
         names = ingress_build.dns_names(ingress, zones)
         if judge(ingress, tailnet, reserved=reserved, names=names) is None:
-            claims.append(Claim(claim_order(obj), tuple(names)))
+            claims.append(Claim(claim_order(obj), claimed(ingress, names)))
     return first_holders(claims)
 
 

@@ -45,8 +45,16 @@ from tailnet_operator.policy.derive import Derived
 from tailnet_operator.resources import ingress as build
 from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Request, Writer
 from tailnet_operator.runtime.errors import Forbidden, NotFound
-from tailnet_operator.runtime.kinds import CERTIFICATE, DEPLOYMENT, NETWORK_POLICY
-from tailnet_operator.tenancy import Refusal, claim_order, judge, policy_reserved_tags, taken
+from tailnet_operator.runtime.kinds import CERTIFICATE, DEPLOYMENT, NETWORK_POLICY, POD_DISRUPTION_BUDGET
+from tailnet_operator.tenancy import (
+    Refusal,
+    claim_order,
+    claimed,
+    judge,
+    policy_reserved_tags,
+    shared_routes,
+    taken,
+)
 from tailnet_operator.types import JSON
 
 from .access import Deps
@@ -58,6 +66,7 @@ from .ingress_status import CertificateIssue, Report, own_nodes, report, retired
 from .keyrecord import NODE_IDS
 from .kinds import TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .pipeline import Outcome, Run, TaggedNodeReconciler
+from .policy import TAILNET_INDEX
 from .preauth import AuthKey
 
 __all__ = ["CONDITION_TYPES", "FIELD_MANAGER", "IngressNode", "IngressSettings", "ingress_reconciler", "secret_users",
@@ -175,13 +184,23 @@ class IngressNode:
         another object holds one of its names (a pass over the Tailnet's ingresses)."""
         reserved = self._cluster_tags()
         if live_policy:
-            reserved |= policy_reserved_tags(parse_hujson(live_policy))
+            reserved |= policy_reserved_tags(parse_hujson(live_policy), shared=self._shared_routes(run.tailnet))
         zones = zones_of(run.tailnet)
         names = build.dns_names(run.cr, zones) if run.tailnet.spec.dns is not None else []
         if (refusal := judge(run.cr, run.tailnet, reserved=reserved, names=names)) is not None or live_policy is None:
             return refusal
         holders = name_holders(self.reader, run.tailnet, self.settings.operator_namespace, reserved=reserved)
-        return taken(names, claim_order(run.obj), holders)
+        return taken(claimed(run.cr, names), claim_order(run.obj), holders)
+
+    def _shared_routes(self, tailnet: Tailnet) -> dict[str, set[str]]:
+        """The granted shared-address routes of the ingresses that parse, with the tags claiming each."""
+        ingresses = []
+        for obj in self.reader.list(TAILNET_INGRESS, index=(TAILNET_INDEX, str(tailnet.metadata.name))):
+            with contextlib.suppress(ValidationError):
+                if (parsed := self.reader.get(TailnetIngress, obj["metadata"]["name"],
+                                              obj["metadata"].get("namespace"))) is not None:
+                    ingresses.append(parsed)
+        return shared_routes(ingresses, tailnet)
 
     def _cluster_tags(self) -> set[str]:
         """The tags of every egress, gateway and site router: the platform's, never a tenant's by prefix."""
@@ -218,12 +237,15 @@ class IngressNode:
         certificates = [Want(CERTIFICATE, build.certificate(owner, ingress, host, zones), optional=True)
                         for expose in ingress.spec.exposes for host in expose.hosts or []
                         if host.tls.cert_manager is not None]
+        budget = build.disruption_budget(owner, ingress)
         return Desired.of((SECRET, build.auth_secret(owner, ingress, key.key)),
                           (DEPLOYMENT, build.deployment(owner, ingress, agent)),
                           (SERVICE, build.agent_service(owner, ingress)),
                           (NETWORK_POLICY, build.network_policy(owner, ingress, agent,
                                                                 self.settings.operator_namespace)),
-                          *certificates)
+                          *certificates,
+                          *([(POD_DISRUPTION_BUDGET, budget)] if budget else []),
+                          prune=[(POD_DISRUPTION_BUDGET, run.namespace)])
 
     # -- status ---------------------------------------------------------------------------------
 

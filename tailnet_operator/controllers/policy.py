@@ -275,7 +275,8 @@ class _InputReader:
             self._models = {k: v for k, v in self._models.items() if k in seen}
         derived = derive_from_objects(
             egresses=egresses, ingresses=ingresses, gateways=gateways,
-            sites=[s for s in sites if not verdicts[name_of(s)].blocked])
+            sites=[s for s in sites if not verdicts[name_of(s)].blocked],
+            shared_address_holders=tenancy.shared_address_holders(ingresses))
         return Inputs(derived, sites, verdicts)
 
     def _ports(self, namespace: str) -> ic.PortOf:

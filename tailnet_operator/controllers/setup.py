@@ -315,6 +315,7 @@ def _add_ingress(manager: Manager,
      .owns(DEPLOYMENT, labels=OWNED)
      .owns(SERVICE, labels=OWNED)
      .owns(NETWORK_POLICY, labels=OWNED)
+     .owns(POD_DISRUPTION_BUDGET, labels=OWNED)
      .watches(SECRET, _ingresses_using_secret(cache))
      .watches(TAILNET, _of_tailnets(cache, TAILNET_INGRESS), TAILNET_ACCESS_CHANGED))
     return ingress

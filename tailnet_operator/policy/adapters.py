@@ -40,8 +40,12 @@ def egress_input(obj: TailnetEgress) -> EgressInput:
     )
 
 
-def ingress_input(obj: TailnetIngress) -> IngressInput:
+def ingress_input(obj: TailnetIngress, *, holds_address: bool = True) -> IngressInput:
+    """``holds_address``: whether the ingress holds its shared address (only the holder's tag is
+    approved for it: :func:`tailnet_operator.tenancy.shared_address_holders`)."""
+    shared = obj.spec.shared_address if holds_address else None
     return IngressInput(tag=obj.spec.tag, ports=tuple(sorted({e.port for e in obj.spec.exposes})),
+                        shared_address=shared,
                         source=_source("TailnetIngress", obj.metadata.namespace, obj.metadata.name))
 
 
@@ -64,11 +68,15 @@ def derive_from_objects(
     sites: Iterable[TailnetSite] = (),
     gateways: Iterable[TailnetGateway] = (),
     owners: Sequence[str] = DEFAULT_TAG_OWNERS,
+    shared_address_holders: Iterable[TailnetIngress] | None = None,
 ) -> Derived:
-    """:func:`derive` straight from CRD objects (sites must already exclude Blocked ones)."""
+    """:func:`derive` straight from CRD objects (sites must already exclude Blocked ones); an
+    ingress's shared address is approved only when it is among ``shared_address_holders`` (None:
+    every ingress holds its own)."""
+    holders = None if shared_address_holders is None else {id(i) for i in shared_address_holders}
     return derive(
         egresses=map(egress_input, egresses),
-        ingresses=map(ingress_input, ingresses),
+        ingresses=(ingress_input(i, holds_address=holders is None or id(i) in holders) for i in ingresses),
         sites=map(site_input, sites),
         gateways=map(gateway_input, gateways),
         owners=owners,

@@ -21,7 +21,9 @@ Decisions (see the package docstring for the list the docs record):
   Headscale host alias and only works if the policy's ``hosts`` defines it), ``ip`` its TCP ports.
 * Ingresses contribute only their tag: who may reach an ingress is the policy author's decision
   and nothing in the CR says who that is, so no grant is invented (a wide-open one would be a
-  silent security change).
+  silent security change). An ingress with a shared address also gets that address's host route
+  approved for its tag (its replicas advertise it); who may reach the address is again the
+  author's grant.
 * Gateways contribute their tag and approvals for their own extra routes (the LoadBalancer
   range). Their ``siteRoutes`` are approved through TailnetSites, where overlaps are checked.
 """
@@ -68,6 +70,8 @@ class IngressInput:
 
     tag: str
     ports: tuple[int, ...] = ()
+    shared_address: str | None = None
+    """The address its replicas share: its host route is approved for the tag."""
     source: str = field(default="", compare=False)
 
 
@@ -246,6 +250,12 @@ def derive(
         tags.add(check_tag(ingress.tag))
         if ingress.source:
             origins["tag", ingress.tag].add(ingress.source)
+        if ingress.shared_address is not None:
+            shared = ipaddress.ip_address(ingress.shared_address)
+            route = f"{shared}/{shared.max_prefixlen}"
+            approvers[route].add(ingress.tag)
+            if ingress.source:
+                origins["route", route].add(ingress.source)
     for egress in egress_list:
         tags.add(check_tag(egress.tag))
         if egress.source:

@@ -239,15 +239,27 @@ def _certs_volume(ingress: TailnetIngress) -> Obj | None:
 
 
 def deployment(owner: Obj, ingress: TailnetIngress, agent: AgentSpec) -> Obj:
-    """One agent pod; the exposes, the key and the certificates are mounted directories."""
+    """``spec.replicas`` agent pods (one unless they share an address, spread over nodes when more);
+    the exposes, the key and the certificates are mounted directories."""
+    shared = ([{"name": env_names.SHARED_ADDRESS, "value": ingress.spec.shared_address}]
+              if ingress.spec.shared_address is not None else [])
     env = [*pod.base_env(agent, mode=env_names.INGRESS, hostname=ingress.spec.hostname),
            {"name": env_names.EXPOSES_FILE, "value": f"{CONFIG_DIR}/{EXPOSES_FILE}"},
-           *pod.common_env(agent)]
+           *shared, *pod.common_env(agent)]
     certs = _certs_volume(ingress)
+    replicas = ingress.spec.replicas
     return pod.deployment(owned_metadata(owner, ingress, agent_name(ingress)), agent_labels(ingress), agent,
                           env=env, config_map=config_map_name(ingress), tag=ingress.spec.tag,
                           volumes=[certs] if certs else [],
-                          mounts=[{"name": "certs", "mountPath": CERTS_DIR, "readOnly": True}] if certs else [])
+                          mounts=[{"name": "certs", "mountPath": CERTS_DIR, "readOnly": True}] if certs else [],
+                          replicas=replicas, spread=replicas > 1)
+
+
+def disruption_budget(owner: Obj, ingress: TailnetIngress) -> Obj | None:
+    """With two or more replicas, at most one agent evicted at a time (None with one, as for an egress)."""
+    if ingress.spec.replicas < 2:
+        return None
+    return pod.pod_disruption_budget(owned_metadata(owner, ingress, agent_name(ingress)), agent_labels(ingress))
 
 
 def agent_service(owner: Obj, ingress: TailnetIngress) -> Obj:

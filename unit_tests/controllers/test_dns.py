@@ -12,7 +12,8 @@ from tailnet_operator.types import JSON
 from .harness import NAMESPACE, World
 
 DNS = {"hostsConfigMap": {"namespace": "kube-system", "name": "tailnet-hosts"}, "zones": ["example.internal"]}
-TENANTS = [{"namespaces": ["tenant"], "tags": ["tag:ingress-*"], "dnsNames": ["*.example.internal"]}]
+TENANTS = [{"namespaces": ["tenant"], "tags": ["tag:ingress-*"], "dnsNames": ["*.example.internal"],
+            "sharedAddresses": ["198.18.5.0/28"]}]
 
 
 def make_world() -> tuple[World, DnsReconciler]:
@@ -114,7 +115,8 @@ async def test_a_service_name_another_egress_holds_gives_its_alias_no_address() 
 
 
 def add_ingress(world: World, *, addresses: list[str] | None = None, name: str = "shop", namespace: str = "tenant",
-                created: str = "2026-01-01T00:00:00Z", template: str = "{hostname}.example.internal") -> None:
+                created: str = "2026-01-01T00:00:00Z", template: str = "{hostname}.example.internal",
+                shared: str | None = None) -> None:
     """An ingress, and with ``addresses`` its record in the operator's namespace as the Ingress
     reconciler writes it (the node's addresses from Headscale)."""
     body: JSON = {"metadata": {"name": name, "namespace": namespace, "creationTimestamp": created}, "spec": {
@@ -122,6 +124,8 @@ def add_ingress(world: World, *, addresses: list[str] | None = None, name: str =
         "exposes": [{"name": "web", "mode": "http", "port": 443, "backend": {"service": "web", "port": 80},
                      "hosts": [{"name": f"{name}.apps.example.internal", "alias": name,
                                 "tls": {"secretName": "t"}}]}]}}
+    if shared is not None:
+        body["spec"] |= {"sharedAddress": shared, "replicas": 2}
     if world.kube.get(TAILNET_INGRESS, name, namespace) is None:
         world.kube.add(TAILNET_INGRESS, body)
     if addresses is None:
@@ -214,3 +218,20 @@ async def test_a_name_two_ingresses_claim_goes_to_the_first_created() -> None:
     await dns.reconcile(Request("", "tn"))
 
     assert parse_hosts(hosts(world))["web.example.internal"] == "100.64.0.1"
+
+
+async def test_the_names_of_an_ingress_whose_replicas_share_an_address_point_at_it() -> None:
+    """Whichever replica holds the route, the names answer; the address itself is no name, and a
+    later ingress claiming the same address keeps its node's address (it is refused the shared one)."""
+    world, dns = make_world()
+    add_ingress(world, addresses=["100.64.0.9"], shared="198.18.5.10")
+    add_ingress(world, addresses=["100.64.0.12"], name="late", created="2026-02-01T00:00:00Z", shared="198.18.5.10")
+
+    await dns.reconcile(Request("", "tn"))
+
+    entries = parse_hosts(hosts(world))
+    assert {n: a for n, a in entries.items() if n.startswith("shop")} == {
+        "shop-gw.example.internal": "198.18.5.10", "shop.apps.example.internal": "198.18.5.10",
+        "shop.example.internal": "198.18.5.10"}
+    assert entries["late-gw.example.internal"] == "100.64.0.12"
+    assert "198.18.5.10" not in entries

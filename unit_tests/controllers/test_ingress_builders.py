@@ -191,3 +191,21 @@ def test_an_ingress_rollout_surges_and_the_old_agent_drains_before_it_stops() ->
     assert template["containers"][0]["lifecycle"]["preStop"] == {"sleep": {"seconds": pod.PRE_STOP_SECONDS}}
     assert template["terminationGracePeriodSeconds"] == pod.TERMINATION_GRACE_SECONDS
     assert pod.TERMINATION_GRACE_SECONDS > pod.PRE_STOP_SECONDS + pod.DRAIN_SECONDS
+
+
+def test_replicas_that_share_an_address_get_it_a_budget_and_a_spread() -> None:
+    one = ingress([DB])
+    assert build.deployment(OWNER, one, AGENT)["spec"]["replicas"] == 1
+    assert build.disruption_budget(OWNER, one) is None
+    env = build.deployment(OWNER, one, AGENT)["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert "TAILNET_SHARED_ADDRESS" not in {e["name"] for e in env}
+
+    shared = ingress([DB], replicas=3, sharedAddress="198.18.5.10")
+    deployment = build.deployment(OWNER, shared, AGENT)
+    pod_spec = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 3
+    assert {"name": "TAILNET_SHARED_ADDRESS", "value": "198.18.5.10"} in pod_spec["containers"][0]["env"]
+    assert pod_spec["topologySpreadConstraints"] == [pod.topology_spread(build.agent_labels(shared))]
+    budget = build.disruption_budget(OWNER, shared)
+    assert budget is not None and budget["spec"]["maxUnavailable"] == 1
+    assert budget["metadata"]["namespace"] == "tenant"

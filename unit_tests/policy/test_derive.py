@@ -192,3 +192,25 @@ def test_adapters_read_the_samples() -> None:
         Grant(("tag:egress-branch1",), ("192.168.50.10",), ("tcp:5432",)),
         Grant(("tag:egress-branch1",), ("ledger.tailnet.example.internal",), ("tcp:443",)),
     )
+
+
+def test_a_shared_address_is_approved_for_its_holders_tag_and_granted_to_nobody() -> None:
+    derived = derive(ingresses=[IngressInput("tag:web", (443,), shared_address="198.18.5.10"),
+                                IngressInput("tag:v6", (443,), shared_address="2001:db8::10")])
+    assert derived.routes == (RouteApproval("198.18.5.10/32", ("tag:web",)),
+                              RouteApproval("2001:db8::10/128", ("tag:v6",)))
+    assert derived.grants == ()
+
+
+def test_only_the_holder_of_a_shared_address_gets_its_approval() -> None:
+    def shared(name: str, tag: str, created: str) -> TailnetIngress:
+        return TailnetIngress.model_validate({
+            "metadata": {"name": name, "namespace": "shop", "creationTimestamp": created},
+            "spec": {"tailnetRef": {"name": "tn"}, "tag": tag, "hostname": name, "replicas": 2,
+                     "sharedAddress": "198.18.5.10",
+                     "exposes": [{"name": "web", "port": 443, "backend": {"service": "web", "port": 80}}]}})
+
+    first, later = shared("a", "tag:a", "2026-01-01T00:00:00Z"), shared("b", "tag:b", "2026-02-01T00:00:00Z")
+    derived = derive_from_objects(ingresses=[later, first], shared_address_holders=[first])
+    assert derived.routes == (RouteApproval("198.18.5.10/32", ("tag:a",)),)
+    assert ingress_input(later, holds_address=False).shared_address is None
