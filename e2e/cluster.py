@@ -109,12 +109,14 @@ def apply(cluster: ClusterUnderTest, docs: Sequence[dict[str, Any]]) -> None:
 
 
 def admit_tenant(cluster: ClusterUnderTest, tailnet: str, namespace: str, tags: list[str],
-                 dns_names: list[str] | None = None) -> None:
+                 dns_names: list[str] | None = None, shared_addresses: list[str] | None = None) -> None:
     """Name ``namespace`` a tenant of ``tailnet`` (spec.tenants), as the cluster admin does, with
-    the tags and DNS names it may use."""
+    the tags, DNS names and shared-address ranges it may use."""
     tenant: dict[str, Any] = {"namespaces": [namespace], "tags": tags}
     if dns_names:
         tenant["dnsNames"] = dns_names
+    if shared_addresses:
+        tenant["sharedAddresses"] = shared_addresses
     current = get_json(cluster, TAILNETS, tailnet).get("spec", {}).get("tenants") or []
     patch = json.dumps({"spec": {"tenants": [*current, tenant]}})
     kubectl(cluster, "patch", TAILNETS, tailnet, "--type=merge", "-p", patch)

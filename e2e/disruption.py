@@ -588,10 +588,20 @@ class IngressWorld:
     laptop: TailscaleNode
     sni: str
     ca: Path
+    shared_address: str | None = None
+    """The address the ingress's replicas share (the load goes there), or None: one replica, by name."""
 
     def load(self) -> IngressLoad:
+        if self.shared_address is not None:
+            return IngressLoad(self.laptop, self.shared_address, self.sni, self.ca)
         magic = str(self.subject.get()["status"]["magicDNSName"]).rstrip(".")
         return IngressLoad(self.laptop, magic, self.sni, self.ca)
+
+
+SHARED_ADDRESS = "198.19.250.10"
+"""An ingress's shared address in the disruption runs: inside the local node's cluster range, whose
+``unreachable`` route keeps a packet the laptop would send from the host on this machine, and used by
+nothing of the node's (node 198.19.0.x, pods 198.19.64.0/24, Services 198.19.128.0/24)."""
 
 
 def _tls_secret(ns: str, name: str, ca: CertificateAuthority, host: str) -> dict[str, Any]:
@@ -604,24 +614,29 @@ def _tls_secret(ns: str, name: str, ca: CertificateAuthority, host: str) -> dict
 
 @contextmanager
 def ingress_world(cluster: ClusterUnderTest, ns: str, headscale: Headscale, image: str, workdir: Path,
-                  tailscale: TailscaleStarter) -> Iterator[IngressWorld]:
+                  tailscale: TailscaleStarter, *, shared: bool = False) -> Iterator[IngressWorld]:
     """An ingress in a tenant namespace with a tcp expose and an https expose (certificate from a
-    Secret) of one backend Service, and a laptop whose tag the policy grants the ingress."""
+    Secret) of one backend Service, and a laptop whose tag the policy grants the ingress. ``shared``:
+    two replicas behind :data:`SHARED_ADDRESS`, which the policy grants the laptop too and the laptop
+    accepts routes to."""
     suffix = uuid.uuid4().hex[:6]
     name = f"disrupt-{suffix}"
     tag, laptop_tag = f"tag:ingress-{suffix}", f"tag:laptop-{suffix}"
+    destinations = [tag, f"{SHARED_ADDRESS}/32"] if shared else [tag]
     policy = json.dumps({"tagOwners": {tag: [], laptop_tag: []},
-                         "grants": [{"src": [laptop_tag], "dst": [tag], "ip": ["*"]}]})
+                         "grants": [{"src": [laptop_tag], "dst": destinations, "ip": ["*"]}]})
     apply(cluster, _tailnet(ns, headscale, name, policy + "\n",
                             dns={"hostsConfigMap": {"namespace": HOSTS[0], "name": HOSTS[1]}, "zones": [ZONE]}))
     wait_until(lambda: condition(get_json(cluster, TAILNETS, name), "PolicyApplied") == "True", timeout=120,
                what="the Tailnet's policy applied (it owns the laptop's tag)")
-    laptop = tailscale(f"laptop-{suffix}", headscale, authkey=headscale.create_preauth_key(tags=[laptop_tag]))
+    laptop = tailscale(f"laptop-{suffix}", headscale, authkey=headscale.create_preauth_key(tags=[laptop_tag]),
+                       accept_routes=shared)
     sni = f"web-{suffix}.{ZONE}"
     ca = CertificateAuthority(workdir / f"ca-{suffix}", f"disrupt-{suffix}")
     try:
         with namespace(cluster, "tenant", {"pod-security.kubernetes.io/enforce": "restricted"}) as tenant:
-            admit_tenant(cluster, name, tenant, [tag], [f"*.{ZONE}"])
+            admit_tenant(cluster, name, tenant, [tag], [f"*.{ZONE}"],
+                         [f"{SHARED_ADDRESS}/32"] if shared else None)
             apply(cluster, [
                 python_pod("web", tenant, image, HTTP_SERVER, labels={"app": "web"}, port=WEB_PORT),
                 {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": tenant},
@@ -639,13 +654,20 @@ def ingress_world(cluster: ClusterUnderTest, ns: str, headscale: Headscale, imag
                 "metadata": {"name": name, "namespace": tenant},
                 "spec": {"tailnetRef": {"name": name}, "tag": tag, "hostname": name,
                          "dnsTemplate": "{hostname}." + ZONE,
+                         **({"replicas": 2, "sharedAddress": SHARED_ADDRESS} if shared else {}),
                          "exposes": [{"name": "raw", "port": WEB_PORT, "backend": backend},
                                      {"name": "web", "mode": "http", "port": 443, "backend": backend,
                                       "hosts": [{"name": sni, "tls": {"secretName": "web-tls"}}]}]}}])
+            # Replicas sharing an address are each their own node: one of them carries the hostname.
             subject = Subject(cluster, ns, tenant, INGRESSES, name, f"tailnet.dev/ingress={name}",
-                              f"{name}-ingress-agent", (ns, record_name(tenant, name)), hostname=name)
+                              f"{name}-ingress-agent", (ns, record_name(tenant, name)),
+                              hostname=None if shared else name)
             subject.wait_steady()
-            yield IngressWorld(subject, laptop, sni, ca.cert_path)
+            if shared:
+                wait_until(lambda: any(f"{SHARED_ADDRESS}/32" in (p.get("PrimaryRoutes") or ())
+                                       for p in laptop.peers()), timeout=120,
+                           what="the laptop routing the shared address to a replica")
+            yield IngressWorld(subject, laptop, sni, ca.cert_path, SHARED_ADDRESS if shared else None)
             kubectl(cluster, "-n", tenant, "delete", INGRESSES, name, "--wait=true", "--timeout=90s", check=False)
     finally:
         _remove_tailnet(cluster, ns, name)

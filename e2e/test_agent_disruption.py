@@ -2,7 +2,9 @@
 
 Egress: a client pod sends an HTTP GET every 20 ms (a new connection each, 2 s deadline) through
 the egress target's Service to a site host; it loses no request while the agent rolls out or its
-pre-auth key rotates with one replica, nor while one of two replicas is deleted. Ingress: a
+pre-auth key rotates with one replica, nor while one of two replicas is deleted. Ingress with two
+replicas behind a shared address: the laptop's requests to the address are all answered through a
+rollout and a deleted pod. Ingress: a
 tailscaled laptop sends requests to an https and a tcp expose by the ingress's MagicDNS name; when
 the agent rolls out, the name moves to the new node once its pod is ready (the old agent serves who
 resolved the name before under another name while it drains), the load recovers, and the name is
@@ -44,6 +46,15 @@ def ingress(cluster: ClusterUnderTest, installed_operator: str, cluster_headscal
             ) -> Iterator[IngressWorld]:
     with ingress_world(cluster, installed_operator, cluster_headscale, project_image.ref,
                        tmp_path_factory.mktemp("ingress"), module_tailscale_nodes) as world:
+        yield world
+
+
+@pytest.fixture(scope="class")
+def shared_ingress(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale: Headscale,
+                   project_image: Any, module_tailscale_nodes: TailscaleFactory,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[IngressWorld]:
+    with ingress_world(cluster, installed_operator, cluster_headscale, project_image.ref,
+                       tmp_path_factory.mktemp("shared-ingress"), module_tailscale_nodes, shared=True) as world:
         yield world
 
 
@@ -93,3 +104,20 @@ class TestIngress:
         assert all(t.sent > 0 for t in outcome.streams.values()), outcome
         # disrupt() waited for the name and for the load's recovery.
         assert ingress.subject.named(), ingress.subject.get().get("status")
+
+
+class TestSharedIngress:
+    """Two replicas behind a shared address (``spec.sharedAddress``): the laptop's requests go to the
+    address, which Headscale sends to one replica and moves when that one goes (the replica withdraws
+    its route at SIGTERM and serves until the move shows)."""
+
+    def test_replicas_behind_a_shared_address_lose_nothing_on_a_rollout(
+            self, shared_ingress: IngressWorld, cluster_headscale: Headscale) -> None:
+        outcome = disrupt(shared_ingress.subject, cluster_headscale, "rollout", shared_ingress.load)
+        assert all(t.sent > 0 for t in outcome.streams.values()), outcome
+        assert _lost(outcome) == {"https": 0, "tcp": 0}, _explain(shared_ingress.subject, outcome)
+
+    def test_replicas_behind_a_shared_address_lose_nothing_when_one_pod_is_deleted(
+            self, shared_ingress: IngressWorld, cluster_headscale: Headscale) -> None:
+        outcome = disrupt(shared_ingress.subject, cluster_headscale, "pod deleted", shared_ingress.load)
+        assert _lost(outcome) == {"https": 0, "tcp": 0}, _explain(shared_ingress.subject, outcome)

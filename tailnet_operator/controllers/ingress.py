@@ -265,7 +265,8 @@ class IngressNode:
         logged and left to the next reconcile (the status still reports ``HostnameTaken``)."""
         hostname = run.cr.spec.hostname
         deployment = outcome.applied.get(DEPLOYMENT, build.agent_name(run.cr))
-        plan = succession(hostname, outcome.key, outcome.nodes, rolled_out=rollout_done(deployment))
+        plan = succession(hostname, outcome.key, outcome.nodes, rolled_out=rollout_done(deployment),
+                          replicas=run.cr.spec.replicas)
         if plan is None:
             return outcome.nodes
         after, hs = list(outcome.nodes), outcome.headscale

@@ -147,7 +147,8 @@ def rollout_done(deployment: JSON | None) -> bool:
     return current and wanted > 0 and counts == [wanted] * 3
 
 
-def succession(hostname: str, key: KeyIds, nodes: Sequence[Node], *, rolled_out: bool) -> Succession | None:
+def succession(hostname: str, key: KeyIds, nodes: Sequence[Node], *, rolled_out: bool,
+               replicas: int = 1) -> Succession | None:
     """What to do so that the ingress's newest online node holds ``hostname`` (None: nothing).
 
     The name moves without a gap: an older node that still holds it while online (the old pod of a
@@ -155,14 +156,19 @@ def succession(hostname: str, key: KeyIds, nodes: Sequence[Node], *, rolled_out:
     terminating), then hands it over and keeps serving under :func:`retired_name` while it drains,
     so a client that resolved the name before the hand-over still reaches it. A name held by no
     online node moves as soon as the newest is online. A name held by a node that is not the
-    ingress's is reported (``HostnameTaken``), never taken."""
+    ingress's is reported (``HostnameTaken``), never taken.
+
+    With ``replicas`` above 1 (replicas behind a shared address) the newest ``replicas`` nodes are
+    the replicas' own and are never superseded: one that is offline for a moment (its control
+    connection re-made, Headscale restarted) comes back as it was."""
     own = own_nodes(key, nodes)
     online = [n for n in own if n.online]
     if not online:
         return None
     newest = max(online, key=_age)
-    superseded = tuple(sorted((n for n in own if not n.online and (_age(n) < _age(newest) or n.given_name == hostname)),
-                              key=_age))
+    replicas_own = {n.id for n in sorted(own, key=_age)[-replicas:]} if replicas > 1 else set()
+    superseded = tuple(sorted((n for n in own if not n.online and n.id not in replicas_own
+                               and (_age(n) < _age(newest) or n.given_name == hostname)), key=_age))
     holders = [n for n in nodes if n.given_name == hostname and n.id != newest.id]
     if any(n not in own for n in holders):
         return Succession(newest, superseded, (), False) if superseded else None

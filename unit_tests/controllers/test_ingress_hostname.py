@@ -127,3 +127,16 @@ def test_a_rollout_is_done_when_only_ready_pods_of_the_current_template_are_coun
     assert rollout_done(deployment(status=done))
     assert not rollout_done(deployment(status=done, generation=3)), "a template the controller has not seen"
     assert not rollout_done(None) and not rollout_done(deployment(replicas=0, status={}))
+
+
+def test_a_replica_offline_for_a_moment_is_never_superseded_only_an_older_node() -> None:
+    """Two replicas behind a shared address: the older one's control connection is re-made (offline
+    at this pass); it is one of the newest two nodes, so it is kept, and only the crashed pod's node
+    before them is deleted. With one replica it would have been superseded."""
+    crashed = generation("2", "shop-a1", "1", online=False, minute=0)
+    replica = generation("4", "shop", "1", online=False, minute=1)
+    newest = generation("9", "shop-b2", "1", online=True, minute=5)
+    plan = succession("shop", Keys("1"), [crashed, replica, newest], rolled_out=True, replicas=2)
+    assert plan is not None and [n.id for n in plan.superseded] == ["2"]
+    single = succession("shop", Keys("1"), [crashed, replica, newest], rolled_out=True)
+    assert single is not None and [n.id for n in single.superseded] == ["2", "4"]
