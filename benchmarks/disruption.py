@@ -3,7 +3,8 @@
 Egress (1 and 2 replicas): a client pod sends an HTTP GET every 20 ms, a new connection each with
 a 2 s deadline, through the target's Service to a site host behind a tailscaled subnet router.
 Ingress (1 replica): a tailscaled laptop on the host sends the same to an https expose and a tcp
-expose by the ingress's MagicDNS name. Each disruption in turn (``e2e/disruption.py``): a rolling
+expose by the ingress's MagicDNS name; with 2 replicas behind a shared address, to that address.
+Each disruption in turn (``e2e/disruption.py``): a rolling
 update of the agent (``kubectl rollout restart``), one agent pod deleted, a pre-auth key rotation,
 an operator restart, a Headscale restart. Then the agent's RSS (the node's /proc through the
 pod's cgroups) idle and with 1,000 connections open through it. ``--doc`` writes the table into
@@ -92,56 +93,80 @@ def _rounds(subject: Subject, headscale: Headscale, load: Callable[[], Load], la
                 progress.write_text(json.dumps({"rows": rows}, indent=1))
 
 
-def run(rounds: int, progress: Path | None) -> dict[str, Any]:
+SUBJECTS = ("egress", "ingress", "shared-ingress")
+"""What a run measures: egress (1 and 2 replicas, the old shape, the RSS), ingress (1 replica by
+MagicDNS name, the old shape), and an ingress of 2 replicas behind a shared address."""
+
+
+def run(rounds: int, progress: Path | None, subjects: tuple[str, ...] = SUBJECTS) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     load_before = os.getloadavg()
+    rss: dict[str, Any] = {}
     with Environment() as env:
         cluster = env.cluster()
         project = image.project_image()
         cluster.load_image(project)
         headscale = env.headscale("bench-headscale", address=cluster.host_address)
         ns = install_operator_in_cluster(cluster, project.ref, env.root / "install")
-        rss: dict[str, Any] = {}
-        with egress_world(cluster, ns, headscale, project.ref, env.site_host, env.tailscale_node) as egress:
-            # One client pod opens every connection: the agent's per-peer limit is raised for it.
-            kubectl(cluster, "-n", ns, "set", "env", f"deployment/{egress.subject.deployment}", "-c", "agent",
-                    f"TAILNET_MAX_CONNECTIONS_PER_PEER={PEER_LIMIT}")
-            wait_until(lambda: len(egress.subject.pods()) == 1 and egress.subject.settled(), timeout=240,
-                       what="the agent rolled out with the raised per-peer limit")
-            (pod,) = egress.subject.pods()
-            rss["per_peer_limit"] = PEER_LIMIT
-            uid = pod["metadata"]["uid"]
-            rss["limits"] = pod["spec"]["containers"][0].get("resources", {}).get("limits", {})
-            rss["idle_kib"] = pod_rss_kib(uid)
-            with open_connections(egress, CONNECTIONS) as opened:
-                rss["connections"] = opened
-                rss["open_kib"] = pod_rss_kib(uid)
-            rss["after_kib"] = pod_rss_kib(uid)
-            rss["restarts"] = sum(c["restartCount"] for c in get_json(
-                cluster, "-n", ns, "pod", pod["metadata"]["name"])["status"]["containerStatuses"])
-            print(json.dumps({"rss": rss}), flush=True)
-            for replicas in (1, 2):
-                egress.scale(replicas)
-                _rounds(egress.subject, headscale, egress.load, {"subject": "egress", "replicas": replicas},
-                        rounds, rows, progress)
-            egress.scale(1)
-            with old_shape(egress.subject) as before:
-                _rounds(before, headscale, egress.load, {"subject": "egress", "replicas": 1, "shape": "before"},
-                        rounds, rows, progress, disruptions=BASELINE_DISRUPTIONS, recovery=BASELINE_RECOVERY)
-        try:
-            with ingress_world(cluster, ns, headscale, project.ref, env.root / "ingress",
-                               env.tailscale_node) as ingress:
-                _rounds(ingress.subject, headscale, ingress.load, {"subject": "ingress", "replicas": 1}, rounds,
-                        rows, progress)
+        if "egress" in subjects:
+            rss = _egress(cluster, ns, headscale, project.ref, env, rounds, rows, progress)
+        if "ingress" in subjects:
+            _ingress(cluster, ns, headscale, project.ref, env, rounds, rows, progress, shared=False)
+        if "shared-ingress" in subjects:
+            _ingress(cluster, ns, headscale, project.ref, env, rounds, rows, progress, shared=True)
+    return {"date": dt.date.today().isoformat(), "commit": commit(), "rounds": rounds, "subjects": list(subjects),
+            "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "rss": rss, "rows": rows}
+
+
+def _egress(cluster: Any, ns: str, headscale: Headscale, ref: str, env: Environment, rounds: int,
+            rows: list[dict[str, Any]], progress: Path | None) -> dict[str, Any]:
+    rss: dict[str, Any] = {}
+    with egress_world(cluster, ns, headscale, ref, env.site_host, env.tailscale_node) as egress:
+        # One client pod opens every connection: the agent's per-peer limit is raised for it.
+        kubectl(cluster, "-n", ns, "set", "env", f"deployment/{egress.subject.deployment}", "-c", "agent",
+                f"TAILNET_MAX_CONNECTIONS_PER_PEER={PEER_LIMIT}")
+        wait_until(lambda: len(egress.subject.pods()) == 1 and egress.subject.settled(), timeout=240,
+                   what="the agent rolled out with the raised per-peer limit")
+        (pod,) = egress.subject.pods()
+        rss["per_peer_limit"] = PEER_LIMIT
+        uid = pod["metadata"]["uid"]
+        rss["limits"] = pod["spec"]["containers"][0].get("resources", {}).get("limits", {})
+        rss["idle_kib"] = pod_rss_kib(uid)
+        with open_connections(egress, CONNECTIONS) as opened:
+            rss["connections"] = opened
+            rss["open_kib"] = pod_rss_kib(uid)
+        rss["after_kib"] = pod_rss_kib(uid)
+        rss["restarts"] = sum(c["restartCount"] for c in get_json(
+            cluster, "-n", ns, "pod", pod["metadata"]["name"])["status"]["containerStatuses"])
+        print(json.dumps({"rss": rss}), flush=True)
+        for replicas in (1, 2):
+            egress.scale(replicas)
+            _rounds(egress.subject, headscale, egress.load, {"subject": "egress", "replicas": replicas},
+                    rounds, rows, progress)
+        egress.scale(1)
+        with old_shape(egress.subject) as before:
+            _rounds(before, headscale, egress.load, {"subject": "egress", "replicas": 1, "shape": "before"},
+                    rounds, rows, progress, disruptions=BASELINE_DISRUPTIONS, recovery=BASELINE_RECOVERY)
+    return rss
+
+
+def _ingress(cluster: Any, ns: str, headscale: Headscale, ref: str, env: Environment, rounds: int,
+             rows: list[dict[str, Any]], progress: Path | None, *, shared: bool) -> None:
+    """One replica by MagicDNS name (and the old shape), or two behind a shared address."""
+    replicas = 2 if shared else 1
+    try:
+        with ingress_world(cluster, ns, headscale, ref, env.root / f"ingress-{replicas}", env.tailscale_node,
+                           shared=shared) as ingress:
+            _rounds(ingress.subject, headscale, ingress.load, {"subject": "ingress", "replicas": replicas}, rounds,
+                    rows, progress)
+            if not shared:
                 with old_shape(ingress.subject) as before:
                     _rounds(before, headscale, ingress.load, {"subject": "ingress", "replicas": 1, "shape": "before"},
                             rounds, rows, progress, disruptions=BASELINE_DISRUPTIONS, recovery=BASELINE_RECOVERY)
-        except (TimeoutError, RuntimeError) as exc:
-            print(f"the ingress did not come up: {exc}", flush=True)  # with its diagnosis
-            rows.append({"subject": "ingress", "replicas": 1, "round": 0, "disruption": "setup",
-                         "error": str(exc).splitlines()[0][:300]})
-    return {"date": dt.date.today().isoformat(), "commit": commit(), "rounds": rounds,
-            "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "rss": rss, "rows": rows}
+    except (TimeoutError, RuntimeError) as exc:
+        print(f"the ingress did not come up: {exc}", flush=True)  # with its diagnosis
+        rows.append({"subject": "ingress", "replicas": replicas, "round": 0, "disruption": "setup",
+                     "error": str(exc).splitlines()[0][:300]})
 
 
 def _order(key: tuple[str, str, int, str, str]) -> tuple[int, str, int, int, str]:
@@ -176,10 +201,9 @@ def table(doc: dict[str, Any]) -> str:
                      f"{_cell([str(r['sent']) for r in runs])} | {_cell(lost)} | "
                      f"{_cell([format(r['longest_gap_s'], '.2f') for r in runs])} | "
                      f"{_cell([format(r['done_s'], '.0f') for r in runs])} | {_cell(named)} |")
-    for subject in ("egress", "ingress"):
+    for subject in sorted({k[0] for k in keys}):
         lines.append(f"| {subject} | - | - | node drain | not measurable on one node (below) | - | - | - | - | - |")
-    measured = doc["rss"] if isinstance(doc["rss"], list) else [doc["rss"]]
-    limit = measured[0].get("limits", {}).get("memory", "none")
+    measured = [r for r in (doc["rss"] if isinstance(doc["rss"], list) else [doc["rss"]]) if r]
     during = [row["loadavg"] for row in doc["rows"] if "loadavg" in row]
     if "loadavg_before" in doc:
         loads = ", ".join(f"{x:.1f}" for x in doc["loadavg_before"])
@@ -197,7 +221,8 @@ def table(doc: dict[str, Any]) -> str:
         f"Egress: a client pod sends an HTTP GET every {INTERVAL * 1000:.0f} ms, a new connection each with "
         f"a {DEADLINE:.0f} s deadline, through the target's Service to a site host behind a tailscaled subnet "
         "router. Ingress: a tailscaled laptop on the host sends the same to an https expose and a tcp expose "
-        "by the ingress's MagicDNS name (`requests` names the stream). A request is lost when it fails or "
+        "by the ingress's MagicDNS name (`requests` names the stream); with 2 replicas, to the address they "
+        "share (`spec.sharedAddress`, the laptop accepting routes). A request is lost when it fails or "
         f"answers past the deadline. Each load starts {WARM} successes in a row before the disruption and stops "
         f"{SETTLE} successes in a row after the disruption's conditions are met (rollout: every old pod gone; "
         "pod deleted: its successor ready; key rotation: the CR reports the new key; operator restart: "
@@ -209,16 +234,19 @@ def table(doc: dict[str, Any]) -> str:
         f"deleted pod; a load that did not recover within {BASELINE_RECOVERY:.0f} s is marked `*` (its "
         "lost requests are those until then).", "",
         *lines, "",
-        DRAIN_NOTE, "",
-        f"Agent RSS (egress, 1 replica, memory limit {limit}; each round separated by `/`): "
-        f"{_cell([format(r['idle_kib'] / 1024, '.1f') for r in measured])} MiB idle, "
-        f"{_cell([format(r['open_kib'] / 1024, '.1f') for r in measured])} MiB with "
-        f"{_cell([format(r['connections'], ',') for r in measured])} connections open through it from one "
-        f"client pod (each echoed once; the per-peer limit raised to {measured[0].get('per_peer_limit', 'none')} "
-        "for it, the other limits at their defaults), "
-        f"{_cell([format(r['after_kib'] / 1024, '.1f') for r in measured])} MiB just after they closed; "
-        f"container restarts {_cell([str(r['restarts']) for r in measured])}.",
+        DRAIN_NOTE,
     ]
+    if measured:
+        limit = measured[0].get("limits", {}).get("memory", "none")
+        text += ["", (
+            f"Agent RSS (egress, 1 replica, memory limit {limit}; each round separated by `/`): "
+            f"{_cell([format(r['idle_kib'] / 1024, '.1f') for r in measured])} MiB idle, "
+            f"{_cell([format(r['open_kib'] / 1024, '.1f') for r in measured])} MiB with "
+            f"{_cell([format(r['connections'], ',') for r in measured])} connections open through it from one "
+            f"client pod (each echoed once; the per-peer limit raised to {measured[0].get('per_peer_limit', 'none')} "
+            "for it, the other limits at their defaults), "
+            f"{_cell([format(r['after_kib'] / 1024, '.1f') for r in measured])} MiB just after they closed; "
+            f"container restarts {_cell([str(r['restarts']) for r in measured])}.")]
     if doc.get("note"):
         text += ["", doc["note"]]
     if errors:
@@ -232,16 +260,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     parser.add_argument("--from-json", type=Path, default=None, help="report an earlier --json instead")
     parser.add_argument("--doc", type=Path, default=None, help="write the table into this markdown file")
+    parser.add_argument("--subjects", default=",".join(SUBJECTS),
+                        help=f"what to measure, of {', '.join(SUBJECTS)} (default all); a run of some is "
+                             "written into its own section of the doc")
     args = parser.parse_args(argv)
+    subjects = tuple(s for s in args.subjects.split(",") if s)
+    if unknown := [s for s in subjects if s not in SUBJECTS]:
+        parser.error(f"unknown subjects {unknown}; choose from {', '.join(SUBJECTS)}")
     started = time.monotonic()
-    doc = json.loads(args.from_json.read_text()) if args.from_json else run(args.rounds, args.json)
+    doc = json.loads(args.from_json.read_text()) if args.from_json else run(args.rounds, args.json, subjects)
     text = table(doc)
     print(text)
     if args.json and not args.from_json:
         doc["wall_s"] = round(time.monotonic() - started)
         args.json.write_text(json.dumps(doc, indent=1))
     if args.doc:
-        write_section(args.doc, BEGIN, END, text)
+        chosen = tuple(doc.get("subjects") or SUBJECTS)
+        begin, end = (BEGIN, END) if chosen == SUBJECTS else (
+            f"<!-- bench:disruption:{'+'.join(chosen)}:begin -->", f"<!-- bench:disruption:{'+'.join(chosen)}:end -->")
+        write_section(args.doc, begin, end, text)
     return 0
 
 

@@ -27,7 +27,7 @@ from e2e.conftest import TailscaleFactory
 from e2e.polling import eventually
 from e2e.test_agent_egress import TAG
 from e2e.test_agent_ingress import hello
-from e2e.test_agent_shutdown import UNANSWERED, IngressProcess, Load, _up, answers
+from e2e.test_agent_shutdown import UNANSWERED, IngressProcess, Load, _up, answers, tear_down
 from hack.localenv import Headscale, TailscaleNode, free_port
 
 pytestmark = [
@@ -115,8 +115,4 @@ async def test_a_replaced_primary_hands_the_shared_address_over_without_refusing
               f"{sum(w == UNANSWERED for w in outcomes.values())} went unanswered and {len(cut)} were cut by the "
               f"move {sorted(cut.values())} (docs/decisions.md)")
     finally:
-        if load is not None:
-            load.stop()
-        server.close()
-        for agent in agents:
-            await agent.kill()
+        await tear_down(load, server, agents)

@@ -224,11 +224,16 @@ async def test_a_name_handed_over_to_a_successor_loses_no_request_made_by_name(
               "of that name between Headscale's two renames, and "
               f"{sum(w == UNANSWERED for w in outcomes.values())} went unanswered (docs/decisions.md)")
     finally:
-        if load is not None:
-            load.stop()
-        server.close()
-        for agent in agents:
-            await agent.kill()
+        await tear_down(load, server, agents)
+
+
+async def tear_down(load: Load | None, server: asyncio.Server, agents: list[IngressProcess]) -> None:
+    """Stop the load, the backend and every agent process left (a test's ``finally``)."""
+    if load is not None:
+        load.stop()
+    server.close()
+    for agent in agents:
+        await agent.kill()
 
 
 MAGIC_DOMAIN = "tailnet.test"
