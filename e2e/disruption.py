@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import datetime as dt
 import itertools
 import json
@@ -182,6 +183,11 @@ class EgressLoad:
 
 # -- ingress: a laptop on the host ------------------------------------------------------------
 
+HUNG = "hung"
+"""An ingress request with no answer within the deadline: what a tailscaled laptop gives a connection
+it opens while it reconfigures WireGuard for a peer that joins or leaves (docs/decisions.md)."""
+
+
 class IngressLoad:
     """Requests from the laptop (its HTTP proxy, CONNECT by MagicDNS name) to an https expose and
     a tcp expose, each its own stream, in a thread with its own event loop."""
@@ -189,6 +195,9 @@ class IngressLoad:
     def __init__(self, laptop: TailscaleNode, name: str, sni: str, ca: Path) -> None:
         self.laptop, self.name, self.sni, self.ca = laptop, name, sni, ca
         self.samples: dict[str, list[Sample]] = {"https": [], "tcp": []}
+        self.failures: dict[str, collections.Counter[str]] = {name: collections.Counter() for name in self.samples}
+        """Per stream, how its failed requests failed: ``hung`` (no answer within the deadline) or the
+        error's type (a refused CONNECT is a ``ConnectionError``)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self._thread.start()
@@ -208,21 +217,28 @@ class IngressLoad:
             writer.close()
         return b" 200 " in data.split(b"\r\n", 1)[0] and b"hello from web" in data
 
-    async def _stream(self, samples: list[Sample], one: Callable[[], Any]) -> None:
+    async def _stream(self, samples: list[Sample], failures: collections.Counter[str],
+                      one: Callable[[], Any]) -> None:
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
             start = loop.time()
             try:
                 ok = bool(await asyncio.wait_for(one(), DEADLINE))
-            except (OSError, TimeoutError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+                if not ok:
+                    failures["wrong answer"] += 1
+            except TimeoutError:
                 ok = False
+                failures[HUNG] += 1
+            except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
+                ok = False
+                failures[type(exc).__name__] += 1
             end = loop.time()
             samples.append((start, end, ok and end - start <= DEADLINE))
             await asyncio.sleep(max(0.0, start + INTERVAL - loop.time()))
 
     async def _run(self) -> None:
-        await asyncio.gather(self._stream(self.samples["https"], self._https),
-                             self._stream(self.samples["tcp"], self._tcp))
+        await asyncio.gather(self._stream(self.samples["https"], self.failures["https"], self._https),
+                             self._stream(self.samples["tcp"], self.failures["tcp"], self._tcp))
 
     def streak(self) -> int:
         return min(streak(list(s)) for s in self.samples.values())

@@ -53,7 +53,13 @@ async def run_agent(mode: str) -> int:
     from tailnet_agent import config
     from tailnet_agent.contract.clock import RealClock
     from tailnet_agent.control import ControlOptions, RegistrationError
-    from tailnet_agent.handover import HOLD_SHARE, SETTLE, SHARED_HOLD, holds_name, serve_until_handed_over
+    from tailnet_agent.handover import (
+        HOLD_SHARE,
+        SHARED_HOLD,
+        holding_shared,
+        holds_name,
+        serve_until_handed_over,
+    )
     from tailnet_agent.health import AgentMetrics, HealthServer
     from tailnet_agent.limits import ConnectionGate
     from tailnet_agent.node import Node, NodeOptions
@@ -114,17 +120,14 @@ async def run_agent(mode: str) -> int:
         health.stopping = True
         budget = cfg.drain_timeout
         if mode == env_names.INGRESS and node.shared_routes:
-            serving = node.serves_shared
-            log.info("withdrawing the shared address", routes=list(node.shared_routes), serving=serving)
+            log.info("withdrawing the shared address", routes=list(node.shared_routes))
             await node.withdraw_shared()
-            hold = min(SHARED_HOLD, budget * HOLD_SHARE)
-            held = await serve_until_handed_over(lambda: node.serves_shared, clock, hold)
-            if serving:
-                settle = min(SETTLE, max(0.0, budget * HOLD_SHARE - held))
-                await clock.sleep(settle)
-                held += settle
-                log.info("served until the shared address moved", seconds=round(held, 1),
-                         handed_over=not node.serves_shared, routes=list(node.shared_routes))
+            withdrawn_at = clock.now()
+            held = await serve_until_handed_over(
+                lambda: holding_shared(withdrawn_at, clock.now(), node.shared_quiet_for()), clock,
+                min(SHARED_HOLD, budget * HOLD_SHARE))
+            log.info("served until the shared address moved", seconds=round(held, 1),
+                     quiet_for=round(node.shared_quiet_for(), 1), routes=list(node.shared_routes))
             budget -= held
         elif mode == env_names.INGRESS:
             held = await serve_until_handed_over(lambda: holds_name(node.netmap, cfg.hostname), clock,

@@ -147,6 +147,7 @@ class Node:
         self._filters: Mapping[str, tuple[FilterRule, ...]] | None = None
         """The named packet filters last compiled into the data plane; None before the first."""
         self._changed = asyncio.Event()
+        self._started_at = 0.0
         self._tg: asyncio.TaskGroup | None = None
         self._streams: StreamTable | None = None
 
@@ -159,6 +160,7 @@ class Node:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 self._streams = StreamTable(self.dataplane, wake=self.wake, spawn=self._spawn, loop=loop)
+                self._started_at = loop.time()
                 self.direct.open(loop)
                 tg.create_task(self.control.run(), name="control")
                 tg.create_task(self.pump.run(), name="pump")
@@ -174,19 +176,15 @@ class Node:
                 self._streams = None
             self._notify()
 
-    @property
-    def serves_shared(self) -> bool:
-        """Whether control still sends a shared address to this node, as far as its netmap tells: one
-        of :attr:`shared_routes` is among its own primary routes and no peer has it as a primary route.
-
-        Headscale re-elects at once when the route is withdrawn, but sends this node's own entry
-        again only with a change of its own, so a peer that took the route is what shows the move."""
-        if self.netmap is None or not self.shared_routes:
-            return False
-        mine = {str(route) for route in self.netmap.self_node.primary_routes}
-        held = [route for route in self.shared_routes if route in mine]
-        taken = {str(route) for peer in self.netmap.peers.values() for route in peer.primary_routes}
-        return any(route not in taken for route in held)
+    def shared_quiet_for(self) -> float:
+        """Seconds since a connection to a shared address was last accepted (since the node started
+        when none was): how long peers have stopped sending new connections here."""
+        if self._streams is None:
+            return float("inf")
+        accepted = [self._streams.last_accepted.get(str(ipaddress.ip_network(r).network_address))
+                    for r in self.shared_routes]
+        last = max((t for t in accepted if t is not None), default=self._started_at)
+        return self._streams.loop.time() - last
 
     async def withdraw_shared(self) -> bool:
         """Stop advertising the shared addresses (they stay answered here), so that control moves

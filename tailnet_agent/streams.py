@@ -409,6 +409,8 @@ class StreamTable:
         self._dials: dict[int, tuple[asyncio.Future[tuple[TailnetTransport, asyncio.Protocol]],
                                      str, int, Callable[[], asyncio.Protocol]]] = {}
         self.listeners: dict[int, TailnetServer] = {}
+        self.last_accepted: dict[str, float] = {}
+        """When (the loop's time) a connection to each local address was last accepted."""
 
     def forget(self, handle: int) -> None:
         self.transports.pop(handle, None)
@@ -511,6 +513,9 @@ class StreamTable:
             self.dataplane.tcp_abort(handle)
             return
         server.accepted += 1
+        local, _ = self.dataplane.tcp_endpoints(handle)
+        if local is not None:
+            self.last_accepted[local[0]] = self.loop.time()
         if server.callback is None:
             assert server.protocol_factory is not None
             self._attach(handle, server.protocol_factory())
