@@ -188,6 +188,11 @@ HUNG = "hung"
 it opens while it reconfigures WireGuard for a peer that joins or leaves (docs/decisions.md)."""
 
 
+CUT = ("IncompleteReadError", "ConnectionResetError")
+"""How a request whose connection was open when a shared address moved fails: the laptop sends its
+next packets to the new replica, which knows nothing of the connection (docs/decisions.md)."""
+
+
 class IngressLoad:
     """Requests from the laptop (its HTTP proxy, CONNECT by MagicDNS name) to an https expose and
     a tcp expose, each its own stream, in a thread with its own event loop."""
