@@ -365,6 +365,8 @@ async def test_a_shared_address_is_approved_for_its_holder_alone_and_leaves_its_
                   ["conditions"]}
     assert conditions["Ready"]["reason"] != "TagReserved", conditions["Ready"]
     assert conditions["TagOwned"]["status"] == "True", conditions["TagOwned"]
+    # No agent runs on this control plane: no node advertises the address.
+    assert conditions["SharedAddressServed"]["reason"] == "NotAdvertised", conditions["SharedAddressServed"]
 
     cond = await _refused_by_the_operator(scene, ingress("copy", scene.shop, scene.tailnet, "tag:shop-copy",
                                                          replicas=2, sharedAddress="198.18.5.10"),

@@ -77,7 +77,8 @@ log = structlog.get_logger("controllers.ingress")
 FIELD_MANAGER = "tailnet-operator-ingress"
 NODE_FIELD_MANAGER = "tailnet-operator-ingress-node"
 """Writes the node's addresses onto the record, apart from the key bookkeeping it applies."""
-CONDITION_TYPES = ("TagOwned", "PreAuthKeyValid", "CertificatesReady", "ExposesReady", "HostnameAssigned")
+CONDITION_TYPES = ("TagOwned", "PreAuthKeyValid", "CertificatesReady", "ExposesReady", "HostnameAssigned",
+                   "SharedAddressServed")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ Conditions (docs/reference/status.md):
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -322,7 +323,37 @@ def report(ingress: TailnetIngress, zones: list[str], *, agent: JSON | None, nod
     conditions = [certificates, exposes, _ready(certificates, exposes)]
     if node is not None:
         conditions.append(hostname_condition(ingress.spec.hostname, node, nodes))
+    if ingress.spec.shared_address is not None:
+        conditions.append(shared_address_condition(ingress.spec.shared_address, own_nodes(key, nodes)))
     return Report(fields, conditions)
+
+
+def shared_address_condition(address: str, own: Sequence[Node]) -> Cond:
+    """SharedAddressServed: which of the ingress's nodes Headscale sends the shared address to (the
+    primary of its route), and how many of them advertise it. Not part of Ready: the address moves
+    between replicas during a rollout, and a moment between two primaries is no failure."""
+    ip = ipaddress.ip_address(address)
+    route = f"{ip}/{ip.max_prefixlen}"
+    online = [n for n in own if n.online]
+    advertising = [n for n in online if route in n.available_routes]
+    primary = [n for n in own if route in n.subnet_routes]
+    if primary:
+        served = primary[0]
+        return Cond("SharedAddressServed", "True", "Served", (
+            f"{address} is served by node {served.id} ({served.given_name}); {len(advertising)} of the "
+            f"ingress's {len(online)} online node(s) advertise it"))
+    if not advertising:
+        return Cond("SharedAddressServed", "False", "NotAdvertised", (
+            f"none of the ingress's {len(online)} online node(s) advertises {route} yet (its agents do once "
+            "registered)"))
+    approved = [n for n in advertising if route in n.approved_routes]
+    if not approved:
+        return Cond("SharedAddressServed", "False", "NotApproved", (
+            f"{len(advertising)} node(s) advertise {route} but Headscale approved it for none: the rendered "
+            "policy approves it for the ingress's tag (autoApprovers.routes); with Tailnet spec.policy in "
+            "Render mode apply that policy, or approve the route (headscale nodes approve-routes)"))
+    return Cond("SharedAddressServed", "False", "NoPrimary", (
+        f"{len(approved)} node(s) advertise {route} with approval, but Headscale names no primary for it yet"))
 
 
 def hostname_condition(hostname: str, node: JSON, nodes: list[Node]) -> Cond:

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tailnet_operator.controllers.ingress_status import hostname_condition, retired_name, rollout_done, succession
+from tailnet_operator.controllers.ingress_status import (
+    hostname_condition,
+    retired_name,
+    rollout_done,
+    shared_address_condition,
+    succession,
+)
 from tailnet_operator.headscale import Node
 
 
@@ -140,3 +146,21 @@ def test_a_replica_offline_for_a_moment_is_never_superseded_only_an_older_node()
     assert plan is not None and [n.id for n in plan.superseded] == ["2"]
     single = succession("shop", Keys("1"), [crashed, replica, newest], rolled_out=True)
     assert single is not None and [n.id for n in single.superseded] == ["2", "4"]
+
+
+def replica(node_id: str, *, advertised: bool = True, approved: bool = True, primary: bool = False,
+            online: bool = True) -> Node:
+    route = ["198.18.5.10/32"]
+    return Node.from_json({"id": node_id, "name": "shop", "givenName": f"shop-{node_id}", "online": online,
+                           "availableRoutes": route if advertised else [], "approvedRoutes": route if approved else [],
+                           "subnetRoutes": route if primary else []})
+
+
+def test_the_shared_address_condition_names_the_replica_serving_it_or_what_is_missing() -> None:
+    cond = shared_address_condition("198.18.5.10", [replica("3", primary=True), replica("5")])
+    assert (cond.status, cond.reason) == ("True", "Served")
+    assert "served by node 3 (shop-3); 2 of the ingress's 2 online node(s) advertise it" in cond.message
+    assert shared_address_condition("198.18.5.10", [replica("3", advertised=False)]).reason == "NotAdvertised"
+    not_approved = shared_address_condition("198.18.5.10", [replica("3", approved=False)])
+    assert not_approved.reason == "NotApproved" and "autoApprovers.routes" in not_approved.message
+    assert shared_address_condition("198.18.5.10", [replica("3")]).reason == "NoPrimary"
