@@ -691,7 +691,11 @@ fn deliver(
 fn host_prefixes(addresses: &[String]) -> Result<Vec<Prefix>, Error> {
     addresses
         .iter()
-        .map(|a| a.parse::<Prefix>().map(|p| Prefix::host(p.addr())).map_err(Error::InvalidArgument))
+        .map(|a| {
+            a.parse::<Prefix>()
+                .map(|p| Prefix::host(p.addr()))
+                .map_err(Error::InvalidArgument)
+        })
         .collect()
 }
 
@@ -899,8 +903,12 @@ mod tests {
         const SHARED: &str = "198.18.5.10";
         let (mut a, mut b) = pair();
         b.set_shared(&[SHARED.into()]).unwrap();
-        a.set_peers(vec![(b.public_key(), vec![format!("{B_IP}/32"), format!("{SHARED}/32")], 1)])
-            .unwrap();
+        a.set_peers(vec![(
+            b.public_key(),
+            vec![format!("{B_IP}/32"), format!("{SHARED}/32")],
+            1,
+        )])
+        .unwrap();
         assert!(b.set_shared(&[SHARED.into(), "198.18.5.11".into()]).is_err());
         b.stack().listen(80).unwrap();
         a.stack().listen(81).unwrap();
@@ -913,9 +921,7 @@ mod tests {
             for (side, e) in ev.drain(..) {
                 match (side, e) {
                     ('b', Event::Tcp(TcpEvent::Accepted { handle, .. })) => b_accepted = Some(handle),
-                    ('a', Event::Tcp(TcpEvent::Accepted { handle, remote, .. })) => {
-                        a_accepted = Some((handle, remote))
-                    }
+                    ('a', Event::Tcp(TcpEvent::Accepted { handle, remote, .. })) => a_accepted = Some((handle, remote)),
                     (_, Event::Tcp(TcpEvent::DialFailed { reason, .. })) => panic!("dial failed: {reason}"),
                     _ => {}
                 }
