@@ -47,6 +47,7 @@ from typing import Any
 import structlog
 
 from tailnet_agent import _native as nat
+from tailnet_agent.contract.addresses import host_route
 from tailnet_agent.contract.backoff import Backoff
 from tailnet_agent.contract.clock import Clock, RealClock
 from tailnet_agent.control import ControlClient, ControlOptions, NetMap, NodeKeys
@@ -115,7 +116,7 @@ class Node:
     def __init__(self, options: NodeOptions, keys: NodeKeys | None = None, *, clock: Clock | None = None) -> None:
         self.options = options
         self.clock: Clock = clock or RealClock()
-        self.shared_routes = tuple(str(ipaddress.ip_network(a)) for a in options.shared_addresses)
+        self.shared_routes = tuple(host_route(a) for a in options.shared_addresses)
         """The host routes of ``options.shared_addresses`` (``198.18.5.10/32``)."""
         control = options.control
         if self.shared_routes:
@@ -181,8 +182,8 @@ class Node:
         when none was): how long peers have stopped sending new connections here."""
         if self._streams is None:
             return float("inf")
-        accepted = [self._streams.last_accepted.get(str(ipaddress.ip_network(r).network_address))
-                    for r in self.shared_routes]
+        accepted = [self._streams.last_accepted.get(str(ipaddress.ip_address(a)))
+                    for a in self.options.shared_addresses]
         last = max((t for t in accepted if t is not None), default=self._started_at)
         return self._streams.loop.time() - last
 

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tailnet_agent.contract.addresses import host_route
 from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.api.tailnet import Tailnet, TailnetTenant
 
@@ -142,7 +143,7 @@ def shared_address_holders(ingresses: Iterable[TailnetIngress]) -> list[TailnetI
     only their tag is approved for it; a later claimant is refused (``SharedAddressTaken``)."""
     holders: dict[str, TailnetIngress] = {}
     ranked = sorted((i for i in ingresses if i.spec.shared_address is not None),
-                    key=lambda i: claim_order(i.model_dump(by_alias=True, mode="json")))
+                    key=lambda i: claim_order({"metadata": i.metadata.model_dump(by_alias=True, mode="json")}))
     for ingress in ranked:
         holders.setdefault(str(ipaddress.ip_address(str(ingress.spec.shared_address))), ingress)
     return list(holders.values())
@@ -157,8 +158,7 @@ def shared_routes(ingresses: Iterable[TailnetIngress], tailnet: Tailnet) -> dict
         entries = _entries(tailnet, str(ingress.metadata.namespace))
         if ingress.spec.shared_address is not None and entries and _address_refusal(
                 ingress, tailnet, entries, str(ingress.metadata.namespace)) is None:
-            ip = ipaddress.ip_address(ingress.spec.shared_address)
-            routes.setdefault(f"{ip}/{ip.max_prefixlen}", set()).add(ingress.spec.tag)
+            routes.setdefault(host_route(ingress.spec.shared_address), set()).add(ingress.spec.tag)
     return routes
 
 

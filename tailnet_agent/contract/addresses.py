@@ -11,10 +11,20 @@ from __future__ import annotations
 import ipaddress
 from typing import Final
 
-__all__ = ["TAILNET_RANGES", "shared_address_problem"]
+__all__ = ["TAILNET_RANGES", "host_route", "shared_address_problem"]
 
 TAILNET_RANGES: Final = (ipaddress.ip_network("100.64.0.0/10"), ipaddress.ip_network("fd7a:115c:a1e0::/48"))
 """The ranges control gives node addresses from (Tailscale's CGNAT and ULA ranges)."""
+
+
+def host_route(address: str) -> str:
+    """``address`` as a /32 (or /128) route, as advertised and approved; "" when it is not an IP
+    address (a DNS name)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return ""
+    return f"{ip}/{ip.max_prefixlen}"
 
 
 def shared_address_problem(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:

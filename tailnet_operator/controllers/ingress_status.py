@@ -25,12 +25,12 @@ Conditions (docs/reference/status.md):
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from tailnet_agent.contract.addresses import host_route
 from tailnet_operator.api.ingress import Expose, TailnetIngress, VirtualHost
 from tailnet_operator.headscale import Node
 from tailnet_operator.resources import ingress as build
@@ -332,8 +332,7 @@ def shared_address_condition(address: str, own: Sequence[Node]) -> Cond:
     """SharedAddressServed: which of the ingress's nodes Headscale sends the shared address to (the
     primary of its route), and how many of them advertise it. Not part of Ready: the address moves
     between replicas during a rollout, and a moment between two primaries is no failure."""
-    ip = ipaddress.ip_address(address)
-    route = f"{ip}/{ip.max_prefixlen}"
+    route = host_route(address)
     online = [n for n in own if n.online]
     advertising = [n for n in online if route in n.available_routes]
     primary = [n for n in own if route in n.subnet_routes]

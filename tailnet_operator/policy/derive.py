@@ -37,6 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tailnet_agent.contract.addresses import host_route
+
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 DEFAULT_TAG_OWNERS: tuple[str, ...] = ()
@@ -251,8 +253,7 @@ def derive(
         if ingress.source:
             origins["tag", ingress.tag].add(ingress.source)
         if ingress.shared_address is not None:
-            shared = ipaddress.ip_address(ingress.shared_address)
-            route = f"{shared}/{shared.max_prefixlen}"
+            route = host_route(ingress.shared_address)
             approvers[route].add(ingress.tag)
             if ingress.source:
                 origins["route", route].add(ingress.source)

@@ -132,15 +132,14 @@ def resources(spec: AgentResources | None) -> Obj:
 
 def deployment(metadata: Obj, labels: dict[str, str], agent: AgentSpec, *, env: list[Obj], config_map: str,
                resource_spec: AgentResources | None = None, volumes: list[Obj] | None = None,
-               mounts: list[Obj] | None = None, tag: str | None = None, replicas: int = 1,
-               spread: bool = False) -> Obj:
+               mounts: list[Obj] | None = None, tag: str | None = None, replicas: int = 1) -> Obj:
     """``replicas`` agent pods: the ConfigMap at :data:`CONFIG_DIR`, the key Secret at :data:`AUTH_DIR`,
     a small ``/tmp``, plus ``volumes``/``mounts`` of the mode (all read-only directories); ``tag``
     (the node's) goes in the pod template's :data:`TAG_ANNOTATION`, so a changed tag rolls the pod.
 
     Rollouts surge (:data:`ROLLING_UPDATE`), a stopping pod first waits :data:`PRE_STOP_SECONDS`
-    for endpoint propagation and then drains within :data:`TERMINATION_GRACE_SECONDS`; ``spread``
-    asks the scheduler to put the replicas on different nodes (soft: ``ScheduleAnyway``)."""
+    for endpoint propagation and then drains within :data:`TERMINATION_GRACE_SECONDS`; more than one
+    replica asks the scheduler to put them on different nodes (soft: ``ScheduleAnyway``)."""
     container = {
         "name": "agent", "image": agent.image, "imagePullPolicy": "IfNotPresent", "command": ["/tailnet-agent"],
         "env": env,
@@ -168,7 +167,7 @@ def deployment(metadata: Obj, labels: dict[str, str], agent: AgentSpec, *, env: 
                     *(volumes or []),
                     {"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}],
     }
-    if spread:
+    if replicas > 1:
         pod_spec["topologySpreadConstraints"] = [topology_spread(labels)]
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata,
@@ -186,8 +185,12 @@ def topology_spread(labels: dict[str, str]) -> Obj:
             "labelSelector": {"matchLabels": dict(labels)}}
 
 
-def pod_disruption_budget(metadata: Obj, labels: dict[str, str]) -> Obj:
-    """At most one agent pod evicted at a time (a drain waits for its replacement to be ready)."""
+def pod_disruption_budget(metadata: Obj, labels: dict[str, str], replicas: int) -> Obj | None:
+    """At most one agent pod evicted at a time (a drain waits for its replacement to be ready); None
+    with one replica: a budget of one pod would only block node drains, and a single agent loses its
+    connections anyway."""
+    if replicas < 2:
+        return None
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": metadata,
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": dict(labels)},
                      "unhealthyPodEvictionPolicy": "AlwaysAllow"}}

@@ -136,16 +136,13 @@ def deployment(owner: Obj, egress: TailnetEgress, agent: AgentSpec) -> Obj:
     replicas = egress.spec.replicas
     return pod.deployment(owned_metadata(owner, egress, agent_name(egress)), agent_labels(egress), agent,
                           env=_env(egress, agent), config_map=config_map_name(egress),
-                          resource_spec=egress.spec.resources, tag=egress.spec.tag, replicas=replicas,
-                          spread=replicas > 1)
+                          resource_spec=egress.spec.resources, tag=egress.spec.tag, replicas=replicas)
 
 
 def disruption_budget(owner: Obj, egress: TailnetEgress) -> Obj | None:
-    """With two or more replicas, at most one agent evicted at a time (None with one: a budget
-    of one pod would only block node drains, and a single agent loses its connections anyway)."""
-    if egress.spec.replicas < 2:
-        return None
-    return pod.pod_disruption_budget(owned_metadata(owner, egress, agent_name(egress)), agent_labels(egress))
+    """:func:`.agent.pod_disruption_budget` for ``spec.replicas``."""
+    return pod.pod_disruption_budget(owned_metadata(owner, egress, agent_name(egress)), agent_labels(egress),
+                                     egress.spec.replicas)
 
 
 def target_service(owner: Obj, egress: TailnetEgress, target_name: str, ports: ListenPorts) -> Obj:

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tailnet_agent.contract.addresses import host_route
 from tailnet_operator.api.gateway import TailnetGateway
 from tailnet_operator.names import MANAGED_BY, TAILNET_LABEL, auth_key_secret_name
 
@@ -217,15 +218,6 @@ def key_ids(state: Obj | None) -> set[str]:
     """The pre-auth key ids the state Secret records."""
     notes = ((state or {}).get("metadata") or {}).get("annotations") or {}
     return {i for i in str(notes.get(KEY_IDS_ANNOTATION, "")).split(",") if i}
-
-
-def host_route(address: str) -> str:
-    """``address`` as a /32 (or /128) route; "" when it is not an IP address (a DNS name)."""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return ""
-    return f"{ip}/{ip.max_prefixlen}"
 
 
 # -- the router -----------------------------------------------------------------------------------

@@ -247,19 +247,17 @@ def deployment(owner: Obj, ingress: TailnetIngress, agent: AgentSpec) -> Obj:
            {"name": env_names.EXPOSES_FILE, "value": f"{CONFIG_DIR}/{EXPOSES_FILE}"},
            *shared, *pod.common_env(agent)]
     certs = _certs_volume(ingress)
-    replicas = ingress.spec.replicas
     return pod.deployment(owned_metadata(owner, ingress, agent_name(ingress)), agent_labels(ingress), agent,
                           env=env, config_map=config_map_name(ingress), tag=ingress.spec.tag,
                           volumes=[certs] if certs else [],
                           mounts=[{"name": "certs", "mountPath": CERTS_DIR, "readOnly": True}] if certs else [],
-                          replicas=replicas, spread=replicas > 1)
+                          replicas=ingress.spec.replicas)
 
 
 def disruption_budget(owner: Obj, ingress: TailnetIngress) -> Obj | None:
-    """With two or more replicas, at most one agent evicted at a time (None with one, as for an egress)."""
-    if ingress.spec.replicas < 2:
-        return None
-    return pod.pod_disruption_budget(owned_metadata(owner, ingress, agent_name(ingress)), agent_labels(ingress))
+    """:func:`.agent.pod_disruption_budget` for ``spec.replicas``."""
+    return pod.pod_disruption_budget(owned_metadata(owner, ingress, agent_name(ingress)), agent_labels(ingress),
+                                     ingress.spec.replicas)
 
 
 def agent_service(owner: Obj, ingress: TailnetIngress) -> Obj:
