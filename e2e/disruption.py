@@ -188,9 +188,10 @@ HUNG = "hung"
 it opens while it reconfigures WireGuard for a peer that joins or leaves (docs/decisions.md)."""
 
 
-CUT = ("IncompleteReadError", "ConnectionResetError")
+CUT = ("IncompleteReadError", "ConnectionResetError", "wrong answer")
 """How a request whose connection was open when a shared address moved fails: the laptop sends its
-next packets to the new replica, which knows nothing of the connection (docs/decisions.md)."""
+next packets to the new replica, which knows nothing of the connection (docs/decisions.md). Through
+the laptop's proxy it ends in an error, or with no or part of the answer (``wrong answer``)."""
 
 
 class IngressLoad:
