@@ -157,6 +157,21 @@ def wait_pod_running(cluster: ClusterUnderTest, namespace: str, name: str, timeo
     wait_until(running, timeout=timeout, what=f"pod {namespace}/{name} Ready")
 
 
+def remove_tailnet(cluster: ClusterUnderTest, name: str, timeout: float = 120) -> None:
+    """Delete the Tailnet ``name`` and wait until it is gone: a Tailnet left behind still holds its
+    hosts ConfigMap, which the next module's Tailnet names too, so a leak fails here, where it is."""
+    kubectl(cluster, "delete", TAILNETS, name, "--wait=false", "--ignore-not-found", check=False)
+
+    def gone() -> bool:
+        return not kubectl(cluster, "get", TAILNETS, name, "--ignore-not-found", "-o", "name", check=False).strip()
+
+    try:
+        wait_until(gone, timeout=timeout, what=f"Tailnet {name} deleted")
+    except TimeoutError as exc:
+        left = kubectl(cluster, "get", TAILNETS, name, "-o", "yaml", check=False)
+        raise AssertionError(f"{exc}; it is still there:\n{left[-3000:]}") from exc
+
+
 @contextmanager
 def namespace(cluster: ClusterUnderTest, prefix: str, labels: dict[str, str] | None = None) -> Iterator[str]:
     """A namespace for one test, deleted (without waiting) afterwards."""

@@ -46,6 +46,7 @@ from e2e.cluster import (
     namespace,
     operator_logs,
     python_pod,
+    remove_tailnet,
     wait_pod_running,
 )
 from e2e.operator import tailnet_object
@@ -515,7 +516,7 @@ def _tailnet(ns: str, headscale: Headscale, name: str, policy: str, **spec: Any)
 
 
 def _remove_tailnet(cluster: ClusterUnderTest, ns: str, name: str) -> None:
-    kubectl(cluster, "delete", TAILNETS, name, "--wait=true", "--timeout=60s", check=False)
+    remove_tailnet(cluster, name)
     kubectl(cluster, "-n", ns, "delete", f"secret/{name}-bootstrap", f"configmap/{name}-policy", check=False)
 
 

@@ -35,6 +35,7 @@ from e2e.cluster import (
     operator_logs,
     python_pod,
     python_session,
+    remove_tailnet,
     wait_available,
     wait_pod_running,
 )
@@ -153,7 +154,7 @@ def world(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale:
     finally:
         kubectl(cluster, "-n", ns, "delete", EGRESSES, egress, "--wait=true", "--timeout=60s", check=False)
         kubectl(cluster, "delete", SITES, site, "--wait=true", "--timeout=30s", check=False)
-        kubectl(cluster, "delete", TAILNETS, tailnet, "--wait=true", "--timeout=60s", check=False)
+        remove_tailnet(cluster, tailnet)
         kubectl(cluster, "-n", ns, "delete", "secret", secret, check=False)
         kubectl(cluster, "-n", ns, "delete", "configmap", base, check=False)
 

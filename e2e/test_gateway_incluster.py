@@ -50,7 +50,6 @@ from e2e.cluster import (
     INGRESSES,
     OPEN_BASE,
     SITES,
-    TAILNETS,
     ClusterUnderTest,
     admit_tenant,
     apply,
@@ -60,6 +59,7 @@ from e2e.cluster import (
     namespace,
     operator_logs,
     python_pod,
+    remove_tailnet,
     wait_pod_running,
 )
 from e2e.conftest import TailscaleFactory
@@ -198,7 +198,7 @@ def _world(cluster: ClusterUnderTest, ns: str, cluster_headscale: Headscale, pro
                 '{"spec": {"deletionPolicy": "Delete"}}', check=False)
         kubectl(cluster, "delete", GATEWAYS, gateway, "--wait=true", "--timeout=60s", check=False)
         kubectl(cluster, "delete", SITES, site, "--wait=true", "--timeout=30s", check=False)
-        kubectl(cluster, "delete", TAILNETS, tailnet, "--wait=true", "--timeout=60s", check=False)
+        remove_tailnet(cluster, tailnet)
         kubectl(cluster, "-n", ns, "delete", "secret", secret, check=False)
         kubectl(cluster, "-n", ns, "delete", "configmap", base, check=False)
         kubectl(cluster, "-n", "kube-system", "delete", "configmap", hosts, check=False)

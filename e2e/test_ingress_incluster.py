@@ -42,6 +42,7 @@ from e2e.cluster import (
     namespace,
     operator_logs,
     python_pod,
+    remove_tailnet,
     wait_available,
     wait_pod_running,
 )
@@ -206,7 +207,7 @@ def world(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale:
             yield IngressWorld(ns, tenant, tailnet, ingress, tag, hostname, ca, laptop, stranger, granted)
             kubectl(cluster, "-n", tenant, "delete", INGRESSES, ingress, "--wait=true", "--timeout=90s", check=False)
     finally:
-        kubectl(cluster, "delete", TAILNETS, tailnet, "--wait=true", "--timeout=60s", check=False)
+        remove_tailnet(cluster, tailnet)
         kubectl(cluster, "-n", ns, "delete", "secret", secret, check=False)
         kubectl(cluster, "-n", ns, "delete", "configmap", base, check=False)
 

@@ -478,3 +478,40 @@ async def test_a_rollouts_old_node_hands_the_hostname_over_once_the_new_pod_is_r
 def _named(wanted: dict[str, str], headscale: Headscale) -> bool:
     listed = {n["id"]: n["givenName"] for n in headscale.api("GET", "/api/v1/node")["nodes"]}
     return all(listed.get(node_id) == name for node_id, name in wanted.items())
+
+
+async def test_a_hosts_file_another_tailnet_held_is_taken_over_when_that_tailnet_goes(scene: Scene) -> None:
+    """The second Tailnet naming a hosts ConfigMap is refused while the first holds it, and takes it
+    over as soon as the first is deleted: the first's deletion (and the garbage collector removing
+    its file) reaches the second, which does not wait for its retry period."""
+    admin, namespace = scene.admin, scene.namespace
+    dns = {"hostsConfigMap": {"namespace": namespace, "name": "hosts"}, "zones": [ZONE]}
+    await create_bootstrap_secret(admin, namespace, "bootstrap", scene.headscale.api_key)
+    async with running_operator(scene.kubeconfig, namespace):
+        first = await admin.create(TAILNET, tailnet_object(unique("first"), scene.headscale, namespace, dns=dns))
+        await eventually(lambda: _hosts_owner(admin, namespace, first), timeout=60,
+                         what="the hosts file owned by the first Tailnet")
+        second = await admin.create(TAILNET, tailnet_object(unique("second"), scene.headscale, namespace, dns=dns))
+        await eventually(lambda: _refused(admin, second), timeout=60, what="the second Tailnet refused the file")
+
+        await admin.delete(TAILNET, first["metadata"]["name"])
+        await eventually(lambda: _absent(admin, TAILNET, first["metadata"]["name"]), timeout=60,
+                         what="the first Tailnet deleted")
+        await eventually(lambda: _hosts_owner(admin, namespace, second), timeout=60,
+                         what="the hosts file taken over by the second Tailnet, well before its retry")
+
+
+async def _absent(admin: Client, resource: KubeResource, name: str) -> bool:
+    return await _get(admin, resource, name) is None
+
+
+async def _hosts_owner(admin: Client, namespace: str, tailnet: JSON) -> bool:
+    cm = await _get(admin, CONFIG_MAP, "hosts", namespace)
+    owners = ((cm or {}).get("metadata") or {}).get("ownerReferences") or []
+    return any(o.get("uid") == tailnet["metadata"]["uid"] and o.get("controller") for o in owners)
+
+
+async def _refused(admin: Client, tailnet: JSON) -> bool:
+    uid = tailnet["metadata"]["uid"]
+    return any(e["reason"] == "HostsConfigMapRefused" and e.get("regarding", {}).get("uid") == uid
+               for e in (await admin.list(EVENT, "default")).items)

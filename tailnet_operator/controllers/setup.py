@@ -193,6 +193,22 @@ def _gateway_of(obj: JSON) -> list[Request]:
     return [Request("", name)] if name else []
 
 
+def _sharing_hosts_file(cache: Reader) -> Callable[[JSON], list[Request]]:
+    """A mapper from a Tailnet to the other Tailnets that name the same hosts ConfigMap (one of them
+    holds it; the others wait for it to let go)."""
+    matches = _refers(("dns", "hostsConfigMap"))
+
+    def mapper(tailnet: JSON) -> list[Request]:
+        ref = ((tailnet.get("spec") or {}).get("dns") or {}).get("hostsConfigMap")
+        if not isinstance(ref, dict):
+            return []
+        named = {"metadata": {"name": ref.get("name"), "namespace": ref.get("namespace")}}
+        return [Request("", t["metadata"]["name"]) for t in cache.list(TAILNET)
+                if t["metadata"]["name"] != tailnet["metadata"]["name"] and matches(t, named)]
+
+    return mapper
+
+
 def _hosts_file_of(cache: Reader) -> Callable[[JSON], list[str]]:
     """The Tailnets whose ``spec.dns.hostsConfigMap`` is this ConfigMap."""
     matches = _refers(("dns", "hostsConfigMap"))
@@ -368,7 +384,11 @@ def _add_dns(manager: Manager, namespace: str, events: EventRecorder) -> DnsReco
      .watches(TAILNET_EGRESS, _by_tailnet_ref, GenerationChanged())
      .watches(TAILNET_INGRESS, _by_tailnet_ref, GenerationChanged())
      .watches(SECRET, tailnet_of, namespace=namespace, labels=OWNED)  # an ingress record: its node's address
-     .watches(SERVICE, tailnet_of, labels=OWNED))
+     .watches(SERVICE, tailnet_of, labels=OWNED)
+     # A hosts file refused because another Tailnet held it is taken over as soon as that one goes
+     # (its deletion, or the garbage collector removing the file), not at the next retry.
+     .watches(CONFIG_MAP, _tailnets_referencing(manager.cache, _refers(("dns", "hostsConfigMap"))))
+     .watches(TAILNET, _sharing_hosts_file(manager.cache)))
     return dns
 
 
