@@ -4,11 +4,14 @@ machine's limits.
 The same path as ``benchmarks/egress.py`` (a client on this machine -> the agent's egress
 listener -> the tailnet, direct UDP on loopback by default, DERP with ``--derp`` -> a tailscaled
 peer in userspace networking -> a sink/source server on 127.0.0.1), and tailscaled's userspace
-networking on the same path for the CPU comparison. For each path and direction, separate
+networking on the same path for the CPU comparison. Each path is checked on both of its ends
+before and after (``benchmarks.pathcheck``: a "direct" row whose tailscaled or agent relays fails
+the run). For each path and direction, separate
 transfers of ``--mib`` MiB measure:
 
 - wall time, MB/s, and CPU seconds (user / system, from ``/proc/PID/stat``) of the agent (or the
-  tailscaled client), of the tailscaled peer and of this process (client and sink server);
+  tailscaled client), of the tailscaled peer, of this process (the client) and of the sink/source
+  server (a process of its own);
 - the data plane's own counters (WireGuard packets in/out, UDP datagrams, resends);
 - ``perf record`` of the agent, split by where the samples fall: the kernel (syscalls, UDP/TCP
   stacks, copies to and from user space), the Python interpreter, the Rust crate (and within it
@@ -47,8 +50,17 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import paths
-from benchmarks.egress import _fetch, running_agent, socks5_dialer, tcp_dialer, until_direct
+from benchmarks import pathcheck
+from benchmarks.egress import (
+    agent_check,
+    pid_of,
+    running_agent,
+    serving,
+    socks5_dialer,
+    tailscaled_check,
+    tcp_dialer,
+)
+from benchmarks.pathcheck import fetch, until_direct, until_direct_tailscaled
 from benchmarks.paths import MIB, Dial, download, upload
 from hack.localenv import Environment, free_port
 
@@ -122,7 +134,7 @@ def metrics(url: str | None) -> dict[str, float]:
     if url is None:
         return {}
     out: dict[str, float] = {}
-    for line in _fetch(url).splitlines():
+    for line in fetch(url).splitlines():
         if line.startswith("tailnet_agent_dataplane_"):
             name, value = line.split()[:2]
             out[name.removeprefix("tailnet_agent_dataplane_").removesuffix("_total")] = float(value)
@@ -271,12 +283,6 @@ async def profile_direction(name: str, direction: str, dial: Dial, pid: int, oth
     return result
 
 
-def pid_of(node: Any) -> int:
-    pid = node.process.pid
-    assert isinstance(pid, int), node
-    return pid
-
-
 def tools_path(name: str) -> str:
     local = Path(sys.executable).parent / name
     return str(local) if local.exists() else (shutil.which(name) or name)
@@ -295,36 +301,46 @@ async def run(mib: int, derp: bool, tools: dict[str, bool], streams: int = 1,
     doc: dict[str, Any] = {"load_before": os.getloadavg(), "tools": tools, "mib": mib, "streams": streams,
                            "limits": await asyncio.to_thread(limits), "paths": {}}
     port = free_port()
-    server = await asyncio.start_server(paths.serve_connection, "127.0.0.1", port)
     size = mib * MIB
-    with Environment() as env:
+    with Environment() as env, serving(port, env.log_dir / "sink-source.log") as server:
         headscale = env.headscale()
         key = headscale.create_preauth_key(tags=["tag:bench-server"], reusable=True)
         peer = env.tailscale_node("bench-server", headscale, authkey=key)
         target = peer.ipv4()
-        clients = {"tailscaled, direct": env.tailscale_node("bench-direct", headscale, authkey=key)}
+        clients = {"tailscaled, direct": (env.tailscale_node("bench-direct", headscale, authkey=key), pathcheck.DIRECT)}
         if derp:
-            clients["tailscaled, DERP"] = env.tailscale_node("bench-derp", headscale, authkey=key,
-                                                             env={"TS_DEBUG_ALWAYS_USE_DERP": "true"})
+            clients["tailscaled, DERP"] = (env.tailscale_node("bench-derp", headscale, authkey=key,
+                                                              env={"TS_DEBUG_ALWAYS_USE_DERP": "true"}), pathcheck.DERP)
         async with contextlib.AsyncExitStack() as stack:
             measured: list[tuple[str, Dial, int, str | None]] = []
+            checks: dict[str, Callable[[], str]] = {}
             for direct in (True, False) if derp else (True,):
                 listen = free_port()
                 proc, url = await stack.enter_async_context(
                     running_agent(env, headscale, target, port, listen, direct=direct))
                 dial = tcp_dialer(listen)
+                await upload(dial, 64 * 1024)
                 if direct:
                     await until_direct(dial, url)
-                measured.append((f"agent, {'direct' if direct else 'DERP'}", dial, proc.pid, url))
-            for name, node in clients.items():
-                measured.append((name, socks5_dialer(node, target, port), pid_of(node), None))
+                name = f"agent, {'direct' if direct else 'DERP'}"
+                measured.append((name, dial, proc.pid, url))
+                checks[name] = agent_check(url, f"bench-agent-{'direct' if direct else 'derp'}", peer,
+                                           pathcheck.DIRECT if direct else pathcheck.DERP)
+            for name, (node, claim) in clients.items():
+                dial = socks5_dialer(node, target, port)
+                await upload(dial, 64 * 1024)
+                if claim == pathcheck.DIRECT:
+                    await until_direct_tailscaled(node, peer.hostname, dial)
+                measured.append((name, dial, pid_of(node), None))
+                checks[name] = tailscaled_check(node, peer, claim)
             for _, dial, _, _ in measured:
                 await upload(dial, 4 * MIB)  # warm up
-            others = {"tailscaled peer": pid_of(peer), "client and sink (this process)": os.getpid()}
+            doc["path_before"] = {name: await asyncio.to_thread(check) for name, check in checks.items()}
+            others = {"tailscaled peer": pid_of(peer), "client (this process)": os.getpid(), "sink": server.pid}
             for name, dial, pid, metrics_url in measured:
                 doc["paths"][name] = {d: await profile_direction(name, d, dial, pid, others, metrics_url, size, tools,
                                                                  streams) for d in directions}
-    server.close()
+            doc["path_after"] = {name: await asyncio.to_thread(check) for name, check in checks.items()}
     doc["load_after"] = os.getloadavg()
     return doc
 
@@ -368,7 +384,7 @@ def tables(doc: dict[str, Any]) -> str:
         for direction, r in directions.items():
             cpu = r["plain"]["cpu"]
             own, peer = _ms_per_mib(cpu["measured"], mib), _ms_per_mib(cpu["tailscaled peer"], mib)
-            client = _ms_per_mib(cpu["client and sink (this process)"], mib)
+            client = _ms_per_mib(cpu["client (this process)"], mib) + _ms_per_mib(cpu["sink"], mib)
             calls = r.get("syscalls", {})
             per_packet = calls.get("per_wireguard_packet")
             rows.append(f"| {name}, {direction} | {r['plain']['mbs']} | {own:.1f} "

@@ -8,10 +8,12 @@ Measured in one run: one stream and 8 parallel streams (MB/s, upload and downloa
 setup time through the whole path (p50, p99 of connect + one byte echoed), and the agent's RSS
 when ready, after the throughput rounds, and with 100 open connections. Throughput is measured in
 rounds that take every path in turn (so a slow phase of the machine hits all paths alike); the
-table gives the median of the rounds, the JSON every sample. Everything runs on loopback; nothing
-leaves the machine.
+table gives the median of the rounds, the JSON every sample. The sink/source server runs in a
+process of its own, and every row's path (DERP or direct) is checked on both of its ends before and
+after the measurements (:mod:`benchmarks.pathcheck`). Everything runs on loopback; nothing leaves
+the machine. ``--doc`` writes the section between the ``bench:egress`` markers.
 
-    python -m benchmarks.egress [--mib 32] [--rounds 3] [--setups 200] [--json results.json]
+    python -m benchmarks.egress [--mib 32] [--rounds 3] [--setups 200] [--json FILE] [--doc FILE]
 """
 
 from __future__ import annotations
@@ -24,12 +26,17 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from dataclasses import asdict
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from benchmarks import paths
+from benchmarks import pathcheck, paths
+from benchmarks.disruption import commit
+from benchmarks.pathcheck import fetch
 from benchmarks.paths import COLUMNS, MIB, Dial, PathResult, setup_round, throughput_round, upload
+from benchmarks.runtime.__main__ import write_section
+from hack import versions
 from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until
 from tailnet_agent.contract import environment as env_names
 
@@ -52,6 +59,14 @@ async def measure_all(results: list[tuple[PathResult, Dial]], *, mib: int, round
             await throughput_round(result, dial, mib=mib)
     for result, dial in results:
         await setup_round(result, dial, setups=setups)
+
+
+def pid_of(node: TailscaleNode) -> int:
+    """The pid of ``node``'s running tailscaled."""
+    pid = node.process.pid
+    if pid is None:
+        raise RuntimeError(f"tailscaled {node.hostname} is not running")
+    return pid
 
 
 def rss_kib(pid: int) -> int:
@@ -90,7 +105,7 @@ async def running_agent(env: Environment, headscale: Headscale, target_ip: str, 
         [sys.executable, "-m", "tailnet_agent"], env=config, stdout=log, stderr=subprocess.STDOUT)
     try:
         health = config[env_names.HEALTH_ADDRESS]
-        wait_until(lambda: _fetch(f"http://{health}/readyz"), timeout=60, what="the agent's /readyz")
+        wait_until(lambda: fetch(f"http://{health}/readyz"), timeout=60, what="the agent's /readyz")
         yield proc, f"http://{health}/metrics"
     finally:
         stop(proc)
@@ -105,29 +120,6 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.kill()
         proc.wait(5)
-
-
-async def until_direct(dial: Dial, metrics_url: str, timeout: float = 30.0) -> None:
-    """Send a little until the agent's metrics show WireGuard going both ways over UDP."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        await upload(dial, 64 * 1024)
-        text = await asyncio.to_thread(_fetch, metrics_url)
-        counts = {name: float(value) for name, value in
-                  (line.split() for line in text.splitlines() if line.startswith("tailnet_agent_dataplane_udp"))}
-        if counts.get("tailnet_agent_dataplane_udp_packets_out_total", 0) and counts.get(
-                "tailnet_agent_dataplane_udp_packets_in_total", 0):
-            return
-        await asyncio.sleep(0.5)
-    raise RuntimeError(f"no direct path within {timeout:.0f} s (see the agent-direct log)")
-
-
-def _fetch(url: str) -> str:
-    """The body of a 2xx answer (urllib raises on any other)."""
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return str(resp.read().decode())
 
 
 async def held_connections_rss(pid: int, dial: Dial, connections: int) -> int:
@@ -147,10 +139,61 @@ async def held_connections_rss(pid: int, dial: Dial, connections: int) -> int:
 # -- the run ------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def serving(port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The sink/source server (``paths.py serve``) in a process of its own on 127.0.0.1:``port``,
+    so that the measuring client's event loop never serves as well."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(paths.__file__)), "serve", "127.0.0.1", str(port)],
+            stdout=subprocess.PIPE, stderr=out)
+        try:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != b"listening":
+                raise RuntimeError(f"the sink/source server did not start (see {log})")
+            yield proc
+        finally:
+            stop(proc)
+
+
+@dataclass
+class Measured:
+    """One row: its result, how it is dialled, and how its path is checked (both ends)."""
+
+    result: PathResult
+    dial: Dial
+    check: Callable[[], str]
+    pid: int
+
+
+def tailscaled_check(client: TailscaleNode, server: TailscaleNode, claim: str) -> Callable[[], str]:
+    """Both tailscaleds report ``claim`` for each other."""
+
+    def check() -> str:
+        mine = pathcheck.require(claim, pathcheck.peer_path(client, server.hostname), client.hostname)
+        theirs = pathcheck.require(claim, pathcheck.peer_path(server, client.hostname), server.hostname)
+        return f"{client.hostname}: {mine}; {server.hostname}: {theirs}"
+
+    return check
+
+
+def agent_check(metrics: str, hostname: str, server: TailscaleNode, claim: str) -> Callable[[], str]:
+    """The agent's UDP counters (none over DERP only; both ways when direct) and the peer's entry."""
+
+    def check() -> str:
+        udp = pathcheck.agent_udp(metrics)
+        if (claim == pathcheck.DIRECT) != bool(udp.packets_out and udp.packets_in):
+            raise pathcheck.PathNotAsClaimed(f"{hostname}: the row claims {claim}, its UDP counters are "
+                                             f"{udp.packets_out:.0f} out, {udp.packets_in:.0f} in")
+        theirs = pathcheck.require(claim, pathcheck.peer_path(server, hostname), server.hostname)
+        return f"{hostname}: UDP {udp.packets_out:.0f} out, {udp.packets_in:.0f} in; {server.hostname}: {theirs}"
+
+    return check
+
+
 async def run(mib: int, rounds: int, setups: int, *, agent: bool = True) -> list[PathResult]:
     port = free_port()
-    server = await asyncio.start_server(paths.serve_connection, "127.0.0.1", port)
-    with Environment() as env:
+    with Environment() as env, serving(port, env.log_dir / "sink-source.log"):
         headscale = env.headscale()
         server_key = headscale.create_preauth_key(tags=["tag:bench-server"], reusable=True)
         peer = env.tailscale_node("bench-server", headscale, authkey=server_key)
@@ -158,30 +201,35 @@ async def run(mib: int, rounds: int, setups: int, *, agent: bool = True) -> list
         derp_client = env.tailscale_node("bench-derp", headscale, authkey=server_key,
                                          env={"TS_DEBUG_ALWAYS_USE_DERP": "true"})
         direct_client = env.tailscale_node("bench-direct", headscale, authkey=server_key)
-        measured = [(PathResult("tailscaled userspace, DERP"), socks5_dialer(derp_client, target, port)),
-                 (PathResult("tailscaled userspace, direct"), socks5_dialer(direct_client, target, port))]
+        measured = [
+            Measured(PathResult("tailscaled userspace, DERP"), socks5_dialer(derp_client, target, port),
+                     tailscaled_check(derp_client, peer, pathcheck.DERP), pid_of(derp_client)),
+            Measured(PathResult("tailscaled userspace, direct"), socks5_dialer(direct_client, target, port),
+                     tailscaled_check(direct_client, peer, pathcheck.DIRECT), pid_of(direct_client))]
+        await upload(measured[0].dial, 64 * 1024)  # both ends learn of each other
+        await pathcheck.until_direct_tailscaled(direct_client, peer.hostname, measured[1].dial)
         async with contextlib.AsyncExitStack() as stack:
-            # Processes whose memory is reported.
-            pids = {measured[0][0].name: derp_client.process.pid, measured[1][0].name: direct_client.process.pid}
             if agent:
                 for name, direct in (("agent, DERP", False), ("agent, direct", True)):
                     listen = free_port()
                     process, metrics = await stack.enter_async_context(
                         running_agent(env, headscale, target, port, listen, direct=direct))
-                    measured.append((PathResult(name), tcp_dialer(listen)))
-                    pids[name] = process.pid
+                    hostname = "bench-agent-direct" if direct else "bench-agent-derp"
+                    claim = pathcheck.DIRECT if direct else pathcheck.DERP
+                    measured.append(Measured(PathResult(name), tcp_dialer(listen),
+                                             agent_check(metrics, hostname, peer, claim), process.pid))
+                    await upload(measured[-1].dial, 64 * 1024)
                     if direct:
-                        await until_direct(measured[-1][1], metrics)
-            for result, _ in measured:
-                if (pid := pids.get(result.name)) is not None:
-                    result.extra["rss_ready_kib"] = rss_kib(pid)
-            await measure_all(measured, mib=mib, rounds=rounds, setups=setups)
-            for result, dial in measured:
-                if (pid := pids.get(result.name)) is not None:
-                    result.extra["rss_after_kib"] = rss_kib(pid)
-                    result.extra["rss_100_connections_kib"] = await held_connections_rss(pid, dial, 100)
-    server.close()
-    return [result for result, _ in measured]
+                        await pathcheck.until_direct(measured[-1].dial, metrics)
+            for row in measured:
+                row.result.extra["path_before"] = await asyncio.to_thread(row.check)
+                row.result.extra["rss_ready_kib"] = rss_kib(row.pid)
+            await measure_all([(row.result, row.dial) for row in measured], mib=mib, rounds=rounds, setups=setups)
+            for row in measured:
+                row.result.extra["path_after"] = await asyncio.to_thread(row.check)
+                row.result.extra["rss_after_kib"] = rss_kib(row.pid)
+                row.result.extra["rss_100_connections_kib"] = await held_connections_rss(row.pid, row.dial, 100)
+    return [row.result for row in measured]
 
 
 def table(results: list[PathResult]) -> str:
@@ -203,30 +251,71 @@ def ratios(results: list[PathResult], numerator: str, denominator: str) -> dict[
     return {c: round(getattr(top, c) / getattr(bottom, c), 2) for c in COLUMNS if getattr(bottom, c)}
 
 
+RATIO_PAIRS = (("DERP", "agent, DERP", "tailscaled userspace, DERP"),
+               ("direct", "agent, direct", "tailscaled userspace, direct"))
+
+
+def section(doc: dict[str, Any]) -> str:
+    """The docs/benchmarks.md section of one run: its conditions, the verified paths, the tables."""
+    results = [PathResult(**r) for r in doc["results"]]
+    before, after = (", ".join(f"{x:.1f}" for x in doc[k]) for k in ("loadavg_before", "loadavg_after"))
+    lines = [
+        f"## Egress, {doc['date']}, commit {doc['commit']} (Headscale {doc['headscale']} with embedded DERP, "
+        f"tailscaled {doc['tailscale']})", "",
+        f"Medians of {doc['rounds']} rounds (each round takes every path in turn), {doc['mib']} MiB per "
+        f"measurement, {doc['setups']} connections for the setup times. Load average (1, 5, 15 min) {before} "
+        f"at the start, {after} at the end. The sink/source server runs in a process of its own; the "
+        "measuring client in the benchmark's. No process has a CPU or memory limit (none is set for "
+        "tailscaled or the agent, and GOMEMLIMIT is unset), so the RSS columns compare unlimited "
+        "processes. The agent runs as two processes: one DERP only (`TAILNET_UDP_PORT=off`), one with "
+        "direct paths (`TAILNET_UDP_PORT=0`).", "",
+        "Each row's path was checked on both ends before and after its measurements (a row whose path "
+        "differs from its name fails the run): the measuring tailscaled's entry for the peer "
+        "(`CurAddr` for direct, a DERP `Relay` and no `CurAddr` for DERP) or the agent's UDP counters, "
+        "and the peer's tailscaled's entry for the measuring node.", "",
+        table(results), "", "Ratio agent / tailscaled:", "",
+        "| path | 1 stream up | 1 stream down | 8 streams up | 8 streams down |", "|---|---|---|---|---|"]
+    for label, numerator, denominator in RATIO_PAIRS:
+        if ratio := ratios(results, numerator, denominator):
+            lines.append(f"| {label} | " + " | ".join(f"{ratio.get(c, 0):.2f}" for c in COLUMNS) + " |")
+    lines += ["", "Samples (MB/s, rounds in order):", "", "| path | " + " | ".join(
+        c.replace("_mbs", "").replace("_", " ") for c in COLUMNS) + " |", "|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.name} | " + " | ".join(", ".join(f"{v:.1f}" for v in r.samples.get(c, []))
+                                                for c in COLUMNS) + " |")
+    lines += ["", "Memory (RSS, MiB):", "",
+              "| process | ready | after the throughput rounds | with 100 open connections |", "|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.name} | {r.extra['rss_ready_kib'] / 1024:.1f} | {r.extra['rss_after_kib'] / 1024:.1f} | "
+                     f"{r.extra['rss_100_connections_kib'] / 1024:.1f} |")
+    lines += ["", "Paths as checked after the measurements:", ""]
+    lines += [f"- {r.name}: {r.extra['path_after']}" for r in results]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=32, help="MiB per throughput measurement (default 32)")
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds; the median is reported (default 3)")
     parser.add_argument("--setups", type=int, default=200, help="connections timed for setup (default 200)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument("--doc", type=Path, default=None, help="write the section into this markdown file")
     parser.add_argument("--no-agent", action="store_true", help="measure only the tailscaled paths")
     args = parser.parse_args(argv)
+    loadavg_before = os.getloadavg()
     results = asyncio.run(run(args.mib, args.rounds, args.setups, agent=not args.no_agent))
-    print(table(results))
-    for r in results:
-        print(f"{r.name}: samples " + ", ".join(f"{k}={v}" for k, v in r.samples.items()))
-        if r.extra:
-            print(f"{r.name}: " + ", ".join(f"{k}={v}" for k, v in r.extra.items()))
-    derp = ratios(results, "agent, DERP", "tailscaled userspace, DERP")
-    direct = ratios(results, "agent, direct", "tailscaled userspace, direct")
-    if derp:
-        print("agent / tailscaled over DERP: " + ", ".join(f"{k}={v}" for k, v in derp.items()))
-    if direct:
-        print("agent / tailscaled direct: " + ", ".join(f"{k}={v}" for k, v in direct.items()))
+    doc = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit(), "headscale": versions.HEADSCALE,
+           "tailscale": versions.TAILSCALE, "rounds": args.rounds, "mib": args.mib, "setups": args.setups,
+           "loadavg_before": loadavg_before, "loadavg_after": os.getloadavg(),
+           "results": [asdict(r) for r in results]}
+    for label, numerator, denominator in RATIO_PAIRS:
+        doc[f"agent_over_tailscaled_{label.lower()}"] = ratios(results, numerator, denominator)
+    text = section(doc)
+    print(text)
     if args.json:
-        doc = {"results": [asdict(r) for r in results], "agent_over_tailscaled_derp": derp,
-               "agent_over_tailscaled_direct": direct}
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    if args.doc:
+        write_section(args.doc, "<!-- bench:egress:begin -->", "<!-- bench:egress:end -->", text)
     return 0
 
 

@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import paths
-from benchmarks.egress import _fetch, stop, until_direct
+from benchmarks.egress import stop
+from benchmarks.pathcheck import fetch, until_direct, until_direct_tailscaled
 from benchmarks.paths import PathResult, throughput_round, upload
 from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until
 from hack.localenv._pki import CertificateAuthority
@@ -245,19 +246,6 @@ def peer_ip(laptop: TailscaleNode, hostname: str) -> str | None:
     return None
 
 
-async def until_direct_tailscaled(laptop: TailscaleNode, hostname: str, dial: paths.Dial,
-                                  timeout: float = 30.0) -> None:
-    """Send a little until the laptop reports a direct address (not DERP) for the peer."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        await upload(dial, 64 * 1024)
-        peers = await asyncio.to_thread(laptop.peers)
-        if any(p.get("HostName") == hostname and p.get("CurAddr") for p in peers):
-            return
-        await asyncio.sleep(0.5)
-    raise RuntimeError(f"no direct path from the laptop to {hostname} within {timeout:.0f} s")
-
-
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU seconds of process ``pid`` (all its threads) so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -377,7 +365,7 @@ def run(*, seconds: float, rounds: int, mib: int) -> dict[str, Any]:
         health = f"127.0.0.1:{free_port()}"
         agent = stack.enter_context(process([python, "-m", "tailnet_agent"], env.log_dir / "agent-ingress.log",
                                             agent_env(env, headscale, exposes_file, health)))
-        wait_until(lambda: _fetch(f"http://{health}/readyz"), timeout=60, what="the agent's /readyz")
+        wait_until(lambda: fetch(f"http://{health}/readyz"), timeout=60, what="the agent's /readyz")
         agent_ip = wait_until(lambda: peer_ip(laptop, AGENT), timeout=60, what="the laptop seeing the agent")
         serve_ip = wait_until(lambda: peer_ip(laptop, SERVE), timeout=60, what="the laptop seeing the serve node")
 

@@ -59,8 +59,8 @@ from typing import Any
 from benchmarks import paths
 from benchmarks.agent_trace import TRACE
 from benchmarks.disruption import commit
-from benchmarks.egress import _fetch
 from benchmarks.ingress_serve import connects, process, until_reachable
+from benchmarks.pathcheck import fetch
 from benchmarks.policy import base_policy
 from benchmarks.runtime.__main__ import write_section
 from benchmarks.runtime.harness import cpu_seconds, percentile, rss_mib
@@ -305,7 +305,7 @@ def agent_process(env: Environment, headscale: Headscale, key: str, target: str,
               env_names.HEALTH_ADDRESS: health, env_names.LOG_LEVEL: "warning", TRACE: str(trace)}
     with process([sys.executable, "-m", "benchmarks.agent_trace"], env.log_dir / f"{name}.log",
                  config) as proc:
-        wait_until(lambda: _fetch(f"http://{health}/readyz"), timeout=JOIN_TIMEOUT, what="the agent's /readyz")
+        wait_until(lambda: fetch(f"http://{health}/readyz"), timeout=JOIN_TIMEOUT, what="the agent's /readyz")
         yield proc.pid, health
 
 
