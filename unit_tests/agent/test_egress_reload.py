@@ -9,17 +9,12 @@ from collections.abc import Callable
 
 import aiohttp
 
+from hack.localenv import free_port
 from tailnet_agent.contract.targets import PortMapping, Target
 from tailnet_agent.forward import EgressForwarder
 from tailnet_agent.health import AgentMetrics, HealthServer
 
 from .test_health import FakeNode
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class LocalDialer:
