@@ -35,7 +35,7 @@ import aiohttp
 from hack.localenv import ControlPlane, Environment
 from hack.localenv._process import free_port
 
-from .runtime.__main__ import write_section
+from .record import write_section
 from .runtime.harness import Api, bounded, peak_rss_mib, rss_mib
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.egress_incluster import pod_rss_kib
-from benchmarks.runtime.__main__ import write_section
+from benchmarks.record import commit, write_section
 from e2e.cluster import get_json, install_operator_in_cluster, kubectl
 from e2e.disruption import (
     DEADLINE,
@@ -54,15 +53,6 @@ DRAIN_NOTE = ("node drain: not measured here. The local node is the only node: a
               "evicts the agent with nowhere to schedule its successor (and evicts the operator and "
               "CoreDNS with it), so it measures an outage of the whole cluster, not the agent's drain. "
               "It needs a second node (kind, `make e2e`).")
-
-
-def commit() -> str:
-    root = Path(__file__).resolve().parent.parent
-    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, check=False).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, check=False).stdout.strip()
-    return f"{head}{' (with uncommitted changes)' if dirty else ''}"
 
 
 BASELINE_DISRUPTIONS = ("rollout", "pod deleted")

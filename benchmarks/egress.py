@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import pathcheck, paths
-from benchmarks.disruption import commit
 from benchmarks.pathcheck import fetch
 from benchmarks.paths import COLUMNS, MIB, Dial, PathResult, setup_round, throughput_round, upload
-from benchmarks.runtime.__main__ import write_section
+from benchmarks.record import commit, write_section
 from hack import versions
 from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until
 from tailnet_agent.contract import environment as env_names

@@ -4,7 +4,10 @@ Path: a client pod -> (the TailnetEgress target's Service -> the agent pod | a t
 userspace networking, dialled through its SOCKS5 proxy Service) -> the tailnet (to a tailscaled
 subnet router on the node) -> a sink/source server on a site host in a network namespace. The
 tailscaled pod is what a user builds by hand: the static tailscaled of the pinned version in a
-scratch image, ``--tun=userspace-networking --socks5-server``, joined with a config file.
+scratch image, ``--tun=userspace-networking --socks5-server``, joined with a config file. It
+gets the agent pod's resources (read back from both pods, the run stops if they differ) and a
+GOMEMLIMIT at 90% of the memory limit. Each path's tailnet hop is checked direct at both ends
+(the pod's side and the router's) before and after its measurements.
 
 Measured in one run: one stream and 8 parallel streams (MB/s, upload and download) in rounds that
 take both paths in turn (medians reported), connection setup (connect plus one byte echoed, p50
@@ -13,20 +16,24 @@ polls the target's Service name through the cluster's DNS, whose cache holds a m
 5 s), and the RSS of each egress pod's processes. The client runs ``benchmarks/paths.py`` inside
 its pod; the server runs the same file on the site host.
 
-    python -m benchmarks.egress_incluster [--mib 32] [--rounds 3] [--setups 200] [--json FILE]
+    python -m benchmarks.egress_incluster [--mib 32] [--rounds 3] [--setups 200] [--json FILE] [--doc FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.paths import PathResult
+from benchmarks import pathcheck
+from benchmarks.paths import COLUMNS, PathResult
+from benchmarks.record import commit, write_section
 from e2e.cluster import (
     OPEN_BASE,
     SLEEPER,
@@ -34,6 +41,7 @@ from e2e.cluster import (
     PythonSession,
     apply,
     condition,
+    exec_python,
     get_json,
     install_operator_in_cluster,
     kubectl,
@@ -42,14 +50,18 @@ from e2e.cluster import (
     wait_pod_running,
 )
 from e2e.operator import tailnet_object
-from hack import image
-from hack.localenv import Environment, Headscale, wait_until
+from hack import image, versions
+from hack.localenv import Environment, Headscale, TailscaleNode, wait_until
+from tailnet_agent.contract import environment as env_names
+from tailnet_agent.contract.endpoints import HEALTH_PORT
 
 PATHS_SOURCE = Path(__file__).with_name("paths.py")
 SERVER_PORT = 9000
 SOCKS_PORT = 1080
 AGENT = "agent (TailnetEgress)"
 TAILSCALED = "tailscaled userspace pod (SOCKS5)"
+TAILSCALED_HOSTNAME = "bench-tailscaled"
+TAILSCALED_SOCKET = "/state/tailscaled.sock"
 EGRESS_TAG = "tag:bench-egress"
 ROUTER_TAG = "tag:bench-site"
 
@@ -123,9 +135,25 @@ def milestones(cluster: ClusterUnderTest, ns: str, pod: dict[str, Any]) -> dict[
             "agent_pod_ready": _since(created, ready)}
 
 
-def tailscaled_objects(ns: str, ref: str, headscale: Headscale, authkey: str) -> list[dict[str, Any]]:
-    """A tailscaled egress pod built by hand: config file, CA, Deployment, SOCKS5 Service."""
-    name = "bench-tailscaled"
+def go_memory_limit(resources: dict[str, Any]) -> str | None:
+    """GOMEMLIMIT for a container with ``resources``: 90% of its memory limit (Go's GC then works
+    to stay under the limit, as a user who sets one would want), or none without a limit."""
+    limit = resources.get("limits", {}).get("memory")
+    if limit is None:
+        return None
+    units = {"Ki": 1, "Mi": 1024, "Gi": 1024 * 1024}
+    number, unit = limit[:-2], limit[-2:]
+    if unit not in units or not number.isdigit():
+        raise ValueError(f"memory limit {limit!r}: expected a whole number of Ki, Mi or Gi")
+    return f"{int(number) * units[unit] * 9 // 10}KiB"
+
+
+def tailscaled_objects(ns: str, ref: str, headscale: Headscale, authkey: str,
+                       resources: dict[str, Any]) -> list[dict[str, Any]]:
+    """A tailscaled egress pod built by hand: config file, CA, Deployment, SOCKS5 Service. It gets
+    the agent pod's ``resources`` and a GOMEMLIMIT under their memory limit."""
+    name = TAILSCALED_HOSTNAME
+    gomemlimit = go_memory_limit(resources)
     config = {"Version": "alpha0", "ServerURL": headscale.url, "AuthKey": authkey, "Hostname": name,
               "AcceptDNS": False, "AcceptRoutes": True}
     labels = {"app": name}
@@ -143,13 +171,14 @@ def tailscaled_objects(ns: str, ref: str, headscale: Headscale, authkey: str) ->
              "spec": {"automountServiceAccountToken": False, "containers": [{
                  "name": "tailscaled", "image": ref, "imagePullPolicy": "IfNotPresent",
                  "args": ["--tun=userspace-networking", f"--socks5-server=0.0.0.0:{SOCKS_PORT}",
-                          "--statedir=/state", "--socket=/state/tailscaled.sock", "--port=0",
+                          "--statedir=/state", f"--socket={TAILSCALED_SOCKET}", "--port=0",
                           "--no-logs-no-support", "--config=/config/tailscaled.json"],
                  "env": [{"name": "SSL_CERT_FILE", "value": "/ca/ca.crt"},
                          {"name": "TS_NO_LOGS_NO_SUPPORT", "value": "true"},
-                         {"name": "TS_DEBUG_OMIT_LOCAL_ADDRS", "value": "true"}],
+                         {"name": "TS_DEBUG_OMIT_LOCAL_ADDRS", "value": "true"},
+                         *([{"name": "GOMEMLIMIT", "value": gomemlimit}] if gomemlimit else [])],
                  "ports": [{"containerPort": SOCKS_PORT, "name": "socks5"}],
-                 "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+                 "resources": resources,
                  "securityContext": security,
                  "volumeMounts": [{"name": "state", "mountPath": "/state"}, {"name": "tmp", "mountPath": "/tmp"},
                                   {"name": "config", "mountPath": "/config", "readOnly": True},
@@ -160,6 +189,65 @@ def tailscaled_objects(ns: str, ref: str, headscale: Headscale, authkey: str) ->
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
          "spec": {"selector": labels, "ports": [{"port": SOCKS_PORT, "name": "socks5"}]}},
     ]
+
+
+@dataclass(frozen=True)
+class PodTailscaled:
+    """The tailscaled in the hand-built egress pod, its status read through its CLI."""
+
+    cluster: ClusterUnderTest
+    namespace: str
+    pod: str
+    hostname: str = TAILSCALED_HOSTNAME
+
+    def peers(self) -> list[dict[str, Any]]:
+        status = json.loads(kubectl(self.cluster, "-n", self.namespace, "exec", self.pod, "--", "/tailscale",
+                                    f"--socket={TAILSCALED_SOCKET}", "status", "--json"))
+        return list((status.get("Peer") or {}).values())
+
+
+AGENT_METRICS = f"""
+import urllib.request
+print(urllib.request.urlopen("http://127.0.0.1:{HEALTH_PORT}/metrics", timeout=5).read().decode())
+"""
+
+
+def agent_hostname(pod: dict[str, Any]) -> str:
+    """The tailnet hostname the operator gave the agent pod."""
+    env = pod["spec"]["containers"][0]["env"]
+    return str(next(e["value"] for e in env if e["name"] == env_names.HOSTNAME))
+
+
+def direct_check(cluster: ClusterUnderTest, name: str, pod: dict[str, Any],
+                 router: TailscaleNode) -> Callable[[], str]:
+    """Both ends of the row's tailnet hop are direct: the egress pod (the agent's UDP counters going
+    both ways, or the pod's tailscaled's entry for the router) and the router's entry for it."""
+    ns, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+    if name == AGENT:
+        hostname = agent_hostname(pod)
+
+        def agent() -> str:
+            udp = pathcheck.udp_counters(exec_python(cluster, ns, pod_name, AGENT_METRICS))
+            if not (udp.packets_out and udp.packets_in):
+                raise pathcheck.PathNotAsClaimed(f"{hostname}: the row claims direct, its UDP counters are "
+                                                 f"{udp.packets_out:.0f} out, {udp.packets_in:.0f} in")
+            theirs = pathcheck.require(pathcheck.DIRECT, pathcheck.peer_path(router, hostname), router.hostname)
+            return f"{hostname}: UDP {udp.packets_out:.0f} out, {udp.packets_in:.0f} in; {router.hostname}: {theirs}"
+
+        return agent
+    node = PodTailscaled(cluster, ns, pod_name)
+
+    def tailscaled() -> str:
+        mine = pathcheck.require(pathcheck.DIRECT, pathcheck.peer_path(node, router.hostname), node.hostname)
+        theirs = pathcheck.require(pathcheck.DIRECT, pathcheck.peer_path(router, node.hostname), router.hostname)
+        return f"{node.hostname}: {mine}; {router.hostname}: {theirs}"
+
+    return tailscaled
+
+
+def container_resources(pod: dict[str, Any]) -> dict[str, Any]:
+    resources: dict[str, Any] = pod["spec"]["containers"][0].get("resources", {})
+    return resources
 
 
 def egress_object(ns: str, tailnet: str, address: str, consumer: str) -> dict[str, Any]:
@@ -209,7 +297,7 @@ def run(mib: int, rounds: int, setups: int) -> dict[str, Any]:
             {"apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetSite", "metadata": {"name": "bench-site"},
              "spec": {"tailnetRef": {"name": "bench"}, "routes": [host.subnet], "routerTag": ROUTER_TAG}},
         ])
-        env.tailscale_node("bench-router", headscale, authkey=headscale.create_preauth_key(tags=[ROUTER_TAG]),
+        router = env.tailscale_node("bench-router", headscale, authkey=headscale.create_preauth_key(tags=[ROUTER_TAG]),
                            advertise_routes=[host.subnet], site_router=True)
         consumer = "bench-consumer"
         apply(cluster, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": consumer}}])
@@ -229,21 +317,31 @@ def run(mib: int, rounds: int, setups: int) -> dict[str, Any]:
         finally:
             waiter.close()
         wait_available(cluster, ns, "bench-egress-agent", timeout=120)
+        agent_pod = only_pod(cluster, ns, "tailnet.dev/egress=bench")
 
         key = headscale.create_preauth_key(tags=[EGRESS_TAG], reusable=True, ephemeral=True)
-        apply(cluster, tailscaled_objects(consumer, tailscale.ref, headscale, key))
-        wait_available(cluster, consumer, "bench-tailscaled", timeout=120)
-        socks = f"socks5:bench-tailscaled.{consumer}.svc:{SOCKS_PORT}:{host.address}:{SERVER_PORT}"
+        apply(cluster, tailscaled_objects(consumer, tailscale.ref, headscale, key, container_resources(agent_pod)))
+        wait_available(cluster, consumer, TAILSCALED_HOSTNAME, timeout=120)
+        socks = f"socks5:{TAILSCALED_HOSTNAME}.{consumer}.svc:{SOCKS_PORT}:{host.address}:{SERVER_PORT}"
         dials = {AGENT: f"tcp:{service}:{SERVER_PORT}", TAILSCALED: socks}
-        pods = {AGENT: only_pod(cluster, ns, "tailnet.dev/egress=bench"),
-                TAILSCALED: only_pod(cluster, consumer, "app=bench-tailscaled")}
+        pods = {AGENT: agent_pod, TAILSCALED: only_pod(cluster, consumer, f"app={TAILSCALED_HOSTNAME}")}
+        limits = {name: container_resources(pod) for name, pod in pods.items()}
+        if limits[AGENT] != limits[TAILSCALED]:
+            raise RuntimeError(f"the egress pods' resources differ: {limits}")
+        checks = {name: direct_check(cluster, name, pod, router) for name, pod in pods.items()}
         results = {name: PathResult(name) for name in dials}
         for name, dial in dials.items():
             def connects(name: str = name, dial: str = dial) -> str:
                 return in_pod(cluster, consumer, "client", "round", name, dial, "--mib", "0", "--setups", "1",
                               timeout=60)
 
+            def direct(name: str = name) -> str:
+                connects()
+                return checks[name]()
+
             wait_until(connects, timeout=120, what=f"a first connection through the {name}")
+            results[name].extra["path_before"] = wait_until(direct, timeout=60, interval=0.5,
+                                                            what=f"a direct path at both ends of the {name}")
             results[name].extra["rss_ready_kib"] = pod_rss_kib(pods[name]["metadata"]["uid"])
         for _ in range(rounds):
             for name, dial in dials.items():
@@ -255,12 +353,16 @@ def run(mib: int, rounds: int, setups: int) -> dict[str, Any]:
                                                  "--setups", str(setups))))
             results[name].merge(one)
             results[name].extra["rss_after_kib"] = pod_rss_kib(pods[name]["metadata"]["uid"])
+            results[name].extra["path_after"] = checks[name]()
             results[name].extra["restarts"] = sum(
                 c["restartCount"] for c in get_json(cluster, "-n", pods[name]["metadata"]["namespace"], "pod",
                                                     pods[name]["metadata"]["name"])["status"]["containerStatuses"])
         ready = condition(get_json(cluster, "-n", ns, "tailnetegresses.tailnet.dev", "bench"), "Ready")
-        return {"date": time.strftime("%Y-%m-%d"), "first_byte_s": round(first_byte_s, 2), "egress_ready": ready,
+        return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit(),
+                "headscale": versions.HEADSCALE, "tailscale": versions.TAILSCALE,
+                "first_byte_s": round(first_byte_s, 2), "egress_ready": ready,
                 "first_byte_milestones_s": milestones(cluster, ns, pods[AGENT]),
+                "resources": limits[AGENT], "tailscaled_gomemlimit": go_memory_limit(limits[AGENT]),
                 "mib": mib, "rounds": rounds, "setups": setups,
                 "results": [asdict(r) for r in results.values()]}
 
@@ -278,22 +380,66 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def section(doc: dict[str, Any]) -> str:
+    """The docs/benchmarks.md section of one run: its conditions, the verified paths, the tables."""
+    results = {r["name"]: PathResult(**r) for r in doc["results"]}
+    before, after = (", ".join(f"{x:.1f}" for x in doc[k]) for k in ("loadavg_before", "loadavg_after"))
+    agent, tailscaled = results[AGENT], results[TAILSCALED]
+    ratios = ", ".join(f"{c.replace('_mbs', '').replace('_', ' ')} "
+                       f"{getattr(agent, c) / getattr(tailscaled, c):.2f}" for c in COLUMNS if getattr(tailscaled, c))
+    lines = [
+        f"## Egress in the cluster, {doc['date']}, commit {doc['commit']} (local node, Headscale "
+        f"{doc['headscale']}, tailscaled {doc['tailscale']})", "",
+        "A client pod in a consumer namespace -> either the TailnetEgress target's Service -> the agent pod, "
+        "or a tailscaled pod in userspace networking that a user builds by hand (the pinned tailscaled in a "
+        "scratch image, `--tun=userspace-networking --socks5-server`, joined with a config file, dialled "
+        "through its SOCKS5 Service) -> the tailnet -> a tailscaled subnet router on the node -> a "
+        "sink/source server on a site host. The client runs `benchmarks/paths.py` in its pod, so the "
+        "figures include the pod's own Python client.", "",
+        "Both egress pods have the same tag, restricted security context and resources "
+        f"(`{json.dumps(doc['resources'])}`, read back from both pods before measuring); tailscaled also gets "
+        f"`GOMEMLIMIT={doc['tailscaled_gomemlimit']}` (90% of the memory limit), so its garbage collector "
+        "works to stay under the limit as the agent's must. Each row's tailnet hop was checked direct at "
+        "both ends before and after its measurements (the agent's UDP counters or the pod tailscaled's "
+        "entry for the router, and the router's entry for the pod); a row whose path is not direct fails "
+        "the run.", "",
+        f"Medians of {doc['rounds']} interleaved rounds of {doc['mib']} MiB, {doc['setups']} connections for "
+        f"setup. Load average (1, 5, 15 min) {before} at the start, {after} at the end.", "",
+        table(doc), "",
+        f"Ratio agent / tailscaled: {ratios}; setup p50 {agent.setup_p50_ms / tailscaled.setup_p50_ms:.2f}, "
+        f"p99 {agent.setup_p99_ms / tailscaled.setup_p99_ms:.2f}.", "",
+        "Samples (MB/s, rounds in order):", "",
+        "| path | " + " | ".join(c.replace("_mbs", "").replace("_", " ") for c in COLUMNS) + " |",
+        "|---|---|---|---|---|"]
+    for r in results.values():
+        lines.append(f"| {r.name} | " + " | ".join(", ".join(f"{v:.1f}" for v in r.samples.get(c, []))
+                                                for c in COLUMNS) + " |")
+    milestones_s = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in doc["first_byte_milestones_s"].items())
+    lines += ["", f"**TailnetEgress created -> first byte echoed through it: {doc['first_byte_s']} s** "
+              f"(on the way, s after creation, 1 s resolution: {milestones_s}).", "",
+              "Paths as checked after the measurements:", ""]
+    lines += [f"- {r.name}: {r.extra.get('path_after')}" for r in results.values()]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=32, help="MiB per throughput measurement (default 32)")
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds; medians reported (default 3)")
     parser.add_argument("--setups", type=int, default=200, help="connections timed for setup (default 200)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument("--doc", type=Path, default=None, help="write the section into this markdown file")
     args = parser.parse_args(argv)
+    loadavg_before = os.getloadavg()
     doc = run(args.mib, args.rounds, args.setups)
-    print(table(doc))
-    print(f"TailnetEgress created -> first byte echoed through it: {doc['first_byte_s']} s; on the way (s): "
-          + ", ".join(f"{k} {v}" for k, v in doc["first_byte_milestones_s"].items()))
-    for r in doc["results"]:
-        print(f"{r['name']}: samples " + ", ".join(f"{k}={v}" for k, v in r["samples"].items()))
+    doc |= {"loadavg_before": loadavg_before, "loadavg_after": os.getloadavg()}
+    text = section(doc)
+    print(text)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    if args.doc:
+        write_section(args.doc, "<!-- bench:egress-incluster:begin -->", "<!-- bench:egress-incluster:end -->", text)
     return 0
 
 

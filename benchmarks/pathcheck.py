@@ -13,13 +13,13 @@ import asyncio
 import time
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from benchmarks.paths import Dial, upload
 from hack.localenv import TailscaleNode
 
-__all__ = ["AgentUdp", "PathNotAsClaimed", "agent_udp", "fetch", "peer_path", "require", "until_direct",
-           "until_direct_tailscaled"]
+__all__ = ["AgentUdp", "PathNotAsClaimed", "Peers", "agent_udp", "fetch", "peer_path", "require", "udp_counters",
+           "until_direct", "until_direct_tailscaled"]
 
 DIRECT = "direct"
 DERP = "DERP"
@@ -43,19 +43,33 @@ class AgentUdp:
     packets_in: float
 
 
-def agent_udp(metrics_url: str) -> AgentUdp:
+def udp_counters(metrics: str) -> AgentUdp:
+    """The UDP counters in the agent's ``/metrics`` text."""
     counts = {name: float(value) for name, value in
-              (line.split() for line in fetch(metrics_url).splitlines()
+              (line.split() for line in metrics.splitlines()
                if line.startswith("tailnet_agent_dataplane_udp_packets_"))}
     return AgentUdp(counts.get("tailnet_agent_dataplane_udp_packets_out_total", 0.0),
                     counts.get("tailnet_agent_dataplane_udp_packets_in_total", 0.0))
 
 
-def _peer(node: TailscaleNode, hostname: str) -> dict[str, Any] | None:
+def agent_udp(metrics_url: str) -> AgentUdp:
+    return udp_counters(fetch(metrics_url))
+
+
+class Peers(Protocol):
+    """A tailscaled whose status can be read: a host process, or one in a pod."""
+
+    @property
+    def hostname(self) -> str: ...
+
+    def peers(self) -> list[dict[str, Any]]: ...
+
+
+def _peer(node: Peers, hostname: str) -> dict[str, Any] | None:
     return next((p for p in node.peers() if p.get("HostName") == hostname), None)
 
 
-def peer_path(node: TailscaleNode, hostname: str) -> str:
+def peer_path(node: Peers, hostname: str) -> str:
     """How ``node``'s tailscaled reaches the peer ``hostname``: ``direct <addr>``, ``DERP <region>``,
     or ``none`` (no peer entry, or neither)."""
     peer = _peer(node, hostname)

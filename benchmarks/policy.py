@@ -34,7 +34,7 @@ from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.policy.cache import ParsedPolicies
 from tailnet_operator.policy.patch import Layout
 
-from .runtime.__main__ import write_section
+from .record import write_section
 
 BEGIN, END = "<!-- bench:policy:begin -->", "<!-- bench:policy:end -->"
 

@@ -42,7 +42,7 @@ from tailnet_operator.runtime.kinds import CONFIG_MAP, NAMESPACE
 from tailnet_operator.runtime.manager import Manager, ManagerOptions
 
 from .policy import base_policy
-from .runtime.__main__ import write_section
+from .record import write_section
 from .runtime.harness import bounded
 
 OPERATOR_NAMESPACE = "tailnet-system"

@@ -58,11 +58,10 @@ from typing import Any
 
 from benchmarks import paths
 from benchmarks.agent_trace import TRACE
-from benchmarks.disruption import commit
 from benchmarks.ingress_serve import connects, process, until_reachable
 from benchmarks.pathcheck import fetch
 from benchmarks.policy import base_policy
-from benchmarks.runtime.__main__ import write_section
+from benchmarks.record import commit, write_section
 from benchmarks.runtime.harness import cpu_seconds, percentile, rss_mib
 from hack import versions
 from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import median
 
+from benchmarks.record import write_section
 from hack.localenv import ControlPlane, Environment
 
 from . import harness
@@ -391,18 +392,6 @@ def report(runs: list[Run], found: dict[str, str], *, rounds: int, churn_count: 
 
 
 BEGIN, END = "<!-- bench:runtime:begin -->", "<!-- bench:runtime:end -->"
-
-
-def write_section(doc: Path, begin: str, end: str, text: str) -> None:
-    """Replace the text between the markers in ``doc`` (appending the section when absent)."""
-    current = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    block = f"{begin}\n{text.rstrip()}\n{end}"
-    if begin in current and end in current:
-        head, _, rest = current.partition(begin)
-        _, _, tail = rest.partition(end)
-        doc.write_text(head + block + tail)
-    else:
-        doc.write_text(current.rstrip() + "\n\n" + block + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
