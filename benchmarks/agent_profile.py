@@ -52,15 +52,13 @@ from typing import Any
 
 from benchmarks import pathcheck
 from benchmarks.egress import (
-    agent_check,
     pid_of,
     running_agent,
     serving,
     socks5_dialer,
-    tailscaled_check,
     tcp_dialer,
 )
-from benchmarks.pathcheck import fetch, until_direct, until_direct_tailscaled
+from benchmarks.pathcheck import agent_check, fetch, tailscaled_check, until_direct, until_direct_tailscaled
 from benchmarks.paths import MIB, Dial, download, upload
 from hack.localenv import Environment, free_port
 

@@ -165,31 +165,6 @@ class Measured:
     pid: int
 
 
-def tailscaled_check(client: TailscaleNode, server: TailscaleNode, claim: str) -> Callable[[], str]:
-    """Both tailscaleds report ``claim`` for each other."""
-
-    def check() -> str:
-        mine = pathcheck.require(claim, pathcheck.peer_path(client, server.hostname), client.hostname)
-        theirs = pathcheck.require(claim, pathcheck.peer_path(server, client.hostname), server.hostname)
-        return f"{client.hostname}: {mine}; {server.hostname}: {theirs}"
-
-    return check
-
-
-def agent_check(metrics: str, hostname: str, server: TailscaleNode, claim: str) -> Callable[[], str]:
-    """The agent's UDP counters (none over DERP only; both ways when direct) and the peer's entry."""
-
-    def check() -> str:
-        udp = pathcheck.agent_udp(metrics)
-        if (claim == pathcheck.DIRECT) != bool(udp.packets_out and udp.packets_in):
-            raise pathcheck.PathNotAsClaimed(f"{hostname}: the row claims {claim}, its UDP counters are "
-                                             f"{udp.packets_out:.0f} out, {udp.packets_in:.0f} in")
-        theirs = pathcheck.require(claim, pathcheck.peer_path(server, hostname), server.hostname)
-        return f"{hostname}: UDP {udp.packets_out:.0f} out, {udp.packets_in:.0f} in; {server.hostname}: {theirs}"
-
-    return check
-
-
 async def run(mib: int, rounds: int, setups: int, *, agent: bool = True) -> list[PathResult]:
     port = free_port()
     with Environment() as env, serving(port, env.log_dir / "sink-source.log"):
@@ -202,9 +177,9 @@ async def run(mib: int, rounds: int, setups: int, *, agent: bool = True) -> list
         direct_client = env.tailscale_node("bench-direct", headscale, authkey=server_key)
         measured = [
             Measured(PathResult("tailscaled userspace, DERP"), socks5_dialer(derp_client, target, port),
-                     tailscaled_check(derp_client, peer, pathcheck.DERP), pid_of(derp_client)),
+                     pathcheck.tailscaled_check(derp_client, peer, pathcheck.DERP), pid_of(derp_client)),
             Measured(PathResult("tailscaled userspace, direct"), socks5_dialer(direct_client, target, port),
-                     tailscaled_check(direct_client, peer, pathcheck.DIRECT), pid_of(direct_client))]
+                     pathcheck.tailscaled_check(direct_client, peer, pathcheck.DIRECT), pid_of(direct_client))]
         await upload(measured[0].dial, 64 * 1024)  # both ends learn of each other
         await pathcheck.until_direct_tailscaled(direct_client, peer.hostname, measured[1].dial)
         async with contextlib.AsyncExitStack() as stack:
@@ -216,7 +191,7 @@ async def run(mib: int, rounds: int, setups: int, *, agent: bool = True) -> list
                     hostname = "bench-agent-direct" if direct else "bench-agent-derp"
                     claim = pathcheck.DIRECT if direct else pathcheck.DERP
                     measured.append(Measured(PathResult(name), tcp_dialer(listen),
-                                             agent_check(metrics, hostname, peer, claim), process.pid))
+                                             pathcheck.agent_check(metrics, hostname, peer, claim), process.pid))
                     await upload(measured[-1].dial, 64 * 1024)
                     if direct:
                         await pathcheck.until_direct(measured[-1].dial, metrics)

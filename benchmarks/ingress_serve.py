@@ -26,7 +26,7 @@ The load client is a separate process (standard library asyncio, verified TLS ag
 ALPN http/1.1); the backend is aiohttp in its own process. Everything runs on loopback; nothing
 leaves the machine.
 
-    python -m benchmarks.ingress_serve [--seconds 6] [--rounds 3] [--mib 32] [--json results.json]
+    python -m benchmarks.ingress_serve [--seconds 6] [--rounds 3] [--mib 32] [--json FILE] [--doc FILE]
 """
 
 from __future__ import annotations
@@ -47,10 +47,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import paths
+from benchmarks import pathcheck, paths
 from benchmarks.egress import stop
-from benchmarks.pathcheck import fetch, until_direct, until_direct_tailscaled
-from benchmarks.paths import PathResult, throughput_round, upload
+from benchmarks.pathcheck import agent_check, fetch, tailscaled_check, until_direct, until_direct_tailscaled
+from benchmarks.paths import COLUMNS, PathResult, throughput_round, upload
+from benchmarks.record import commit, write_section
+from hack import versions
 from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until
 from hack.localenv._pki import CertificateAuthority
 from tailnet_agent.contract import environment as env_names
@@ -380,6 +382,10 @@ def run(*, seconds: float, rounds: int, mib: int) -> dict[str, Any]:
             await until_direct_tailscaled(laptop, SERVE, bulk[1][1])
 
         asyncio.run(direct_paths())
+        checks = {"agent": agent_check(f"http://{health}/metrics", AGENT, laptop, pathcheck.DIRECT),
+                  "tailscale serve": tailscaled_check(laptop, serve, pathcheck.DIRECT)}
+        path_before = {name: wait_until(check, timeout=30, interval=0.5, what=f"a direct path to the {name} node")
+                       for name, check in checks.items()}
         measured = http_paths(laptop.socks5_port, agent_ip, serve_ip, ports)
         pids = {"laptop tailscaled": laptop.process.pid or 0, "agent": agent.pid,
                 "serve tailscaled": serve.process.pid or 0, "backend": backend.pid}
@@ -399,6 +405,7 @@ def run(*, seconds: float, rounds: int, mib: int) -> dict[str, Any]:
                     await throughput_round(result, dial, mib=mib)
 
         asyncio.run(bulk_rounds())
+        path_after = {name: check() for name, check in checks.items()}
         load_after = loadavg()
         https_probe = serve_https_probe(serve, ca, paths.socks5_dialer("127.0.0.1", laptop.socks5_port, serve_ip, 443),
                                         ports["http"])
@@ -408,6 +415,7 @@ def run(*, seconds: float, rounds: int, mib: int) -> dict[str, Any]:
     return {"http": [asdict(p) for p in measured], "bulk": [asdict(r) for r, _ in bulk],
             "loadavg_before": load_before, "loadavg_after": load_after, "cpus": os.cpu_count(),
             "rss_after_kib": {AGENT: agent_rss, SERVE: serve_rss}, "serve_https_probe": https_probe,
+            "path_before": path_before, "path_after": path_after,
             "settings": {"seconds": seconds, "rounds": rounds, "mib": mib, "body_bytes": len(BODY)}}
 
 
@@ -442,6 +450,41 @@ def tables(doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def section(doc: dict[str, Any]) -> str:
+    """The docs/benchmarks.md section of one run: its conditions, the checked paths, the tables and
+    every round's figures."""
+    settings = doc["settings"]
+    before, after = (", ".join(f"{x:.1f}" for x in doc[k]) for k in ("loadavg_before", "loadavg_after"))
+    lines = [
+        f"### Ingress against tailscale serve, {doc['date']}, commit {doc['commit']} (Headscale "
+        f"{doc['headscale']}, tailscaled {doc['tailscale']})", "",
+        f"Medians of {settings['rounds']} rounds, {settings['seconds']:g} s per load measurement, "
+        f"{settings['body_bytes']}-byte answers, {settings['mib']} MiB per bulk measurement (medians of "
+        f"{settings['rounds'] + 1} bulk rounds). Load average (1, 5, 15 min) {before} at the start of the "
+        f"measurements, {after} at the end, on {doc['cpus']} CPUs.", "",
+        "Both ingress nodes were checked direct at both ends before and after the measurements (the "
+        "agent's UDP counters and the laptop's entry for it; the laptop's and the serve node's entries "
+        "for each other):", ""]
+    lines += [f"- {name}: before: {doc['path_before'][name]}; after: {doc['path_after'][name]}"
+              for name in doc["path_after"]]
+    lines += ["", tables(doc), "", "Requests/s at 32 clients, rounds in order:", ""]
+    for raw in doc["http"]:
+        runs = raw["runs"].get("32") or raw["runs"].get(32) or []
+        lines.append(f"- {raw['name']}: " + ", ".join(f"{run['rps']:.0f}" for run in runs))
+    lines += ["", "Bulk samples (MB/s, rounds in order):", "",
+              "| tcp expose, bulk | " + " | ".join(c.replace("_mbs", "").replace("_", " ") for c in COLUMNS) + " |",
+              "|---|---|---|---|---|"]
+    for r in doc["bulk"]:
+        lines.append(f"| {r['name']} | " + " | ".join(", ".join(f"{v:.1f}" for v in r["samples"].get(c, []))
+                                                   for c in COLUMNS) + " |")
+    rss = doc["rss_after_kib"]
+    lines += ["", f"RSS after the run: agent {rss[AGENT] / 1024:.0f} MiB, the serve node's tailscaled "
+              f"{rss[SERVE] / 1024:.0f} MiB (neither has a memory limit; GOMEMLIMIT unset).", "",
+              f"`tailscale serve --https` with a certificate in its cert store, checked after the "
+              f"measurements: {doc['serve_https_probe']}"]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command")
@@ -461,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds over every path; medians reported (default 3)")
     parser.add_argument("--mib", type=int, default=32, help="MiB per bulk measurement (default 32)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument("--doc", type=Path, default=None, help="write the section into this markdown file")
     args = parser.parse_args(argv)
     if args.command == "backend":
         asyncio.run(serve_backend(args.http_port, args.https_port, args.cert, args.key))
@@ -475,12 +519,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asdict(result)))
         return 0
     doc = run(seconds=args.seconds, rounds=args.rounds, mib=args.mib)
+    doc |= {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit(), "headscale": versions.HEADSCALE,
+            "tailscale": versions.TAILSCALE}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    print(tables(doc))
-    print(f"load average before {doc['loadavg_before']}, after {doc['loadavg_after']} on {doc['cpus']} CPUs; "
-          f"RSS after: {doc['rss_after_kib']}")
+    text = section(doc)
+    print(text)
+    if args.doc:
+        write_section(args.doc, "<!-- bench:ingress-serve:begin -->", "<!-- bench:ingress-serve:end -->", text)
     return 0
 
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from benchmarks.paths import Dial, upload
 from hack.localenv import TailscaleNode
 
-__all__ = ["AgentUdp", "PathNotAsClaimed", "Peers", "agent_udp", "fetch", "peer_path", "require", "udp_counters",
-           "until_direct", "until_direct_tailscaled"]
+__all__ = ["AgentUdp", "PathNotAsClaimed", "Peers", "agent_check", "agent_udp", "fetch", "peer_path", "require",
+           "tailscaled_check", "udp_counters", "until_direct", "until_direct_tailscaled"]
 
 DIRECT = "direct"
 DERP = "DERP"
@@ -87,6 +88,31 @@ def require(claim: str, observed: str, where: str) -> str:
     if not observed.startswith(claim):
         raise PathNotAsClaimed(f"{where}: the row claims {claim}, the node reports {observed}")
     return observed
+
+
+def tailscaled_check(client: TailscaleNode, server: TailscaleNode, claim: str) -> Callable[[], str]:
+    """Both tailscaleds report ``claim`` for each other."""
+
+    def check() -> str:
+        mine = require(claim, peer_path(client, server.hostname), client.hostname)
+        theirs = require(claim, peer_path(server, client.hostname), server.hostname)
+        return f"{client.hostname}: {mine}; {server.hostname}: {theirs}"
+
+    return check
+
+
+def agent_check(metrics: str, hostname: str, server: TailscaleNode, claim: str) -> Callable[[], str]:
+    """The agent's UDP counters (none over DERP only; both ways when direct) and the peer's entry."""
+
+    def check() -> str:
+        udp = agent_udp(metrics)
+        if (claim == DIRECT) != bool(udp.packets_out and udp.packets_in):
+            raise PathNotAsClaimed(f"{hostname}: the row claims {claim}, its UDP counters are "
+                                             f"{udp.packets_out:.0f} out, {udp.packets_in:.0f} in")
+        theirs = require(claim, peer_path(server, hostname), server.hostname)
+        return f"{hostname}: UDP {udp.packets_out:.0f} out, {udp.packets_in:.0f} in; {server.hostname}: {theirs}"
+
+    return check
 
 
 async def until_direct(dial: Dial, metrics_url: str, timeout: float = 30.0) -> None:

@@ -41,11 +41,11 @@ def test_a_row_whose_either_end_reports_another_path_fails_the_run() -> None:
     server = node("server", {"HostName": "client", "CurAddr": "", "Relay": "999"})
     client = node("client", {"HostName": "server", "CurAddr": "127.0.0.1:41641"})
     with pytest.raises(pathcheck.PathNotAsClaimed, match="server: the row claims direct, the node reports DERP"):
-        egress.tailscaled_check(client, server, pathcheck.DIRECT)()
+        pathcheck.tailscaled_check(client, server, pathcheck.DIRECT)()
     with pytest.raises(pathcheck.PathNotAsClaimed, match="client: the row claims DERP"):
-        egress.tailscaled_check(client, server, pathcheck.DERP)()
+        pathcheck.tailscaled_check(client, server, pathcheck.DERP)()
     both = node("server", {"HostName": "client", "CurAddr": "127.0.0.1:5555"})
-    assert egress.tailscaled_check(client, both, pathcheck.DIRECT)() == (
+    assert pathcheck.tailscaled_check(client, both, pathcheck.DIRECT)() == (
         "client: direct 127.0.0.1:41641; server: direct 127.0.0.1:5555")
 
 
