@@ -113,7 +113,7 @@ chaos: $(VENV)/.native binaries-chaos
 # BEFORE=DIR also measures an unpacked earlier tree in the big-cluster benchmark (e.g. git archive main).
 bench: $(VENV)/.native binaries-bench
 	$(PY) -m benchmarks.egress --json _artifacts/bench-egress.json --doc docs/benchmarks.md
-	$(PY) -m benchmarks.agent_profile --derp --json _artifacts/bench-agent-profile.json
+	$(PY) -m benchmarks.agent_profile --derp --json _artifacts/bench-agent-profile.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.egress_incluster --json _artifacts/bench-egress-incluster.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.ingress_serve --json _artifacts/bench-ingress-serve.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.runtime --sizes 1000,5000,10000 --large-rounds 1 --json _artifacts/bench-runtime.json --doc docs/benchmarks.md

@@ -60,6 +60,8 @@ from benchmarks.egress import (
 )
 from benchmarks.pathcheck import agent_check, fetch, tailscaled_check, until_direct, until_direct_tailscaled
 from benchmarks.paths import MIB, Dial, download, upload
+from benchmarks.record import commit, write_section
+from hack import versions
 from hack.localenv import Environment, free_port
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -401,6 +403,28 @@ def tables(doc: dict[str, Any]) -> str:
     return "\n".join(rows) + "\n\nperf samples of the measured process:\n\n" + "\n".join(perf_rows)
 
 
+def section(doc: dict[str, Any]) -> str:
+    """The docs/benchmarks.md section of one run: its conditions, the machine's limits, the checked
+    paths and the tables."""
+    before, after = (", ".join(f"{x:.1f}" for x in doc[k]) for k in ("load_before", "load_after"))
+    limit = doc["limits"]
+    tools = ", ".join(name for name, present in doc["tools"].items() if present) or "none"
+    lines = [
+        f"### Where the agent's time goes, {doc['date']}, commit {doc['commit']} (Headscale {doc['headscale']}, "
+        f"tailscaled {doc['tailscale']})", "",
+        f"{doc['mib']} MiB per transfer, {doc['streams']} stream(s); profilers present: {tools}. Load average "
+        f"(1, 5, 15 min) {before} at the start, {after} at the end. The machine's limits in the same run: one "
+        f"loopback TCP stream {limit['loopback_tcp_one_stream_mbs']:,.0f} MB/s; ChaCha20-Poly1305 seal on one "
+        f"core {limit['chacha20poly1305_1420b_mbs_per_core']:,.0f} MB/s for 1,420-byte messages, "
+        f"{limit['chacha20poly1305_64kib_mbs_per_core']:,.0f} MB/s for 64 KiB.", "",
+        "Paths, checked at both ends before and after the transfers:", ""]
+    lines += [f"- {name}: before: {doc['path_before'][name]}; after: {doc['path_after'][name]}"
+              for name in doc["path_after"]]
+    lines += ["", "CPU per MiB moved, by process on the path (the tailscaled peer and the client + sink are the "
+              "same processes for every row):", "", tables(doc)]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=64, help="MiB per transfer (default 64)")
@@ -408,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     parser.add_argument("--streams", type=int, default=1, help="parallel streams per transfer (default 1)")
     parser.add_argument("--direction", choices=("up", "down", "both"), default="both")
+    parser.add_argument("--doc", type=Path, default=None, help="write the section into this markdown file")
     parser.add_argument("--tables", type=Path, default=None, help="print the tables of an earlier run's JSON")
     args = parser.parse_args(argv)
     if args.tables:
@@ -415,10 +440,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     directions = ("up", "down") if args.direction == "both" else (args.direction,)
     doc = asyncio.run(run(args.mib, args.derp, available_tools(), args.streams, directions))
+    doc |= {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit(), "headscale": versions.HEADSCALE,
+            "tailscale": versions.TAILSCALE}
     print(summary(doc))
-    print(tables(doc))
+    text = section(doc)
+    print(text)
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    if args.doc:
+        write_section(args.doc, "<!-- bench:agent-profile:begin -->", "<!-- bench:agent-profile:end -->", text)
     return 0
 
 

@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import pytest
 
-from benchmarks import egress, pathcheck
+from benchmarks import agent_profile, egress, pathcheck
 from benchmarks.paths import COLUMNS, PathResult
 from hack.localenv import TailscaleNode
 
@@ -73,3 +73,23 @@ def test_the_egress_section_carries_the_runs_conditions_every_sample_and_the_che
     assert "| agent, direct | 20.0, 60.0, 40.0 |" in text, "every sample, in round order"
     assert "| tailscaled userspace, direct | 1.0 | 2.0 | 3.0 |" in text, "RSS in MiB"
     assert "- agent, direct: agent, direct: direct 127.0.0.1:1" in text
+
+
+def test_the_profile_section_carries_conditions_limits_and_checked_paths() -> None:
+    cpu = {"measured": {"user_s": 0.1, "system_s": 0.1}, "tailscaled peer": {"user_s": 0.2, "system_s": 0.0},
+           "client (this process)": {"user_s": 0.05, "system_s": 0.0}, "sink": {"user_s": 0.05, "system_s": 0.0}}
+    doc = {"date": "2026-12-02", "commit": "abc1234", "headscale": "0.29.2", "tailscale": "1.98.10", "mib": 64,
+           "streams": 1, "tools": {"perf": True, "strace": False, "py-spy": True},
+           "load_before": (0.5, 0.4, 0.3), "load_after": (1.0, 0.6, 0.4),
+           "limits": {"loopback_tcp_one_stream_mbs": 4245.0, "chacha20poly1305_1420b_mbs_per_core": 1013.0,
+                      "chacha20poly1305_64kib_mbs_per_core": 3309.0},
+           "path_before": {"agent, direct": "udp both ways"}, "path_after": {"agent, direct": "still"},
+           "paths": {"agent, direct": {"up": {"plain": {"mbs": 128.1, "seconds": 0.5, "cpu": cpu}}}}}
+
+    text = agent_profile.section(doc)
+
+    assert text.startswith("### Where the agent's time goes, 2026-12-02, commit abc1234 (Headscale 0.29.2")
+    assert "profilers present: perf, py-spy." in text and "0.5, 0.4, 0.3 at the start, 1.0, 0.6, 0.4 at the end" in text
+    assert "4,245 MB/s" in text and "1,013 MB/s for 1,420-byte" in text
+    assert "- agent, direct: before: udp both ways; after: still" in text
+    assert "| agent, direct, up | 128.1 | 3.1 (1.6 + 1.6) | 3.1 | 1.6 | 40% |" in text
