@@ -116,7 +116,7 @@ bench: $(VENV)/.native binaries-bench
 	$(PY) -m benchmarks.agent_profile --derp --json _artifacts/bench-agent-profile.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.egress_incluster --json _artifacts/bench-egress-incluster.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.ingress_serve --json _artifacts/bench-ingress-serve.json --doc docs/benchmarks.md
-	$(PY) -m benchmarks.runtime --sizes 1000,5000,10000 --large-rounds 1 --json _artifacts/bench-runtime.json --doc docs/benchmarks.md
+	$(PY) -m benchmarks.runtime --sizes 1000,5000,10000 --json _artifacts/bench-runtime.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.bigcluster --json _artifacts/bench-bigcluster.json --doc docs/benchmarks.md \
 	  $(if $(BEFORE),--before $(BEFORE))
 	$(PY) -m benchmarks.policy --json _artifacts/bench-policy.json --doc docs/benchmarks.md

@@ -60,7 +60,7 @@ from benchmarks.egress import (
 )
 from benchmarks.pathcheck import agent_check, fetch, tailscaled_check, until_direct, until_direct_tailscaled
 from benchmarks.paths import MIB, Dial, download, upload
-from benchmarks.record import commit, write_section
+from benchmarks.record import commit, load_average, write_section
 from hack import versions
 from hack.localenv import Environment, free_port
 
@@ -406,14 +406,13 @@ def tables(doc: dict[str, Any]) -> str:
 def section(doc: dict[str, Any]) -> str:
     """The docs/benchmarks.md section of one run: its conditions, the machine's limits, the checked
     paths and the tables."""
-    before, after = (", ".join(f"{x:.1f}" for x in doc[k]) for k in ("load_before", "load_after"))
     limit = doc["limits"]
     tools = ", ".join(name for name, present in doc["tools"].items() if present) or "none"
     lines = [
         f"### Where the agent's time goes, {doc['date']}, commit {doc['commit']} (Headscale {doc['headscale']}, "
         f"tailscaled {doc['tailscale']})", "",
-        f"{doc['mib']} MiB per transfer, {doc['streams']} stream(s); profilers present: {tools}. Load average "
-        f"(1, 5, 15 min) {before} at the start, {after} at the end. The machine's limits in the same run: one "
+        f"{doc['mib']} MiB per transfer, {doc['streams']} stream(s); profilers present: {tools}. "
+        f"{load_average(doc['load_before'], doc['load_after'])}. The machine's limits in the same run: one "
         f"loopback TCP stream {limit['loopback_tcp_one_stream_mbs']:,.0f} MB/s; ChaCha20-Poly1305 seal on one "
         f"core {limit['chacha20poly1305_1420b_mbs_per_core']:,.0f} MB/s for 1,420-byte messages, "
         f"{limit['chacha20poly1305_64kib_mbs_per_core']:,.0f} MB/s for 64 KiB.", "",

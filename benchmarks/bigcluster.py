@@ -35,7 +35,7 @@ import aiohttp
 from hack.localenv import ControlPlane, Environment
 from hack.localenv._process import free_port
 
-from .record import write_section
+from .record import commit, load_average, write_section
 from .runtime.harness import Api, bounded, peak_rss_mib, rss_mib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,10 +170,10 @@ async def run(rounds: int, noise: int, egresses: int, sites: int, settle: float,
 
 
 def report(starts: list[Start], *, noise: int, noise_bytes: int, egresses: int, sites: int, rounds: int,
-           settle: float) -> str:
+           settle: float, conditions: str) -> str:
     lines = [f"## The operator in a big cluster, {dt.date.today().isoformat()}", "",
-             f"Machine: {os.cpu_count()} cores, Linux {platform.release()}, shared with other engineers' builds "
-             f"while it ran. Medians of {rounds} interleaved rounds. Both clusters hold 1 Tailnet, {egresses:,} "
+             f"Machine: {os.cpu_count()} cores, Linux {platform.release()}. {conditions} "
+             f"Medians of {rounds} interleaved rounds. Both clusters hold 1 Tailnet, {egresses:,} "
              f"TailnetEgresses and {sites:,} TailnetSites; the noisy one also {noise:,} unrelated Secrets and "
              f"ConfigMaps of 50-100 KB ({noise_bytes / 2**20:.0f} MiB of data) in other namespaces. Start-up: "
              f"process start to /readyz (every informer listed); RSS after {settle:.0f} s ready.", "",
@@ -213,9 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     trees = {"this tree": ROOT}
     if args.before:
         trees = {"before": args.before.resolve(), **trees}
+    before = os.getloadavg()
     starts, noise_bytes = asyncio.run(run(args.rounds, args.noise, args.egresses, args.sites, args.settle, trees))
     text = report(starts, noise=args.noise, noise_bytes=noise_bytes, egresses=args.egresses, sites=args.sites,
-                  rounds=args.rounds, settle=args.settle)
+                  rounds=args.rounds, settle=args.settle,
+                  conditions=f"Commit {commit()}. {load_average(before, os.getloadavg())}.")
     print(text)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

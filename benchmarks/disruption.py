@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.egress_incluster import pod_rss_kib
-from benchmarks.record import commit, write_section
+from benchmarks.record import commit, load_average, write_section
 from e2e.cluster import get_json, install_operator_in_cluster, kubectl
 from e2e.disruption import (
     DEADLINE,
@@ -196,9 +196,7 @@ def table(doc: dict[str, Any]) -> str:
     measured = [r for r in (doc["rss"] if isinstance(doc["rss"], list) else [doc["rss"]]) if r]
     during = [row["loadavg"] for row in doc["rows"] if "loadavg" in row]
     if "loadavg_before" in doc:
-        loads = ", ".join(f"{x:.1f}" for x in doc["loadavg_before"])
-        loads_after = ", ".join(f"{x:.1f}" for x in doc["loadavg_after"])
-        load_text = f"Load average (1, 5, 15 min) {loads} at the start, {loads_after} at the end"
+        load_text = load_average(doc["loadavg_before"], doc["loadavg_after"])
     else:
         load_text = "Load average not recorded at the start and end"
     if during:

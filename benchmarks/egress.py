@@ -34,7 +34,7 @@ from typing import Any
 from benchmarks import pathcheck, paths
 from benchmarks.pathcheck import fetch
 from benchmarks.paths import COLUMNS, MIB, Dial, PathResult, setup_round, throughput_round, upload
-from benchmarks.record import commit, write_section
+from benchmarks.record import commit, load_average, write_section
 from hack import versions
 from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until
 from tailnet_agent.contract import environment as env_names
@@ -232,17 +232,16 @@ RATIO_PAIRS = (("DERP", "agent, DERP", "tailscaled userspace, DERP"),
 def section(doc: dict[str, Any]) -> str:
     """The docs/benchmarks.md section of one run: its conditions, the verified paths, the tables."""
     results = [PathResult(**r) for r in doc["results"]]
-    before, after = (", ".join(f"{x:.1f}" for x in doc[k]) for k in ("loadavg_before", "loadavg_after"))
     lines = [
         f"## Egress, {doc['date']}, commit {doc['commit']} (Headscale {doc['headscale']} with embedded DERP, "
         f"tailscaled {doc['tailscale']})", "",
         f"Medians of {doc['rounds']} rounds (each round takes every path in turn), {doc['mib']} MiB per "
-        f"measurement, {doc['setups']} connections for the setup times. Load average (1, 5, 15 min) {before} "
-        f"at the start, {after} at the end. The sink/source server runs in a process of its own; the "
-        "measuring client in the benchmark's. No process has a CPU or memory limit (none is set for "
-        "tailscaled or the agent, and GOMEMLIMIT is unset), so the RSS columns compare unlimited "
-        "processes. The agent runs as two processes: one DERP only (`TAILNET_UDP_PORT=off`), one with "
-        "direct paths (`TAILNET_UDP_PORT=0`).", "",
+        f"measurement, {doc['setups']} connections for the setup times. "
+        f"{load_average(doc['loadavg_before'], doc['loadavg_after'])}. The sink/source server runs in a "
+        "process of its own; the measuring client in the benchmark's. No process has a CPU or memory "
+        "limit (none is set for tailscaled or the agent, and GOMEMLIMIT is unset), so the RSS columns "
+        "compare unlimited processes. The agent runs as two processes: one DERP only "
+        "(`TAILNET_UDP_PORT=off`), one with direct paths (`TAILNET_UDP_PORT=0`).", "",
         "Each row's path was checked on both ends before and after its measurements (a row whose path "
         "differs from its name fails the run): the measuring tailscaled's entry for the peer "
         "(`CurAddr` for direct, a DERP `Relay` and no `CurAddr` for DERP) or the agent's UDP counters, "

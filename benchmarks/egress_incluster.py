@@ -33,7 +33,7 @@ from typing import Any
 
 from benchmarks import pathcheck
 from benchmarks.paths import COLUMNS, PathResult
-from benchmarks.record import commit, write_section
+from benchmarks.record import commit, load_average, write_section
 from e2e.cluster import (
     OPEN_BASE,
     SLEEPER,
@@ -383,7 +383,6 @@ def table(doc: dict[str, Any]) -> str:
 def section(doc: dict[str, Any]) -> str:
     """The docs/benchmarks.md section of one run: its conditions, the verified paths, the tables."""
     results = {r["name"]: PathResult(**r) for r in doc["results"]}
-    before, after = (", ".join(f"{x:.1f}" for x in doc[k]) for k in ("loadavg_before", "loadavg_after"))
     agent, tailscaled = results[AGENT], results[TAILSCALED]
     ratios = ", ".join(f"{c.replace('_mbs', '').replace('_', ' ')} "
                        f"{getattr(agent, c) / getattr(tailscaled, c):.2f}" for c in COLUMNS if getattr(tailscaled, c))
@@ -404,7 +403,7 @@ def section(doc: dict[str, Any]) -> str:
         "entry for the router, and the router's entry for the pod); a row whose path is not direct fails "
         "the run.", "",
         f"Medians of {doc['rounds']} interleaved rounds of {doc['mib']} MiB, {doc['setups']} connections for "
-        f"setup. Load average (1, 5, 15 min) {before} at the start, {after} at the end.", "",
+        f"setup. {load_average(doc['loadavg_before'], doc['loadavg_after'])}.", "",
         table(doc), "",
         f"Ratio agent / tailscaled: {ratios}; setup p50 {agent.setup_p50_ms / tailscaled.setup_p50_ms:.2f}, "
         f"p99 {agent.setup_p99_ms / tailscaled.setup_p99_ms:.2f}.", "",

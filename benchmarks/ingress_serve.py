@@ -51,7 +51,7 @@ from benchmarks import pathcheck, paths
 from benchmarks.egress import stop
 from benchmarks.pathcheck import agent_check, fetch, tailscaled_check, until_direct, until_direct_tailscaled
 from benchmarks.paths import COLUMNS, PathResult, throughput_round, upload
-from benchmarks.record import commit, write_section
+from benchmarks.record import commit, load_average, write_section
 from hack import versions
 from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until
 from hack.localenv._pki import CertificateAuthority
@@ -454,14 +454,13 @@ def section(doc: dict[str, Any]) -> str:
     """The docs/benchmarks.md section of one run: its conditions, the checked paths, the tables and
     every round's figures."""
     settings = doc["settings"]
-    before, after = (", ".join(f"{x:.1f}" for x in doc[k]) for k in ("loadavg_before", "loadavg_after"))
     lines = [
         f"### Ingress against tailscale serve, {doc['date']}, commit {doc['commit']} (Headscale "
         f"{doc['headscale']}, tailscaled {doc['tailscale']})", "",
         f"Medians of {settings['rounds']} rounds, {settings['seconds']:g} s per load measurement, "
         f"{settings['body_bytes']}-byte answers, {settings['mib']} MiB per bulk measurement (medians of "
-        f"{settings['rounds'] + 1} bulk rounds). Load average (1, 5, 15 min) {before} at the start of the "
-        f"measurements, {after} at the end, on {doc['cpus']} CPUs.", "",
+        f"{settings['rounds'] + 1} bulk rounds). {load_average(doc['loadavg_before'], doc['loadavg_after'])} "
+        f"of the measurements, on {doc['cpus']} CPUs.", "",
         "Both ingress nodes were checked direct at both ends before and after the measurements (the "
         "agent's UDP counters and the laptop's entry for it; the laptop's and the serve node's entries "
         "for each other):", ""]

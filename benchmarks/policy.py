@@ -34,7 +34,7 @@ from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.policy.cache import ParsedPolicies
 from tailnet_operator.policy.patch import Layout
 
-from .record import write_section
+from .record import commit, load_average, write_section
 
 BEGIN, END = "<!-- bench:policy:begin -->", "<!-- bench:policy:end -->"
 
@@ -136,12 +136,13 @@ def measure(rules: int, n_egresses: int, n_sites: int, repeat: int) -> dict[str,
     }
 
 
-def report(result: dict[str, Any], *, rules: int, n_egresses: int, n_sites: int, repeat: int) -> str:
+def report(result: dict[str, Any], *, rules: int, n_egresses: int, n_sites: int, repeat: int,
+           conditions: str) -> str:
     r = result
     return "\n".join([
         f"## The policy pipeline, {dt.date.today().isoformat()}", "",
-        f"Machine: {os.cpu_count()} cores, Linux {platform.release()}, Python {platform.python_version()}, "
-        f"shared with other engineers' builds while it ran. A base of {rules:,} rules "
+        f"Machine: {os.cpu_count()} cores, Linux {platform.release()}, Python {platform.python_version()}. "
+        f"{conditions} A base of {rules:,} rules "
         f"({r['base_bytes'] / 1024:.0f} KB of HuJSON with comments), {n_egresses:,} TailnetEgresses and "
         f"{n_sites:,} TailnetSites; the render is {r['rendered_bytes'] / 1024:.0f} KB with "
         f"{r['added_grants']:,} grants added. Medians of {repeat} runs, CPU ms of the (single-threaded) "
@@ -172,8 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--doc", type=Path, default=None)
     args = parser.parse_args(argv)
+    before = os.getloadavg()
     result = measure(args.rules, args.egresses, args.sites, args.repeat)
-    text = report(result, rules=args.rules, n_egresses=args.egresses, n_sites=args.sites, repeat=args.repeat)
+    text = report(result, rules=args.rules, n_egresses=args.egresses, n_sites=args.sites, repeat=args.repeat,
+                  conditions=f"Commit {commit()}. {load_average(before, os.getloadavg())}.")
     print(text)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,7 @@ from tailnet_operator.runtime.kinds import CONFIG_MAP, NAMESPACE
 from tailnet_operator.runtime.manager import Manager, ManagerOptions
 
 from .policy import base_policy
-from .record import write_section
+from .record import commit, load_average, write_section
 from .runtime.harness import bounded
 
 OPERATOR_NAMESPACE = "tailnet-system"
@@ -163,13 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", type=Path, default=None)
     args = parser.parse_args(argv)
     configure(level=os.environ.get("BENCH_LOG_LEVEL", "warning"))
+    before = os.getloadavg()
     result = asyncio.run(run(args.rules, args.egresses, args.sites, args.changes))
+    conditions = f"Commit {commit()}. {load_average(before, os.getloadavg())}."
     print(json.dumps(result, indent=1))
     if args.doc:
         samples = ", ".join(f"{x:.0f}" for x in result["change_ms"])
         write_section(args.doc, BEGIN, END, "\n".join([
             f"### One CR change to Headscale, {dt.date.today().isoformat()}", "",
-            f"Headscale {versions.HEADSCALE} and kube-apiserver {versions.KUBERNETES} on 127.0.0.1, the Tailnet and "
+            f"{conditions} Headscale {versions.HEADSCALE} and kube-apiserver {versions.KUBERNETES} on 127.0.0.1, "
+            "the Tailnet and "
             f"Policy controllers in the benchmark's process; a Tailnet in Apply mode with the {args.rules:,}-rule "
             "base, "
             f"{args.egresses:,} TailnetEgresses and {args.sites:,} TailnetSites. First render applied "

@@ -4,9 +4,10 @@ docs/benchmarks.md it writes between its markers."""
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["commit", "write_section"]
+__all__ = ["commit", "load_average", "write_section"]
 
 
 def commit() -> str:
@@ -29,3 +30,9 @@ def write_section(doc: Path, begin: str, end: str, text: str) -> None:
         doc.write_text(head + block + tail)
     else:
         doc.write_text(current.rstrip() + "\n\n" + block + "\n")
+
+
+def load_average(before: Sequence[float], after: Sequence[float]) -> str:
+    """How busy the machine was around a run, for the sentence of a section that states it."""
+    start, end = (", ".join(f"{x:.1f}" for x in loads) for loads in (before, after))
+    return f"Load average (1, 5, 15 min) {start} at the start, {end} at the end"

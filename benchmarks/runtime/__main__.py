@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import median
 
-from benchmarks.record import write_section
+from benchmarks.record import commit, load_average, write_section
 from hack.localenv import ControlPlane, Environment
 
 from . import harness
@@ -329,15 +329,15 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def report(runs: list[Run], found: dict[str, str], *, rounds: int, churn_count: int, rate: float,
-           idle: float) -> str:
+           idle: float, conditions: str) -> str:
     table = summarize(runs)
     sizes = sorted({r.n for r in runs})
     impls = [i for i in IMPLEMENTATIONS if any(r.impl == i for r in runs)]
     lines = [
         f"## Runtime vs kopf vs controller-runtime, {dt.date.today().isoformat()}",
         "",
-        f"Machine: {os.cpu_count()} cores, {platform.machine()}, Linux {platform.release()}, shared with other "
-        "engineers' builds while it ran (figures are noisy: medians of interleaved rounds). Versions: "
+        f"Machine: {os.cpu_count()} cores, {platform.machine()}, Linux {platform.release()}. "
+        f"{conditions} Versions: "
         + ", ".join(f"{k} {v}" for k, v in found.items()) + ". "
         f"Medians of the rounds per N given in each table (each round runs every implementation in turn, in a "
         f"rotating order); churn is {churn_count} spec updates at {rate:.0f}/s on distinct Widgets; idle writes are "
@@ -414,14 +414,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
         runs, found = [Run(**r) for r in saved["runs"]], saved["versions"]
+        conditions = saved.get("conditions", "Commit and load average not recorded.")
     else:
+        before = os.getloadavg()
         runs, found = asyncio.run(run_all(sizes, args.rounds, impls, churn_count=args.churn, rate=args.rate,
                                           idle=args.idle, large_rounds=args.large_rounds, progress=args.json))
-    text = report(runs, found, rounds=args.rounds, churn_count=args.churn, rate=args.rate, idle=args.idle)
+        conditions = f"Commit {commit()}. {load_average(before, os.getloadavg())}."
+    text = report(runs, found, rounds=args.rounds, churn_count=args.churn, rate=args.rate, idle=args.idle,
+                  conditions=conditions)
     print(text)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"versions": found, "runs": [asdict(r) for r in runs]}, indent=1))
+        args.json.write_text(json.dumps({"versions": found, "conditions": conditions,
+                                         "runs": [asdict(r) for r in runs]}, indent=1))
     if args.doc:
         write_section(args.doc, BEGIN, END, text)
     return 0
