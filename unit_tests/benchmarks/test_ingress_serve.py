@@ -33,7 +33,7 @@ def test_the_section_carries_conditions_checked_paths_tables_and_every_round() -
     text = ingress_serve.section(doc)
 
     assert text.startswith("### Ingress against tailscale serve, 2026-12-02, commit abc1234 (Headscale 0.29.2")
-    assert "0.2, 0.3, 0.4 at the start of the measurements, 1.2, 0.8, 0.5 at the end, on 2 CPUs" in text
+    assert "0.2, 0.3, 0.4 at the start, 1.2, 0.8, 0.5 at the end of the measurements, on 2 CPUs" in text
     assert "- agent: before: agent before; after: agent after" in text
     assert "| agent tcp expose -> HTTP backend (no TLS) | 1000 | 1.00 | 2.00 | 1000 | 1.00 | 2.00 |" in text
     assert "- agent tcp expose -> HTTP backend (no TLS): 900, 1100, 1000" in text, "every round at 32 clients"
