@@ -366,6 +366,29 @@ def delete_pod(subject: Subject, _: Headscale) -> None:
     wait_until(lambda: _replaced(subject, {pod["uid"]}), timeout=240, what="the deleted agent pod replaced")
 
 
+def schedulable_nodes(cluster: ClusterUnderTest) -> list[str]:
+    """Nodes a pod can be scheduled on: not cordoned, no NoSchedule or NoExecute taint."""
+    nodes = get_json(cluster, "nodes")["items"]
+    return [n["metadata"]["name"] for n in nodes if not n["spec"].get("unschedulable")
+            and not any(t.get("effect") in ("NoSchedule", "NoExecute") for t in n["spec"].get("taints") or ())]
+
+
+def drain_node(subject: Subject, _: Headscale) -> None:
+    """``kubectl drain`` of the node an agent pod runs on, for the agent's pods (evictions, which
+    its PodDisruptionBudget gates; the load's client stays); done when every agent pod of that
+    node is replaced elsewhere. The node is uncordoned afterwards."""
+    pods = subject.pods()
+    node = pods[0]["spec"]["nodeName"]
+    on_node = {p["metadata"]["uid"] for p in pods if p["spec"].get("nodeName") == node}
+    kubectl(subject.cluster, "cordon", node)
+    try:
+        kubectl(subject.cluster, "drain", node, f"--pod-selector={subject.selector}", "--ignore-daemonsets",
+                "--delete-emptydir-data", "--timeout=240s", timeout=260)
+        wait_until(lambda: _replaced(subject, on_node), timeout=240, what=f"the agent pods of {node} replaced")
+    finally:
+        kubectl(subject.cluster, "uncordon", node, check=False)
+
+
 def rotate_key(subject: Subject, _: Headscale) -> None:
     """Age the stored pre-auth key past half its lifetime; done when the CR reports a new key."""
     old = subject.key_id()
@@ -397,7 +420,7 @@ def restart_headscale(_: Subject, headscale: Headscale) -> None:
 
 
 DISRUPTIONS: dict[str, Callable[[Subject, Headscale], None]] = {
-    "rollout": rollout, "pod deleted": delete_pod, "key rotation": rotate_key,
+    "rollout": rollout, "pod deleted": delete_pod, "node drained": drain_node, "key rotation": rotate_key,
     "operator restart": restart_operator, "Headscale restart": restart_headscale}
 
 
