@@ -60,7 +60,7 @@ from benchmarks.egress import (
 )
 from benchmarks.pathcheck import agent_check, fetch, tailscaled_check, until_direct, until_direct_tailscaled
 from benchmarks.paths import MIB, Dial, download, upload
-from benchmarks.record import commit, load_average, write_section
+from benchmarks.record import commit, load_average, publish
 from hack import versions
 from hack.localenv import Environment, free_port
 
@@ -442,12 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     doc |= {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit(), "headscale": versions.HEADSCALE,
             "tailscale": versions.TAILSCALE}
     print(summary(doc))
-    text = section(doc)
-    print(text)
-    if args.json:
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    if args.doc:
-        write_section(args.doc, "<!-- bench:agent-profile:begin -->", "<!-- bench:agent-profile:end -->", text)
+    publish(section(doc), doc, json_path=args.json, doc_path=args.doc, name="agent-profile")
     return 0
 
 

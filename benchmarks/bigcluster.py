@@ -35,7 +35,7 @@ import aiohttp
 from hack.localenv import ControlPlane, Environment
 from hack.localenv._process import free_port
 
-from .record import commit, load_average, write_section
+from .record import conditions, write_section
 from .runtime.harness import Api, bounded, peak_rss_mib, rss_mib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     starts, noise_bytes = asyncio.run(run(args.rounds, args.noise, args.egresses, args.sites, args.settle, trees))
     text = report(starts, noise=args.noise, noise_bytes=noise_bytes, egresses=args.egresses, sites=args.sites,
                   rounds=args.rounds, settle=args.settle,
-                  conditions=f"Commit {commit()}. {load_average(before, os.getloadavg())}.")
+                  conditions=conditions(before))
     print(text)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

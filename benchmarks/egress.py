@@ -34,7 +34,7 @@ from typing import Any
 from benchmarks import pathcheck, paths
 from benchmarks.pathcheck import fetch
 from benchmarks.paths import COLUMNS, MIB, Dial, PathResult, setup_round, throughput_round, upload
-from benchmarks.record import commit, load_average, write_section
+from benchmarks.record import commit, load_average, publish
 from hack import versions
 from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until
 from tailnet_agent.contract import environment as env_names
@@ -283,12 +283,7 @@ def main(argv: list[str] | None = None) -> int:
            "results": [asdict(r) for r in results]}
     for label, numerator, denominator in RATIO_PAIRS:
         doc[f"agent_over_tailscaled_{label.lower()}"] = ratios(results, numerator, denominator)
-    text = section(doc)
-    print(text)
-    if args.json:
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    if args.doc:
-        write_section(args.doc, "<!-- bench:egress:begin -->", "<!-- bench:egress:end -->", text)
+    publish(section(doc), doc, json_path=args.json, doc_path=args.doc, name="egress")
     return 0
 
 

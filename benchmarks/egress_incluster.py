@@ -33,7 +33,7 @@ from typing import Any
 
 from benchmarks import pathcheck
 from benchmarks.paths import COLUMNS, PathResult
-from benchmarks.record import commit, load_average, write_section
+from benchmarks.record import commit, load_average, publish
 from e2e.cluster import (
     OPEN_BASE,
     SLEEPER,
@@ -432,13 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     loadavg_before = os.getloadavg()
     doc = run(args.mib, args.rounds, args.setups)
     doc |= {"loadavg_before": loadavg_before, "loadavg_after": os.getloadavg()}
-    text = section(doc)
-    print(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    if args.doc:
-        write_section(args.doc, "<!-- bench:egress-incluster:begin -->", "<!-- bench:egress-incluster:end -->", text)
+    publish(section(doc), doc, json_path=args.json, doc_path=args.doc, name="egress-incluster")
     return 0
 
 

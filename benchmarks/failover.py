@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.record import commit, load_average, write_section
+from benchmarks.record import commit, load_average, publish
 from e2e.cluster import ClusterUnderTest, apply_tailnet, get_json, kubectl, wait_available
 from e2e.helm_release import (
     DEPLOYMENT,
@@ -128,13 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = run(args.rounds)
     doc |= {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit(), "kubernetes": versions.KUBERNETES,
             "loadavg_before": before, "loadavg_after": os.getloadavg()}
-    text = section(doc)
-    print(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    if args.doc:
-        write_section(args.doc, "<!-- bench:failover:begin -->", "<!-- bench:failover:end -->", text)
+    publish(section(doc), doc, json_path=args.json, doc_path=args.doc, name="failover")
     return 0
 
 

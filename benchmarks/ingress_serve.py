@@ -51,7 +51,7 @@ from benchmarks import pathcheck, paths
 from benchmarks.egress import stop
 from benchmarks.pathcheck import agent_check, fetch, tailscaled_check, until_direct, until_direct_tailscaled
 from benchmarks.paths import COLUMNS, PathResult, throughput_round, upload
-from benchmarks.record import commit, load_average, write_section
+from benchmarks.record import commit, load_average, publish
 from hack import versions
 from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until
 from hack.localenv._pki import CertificateAuthority
@@ -520,13 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = run(seconds=args.seconds, rounds=args.rounds, mib=args.mib)
     doc |= {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit(), "headscale": versions.HEADSCALE,
             "tailscale": versions.TAILSCALE}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    text = section(doc)
-    print(text)
-    if args.doc:
-        write_section(args.doc, "<!-- bench:ingress-serve:begin -->", "<!-- bench:ingress-serve:end -->", text)
+    publish(section(doc), doc, json_path=args.json, doc_path=args.doc, name="ingress-serve")
     return 0
 
 

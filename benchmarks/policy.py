@@ -34,7 +34,7 @@ from tailnet_operator.policy.adapters import derive_from_objects
 from tailnet_operator.policy.cache import ParsedPolicies
 from tailnet_operator.policy.patch import Layout
 
-from .record import commit, load_average, write_section
+from .record import conditions, write_section
 
 BEGIN, END = "<!-- bench:policy:begin -->", "<!-- bench:policy:end -->"
 
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     before = os.getloadavg()
     result = measure(args.rules, args.egresses, args.sites, args.repeat)
     text = report(result, rules=args.rules, n_egresses=args.egresses, n_sites=args.sites, repeat=args.repeat,
-                  conditions=f"Commit {commit()}. {load_average(before, os.getloadavg())}.")
+                  conditions=conditions(before))
     print(text)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,7 @@ from tailnet_operator.runtime.kinds import CONFIG_MAP, NAMESPACE
 from tailnet_operator.runtime.manager import Manager, ManagerOptions
 
 from .policy import base_policy
-from .record import commit, load_average, write_section
+from .record import conditions, write_section
 from .runtime.harness import bounded
 
 OPERATOR_NAMESPACE = "tailnet-system"
@@ -165,13 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     configure(level=os.environ.get("BENCH_LOG_LEVEL", "warning"))
     before = os.getloadavg()
     result = asyncio.run(run(args.rules, args.egresses, args.sites, args.changes))
-    conditions = f"Commit {commit()}. {load_average(before, os.getloadavg())}."
+    measured = conditions(before)
     print(json.dumps(result, indent=1))
     if args.doc:
         samples = ", ".join(f"{x:.0f}" for x in result["change_ms"])
         write_section(args.doc, BEGIN, END, "\n".join([
             f"### One CR change to Headscale, {dt.date.today().isoformat()}", "",
-            f"{conditions} Headscale {versions.HEADSCALE} and kube-apiserver {versions.KUBERNETES} on 127.0.0.1, "
+            f"{measured} Headscale {versions.HEADSCALE} and kube-apiserver {versions.KUBERNETES} on 127.0.0.1, "
             "the Tailnet and "
             f"Policy controllers in the benchmark's process; a Tailnet in Apply mode with the {args.rules:,}-rule "
             "base, "

@@ -3,11 +3,14 @@ docs/benchmarks.md it writes between its markers."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["commit", "load_average", "write_section"]
+__all__ = ["commit", "conditions", "load_average", "publish", "write_section"]
 
 
 def commit() -> str:
@@ -36,3 +39,20 @@ def load_average(before: Sequence[float], after: Sequence[float]) -> str:
     """How busy the machine was around a run, for the sentence of a section that states it."""
     start, end = (", ".join(f"{x:.1f}" for x in loads) for loads in (before, after))
     return f"Load average (1, 5, 15 min) {start} at the start, {end} at the end"
+
+
+def conditions(load_before: Sequence[float]) -> str:
+    """The sentence of a section that says what was measured and how busy the machine was, from
+    the load average at the start of the run to now."""
+    return f"Commit {commit()}. {load_average(load_before, os.getloadavg())}."
+
+
+def publish(text: str, doc: dict[str, Any], *, json_path: Path | None, doc_path: Path | None, name: str) -> None:
+    """Print a run's section, write its document as JSON to ``json_path`` and the section between
+    the ``bench:<name>`` markers of ``doc_path`` (each when given)."""
+    print(text)
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(doc, indent=2) + "\n")
+    if doc_path:
+        write_section(doc_path, f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->", text)

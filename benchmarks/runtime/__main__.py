@@ -33,7 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import median
 
-from benchmarks.record import commit, load_average, write_section
+from benchmarks import record
+from benchmarks.record import write_section
 from hack.localenv import ControlPlane, Environment
 
 from . import harness
@@ -419,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         before = os.getloadavg()
         runs, found = asyncio.run(run_all(sizes, args.rounds, impls, churn_count=args.churn, rate=args.rate,
                                           idle=args.idle, large_rounds=args.large_rounds, progress=args.json))
-        conditions = f"Commit {commit()}. {load_average(before, os.getloadavg())}."
+        conditions = record.conditions(before)
     text = report(runs, found, rounds=args.rounds, churn_count=args.churn, rate=args.rate, idle=args.idle,
                   conditions=conditions)
     print(text)
