@@ -3,8 +3,9 @@
 Requests are forwarded as they are; a test queues faults for the next requests that match a
 method and path prefix. A fault either answers for Headscale (``status``: Headscale never sees
 the request) or spoils Headscale's own answer (``cut``: the body truncated, ``delay``: the answer
-held back longer than the client waits, ``store_as``: the request body replaced before it is
-forwarded, as a server that stores something else than it was sent).
+held back longer than the client waits, ``lost``: the connection closed once Headscale has
+answered, so the client never reads what was done, ``rewrite``: the request body replaced before
+it is forwarded, as a server that stores something else than it was sent).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Fault:
     """Forward, then hold the answer this many seconds."""
     rewrite: Callable[[bytes], bytes] | None = None
     """Forward the request body this function returns instead of the one sent."""
+    lost: bool = False
+    """Forward, then close the connection instead of answering (an answer lost on the way back)."""
 
 
 @dataclass
@@ -69,7 +72,7 @@ class FaultProxy:
         body = await request.read()
         if fault is not None:
             what = (f"status {fault.status}" if fault.status else "cut" if fault.cut
-                    else f"delay {fault.delay:g}s" if fault.delay else "rewrite")
+                    else f"delay {fault.delay:g}s" if fault.delay else "lost" if fault.lost else "rewrite")
             self.injected.append(f"{request.method} {request.path} {what}")
             if fault.status:
                 return web.Response(status=fault.status, body=fault.body, content_type="text/plain")
@@ -82,6 +85,10 @@ class FaultProxy:
             answer = await upstream.read()
             status = upstream.status
             content_type = upstream.headers.get("Content-Type", "application/json")
+        if fault is not None and fault.lost:
+            assert request.transport is not None
+            request.transport.abort()
+            raise ConnectionResetError("the answer is lost on purpose")
         if fault is not None and fault.delay:
             await asyncio.sleep(fault.delay)
         if fault is not None and fault.cut:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from e2e.faultproxy import Fault, FaultProxy
 from hack.localenv import ControlPlane, Headscale
 from tailnet_operator.controllers.kinds import TAILNET
 from tailnet_operator.controllers.tailnet import working_key_secret_name
@@ -221,3 +222,52 @@ async def test_deleting_a_tailnet_expires_its_working_key(
 
         await eventually(gone, what="the Tailnet to be deleted after its finalizer ran")
         assert not await key_works(headscale, key)
+
+
+async def _live_api_keys(headscale: Headscale) -> dict[str, str]:
+    """id -> bare prefix of every API key Headscale would still accept."""
+    async with HeadscaleClient(headscale.url, headscale.api_key, ca_bundle=headscale.ca_bundle) as hs:
+        keys = await hs.list_api_keys()
+    now = datetime.now(UTC)
+    return {k.id: raw_api_key_prefix(k.prefix) for k in keys if k.expiration is None or k.expiration > now}
+
+
+@pytest.mark.parametrize("fault", [
+    Fault("POST", "/api/v1/apikey", lost=True),
+    Fault("GET", "/api/v1/apikey", status=503, body=b'{"code": 14, "message": "unavailable"}'),
+], ids=["answer to the create lost", "lookup after the create failed"])
+async def test_a_mint_whose_outcome_was_not_seen_leaves_no_usable_key_behind(
+    admin: Client, control_plane: ControlPlane, headscale: Headscale, namespace: str, fault: Fault
+) -> None:
+    """Headscale created a key but the operator never learnt which (its answer lost, or the list
+    that names the new key failed): the retry mints another, and the first must not stay usable."""
+    name = unique("tn")
+    await create_bootstrap_secret(admin, namespace, "bootstrap", headscale.api_key)
+    before = await _live_api_keys(headscale)
+    async with FaultProxy(headscale.url, headscale.ca_bundle) as proxy:
+        proxy.add(*[fault] * 3 if fault.status else [fault])  # a 503 on a read is retried by the client
+        obj = tailnet_object(name, headscale, namespace, ca=False, allowInsecureHTTP=True)
+        obj["spec"]["loginURL"] = proxy.url
+        async with running_operator(control_plane.kubeconfig, namespace):
+            await admin.create(TAILNET, obj)
+            await eventually(has_condition(admin, TAILNET, name, "Ready", "True"), timeout=45, what="Ready")
+            assert proxy.injected, "the fault was never used"
+            working = await working_key(admin, namespace, name)
+            assert working is not None
+
+            async def only_the_working_key_is_new() -> dict[str, str] | None:
+                new = {i: p for i, p in (await _live_api_keys(headscale)).items() if i not in before}
+                return new if list(new.values()) == [raw_api_key_prefix(working)] else None
+
+            await eventually(only_the_working_key_is_new, timeout=30,
+                             what=f"the key of the mint whose outcome was lost ({proxy.injected}) to be expired")
+            await admin.delete(TAILNET, name)
+            await eventually(lambda: _gone(admin, name), what="the Tailnet to be deleted after its finalizer ran")
+
+
+async def _gone(admin: Client, name: str) -> bool:
+    try:
+        await admin.get(TAILNET, name)
+    except NotFound:
+        return True
+    return False

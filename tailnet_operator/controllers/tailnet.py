@@ -13,8 +13,10 @@ Rotation at half the key's lifetime, in an order that survives a crash at any st
 
 A store (3) that may have landed but failed is not followed by another mint: the next attempt
 stores the same key again (:mod:`.unconfirmed`); one that certainly wrote nothing expires the new
-key. A crash after 1 leaves the old key in place (the new one is never used and expires on its
-own: API keys carry no marker the orphan sweep could recognise); after 3, the next reconcile
+key. A create whose key was never seen (its answer lost, or a failure before the store) is
+found again by the expiration it asked for, and expired once a working key is in place. A crash
+after 1 leaves the new key behind (the record lives in the process; it is never used and expires
+on its own: API keys carry no marker the orphan sweep could recognise); after 3, the next reconcile
 finds ``previous`` and finishes step 4. A working key that Headscale rejects (expired or deleted
 by hand) is replaced from the bootstrap key, with an Event saying so.
 """
@@ -60,7 +62,7 @@ from .conditions import Cond, Status, invalid_spec_message, rfc3339
 from .keyrecord import finish, store_new
 from .kinds import TAILNET
 from .status import StatusWriter
-from .unconfirmed import Unconfirmed
+from .unconfirmed import Unconfirmed, Unseen
 
 __all__ = [
     "FIELD_MANAGER",
@@ -115,6 +117,8 @@ class TailnetReconciler:
         self.cleanup = Cleanup(deps.events, deps.clock)
         self.unconfirmed: Unconfirmed[StoredKey] = Unconfirmed()
         """Working keys minted whose Secret write may have landed, stored again before any other is minted."""
+        self.unseen = Unseen()
+        """Creates whose key may exist unstored, by the expiration they asked for; expired once seen."""
 
     @property
     def namespace(self) -> str:
@@ -198,7 +202,26 @@ class TailnetReconciler:
             stored = await self._expire_previous(run, stored)
         if self.clock.utcnow() >= rotation_due(stored, run.tailnet):
             stored, version = await self._rotate(run, stored)
+        await self._expire_unseen(run, stored)
         return stored, version
+
+    async def _expire_unseen(self, run: Run, stored: StoredKey) -> None:
+        """Expire the keys made by creates whose outcome went unseen (:class:`.Unseen`), but never
+        the key in use or one whose store is uncertain; on failure, the next reconcile tries again."""
+        asked = self.unseen.asked(run.name)
+        if not asked:
+            return
+        keep = {stored.id} | ({held.id} if (held := self.unconfirmed.held(run.name)) else set())
+        try:
+            async with self.access.open(run.endpoint, stored.key) as hs:
+                for key in Unseen.made_by(asked, await hs.list_api_keys(), keep=keep):
+                    await hs.expire_api_key(key_id=key.id)
+                    log.info("expired an API key minted by a create whose answer was not seen", key_id=key.id,
+                             prefix=key.prefix)
+        except HeadscaleError as exc:
+            log.warning("could not expire the keys of creates whose answer was not seen", error=str(exc))
+            return
+        self.unseen.done(run.name, asked)
 
     async def _store_unconfirmed(self, run: Run, pending: StoredKey, stored: StoredKey | None) -> StoredKey | None:
         """Store again a key minted by an earlier attempt whose write may have landed (:mod:`.unconfirmed`),
@@ -241,9 +264,11 @@ class TailnetReconciler:
             assert previous is not None, "a working key mints its successor"
             with_key = previous.key
         lifetime = timedelta(seconds=parse_go_duration(run.tailnet.spec.api_key_lifetime))
+        expiration = self.clock.utcnow() + lifetime
+        self.unseen.asking(run.name, expiration)  # until stored: a failure from here on may leave the key
         try:
             async with self.access.open(run.endpoint, with_key) as hs:
-                secret_key, info = await hs.create_api_key(expiration=self.clock.utcnow() + lifetime)
+                secret_key, info = await hs.create_api_key(expiration=expiration)
         except Unauthorized as exc:
             if source is KeySource.BOOTSTRAP:
                 raise Problem("BootstrapKeyRejected",
@@ -262,6 +287,7 @@ class TailnetReconciler:
             await self._abandon(run, with_key, key.id)
 
         await store_new(self.unconfirmed, run.name, stored, lambda key: self._store(run, key), abandon)
+        self.unseen.stored(run.name, expiration)
         return stored, version
 
     async def _abandon(self, run: Run, with_key: str, key_id: str) -> None:

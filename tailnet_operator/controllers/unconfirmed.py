@@ -16,16 +16,23 @@ A key that was once uncertain is never abandoned later, even when a retry certai
 first write may still have landed. The record lives in the process: a leader that exits between
 the two steps leaves its key behind (pre-auth keys carry the installation's marker and the
 orphan sweep expires them; API keys carry none: see docs/reliability.md, "Chaos").
+
+A create can also go unseen: Headscale made the key, but its answer was lost or the lookup that
+names the new key failed, so the operator holds no id to expire. :class:`Unseen` remembers the
+expiration each create asked for until the key is stored; a listed API key with exactly that
+expiration is the one that create made (the client picks it, to the microsecond, so it tells
+mints apart), and is expired unless it is the key in use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import datetime as dt
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Generic, Protocol, TypeVar
 
 from tailnet_operator.runtime import certainly_not_written
 
-__all__ = ["Unconfirmed"]
+__all__ = ["Unconfirmed", "Unseen"]
 
 
 class _Key(Protocol):
@@ -34,6 +41,20 @@ class _Key(Protocol):
 
 
 K = TypeVar("K", bound=_Key)
+
+
+class _Listed(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def expiration(self) -> dt.datetime | None: ...
+
+
+L = TypeVar("L", bound=_Listed)
+
+SAME_EXPIRATION = dt.timedelta(milliseconds=1)
+"""How close a listed expiration must be to the one asked for: a store keeping only milliseconds
+still matches, two mints of one process never do (they are more than a millisecond apart)."""
 
 
 class Unconfirmed(Generic[K]):
@@ -76,3 +97,37 @@ class Unconfirmed(Generic[K]):
                 self._keys[slot] = key
             raise
         self._keys.pop(slot, None)
+
+
+class Unseen:
+    """The expirations asked for by creates not yet followed by a store, one set per slot."""
+
+    def __init__(self) -> None:
+        self._asked: dict[str, set[dt.datetime]] = {}
+
+    def asking(self, slot: str, expiration: dt.datetime) -> None:
+        """Before a create: its key may exist from now on without the operator knowing its id."""
+        self._asked.setdefault(slot, set()).add(expiration)
+
+    def stored(self, slot: str, expiration: dt.datetime) -> None:
+        """The key of that create is stored: it is the key in use, not an unseen one."""
+        self.done(slot, {expiration})
+
+    def asked(self, slot: str) -> frozenset[dt.datetime]:
+        return frozenset(self._asked.get(slot, ()))
+
+    def done(self, slot: str, expirations: Iterable[dt.datetime]) -> None:
+        """Forget ``expirations``: their keys were expired (or are in use)."""
+        left = self._asked.get(slot, set()) - set(expirations)
+        if left:
+            self._asked[slot] = left
+        else:
+            self._asked.pop(slot, None)
+
+    @staticmethod
+    def made_by(asked: Iterable[dt.datetime], listed: Iterable[L], *, keep: set[str]) -> list[L]:
+        """The keys in ``listed`` that a create asking one of ``asked`` made, except those in ``keep``
+        (an expired key no longer matches: Headscale sets its expiration to the moment it expired)."""
+        wanted = list(asked)
+        return [key for key in listed if key.id not in keep and key.expiration is not None
+                and any(abs(key.expiration - when) < SAME_EXPIRATION for when in wanted)]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 import pytest
 
-from tailnet_operator.controllers.unconfirmed import Unconfirmed
+from tailnet_operator.controllers.unconfirmed import Unconfirmed, Unseen
 from tailnet_operator.runtime import TransportError
 
 
@@ -51,3 +52,26 @@ async def test_a_store_that_certainly_wrote_nothing_abandons_a_new_key() -> None
     with pytest.raises(TransportError):
         await record.store("ns/s", Key("2"), unsent, abandon)
     assert abandoned == [Key("2")] and record.held("ns/s") is None
+
+
+@dataclass(frozen=True)
+class Listed:
+    id: str
+    expiration: dt.datetime | None
+
+
+def test_a_create_whose_answer_was_lost_is_found_by_its_expiration_and_only_it() -> None:
+    asked = dt.datetime(2026, 12, 3, 6, 0, 0, 123456, tzinfo=dt.UTC)
+    record = Unseen()
+    record.asking("tn", asked)
+    record.asking("tn", asked + dt.timedelta(seconds=1))
+    record.stored("tn", asked + dt.timedelta(seconds=1))
+    listed = [
+        Listed("1", asked.replace(microsecond=123000)),  # a store that keeps milliseconds
+        Listed("2", asked + dt.timedelta(milliseconds=2)),  # another mint
+        Listed("3", asked),  # the key in use
+        Listed("4", None),
+    ]
+    assert Unseen.made_by(record.asked("tn"), listed, keep={"3"}) == [listed[0]]
+    record.done("tn", record.asked("tn"))
+    assert record.asked("tn") == frozenset()
