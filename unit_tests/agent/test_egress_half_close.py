@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
+from hack.localenv import free_port
 from tailnet_agent.forward import EgressForwarder
 from tailnet_agent.health import AgentMetrics
 
-from .test_egress_reload import LocalDialer, free_port, target
+from .test_egress_reload import LocalDialer, target
 
 
 class Server:
