@@ -126,10 +126,20 @@ def tailnet_object(name: str, headscale: Headscale, namespace: str, *, secret: s
     return {"apiVersion": "tailnet.dev/v1alpha1", "kind": "Tailnet", "metadata": {"name": name}, "spec": body}
 
 
-async def condition(admin: Client, resource: Any, name: str, type_: str, namespace: str | None = None) -> JSON:
+async def get_or_none(admin: Client, resource: Any, name: str, namespace: str | None = None) -> JSON | None:
+    """The object, or None when it does not exist."""
     try:
-        obj = await admin.get(resource, name, namespace)
+        return await admin.get(resource, name, namespace)
     except NotFound:
+        return None
+
+
+async def gone(admin: Client, resource: Any, name: str, namespace: str | None = None) -> bool:
+    return await get_or_none(admin, resource, name, namespace) is None
+
+
+async def condition(admin: Client, resource: Any, name: str, type_: str, namespace: str | None = None) -> JSON:
+    if (obj := await get_or_none(admin, resource, name, namespace)) is None:
         return {}
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 

@@ -15,12 +15,13 @@ from tailnet_operator.controllers.kinds import TAILNET
 from tailnet_operator.controllers.tailnet import working_key_secret_name
 from tailnet_operator.headscale import HeadscaleClient, Unauthorized, raw_api_key_prefix
 from tailnet_operator.runtime.client import Client
-from tailnet_operator.runtime.errors import NotFound
 from tailnet_operator.runtime.kinds import EVENT, SECRET
 
 from .operator import (
     ShiftedClock,
     create_bootstrap_secret,
+    get_or_none,
+    gone,
     has_condition,
     running_operator,
     tailnet_object,
@@ -41,9 +42,7 @@ def namespace(operator_namespace: str) -> str:
 
 
 async def working_key(admin: Client, namespace: str, tailnet: str) -> str | None:
-    try:
-        secret = await admin.get(SECRET, working_key_secret_name(tailnet), namespace)
-    except NotFound:
+    if (secret := await get_or_none(admin, SECRET, working_key_secret_name(tailnet), namespace)) is None:
         return None
     return base64.b64decode(secret["data"]["apiKey"]).decode()
 
@@ -212,15 +211,7 @@ async def test_deleting_a_tailnet_expires_its_working_key(
         key = await working_key(admin, namespace, name)
         assert key is not None
         await admin.delete(TAILNET, name)
-
-        async def gone() -> bool:
-            try:
-                await admin.get(TAILNET, name)
-            except NotFound:
-                return True
-            return False
-
-        await eventually(gone, what="the Tailnet to be deleted after its finalizer ran")
+        await eventually(lambda: gone(admin, TAILNET, name), what="the Tailnet to be deleted after its finalizer ran")
         assert not await key_works(headscale, key)
 
 
@@ -262,12 +253,4 @@ async def test_a_mint_whose_outcome_was_not_seen_leaves_no_usable_key_behind(
             await eventually(only_the_working_key_is_new, timeout=30,
                              what=f"the key of the mint whose outcome was lost ({proxy.injected}) to be expired")
             await admin.delete(TAILNET, name)
-            await eventually(lambda: _gone(admin, name), what="the Tailnet to be deleted after its finalizer ran")
-
-
-async def _gone(admin: Client, name: str) -> bool:
-    try:
-        await admin.get(TAILNET, name)
-    except NotFound:
-        return True
-    return False
+            await eventually(lambda: gone(admin, TAILNET, name), what="the Tailnet to be deleted by its finalizer")

@@ -287,7 +287,7 @@ class TailnetReconciler:
             await self._abandon(run, with_key, key.id)
 
         await store_new(self.unconfirmed, run.name, stored, lambda key: self._store(run, key), abandon)
-        self.unseen.stored(run.name, expiration)
+        self.unseen.done(run.name, {expiration})
         return stored, version
 
     async def _abandon(self, run: Run, with_key: str, key_id: str) -> None:

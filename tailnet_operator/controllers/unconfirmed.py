@@ -109,15 +109,11 @@ class Unseen:
         """Before a create: its key may exist from now on without the operator knowing its id."""
         self._asked.setdefault(slot, set()).add(expiration)
 
-    def stored(self, slot: str, expiration: dt.datetime) -> None:
-        """The key of that create is stored: it is the key in use, not an unseen one."""
-        self.done(slot, {expiration})
-
     def asked(self, slot: str) -> frozenset[dt.datetime]:
         return frozenset(self._asked.get(slot, ()))
 
     def done(self, slot: str, expirations: Iterable[dt.datetime]) -> None:
-        """Forget ``expirations``: their keys were expired (or are in use)."""
+        """Forget ``expirations``: their keys were expired, or stored (the key in use, not an unseen one)."""
         left = self._asked.get(slot, set()) - set(expirations)
         if left:
             self._asked[slot] = left

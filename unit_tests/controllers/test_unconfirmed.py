@@ -65,7 +65,7 @@ def test_a_create_whose_answer_was_lost_is_found_by_its_expiration_and_only_it()
     record = Unseen()
     record.asking("tn", asked)
     record.asking("tn", asked + dt.timedelta(seconds=1))
-    record.stored("tn", asked + dt.timedelta(seconds=1))
+    record.done("tn", {asked + dt.timedelta(seconds=1)})
     listed = [
         Listed("1", asked.replace(microsecond=123000)),  # a store that keeps milliseconds
         Listed("2", asked + dt.timedelta(milliseconds=2)),  # another mint
