@@ -52,6 +52,7 @@ from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
 
 if TYPE_CHECKING:
+    from e2e.certmanager_plane import CertManagerPlane
     from e2e.cluster import ClusterUnderTest, Image
 
 _ARTIFACTS = Path(__file__).resolve().parent.parent / "_artifacts" / "test-runs"
@@ -123,6 +124,16 @@ def headscale(environment: Environment) -> Iterator[Headscale]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def cert_manager_plane(environment: Environment) -> Iterator[CertManagerPlane]:
+    """A control plane of the module's own with cert-manager running against it
+    (:mod:`e2e.certmanager_plane`)."""
+    from e2e.certmanager_plane import plane_with_cert_manager
+
+    with plane_with_cert_manager(environment) as plane:
+        yield plane
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ the ingress's names at.
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,10 +18,8 @@ import pytest
 from cryptography import x509
 
 from e2e.cluster import OPEN_BASE
-from hack.crds import install_crds
-from hack.localenv import CertManager, ControlPlane, Environment, Headscale
+from hack.localenv import ControlPlane, Environment, Headscale
 from hack.localenv._pki import CertificateAuthority
-from hack.localenv.certmanager import crd_bodies
 from hack.localenv.tailscale import TailscaleNode
 from tailnet_agent.contract.exposes import parse_exposes
 from tailnet_operator.controllers.dns import parse_hosts
@@ -42,6 +40,7 @@ from tailnet_operator.runtime.kinds import (
 )
 from tailnet_operator.runtime.kinds import Resource as KubeResource
 
+from .certmanager_plane import CertManagerPlane, ca_cluster_issuer, issued
 from .conftest import TailscaleFactory
 from .operator import (
     create_bootstrap_secret,
@@ -57,7 +56,6 @@ pytestmark = pytest.mark.integration
 
 ZONE = "apps.e2e.internal"
 TAG = "tag:ingress-shop"
-CLUSTER_ISSUER = KubeResource("cert-manager.io", "v1", "clusterissuers", "ClusterIssuer", namespaced=False)
 
 
 @dataclass
@@ -259,40 +257,13 @@ async def test_without_cert_manager_a_host_asking_for_it_gets_a_condition_saying
 # -- with cert-manager -------------------------------------------------------------------------------
 
 
-@dataclass
-class CertManagerPlane:
-    plane: ControlPlane
-    manager: CertManager
-
-
-@pytest.fixture(scope="module")
-def cert_manager_plane(environment: Environment) -> Iterator[CertManagerPlane]:
-    """A control plane of its own (the shared one must stay without cert-manager's CRDs) with the
-    project's and cert-manager's CRDs, and cert-manager's controllers running against it."""
-    plane = environment.control_plane()
-    install_crds(plane.api_client())
-    install_crds(plane.api_client(), crd_bodies())
-    plane.request("POST", "/api/v1/namespaces", {"metadata": {"name": "cert-manager"}})
-    manager = environment.cert_manager(plane.kubeconfig, cluster_namespace="cert-manager")
-    try:
-        yield CertManagerPlane(plane, manager)
-    finally:
-        manager.stop()
-
-
 async def test_cert_manager_issues_the_hosts_certificate_from_a_ca_cluster_issuer(
     cert_manager_plane: CertManagerPlane, headscale: Headscale, tmp_path: Path,
 ) -> None:
     plane = cert_manager_plane.plane
     async with Client(rest_config.load(plane.kubeconfig), field_manager="test-admin") as admin:
         namespace, tenant = await _namespace(admin, "op"), await _namespace(admin, "tenant")
-        ca = CertificateAuthority(tmp_path / "ca", "e2e-issuer")
-        await admin.apply(SECRET, {"metadata": {"name": "e2e-ca", "namespace": "cert-manager"},
-                                   "type": "kubernetes.io/tls",
-                                   "data": {"tls.crt": base64.b64encode(ca.pem).decode(),
-                                            "tls.key": base64.b64encode(ca.key_pem).decode()}})
-        await admin.apply(CLUSTER_ISSUER, {"apiVersion": "cert-manager.io/v1", "kind": "ClusterIssuer",
-                                           "metadata": {"name": "e2e-ca"}, "spec": {"ca": {"secretName": "e2e-ca"}}})
+        ca = await ca_cluster_issuer(admin, tmp_path / "ca")
         try:
             async with running_operator(plane.kubeconfig, namespace):
                 tailnet = await _tailnet(admin, headscale, namespace, tenant, owned_policy=True)
@@ -304,7 +275,7 @@ async def test_cert_manager_issues_the_hosts_certificate_from_a_ca_cluster_issue
                 assert cert["spec"]["dnsNames"] == [f"portal.{ZONE}", f"admin.{ZONE}"]
                 assert cert["spec"]["issuerRef"] == {"name": "e2e-ca", "kind": "ClusterIssuer",
                                                      "group": "cert-manager.io"}
-                secret = await eventually(lambda: _issued(admin, secret_name, tenant), timeout=120,
+                secret = await eventually(lambda: issued(admin, secret_name, tenant), timeout=120,
                                           what=f"cert-manager to issue {secret_name} "
                                                f"(log: {cert_manager_plane.manager.process.log_path})")
                 leaf = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
@@ -326,11 +297,6 @@ async def test_cert_manager_issues_the_hosts_certificate_from_a_ca_cluster_issue
             await remove_tailnets(admin, namespace)
             await admin.delete(NAMESPACE, tenant)
             await admin.delete(NAMESPACE, namespace)
-
-
-async def _issued(admin: Client, name: str, namespace: str) -> JSON | None:
-    secret = await _get(admin, SECRET, name, namespace)
-    return secret if secret and (secret.get("data") or {}).get("tls.crt") else None
 
 
 def _joined(hostname: str, workdir: Path, headscale: Headscale, environment: Environment, key: str) -> TailscaleNode:

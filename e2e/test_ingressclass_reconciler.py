@@ -29,19 +29,22 @@ from e2e.test_agent_ingress import IngressAgent, ingress_agent
 from hack.https_client import request, tunnel
 from hack.localenv import ControlPlane, Headscale
 from hack.localenv._pki import CertificateAuthority
+from hack.localenv.tailscale import TailscaleNode
 from tailnet_operator.controllers.ingressclass import FIELD_MANAGER
 from tailnet_operator.controllers.kinds import INGRESS, INGRESS_CLASS, TAILNET
 from tailnet_operator.resources import ingressclass as ic
 from tailnet_operator.resources import loadbalancer as lb
 from tailnet_operator.resources.ingress import CERTS_DIR, EXPOSES_FILE
+from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime import managed_paths
 from tailnet_operator.runtime.client import JSON, Client
 from tailnet_operator.runtime.errors import NotFound
-from tailnet_operator.runtime.kinds import CONFIG_MAP, DEPLOYMENT, EVENT, NAMESPACE, SECRET, SERVICE
+from tailnet_operator.runtime.kinds import CERTIFICATE, CONFIG_MAP, DEPLOYMENT, EVENT, NAMESPACE, SECRET, SERVICE
 from tailnet_operator.runtime.kinds import Resource as KubeResource
 
+from .certmanager_plane import ISSUER, CertManagerPlane, ca_cluster_issuer, issued
 from .conftest import TailscaleFactory
-from .operator import create_bootstrap_secret, running_operator, tailnet_object, unique
+from .operator import create_bootstrap_secret, gone, remove_tailnets, running_operator, tailnet_object, unique
 from .polling import eventually
 
 pytestmark = pytest.mark.integration
@@ -76,16 +79,17 @@ class Scene:
     ca: CertificateAuthority
 
 
-@pytest.fixture
-async def scene(admin: Client, crds: ControlPlane, headscale: Headscale, operator_namespace: str,
-                tmp_path: Path) -> AsyncIterator[Scene]:
+@contextlib.asynccontextmanager
+async def _scene(admin: Client, kubeconfig: Path, headscale: Headscale, namespace: str,
+                 ca: CertificateAuthority) -> AsyncIterator[Scene]:
+    """A tenant namespace and what the test leaves behind removed after it: the Ingresses'
+    finalizers, the namespace, the classes."""
     tenant = unique("ic-tenant")
     await admin.create(NAMESPACE, {"metadata": {"name": tenant}})
-    tailnet = f"{operator_namespace}-tn"
+    tailnet = f"{namespace}-tn"
     classes = (f"{tenant}-tailnet", f"{tenant}-other")
     try:
-        yield Scene(admin, crds.kubeconfig, headscale, operator_namespace, tenant, tailnet,
-                    CertificateAuthority(tmp_path / "pki", "ic"))
+        yield Scene(admin, kubeconfig, headscale, namespace, tenant, tailnet, ca)
     finally:
         for obj in (await admin.list(INGRESS, tenant)).items:
             if obj["metadata"].get("finalizers"):
@@ -96,10 +100,18 @@ async def scene(admin: Client, crds: ControlPlane, headscale: Headscale, operato
                 await admin.delete(INGRESS_CLASS, name)
 
 
-async def _world(scene: Scene) -> str:
+@pytest.fixture
+async def scene(admin: Client, crds: ControlPlane, headscale: Headscale, operator_namespace: str,
+                tmp_path: Path) -> AsyncIterator[Scene]:
+    async with _scene(admin, crds.kubeconfig, headscale, operator_namespace,
+                      CertificateAuthority(tmp_path / "pki", "ic")) as made:
+        yield made
+
+
+async def _world(scene: Scene, *, tls_secret: bool = True) -> str:
     """The Tailnet (its tenant may use ``tag:ic-*``; the base policy in Apply mode), the class
-    naming it, the Services the Ingress's backends name and the TLS Secret of its host; returns
-    the class's name."""
+    naming it, the Services the Ingress's backends name and (``tls_secret``) the TLS Secret of its
+    host; returns the class's name."""
     admin, namespace, tenant = scene.admin, scene.namespace, scene.tenant
     await create_bootstrap_secret(admin, namespace, "bootstrap", scene.headscale.api_key)
     await admin.apply(CONFIG_MAP, {"metadata": {"name": "base", "namespace": namespace},
@@ -116,6 +128,8 @@ async def _world(scene: Scene) -> str:
                                        "spec": {"controller": "example.com/other-controller"}})
     for name, port in (("api", {"name": "http", "port": 8080}), ("web", {"name": "web", "port": 80})):
         await admin.create(SERVICE, {"metadata": {"name": name, "namespace": tenant}, "spec": {"ports": [port]}})
+    if not tls_secret:
+        return cls
     pair = scene.ca.issue("shop", common_name=HOST, hosts=(HOST,))
     await admin.create(SECRET, {"metadata": {"name": "shop-tls", "namespace": tenant}, "type": "kubernetes.io/tls",
                                 "data": {"tls.crt": base64.b64encode(pair.cert.read_bytes()).decode(),
@@ -192,6 +206,45 @@ async def _served_at(admin: Client, namespace: str, agent: IngressAgent) -> JSON
     return obj if entries == wanted else None
 
 
+@contextlib.asynccontextmanager
+async def _served(scene: Scene, hostname: str, tailscale_nodes: TailscaleFactory, ports: dict[tuple[str, int], int],
+                  standin: AgentInProcess, workdir: Path,
+                  ) -> AsyncIterator[tuple[list[JSON], IngressAgent, TailscaleNode]]:
+    """The Ingress ``shop`` served as its agent pod would serve it, once the operator has written
+    its exposes file and pre-auth key and its TLS Secret holds a certificate: the exposes file as
+    written, the agent (whose ``/status`` the operator reads meanwhile) and a laptop that sees it."""
+    admin, tenant = scene.admin, scene.tenant
+    config = await eventually(lambda: _get(admin, CONFIG_MAP, "shop-ing-ingress-config", tenant), timeout=90,
+                              what="the Ingress's exposes file")
+    key_secret = await eventually(lambda: _get(admin, SECRET, "shop-ing-ingress-auth-key", tenant), timeout=60,
+                                  what="the Ingress's pre-auth key")
+    key = base64.b64decode(key_secret["data"]["authKey"]).decode()
+    exposes = json.loads(config["data"][EXPOSES_FILE])
+    tls = await eventually(lambda: issued(admin, "shop-tls", tenant), timeout=120, what="the TLS Secret shop-tls")
+    working = _as_kubelet_and_dns(exposes, workdir / "certs", tls, ports)
+    laptop_key = scene.headscale.create_preauth_key(tags=[LAPTOP_TAG], reusable=True, ephemeral=True)
+    (workdir / "agent").mkdir()
+    async with ingress_agent(scene.headscale, hostname, key, workdir / "agent", working) as agent:
+        standin.agent = agent
+        try:
+            laptop = tailscale_nodes(unique("ic-laptop"), scene.headscale, authkey=laptop_key)
+            await wait_peer_sees(laptop, hostname)
+            yield exposes, agent, laptop
+        finally:
+            standin.agent = None  # the agent pod is gone
+
+
+async def _answers(agent: IngressAgent, laptop: TailscaleNode, ca: Path, cases: tuple[tuple[str, str], ...]) -> None:
+    """Each path, asked by the laptop over the tailnet (HTTP/1.1 and HTTP/2, the certificate checked
+    against ``ca``), answered by the backend named beside it."""
+    for alpn in ("http/1.1", "h2"):
+        for path, backend in cases:
+            answer = await request(await tunnel(laptop.http_proxy_port, agent.ip, 443), ca=ca, sni=HOST, alpn=alpn,
+                                   path=path)
+            assert answer.alpn == alpn and answer.status == 200, (alpn, path, answer)
+            assert json.loads(answer.body) == {"backend": backend, "path": path}, (alpn, path)
+
+
 async def test_an_ingress_of_the_class_routes_by_path_to_two_backends_over_the_tailnet(
     scene: Scene, tailscale_nodes: TailscaleFactory, tmp_path: Path,
 ) -> None:
@@ -205,46 +258,25 @@ async def test_an_ingress_of_the_class_routes_by_path_to_two_backends_over_the_t
         await admin.create(INGRESS, ingress("elsewhere", tenant, f"{tenant}-other", HOST, unique("ic-other")))
         await admin.create(INGRESS, ingress("bare", tenant, cls, "plain.ic.e2e.internal", unique("ic-bare")))
 
-        config = await eventually(lambda: _get(admin, CONFIG_MAP, "shop-ing-ingress-config", tenant), timeout=90,
-                                  what="the Ingress's exposes file")
-        key_secret = await eventually(lambda: _get(admin, SECRET, "shop-ing-ingress-auth-key", tenant), timeout=60,
-                                      what="the Ingress's pre-auth key")
-        key = base64.b64decode(key_secret["data"]["authKey"]).decode()
-        exposes = json.loads(config["data"][EXPOSES_FILE])
-        [expose] = exposes
-        assert (expose["name"], expose["port"], expose["mode"]) == ("https-0", 443, "http")
-        [host] = expose["hosts"]
-        assert [(r["path"], r["type"], r["backend"]["host"], r["backend"]["port"]) for r in host["routes"]] == [
-            ("/api", "Prefix", f"api.{tenant}.svc", 8080), ("/api/health", "Exact", f"web.{tenant}.svc", 80),
-            ("/", "Prefix", f"web.{tenant}.svc", 80)]
-        assert host["fallback"] is False  # no defaultBackend: what no path matches gets 404
-
         ports = {(f"api.{tenant}.svc", 8080): api_port, (f"web.{tenant}.svc", 80): web_port}
-        tls = await admin.get(SECRET, "shop-tls", tenant)
-        working = _as_kubelet_and_dns(exposes, tmp_path / "certs", tls, ports)
-        laptop_key = scene.headscale.create_preauth_key(tags=[LAPTOP_TAG], reusable=True, ephemeral=True)
-        (tmp_path / "agent").mkdir()
-        async with ingress_agent(scene.headscale, hostname, key, tmp_path / "agent", working) as agent:
-            standin.agent = agent
+        async with _served(scene, hostname, tailscale_nodes, ports, standin, tmp_path) as (exposes, agent, laptop):
+            [expose] = exposes
+            assert (expose["name"], expose["port"], expose["mode"]) == ("https-0", 443, "http")
+            [host] = expose["hosts"]
+            assert [(r["path"], r["type"], r["backend"]["host"], r["backend"]["port"]) for r in host["routes"]] == [
+                ("/api", "Prefix", f"api.{tenant}.svc", 8080), ("/api/health", "Exact", f"web.{tenant}.svc", 80),
+                ("/", "Prefix", f"web.{tenant}.svc", 80)]
+            assert host["fallback"] is False  # no defaultBackend: what no path matches gets 404
             key_id = (await admin.get(SECRET, ic.record_name(tenant, "shop"), scene.namespace)
                       )["metadata"]["annotations"]["tailnet.dev/key-id"]
-            laptop = tailscale_nodes(unique("ic-laptop"), scene.headscale, authkey=laptop_key)
-            await wait_peer_sees(laptop, hostname)
-            for alpn in ("http/1.1", "h2"):
-                for path, backend in (("/api/orders?id=7", "api"), ("/api", "api"), ("/api/health", "web"),
-                                      ("/apiary", "web"), ("/", "web")):
-                    answer = await request(await tunnel(laptop.http_proxy_port, agent.ip, 443), ca=scene.ca.cert_path,
-                                           sni=HOST, alpn=alpn, path=path)
-                    assert answer.alpn == alpn and answer.status == 200, (alpn, path, answer)
-                    assert json.loads(answer.body) == {"backend": backend, "path": path}, (alpn, path)
-
+            await _answers(agent, laptop, scene.ca.cert_path, (
+                ("/api/orders?id=7", "api"), ("/api", "api"), ("/api/health", "web"), ("/apiary", "web"), ("/", "web")))
             obj = await eventually(lambda: _served_at(admin, tenant, agent), timeout=90,
                                    what="status.loadBalancer.ingress with the node's name and addresses")
             assert "tailnet.dev/finalizer" in obj["metadata"]["finalizers"]
             notes = await eventually(lambda: _events(admin, tenant, "shop", {"Serving"}), timeout=60,
                                      what="the Event saying where the Ingress is served")
             assert str(obj["status"]["loadBalancer"]["ingress"][0]["hostname"]) in notes["Serving"]
-        standin.agent = None  # the agent pod is gone
 
         refused = await eventually(lambda: _events(admin, tenant, "bare", {"HostWithoutTLS"}), timeout=60,
                                    what="the Warning Event of the Ingress whose host has no TLS")
@@ -280,3 +312,54 @@ async def _released(admin: Client, namespace: str) -> bool:
             return False
     obj = await admin.get(INGRESS, "shop", namespace)
     return not obj["metadata"].get("finalizers") and not (obj.get("status") or {}).get("loadBalancer")
+
+
+async def test_cert_managers_ingress_shim_issues_the_certificate_an_ingress_of_the_class_is_served_with(
+    cert_manager_plane: CertManagerPlane, headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path,
+) -> None:
+    """An Ingress with cert-manager's ``cert-manager.io/cluster-issuer`` annotation and no TLS
+    Secret of its own: cert-manager's ingress-shim makes the Certificate of its ``spec.tls`` entry,
+    cert-manager issues it into the Secret, and the laptop reaches the Ingress's two paths over the
+    tailnet with that certificate, checked against the issuer's CA."""
+    kubeconfig = cert_manager_plane.plane.kubeconfig
+    async with Client(rest_config.load(kubeconfig), field_manager="test-admin") as admin:
+        namespace = unique("op")
+        await admin.create(NAMESPACE, {"metadata": {"name": namespace}})
+        try:
+            ca = await ca_cluster_issuer(admin, tmp_path / "ca")
+            async with _scene(admin, kubeconfig, headscale, namespace, ca) as scene:
+                await _shim_served(scene, cert_manager_plane, tailscale_nodes, tmp_path)
+        finally:
+            await remove_tailnets(admin, namespace)
+            await admin.delete(NAMESPACE, namespace)
+
+
+async def _shim_served(scene: Scene, cert_manager: CertManagerPlane, tailscale_nodes: TailscaleFactory,
+                       tmp_path: Path) -> None:
+    admin, tenant = scene.admin, scene.tenant
+    standin = AgentInProcess()
+    async with (running_operator(scene.kubeconfig, scene.namespace, agent_status=standin),
+                served(_named("api")) as api_port, served(_named("web")) as web_port):
+        cls = await _world(scene, tls_secret=False)
+        hostname = unique("ic-shim")
+        body = ingress("shop", tenant, cls, HOST, hostname)
+        body["metadata"]["annotations"]["cert-manager.io/cluster-issuer"] = ISSUER
+        body["spec"]["rules"][0]["http"]["paths"] = [_path("/api", "Prefix", "api", {"name": "http"}),
+                                                     _path("/", "Prefix", "web", {"number": 80})]
+        await admin.create(INGRESS, body)
+        cert = await eventually(lambda: _get(admin, CERTIFICATE, "shop-tls", tenant), timeout=60,
+                                what=f"the ingress-shim's Certificate (log: {cert_manager.manager.process.log_path})")
+        assert cert["spec"]["dnsNames"] == [HOST] and cert["spec"]["secretName"] == "shop-tls"
+        assert cert["spec"]["issuerRef"]["name"] == ISSUER and cert["spec"]["issuerRef"]["kind"] == "ClusterIssuer"
+        assert [(o["kind"], o["name"]) for o in cert["metadata"]["ownerReferences"]] == [("Ingress", "shop")]
+        ports = {(f"api.{tenant}.svc", 8080): api_port, (f"web.{tenant}.svc", 80): web_port}
+        async with _served(scene, hostname, tailscale_nodes, ports, standin, tmp_path) as served_by:
+            _, agent, laptop = served_by
+            await _answers(agent, laptop, scene.ca.cert_path, (("/api/orders?id=7", "api"), ("/", "web"),
+                                                               ("/apiary", "web")))
+            await eventually(lambda: _served_at(admin, tenant, agent), timeout=90,
+                             what="status.loadBalancer.ingress with the node's name and addresses")
+        await admin.delete(INGRESS, "shop", tenant)
+        await eventually(lambda: gone(admin, INGRESS, "shop", tenant), timeout=60,
+                         what="the Ingress deleted past the operator's finalizer")
+

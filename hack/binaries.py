@@ -15,7 +15,8 @@ Every binary comes from Go modules through the Go toolchain:
 * cert-manager's controller command is a module of its own that the proxy does not serve; a
   throwaway module that requires ``github.com/cert-manager/cert-manager`` builds the project's
   small main (``hack/certmanager/main.go``) that runs the registered certificates and issuer
-  controllers the way that command does (test-only: the tests issue certificates with it).
+  controllers and the ingress-shim the way that command does (test-only: the tests issue
+  certificates with it). Its cache directory carries a hash of that main, so a change to it builds anew.
 * runc needs cgo for its ``nsenter`` part and libseccomp (the ``seccomp`` tag) for the
   ``RuntimeDefault`` profile that Pod Security's ``restricted`` level demands: it is built
   inside a copy of its own module, with cgo, against Debian's libseccomp-dev. Its
@@ -110,6 +111,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -163,12 +165,16 @@ class Component:
 
     @property
     def directory(self) -> Path:
-        return cache_root() / "bin" / f"{self.name}-{self.version}"
+        return cache_root() / "bin" / self.key
 
     @property
     def key(self) -> str:
-        """``name-version``: the cache directory's name, the lock's and the timing record's key."""
-        return f"{self.name}-{self.version}"
+        """``name-version`` (``name-version-<hash>`` with a ``main`` of this repository, so that a
+        change to it builds anew): the cache directory's name, the lock's and the timing record's key."""
+        if not self.main:
+            return f"{self.name}-{self.version}"
+        digest = hashlib.sha256((Path(__file__).parent / self.main / "main.go").read_bytes()).hexdigest()
+        return f"{self.name}-{self.version}-{digest[:12]}"
 
     def path(self, binary: str) -> Path:
         return self.directory / binary

@@ -1,6 +1,7 @@
 // Command cert-manager-controller runs cert-manager's registered certificates and issuer
-// controllers against one kube-apiserver, the way cert-manager's own controller command does,
-// without leader election, webhooks, ACME or the ingress and gateway shims.
+// controllers and its ingress-shim (a Certificate for each spec.tls entry of an annotated Ingress)
+// against one kube-apiserver, the way cert-manager's own controller command does, without leader
+// election, webhooks, ACME or the gateway shim.
 //
 // It is a test-only binary: hack/binaries.py builds it in a throwaway module that requires
 // github.com/cert-manager/cert-manager at the pinned version.
@@ -21,6 +22,7 @@ import (
 	logf "github.com/cert-manager/cert-manager/pkg/logs"
 
 	// The controllers register themselves with controllerpkg in their init functions.
+	_ "github.com/cert-manager/cert-manager/pkg/controller/certificate-shim/ingresses"
 	_ "github.com/cert-manager/cert-manager/pkg/controller/certificaterequests/approver"
 	_ "github.com/cert-manager/cert-manager/pkg/controller/certificaterequests/ca"
 	_ "github.com/cert-manager/cert-manager/pkg/controller/certificaterequests/selfsigned"
@@ -48,6 +50,7 @@ var defaultControllers = []string{
 	"certificates-revision-manager",
 	"certificates-trigger",
 	"clusterissuers",
+	"ingress-shim",
 	"issuers",
 }
 

@@ -1,4 +1,5 @@
-"""cert-manager against a control plane: its CRDs and its certificates and issuer controllers.
+"""cert-manager against a control plane: its CRDs, its certificates and issuer controllers and its
+ingress-shim.
 
 The controllers are the project's test-only build (``hack/certmanager/main.go``, see
 :mod:`hack.binaries`) of cert-manager's registered controllers; they only talk to kube-apiserver,
