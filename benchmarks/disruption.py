@@ -20,13 +20,20 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.egress_incluster import pod_rss_kib
 from benchmarks.record import commit, load_average, write_section
-from e2e.cluster import get_json, install_operator_in_cluster, kubectl
+from e2e.cluster import (
+    EXTERNAL_KUBECONFIG,
+    ClusterUnderTest,
+    KindCluster,
+    get_json,
+    install_operator_in_cluster,
+    kubectl,
+)
 from e2e.disruption import (
     DEADLINE,
     DISRUPTIONS,
@@ -41,6 +48,7 @@ from e2e.disruption import (
     ingress_world,
     old_shape,
     open_connections,
+    schedulable_nodes,
 )
 from hack import image, versions
 from hack.localenv import Environment, Headscale, wait_until
@@ -49,10 +57,12 @@ BEGIN, END = "<!-- bench:disruption:begin -->", "<!-- bench:disruption:end -->"
 CONNECTIONS = 1000
 PEER_LIMIT = 2 * CONNECTIONS
 """The agent's connections per peer while the RSS is measured (default 512): one pod opens them all."""
+DRAIN = "node drained"
 DRAIN_NOTE = ("node drain: not measured here. The local node is the only node: a drain cordons it and "
               "evicts the agent with nowhere to schedule its successor (and evicts the operator and "
               "CoreDNS with it), so it measures an outage of the whole cluster, not the agent's drain. "
-              "It needs a second node (kind, `make e2e`).")
+              "It needs a second node: `python -m hack.kind run -- python -m benchmarks.disruption ...` "
+              "measures it on kind.")
 
 
 BASELINE_DISRUPTIONS = ("rollout", "pod deleted")
@@ -88,30 +98,72 @@ SUBJECTS = ("egress", "ingress", "shared-ingress")
 MagicDNS name, the old shape), and an ingress of 2 replicas behind a shared address."""
 
 
-def run(rounds: int, progress: Path | None, subjects: tuple[str, ...] = SUBJECTS) -> dict[str, Any]:
+def _cluster(env: Environment) -> tuple[ClusterUnderTest, str]:
+    """The cluster to measure on and how the table names it: the kind cluster of ``make e2e``
+    when its kubeconfig is given (``python -m hack.kind run``), else the local node."""
+    if os.environ.get(EXTERNAL_KUBECONFIG):
+        cluster: ClusterUnderTest = KindCluster.from_environment()
+        nodes = get_json(cluster, "nodes")["items"]
+        workers = sum(1 for n in nodes if "node-role.kubernetes.io/control-plane" not in n["metadata"]["labels"])
+        return cluster, f"A kind cluster on this machine ({len(nodes)} nodes, {workers} of them workers)"
+    return env.cluster(), "The local node (one node)"
+
+
+def run(rounds: int, progress: Path | None, subjects: tuple[str, ...] = SUBJECTS,
+        disruptions: tuple[str, ...] = tuple(DISRUPTIONS)) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     rss: dict[str, Any] = {}
     with Environment() as env:
-        cluster = env.cluster()
+        cluster, where = _cluster(env)
+        if DRAIN in disruptions and len(schedulable_nodes(cluster)) < 2:
+            disruptions = tuple(d for d in disruptions if d != DRAIN)  # the note says why
         project = image.project_image()
         cluster.load_image(project)
         headscale = env.headscale("bench-headscale", address=cluster.host_address)
         ns = install_operator_in_cluster(cluster, project.ref, env.root / "install")
+        world = World(cluster, ns, headscale, project.ref, env, rounds, rows, progress, disruptions)
         if "egress" in subjects:
-            rss = _egress(cluster, ns, headscale, project.ref, env, rounds, rows, progress)
+            rss = _egress(world)
         if "ingress" in subjects:
-            _ingress(cluster, ns, headscale, project.ref, env, rounds, rows, progress, shared=False)
+            _ingress(world, shared=False)
         if "shared-ingress" in subjects:
-            _ingress(cluster, ns, headscale, project.ref, env, rounds, rows, progress, shared=True)
+            _ingress(world, shared=True)
     return {"date": dt.date.today().isoformat(), "commit": commit(), "rounds": rounds, "subjects": list(subjects),
+            "where": where, "disruptions": list(disruptions),
             "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "rss": rss, "rows": rows}
 
 
-def _egress(cluster: Any, ns: str, headscale: Headscale, ref: str, env: Environment, rounds: int,
-            rows: list[dict[str, Any]], progress: Path | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class World:
+    """What every measured subject shares: the cluster, the operator, Headscale, the run's settings."""
+
+    cluster: ClusterUnderTest
+    namespace: str
+    headscale: Headscale
+    image: str
+    env: Environment
+    rounds: int
+    rows: list[dict[str, Any]]
+    progress: Path | None
+    disruptions: tuple[str, ...]
+
+    def rounds_of(self, subject: Subject, load: Callable[[], Load], label: dict[str, Any], *,
+                  baseline: bool = False) -> None:
+        """Every disruption of the run (the old shape's: those of :data:`BASELINE_DISRUPTIONS`)."""
+        if baseline:
+            _rounds(subject, self.headscale, load, label, self.rounds, self.rows, self.progress,
+                    disruptions=tuple(d for d in BASELINE_DISRUPTIONS if d in self.disruptions),
+                    recovery=BASELINE_RECOVERY)
+        else:
+            _rounds(subject, self.headscale, load, label, self.rounds, self.rows, self.progress,
+                    disruptions=self.disruptions)
+
+
+def _egress(world: World) -> dict[str, Any]:
     rss: dict[str, Any] = {}
-    with egress_world(cluster, ns, headscale, ref, env.site_host, env.tailscale_node) as egress:
+    cluster, ns, env = world.cluster, world.namespace, world.env
+    with egress_world(cluster, ns, world.headscale, world.image, env.site_host, env.tailscale_node) as egress:
         # One client pod opens every connection: the agent's per-peer limit is raised for it.
         kubectl(cluster, "-n", ns, "set", "env", f"deployment/{egress.subject.deployment}", "-c", "agent",
                 f"TAILNET_MAX_CONNECTIONS_PER_PEER={PEER_LIMIT}")
@@ -131,32 +183,29 @@ def _egress(cluster: Any, ns: str, headscale: Headscale, ref: str, env: Environm
         print(json.dumps({"rss": rss}), flush=True)
         for replicas in (1, 2):
             egress.scale(replicas)
-            _rounds(egress.subject, headscale, egress.load, {"subject": "egress", "replicas": replicas},
-                    rounds, rows, progress)
+            world.rounds_of(egress.subject, egress.load, {"subject": "egress", "replicas": replicas})
         egress.scale(1)
         with old_shape(egress.subject) as before:
-            _rounds(before, headscale, egress.load, {"subject": "egress", "replicas": 1, "shape": "before"},
-                    rounds, rows, progress, disruptions=BASELINE_DISRUPTIONS, recovery=BASELINE_RECOVERY)
+            world.rounds_of(before, egress.load, {"subject": "egress", "replicas": 1, "shape": "before"},
+                            baseline=True)
     return rss
 
 
-def _ingress(cluster: Any, ns: str, headscale: Headscale, ref: str, env: Environment, rounds: int,
-             rows: list[dict[str, Any]], progress: Path | None, *, shared: bool) -> None:
+def _ingress(world: World, *, shared: bool) -> None:
     """One replica by MagicDNS name (and the old shape), or two behind a shared address."""
     replicas = 2 if shared else 1
     try:
-        with ingress_world(cluster, ns, headscale, ref, env.root / f"ingress-{replicas}", env.tailscale_node,
-                           shared=shared) as ingress:
-            _rounds(ingress.subject, headscale, ingress.load, {"subject": "ingress", "replicas": replicas}, rounds,
-                    rows, progress)
+        with ingress_world(world.cluster, world.namespace, world.headscale, world.image,
+                           world.env.root / f"ingress-{replicas}", world.env.tailscale_node, shared=shared) as ingress:
+            world.rounds_of(ingress.subject, ingress.load, {"subject": "ingress", "replicas": replicas})
             if not shared:
                 with old_shape(ingress.subject) as before:
-                    _rounds(before, headscale, ingress.load, {"subject": "ingress", "replicas": 1, "shape": "before"},
-                            rounds, rows, progress, disruptions=BASELINE_DISRUPTIONS, recovery=BASELINE_RECOVERY)
+                    world.rounds_of(before, ingress.load, {"subject": "ingress", "replicas": 1, "shape": "before"},
+                                    baseline=True)
     except (TimeoutError, RuntimeError) as exc:
         print(f"the ingress did not come up: {exc}", flush=True)  # with its diagnosis
-        rows.append({"subject": "ingress", "replicas": replicas, "round": 0, "disruption": "setup",
-                     "error": str(exc).splitlines()[0][:300]})
+        world.rows.append({"subject": "ingress", "replicas": replicas, "round": 0, "disruption": "setup",
+                           "error": str(exc).splitlines()[0][:300]})
 
 
 def _order(key: tuple[str, str, int, str, str]) -> tuple[int, str, int, int, str]:
@@ -181,7 +230,8 @@ def table(doc: dict[str, Any]) -> str:
         shape = row.get("shape", "now")
         for stream, t in row["streams"].items():
             keys.setdefault((row["subject"], shape, row["replicas"], row["disruption"], stream), []).append(
-                {**t, "done_s": row["done_s"], "named_s": row.get("named_s"), "recovered": row.get("recovered", True)})
+                {**t, "done_s": row["done_s"], "named_s": row.get("named_s"), "recovered": row.get("recovered", True),
+                 "round": row["round"]})
     lines = ["| agent | shape | replicas | disruption | requests | sent | lost | longest gap s | disruption done s "
              "| name back s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for (subject, shape, replicas, what, stream), runs in sorted(keys.items(), key=lambda kv: _order(kv[0])):
@@ -191,8 +241,14 @@ def table(doc: dict[str, Any]) -> str:
                      f"{_cell([str(r['sent']) for r in runs])} | {_cell(lost)} | "
                      f"{_cell([format(r['longest_gap_s'], '.2f') for r in runs])} | "
                      f"{_cell([format(r['done_s'], '.0f') for r in runs])} | {_cell(named)} |")
-    for subject in sorted({k[0] for k in keys}):
-        lines.append(f"| {subject} | - | - | node drain | not measurable on one node (below) | - | - | - | - | - |")
+    drained = DRAIN in doc.get("disruptions", ())
+    if not drained:
+        for subject in sorted({k[0] for k in keys}):
+            lines.append(f"| {subject} | - | - | node drain | not measurable on one node (below) | - | - | - | - | - |")
+    how = [f"{subject} x{replicas} {what} {stream} (round {r['round']}): "
+           + ", ".join(f"{count} {cause}" for cause, count in sorted(r["how"].items()))
+           for (subject, _, replicas, what, stream), runs in sorted(keys.items(), key=lambda kv: _order(kv[0]))
+           for r in runs if r.get("how")]
     measured = [r for r in (doc["rss"] if isinstance(doc["rss"], list) else [doc["rss"]]) if r]
     during = [row["loadavg"] for row in doc["rows"] if "loadavg" in row]
     if "loadavg_before" in doc:
@@ -203,7 +259,8 @@ def table(doc: dict[str, Any]) -> str:
         load_text += f"; 1 min load average after each disruption {min(during):.1f}-{max(during):.1f}"
     text = [
         f"### Agent disruptions under load, {doc['date']}, commit {doc['commit']}", "",
-        f"The local node (one node, kube-apiserver {versions.KUBERNETES}), Headscale {versions.HEADSCALE} and "
+        f"{doc.get('where', 'The local node (one node)')[:-1]}, kube-apiserver {versions.KUBERNETES}), "
+        f"Headscale {versions.HEADSCALE} and "
         f"tailscaled {versions.TAILSCALE} on this machine; {doc['rounds']} round(s), the figures of each round "
         f"separated by `/`. {load_text}. "
         f"Egress: a client pod sends an HTTP GET every {INTERVAL * 1000:.0f} ms, a new connection each with "
@@ -213,7 +270,8 @@ def table(doc: dict[str, Any]) -> str:
         "share (`spec.sharedAddress`, the laptop accepting routes). A request is lost when it fails or "
         f"answers past the deadline. Each load starts {WARM} successes in a row before the disruption and stops "
         f"{SETTLE} successes in a row after the disruption's conditions are met (rollout: every old pod gone; "
-        "pod deleted: its successor ready; key rotation: the CR reports the new key; operator restart: "
+        "pod deleted: its successor ready; node drained: the agent pods of the drained node replaced "
+        "elsewhere, the node uncordoned after; key rotation: the CR reports the new key; operator restart: "
         "the new operator pods alone; Headscale restart: healthy); the longest gap is between two "
         "successful answers. `now`: this commit's defaults (surge, preStop 10 s, drain 30 s, the ingress "
         f"name handed over once the new pod is ready). `before`: the shape before them ({OLD_SHAPE}), "
@@ -221,9 +279,14 @@ def table(doc: dict[str, Any]) -> str:
         "`old_shape`; the agent's readiness warm-up and logout stay this commit's), on a rollout and a "
         f"deleted pod; a load that did not recover within {BASELINE_RECOVERY:.0f} s is marked `*` (its "
         "lost requests are those until then).", "",
-        *lines, "",
-        DRAIN_NOTE,
+        *lines,
     ]
+    if not drained:
+        text += ["", DRAIN_NOTE]
+    if how:
+        text += ["", "How the lost ingress requests failed (`hung`: no answer within the deadline; "
+                 "`ConnectionError`: the laptop's CONNECT refused, as when no node carries the name; "
+                 "`late`: answered past the deadline): " + "; ".join(how) + "."]
     if measured:
         limit = measured[0].get("limits", {}).get("memory", "none")
         text += ["", (
@@ -248,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     parser.add_argument("--from-json", type=Path, default=None, help="report an earlier --json instead")
     parser.add_argument("--doc", type=Path, default=None, help="write the table into this markdown file")
+    parser.add_argument("--disruptions", default=",".join(DISRUPTIONS),
+                        help=f"which disruptions, of {', '.join(DISRUPTIONS)} (default all; a node drain only "
+                             "where a second node can take the agent)")
     parser.add_argument("--subjects", default=",".join(SUBJECTS),
                         help=f"what to measure, of {', '.join(SUBJECTS)} (default all); a run of some is "
                              "written into its own section of the doc")
@@ -255,8 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     subjects = tuple(s for s in args.subjects.split(",") if s)
     if unknown := [s for s in subjects if s not in SUBJECTS]:
         parser.error(f"unknown subjects {unknown}; choose from {', '.join(SUBJECTS)}")
+    disruptions = tuple(d for d in args.disruptions.split(",") if d)
+    if unknown := [d for d in disruptions if d not in DISRUPTIONS]:
+        parser.error(f"unknown disruptions {unknown}; choose from {', '.join(DISRUPTIONS)}")
     started = time.monotonic()
-    doc = json.loads(args.from_json.read_text()) if args.from_json else run(args.rounds, args.json, subjects)
+    doc = json.loads(args.from_json.read_text()) if args.from_json else run(args.rounds, args.json, subjects,
+                                                                            disruptions)
     text = table(doc)
     print(text)
     if args.json and not args.from_json:
@@ -264,8 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(doc, indent=1))
     if args.doc:
         chosen = tuple(doc.get("subjects") or SUBJECTS)
-        begin, end = (BEGIN, END) if chosen == SUBJECTS else (
-            f"<!-- bench:disruption:{'+'.join(chosen)}:begin -->", f"<!-- bench:disruption:{'+'.join(chosen)}:end -->")
+        name = "disruption-kind" if str(doc.get("where", "")).startswith("A kind") else "disruption"
+        if chosen != SUBJECTS:
+            name += ":" + "+".join(chosen)
+        begin, end = (BEGIN, END) if name == "disruption" else (f"<!-- bench:{name}:begin -->",
+                                                                 f"<!-- bench:{name}:end -->")
         write_section(args.doc, begin, end, text)
     return 0
 

@@ -21,7 +21,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -81,15 +81,22 @@ class Tally:
     lost: int
     longest_gap_s: float
     """The longest time between two successful answers (from the load's start and to its end)."""
+    how: dict[str, int] = field(default_factory=dict)
+    """How the lost requests failed, where the load tells (the ingress load: :data:`HUNG`, the
+    error's type, ``wrong answer``); a request answered in time but past the deadline is ``late``."""
 
 
-def tally(samples: list[Sample]) -> Tally:
+def tally(samples: list[Sample], failures: Mapping[str, int] | None = None) -> Tally:
     if not samples:
         return Tally(0, 0, 0.0)
     done = sorted(end for _, end, ok in samples if ok)
     edges = [samples[0][0], *done, max(end for _, end, _ in samples)]
     gap = max((b - a for a, b in itertools.pairwise(edges)), default=0.0)
-    return Tally(len(samples), sum(1 for *_, ok in samples if not ok), round(gap, 3))
+    lost = sum(1 for *_, ok in samples if not ok)
+    how = {k: v for k, v in (failures or {}).items() if v}
+    if how and (late := lost - sum(how.values())) > 0:
+        how["late"] = late
+    return Tally(len(samples), lost, round(gap, 3), how)
 
 
 def streak(samples: list[Sample]) -> int:
@@ -256,7 +263,7 @@ class IngressLoad:
     def stop(self) -> dict[str, Tally]:
         self._stop.set()
         self._thread.join(timeout=DEADLINE * 3)
-        return {name: tally(list(s)) for name, s in self.samples.items()}
+        return {name: tally(list(s), self.failures[name]) for name, s in self.samples.items()}
 
 
 # -- what is disrupted ------------------------------------------------------------------------

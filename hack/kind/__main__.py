@@ -1,7 +1,8 @@
-"""``python -m hack.kind up|down|e2e|node-image|status``: `make e2e` and its steps.
+"""``python -m hack.kind up|down|e2e|run|node-image|status``: `make e2e` and its steps.
 
 ``e2e`` runs ``up``, the ``cluster`` tests against the kind cluster, and ``down`` whatever
-happened; ``up`` leaves the cluster (and our dockerd) running until ``down``.
+happened; ``run -- COMMAND`` does the same with any command (a benchmark that measures on kind);
+``up`` leaves the cluster (and our dockerd) running until ``down``.
 """
 
 from __future__ import annotations
@@ -77,6 +78,13 @@ def down() -> list[str]:
 def e2e(pytest_args: list[str]) -> int:
     """``up``, the cluster tests, ``down``: the exit status is the tests' (or 1 when set-up or
     teardown failed)."""
+    return run([sys.executable, "-m", "pytest", "e2e", "-m", "cluster", *pytest_args], what="cluster tests")
+
+
+def run(command: list[str], *, what: str = "command") -> int:
+    """``up``, ``command`` against the kind cluster (its kubeconfig, name and host address in the
+    variables the cluster tests and benchmarks read), ``down``: the exit status is the command's
+    (or 1 when set-up or teardown failed)."""
     status = 1
     try:
         up()
@@ -87,9 +95,8 @@ def e2e(pytest_args: list[str]) -> int:
             "TAILNET_E2E_HOST_ADDRESS": docker.network_gateway(),
         })
         started = time.monotonic()
-        status = subprocess.run([sys.executable, "-m", "pytest", "e2e", "-m", "cluster", *pytest_args],
-                                env=env, check=False).returncode
-        print(f"kind: cluster tests exited {status} after {time.monotonic() - started:.0f}s", flush=True)
+        status = subprocess.run(command, env=env, check=False).returncode
+        print(f"kind: {what} exited {status} after {time.monotonic() - started:.0f}s", flush=True)
     finally:
         if os.environ.get("TAILNET_KIND_KEEP") != "1" and down():
             status = status or 1
@@ -104,8 +111,9 @@ def main(argv: list[str]) -> int:
     sub.add_parser("node-image")
     sub.add_parser("status")
     sub.add_parser("e2e", help="up, the cluster tests (further arguments go to pytest), down")
+    sub.add_parser("run", help="up, the command after `--` against the cluster (e.g. a benchmark), down")
     args, pytest_args = parser.parse_known_args(argv)
-    if pytest_args and args.command != "e2e":
+    if pytest_args and args.command not in ("e2e", "run"):
         parser.error(f"unrecognized arguments: {' '.join(pytest_args)}")
     if os.geteuid() != 0:
         print("kind: make e2e starts its own dockerd and needs root", file=sys.stderr)
@@ -120,6 +128,11 @@ def main(argv: list[str]) -> int:
                 print(nodeimage.ensure_node_image().ref)
         elif args.command == "status":
             print("\n".join(docker.leftovers()) or "nothing of make e2e is on this machine")
+        elif args.command == "run":
+            command = pytest_args[1:] if pytest_args[:1] == ["--"] else pytest_args
+            if not command:
+                parser.error("run: give the command after --")
+            return run(command)
         else:
             return e2e([a for a in pytest_args if a != "--"])
     except binaries.MissingToolError as exc:
