@@ -99,14 +99,15 @@ MagicDNS name, the old shape), and an ingress of 2 replicas behind a shared addr
 
 
 def _cluster(env: Environment) -> tuple[ClusterUnderTest, str]:
-    """The cluster to measure on and how the table names it: the kind cluster of ``make e2e``
-    when its kubeconfig is given (``python -m hack.kind run``), else the local node."""
+    """The cluster to measure on and how the table names it (an open parenthesis the table goes on
+    inside): the kind cluster of ``make e2e`` when its kubeconfig is given (``python -m hack.kind
+    run``), else the local node."""
     if os.environ.get(EXTERNAL_KUBECONFIG):
         cluster: ClusterUnderTest = KindCluster.from_environment()
         nodes = get_json(cluster, "nodes")["items"]
         workers = sum(1 for n in nodes if "node-role.kubernetes.io/control-plane" not in n["metadata"]["labels"])
-        return cluster, f"A kind cluster on this machine ({len(nodes)} nodes, {workers} of them workers)"
-    return env.cluster(), "The local node (one node)"
+        return cluster, f"A kind cluster on this machine ({len(nodes)} nodes, {workers} of them workers"
+    return env.cluster(), "The local node (one node"
 
 
 def run(rounds: int, progress: Path | None, subjects: tuple[str, ...] = SUBJECTS,
@@ -151,13 +152,9 @@ class World:
     def rounds_of(self, subject: Subject, load: Callable[[], Load], label: dict[str, Any], *,
                   baseline: bool = False) -> None:
         """Every disruption of the run (the old shape's: those of :data:`BASELINE_DISRUPTIONS`)."""
-        if baseline:
-            _rounds(subject, self.headscale, load, label, self.rounds, self.rows, self.progress,
-                    disruptions=tuple(d for d in BASELINE_DISRUPTIONS if d in self.disruptions),
-                    recovery=BASELINE_RECOVERY)
-        else:
-            _rounds(subject, self.headscale, load, label, self.rounds, self.rows, self.progress,
-                    disruptions=self.disruptions)
+        disruptions = tuple(d for d in self.disruptions if not baseline or d in BASELINE_DISRUPTIONS)
+        _rounds(subject, self.headscale, load, label, self.rounds, self.rows, self.progress,
+                disruptions=disruptions, recovery=BASELINE_RECOVERY if baseline else None)
 
 
 def _egress(world: World) -> dict[str, Any]:
@@ -234,7 +231,11 @@ def table(doc: dict[str, Any]) -> str:
                  "round": row["round"]})
     lines = ["| agent | shape | replicas | disruption | requests | sent | lost | longest gap s | disruption done s "
              "| name back s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    how: list[str] = []
     for (subject, shape, replicas, what, stream), runs in sorted(keys.items(), key=lambda kv: _order(kv[0])):
+        how += [f"{subject} x{replicas} {what} {stream} (round {r['round']}): "
+                + ", ".join(f"{count} {cause}" for cause, count in sorted(r["how"].items()))
+                for r in runs if r.get("how")]
         named = [format(r["named_s"], ".0f") for r in runs if r["named_s"] is not None]
         lost = [f"{r['lost']}{'' if r['recovered'] else '*'}" for r in runs]
         lines.append(f"| {subject} | {shape} | {replicas} | {what} | {stream} | "
@@ -245,10 +246,6 @@ def table(doc: dict[str, Any]) -> str:
     if not drained:
         for subject in sorted({k[0] for k in keys}):
             lines.append(f"| {subject} | - | - | node drain | not measurable on one node (below) | - | - | - | - | - |")
-    how = [f"{subject} x{replicas} {what} {stream} (round {r['round']}): "
-           + ", ".join(f"{count} {cause}" for cause, count in sorted(r["how"].items()))
-           for (subject, _, replicas, what, stream), runs in sorted(keys.items(), key=lambda kv: _order(kv[0]))
-           for r in runs if r.get("how")]
     measured = [r for r in (doc["rss"] if isinstance(doc["rss"], list) else [doc["rss"]]) if r]
     during = [row["loadavg"] for row in doc["rows"] if "loadavg" in row]
     if "loadavg_before" in doc:
@@ -259,7 +256,7 @@ def table(doc: dict[str, Any]) -> str:
         load_text += f"; 1 min load average after each disruption {min(during):.1f}-{max(during):.1f}"
     text = [
         f"### Agent disruptions under load, {doc['date']}, commit {doc['commit']}", "",
-        f"{doc.get('where', 'The local node (one node)')[:-1]}, kube-apiserver {versions.KUBERNETES}), "
+        f"{doc.get('where', 'The local node (one node')}, kube-apiserver {versions.KUBERNETES}), "
         f"Headscale {versions.HEADSCALE} and "
         f"tailscaled {versions.TAILSCALE} on this machine; {doc['rounds']} round(s), the figures of each round "
         f"separated by `/`. {load_text}. "

@@ -28,7 +28,6 @@ from tailnet_operator.headscale import installation_tag
 from tailnet_operator.resources.ingress import record_name
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import JSON, Client
-from tailnet_operator.runtime.errors import NotFound
 from tailnet_operator.runtime.kinds import (
     CERTIFICATE,
     CONFIG_MAP,
@@ -44,6 +43,7 @@ from .certmanager_plane import CertManagerPlane, ca_cluster_issuer, issued
 from .conftest import TailscaleFactory
 from .operator import (
     create_bootstrap_secret,
+    get_or_none,
     has_condition,
     remove_tailnets,
     running_operator,
@@ -105,15 +105,8 @@ def tls_secret(name: str, namespace: str, ca: CertificateAuthority, host: str) -
                      "tls.key": base64.b64encode(pair.key.read_bytes()).decode()}}
 
 
-async def _get(admin: Client, resource: KubeResource, name: str, namespace: str | None = None) -> JSON | None:
-    try:
-        return await admin.get(resource, name, namespace)
-    except NotFound:
-        return None
-
-
 async def _hosts(admin: Client, namespace: str) -> dict[str, str]:
-    cm = await _get(admin, CONFIG_MAP, "hosts", namespace)
+    cm = await get_or_none(admin, CONFIG_MAP, "hosts", namespace)
     return parse_hosts(((cm or {}).get("data") or {}).get("hosts", ""))
 
 
@@ -146,7 +139,7 @@ async def test_an_ingress_gets_its_agent_objects_dns_names_and_on_deletion_loses
         await admin.create(TAILNET_INGRESS, ingress_object("shop", tenant, tailnet, [TCP, WEB],
                                                            dnsTemplate="{hostname}." + ZONE))
 
-        deployment = await eventually(lambda: _get(admin, DEPLOYMENT, "shop-ingress-agent", tenant), timeout=60,
+        deployment = await eventually(lambda: get_or_none(admin, DEPLOYMENT, "shop-ingress-agent", tenant), timeout=60,
                                       what="the agent Deployment")
         pod = deployment["spec"]["template"]["spec"]
         env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
@@ -158,7 +151,7 @@ async def test_an_ingress_gets_its_agent_objects_dns_names_and_on_deletion_loses
         assert (db.backend.host, db.port) == (f"postgres.{tenant}.svc", 5432)
         assert set(web.hosts[0].names) == {f"shop.{ZONE}", "store", f"store.{ZONE}"}
         assert web.hosts[0].cert_file.endswith("/tls/shop-tls/tls.crt")
-        policy = await eventually(lambda: _get(admin, NETWORK_POLICY, "shop-ingress-agent", tenant), timeout=30,
+        policy = await eventually(lambda: get_or_none(admin, NETWORK_POLICY, "shop-ingress-agent", tenant), timeout=30,
                                   what="the agent's NetworkPolicy")
         assert policy["spec"]["policyTypes"] == ["Ingress"]
         obj = await admin.get(TAILNET_INGRESS, "shop", tenant)
@@ -211,7 +204,7 @@ async def _hosts_without(admin: Client, namespace: str, names: dict[str, str]) -
 
 
 async def _gone(admin: Client, resource: KubeResource, name: str, namespace: str) -> bool:
-    return await _get(admin, resource, name, namespace) is None
+    return await get_or_none(admin, resource, name, namespace) is None
 
 
 def _is_expired(key: JSON) -> bool:
@@ -231,7 +224,7 @@ async def test_a_tag_the_live_policy_does_not_own_creates_nothing(scene: Scene) 
         cond = await eventually(has_condition(admin, TAILNET_INGRESS, "shop", "Ready", "False", "TagNotOwned",
                                               namespace=scene.tenant), timeout=60, what="TagNotOwned")
         assert f'"{TAG}"' in cond["message"] and "tagOwners" in cond["message"]
-        assert await _get(admin, DEPLOYMENT, "shop-ingress-agent", scene.tenant) is None
+        assert await get_or_none(admin, DEPLOYMENT, "shop-ingress-agent", scene.tenant) is None
         assert len(scene.headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"]) == before
 
 
@@ -251,7 +244,7 @@ async def test_without_cert_manager_a_host_asking_for_it_gets_a_condition_saying
         assert "install cert-manager" in cond["message"] and f"portal.{ZONE}" in cond["message"]
         assert (await admin.get(TAILNET_INGRESS, "shop", scene.tenant))["status"]["conditions"][0]["reason"] == \
             "CertManagerNotInstalled"
-        assert await _get(admin, DEPLOYMENT, "shop-ingress-agent", scene.tenant) is not None
+        assert await get_or_none(admin, DEPLOYMENT, "shop-ingress-agent", scene.tenant) is not None
 
 
 # -- with cert-manager -------------------------------------------------------------------------------
@@ -270,8 +263,8 @@ async def test_cert_manager_issues_the_hosts_certificate_from_a_ca_cluster_issue
                 await admin.create(TAILNET_INGRESS, ingress_object("shop", tenant, tailnet,
                                                                    [{**WEB, "hosts": [CM_HOST]}]))
                 secret_name = f"shop-portal.{ZONE}-tls"
-                cert = await eventually(lambda: _get(admin, CERTIFICATE, f"shop-portal.{ZONE}", tenant), timeout=60,
-                                        what="the Certificate")
+                cert = await eventually(lambda: get_or_none(admin, CERTIFICATE, f"shop-portal.{ZONE}", tenant),
+                                        timeout=60, what="the Certificate")
                 assert cert["spec"]["dnsNames"] == [f"portal.{ZONE}", f"admin.{ZONE}"]
                 assert cert["spec"]["issuerRef"] == {"name": "e2e-ca", "kind": "ClusterIssuer",
                                                      "group": "cert-manager.io"}
@@ -319,7 +312,7 @@ async def _shop_with_its_key(scene: Scene) -> str:
     admin, tenant = scene.admin, scene.tenant
     tailnet = await _tailnet(admin, scene.headscale, scene.namespace, tenant, owned_policy=True)
     await admin.create(TAILNET_INGRESS, ingress_object("shop", tenant, tailnet, [TCP]))
-    secret = await eventually(lambda: _get(admin, SECRET, "shop-ingress-auth-key", tenant), timeout=60,
+    secret = await eventually(lambda: get_or_none(admin, SECRET, "shop-ingress-auth-key", tenant), timeout=60,
                               what="the ingress's pre-auth key")
     return base64.b64decode(secret["data"]["authKey"]).decode()
 
@@ -468,11 +461,11 @@ async def test_a_hosts_file_another_tailnet_held_is_taken_over_when_that_tailnet
 
 
 async def _absent(admin: Client, resource: KubeResource, name: str) -> bool:
-    return await _get(admin, resource, name) is None
+    return await get_or_none(admin, resource, name) is None
 
 
 async def _hosts_owner(admin: Client, namespace: str, tailnet: JSON) -> bool:
-    cm = await _get(admin, CONFIG_MAP, "hosts", namespace)
+    cm = await get_or_none(admin, CONFIG_MAP, "hosts", namespace)
     owners = ((cm or {}).get("metadata") or {}).get("ownerReferences") or []
     return any(o.get("uid") == tailnet["metadata"]["uid"] and o.get("controller") for o in owners)
 

@@ -40,11 +40,18 @@ from tailnet_operator.runtime import managed_paths
 from tailnet_operator.runtime.client import JSON, Client
 from tailnet_operator.runtime.errors import NotFound
 from tailnet_operator.runtime.kinds import CERTIFICATE, CONFIG_MAP, DEPLOYMENT, EVENT, NAMESPACE, SECRET, SERVICE
-from tailnet_operator.runtime.kinds import Resource as KubeResource
 
 from .certmanager_plane import ISSUER, CertManagerPlane, ca_cluster_issuer, issued
 from .conftest import TailscaleFactory
-from .operator import create_bootstrap_secret, gone, remove_tailnets, running_operator, tailnet_object, unique
+from .operator import (
+    create_bootstrap_secret,
+    get_or_none,
+    gone,
+    remove_tailnets,
+    running_operator,
+    tailnet_object,
+    unique,
+)
 from .polling import eventually
 
 pytestmark = pytest.mark.integration
@@ -151,13 +158,6 @@ def ingress(name: str, namespace: str, cls: str, host: str, hostname: str) -> JS
                          _path("/", "ImplementationSpecific", "web", {"number": 80})]}}]}}
 
 
-async def _get(admin: Client, resource: KubeResource, name: str, namespace: str | None = None) -> JSON | None:
-    try:
-        return await admin.get(resource, name, namespace)
-    except NotFound:
-        return None
-
-
 async def _events(admin: Client, namespace: str, name: str, wanted: set[str]) -> dict[str, str] | None:
     """The Ingress's Events by reason (their notes), once every reason of ``wanted`` is among them."""
     found = {e["reason"]: str(e.get("note") or "") for e in (await admin.list(EVENT, namespace)).items
@@ -214,9 +214,9 @@ async def _served(scene: Scene, hostname: str, tailscale_nodes: TailscaleFactory
     its exposes file and pre-auth key and its TLS Secret holds a certificate: the exposes file as
     written, the agent (whose ``/status`` the operator reads meanwhile) and a laptop that sees it."""
     admin, tenant = scene.admin, scene.tenant
-    config = await eventually(lambda: _get(admin, CONFIG_MAP, "shop-ing-ingress-config", tenant), timeout=90,
+    config = await eventually(lambda: get_or_none(admin, CONFIG_MAP, "shop-ing-ingress-config", tenant), timeout=90,
                               what="the Ingress's exposes file")
-    key_secret = await eventually(lambda: _get(admin, SECRET, "shop-ing-ingress-auth-key", tenant), timeout=60,
+    key_secret = await eventually(lambda: get_or_none(admin, SECRET, "shop-ing-ingress-auth-key", tenant), timeout=60,
                                   what="the Ingress's pre-auth key")
     key = base64.b64decode(key_secret["data"]["authKey"]).decode()
     exposes = json.loads(config["data"][EXPOSES_FILE])
@@ -281,12 +281,12 @@ async def test_an_ingress_of_the_class_routes_by_path_to_two_backends_over_the_t
         refused = await eventually(lambda: _events(admin, tenant, "bare", {"HostWithoutTLS"}), timeout=60,
                                    what="the Warning Event of the Ingress whose host has no TLS")
         assert "plain.ic.e2e.internal is in no spec.tls entry" in refused["HostWithoutTLS"]
-        assert await _get(admin, DEPLOYMENT, "bare-ing-ingress-agent", tenant) is None
+        assert await get_or_none(admin, DEPLOYMENT, "bare-ing-ingress-agent", tenant) is None
         other = await admin.get(INGRESS, "elsewhere", tenant)
         assert not other["metadata"].get("finalizers") and not (other.get("status") or {}).get("loadBalancer")
         assert not [m for m in other["metadata"].get("managedFields") or []
                     if str(m.get("manager")).startswith("tailnet-operator")]
-        assert await _get(admin, DEPLOYMENT, "elsewhere-ing-ingress-agent", tenant) is None
+        assert await get_or_none(admin, DEPLOYMENT, "elsewhere-ing-ingress-agent", tenant) is None
 
         await admin.merge_patch(INGRESS, "shop", {"spec": {"ingressClassName": f"{tenant}-other"}}, tenant)
         await eventually(lambda: _released(admin, tenant), timeout=60,
@@ -297,7 +297,7 @@ async def test_an_ingress_of_the_class_routes_by_path_to_two_backends_over_the_t
         # (every operator start) has nothing to undo and reads nothing of the agent.
         released = await admin.get(INGRESS, "shop", tenant)
         assert managed_paths(released, FIELD_MANAGER, subresource="status") <= {("f:status",)}
-        assert await _get(admin, SECRET, ic.record_name(tenant, "shop"), scene.namespace) is None
+        assert await get_or_none(admin, SECRET, ic.record_name(tenant, "shop"), scene.namespace) is None
         [hs_key] = [k for k in scene.headscale.api("GET", "/api/v1/preauthkey")["preAuthKeys"] if k["id"] == key_id]
         assert datetime.fromisoformat(str(hs_key["expiration"]).replace("Z", "+00:00")) <= datetime.now(UTC)
         # This control plane has no namespace controller: what stays is seen by every later operator.
@@ -308,7 +308,7 @@ async def test_an_ingress_of_the_class_routes_by_path_to_two_backends_over_the_t
 async def _released(admin: Client, namespace: str) -> bool:
     for resource, name in ((DEPLOYMENT, "shop-ing-ingress-agent"), (CONFIG_MAP, "shop-ing-ingress-config"),
                            (SECRET, "shop-ing-ingress-auth-key")):
-        if await _get(admin, resource, name, namespace) is not None:
+        if await get_or_none(admin, resource, name, namespace) is not None:
             return False
     obj = await admin.get(INGRESS, "shop", namespace)
     return not obj["metadata"].get("finalizers") and not (obj.get("status") or {}).get("loadBalancer")
@@ -347,7 +347,7 @@ async def _shim_served(scene: Scene, cert_manager: CertManagerPlane, tailscale_n
         body["spec"]["rules"][0]["http"]["paths"] = [_path("/api", "Prefix", "api", {"name": "http"}),
                                                      _path("/", "Prefix", "web", {"number": 80})]
         await admin.create(INGRESS, body)
-        cert = await eventually(lambda: _get(admin, CERTIFICATE, "shop-tls", tenant), timeout=60,
+        cert = await eventually(lambda: get_or_none(admin, CERTIFICATE, "shop-tls", tenant), timeout=60,
                                 what=f"the ingress-shim's Certificate (log: {cert_manager.manager.process.log_path})")
         assert cert["spec"]["dnsNames"] == [HOST] and cert["spec"]["secretName"] == "shop-tls"
         assert cert["spec"]["issuerRef"]["name"] == ISSUER and cert["spec"]["issuerRef"]["kind"] == "ClusterIssuer"

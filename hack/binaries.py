@@ -111,6 +111,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -173,14 +174,19 @@ class Component:
         change to it builds anew): the cache directory's name, the lock's and the timing record's key."""
         if not self.main:
             return f"{self.name}-{self.version}"
-        digest = hashlib.sha256((Path(__file__).parent / self.main / "main.go").read_bytes()).hexdigest()
-        return f"{self.name}-{self.version}-{digest[:12]}"
+        return f"{self.name}-{self.version}-{_main_digest(self.main)}"
 
     def path(self, binary: str) -> Path:
         return self.directory / binary
 
     def is_built(self) -> bool:
         return all(self.path(b).is_file() for b in self.binaries)
+
+
+@functools.cache
+def _main_digest(main: str) -> str:
+    """The first 12 hex digits of the SHA-256 of ``hack/<main>/main.go``, read once per process."""
+    return hashlib.sha256((Path(__file__).parent / main / "main.go").read_bytes()).hexdigest()[:12]
 
 
 _KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kubectl", "kube-scheduler", "kubelet",

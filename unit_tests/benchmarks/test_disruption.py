@@ -27,7 +27,7 @@ def _doc(where: str, disruptions: list[str], how: dict[str, int]) -> dict[str, A
 
 
 def test_a_run_on_kind_has_drain_rows_and_no_note_saying_a_drain_cannot_be_measured() -> None:
-    text = table(_doc("A kind cluster on this machine (3 nodes, 2 of them workers)", ["rollout", DRAIN],
+    text = table(_doc("A kind cluster on this machine (3 nodes, 2 of them workers", ["rollout", DRAIN],
                       {"ConnectionError": 2}))
     assert text.count("| ingress | now | 1 |") == 2 and f"| {DRAIN} | https |" in text
     assert DRAIN_NOTE not in text and "not measurable" not in text
@@ -36,6 +36,6 @@ def test_a_run_on_kind_has_drain_rows_and_no_note_saying_a_drain_cannot_be_measu
 
 
 def test_a_run_on_the_local_node_says_why_it_has_no_drain_rows() -> None:
-    text = table(_doc("The local node (one node)", ["rollout"], {}))
+    text = table(_doc("The local node (one node", ["rollout"], {}))
     assert DRAIN_NOTE in text and "| ingress | - | - | node drain | not measurable on one node" in text
     assert "How the lost ingress requests failed" not in text
