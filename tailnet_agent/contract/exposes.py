@@ -29,6 +29,12 @@ at startup and on every change (:func:`parse_exposes`). A JSON list; every probl
   and optional further ``aliases`` (e.g. the alias under each DNS zone; all are accepted as SNI
   and Host), and ``tls.certFile``/``tls.keyFile`` (mounted PEM files,
   reloaded when they change). A name or alias belongs to one host of an expose.
+* ``routes`` of a host (http only): ``path`` and ``type`` (``Exact`` or ``Prefix``), optional
+  ``method``, ``headers`` and ``query`` matches (exact values), and one of ``backend``,
+  ``backends`` (each with a ``weight``) and ``redirect``; optional ``rewrite`` (``hostname``,
+  ``path``) and ``requestHeaders``/``responseHeaders`` edits (``set``, ``add``, ``remove``).
+  ``fallback`` (default true) says whether a request no route matches goes to the expose's
+  backend or gets 404. How they are matched: :mod:`tailnet_agent.forward.http.routes`.
 """
 
 from __future__ import annotations
@@ -42,8 +48,9 @@ from .environment import EXPOSES_FILE
 from .errors import ConfigError
 from .targets import PortMapping
 
-__all__ = ["EXACT", "H2", "HTTP", "HTTP1", "PREFIX", "TCP", "Backend", "Expose", "Route", "VirtualHost",
-           "exposes_document", "parse_exposes"]
+__all__ = ["EXACT", "H2", "HTTP", "HTTP1", "PREFIX", "REPLACE_FULL_PATH", "REPLACE_PREFIX_MATCH", "TCP", "Backend",
+           "Expose", "HeaderEdits", "Match", "PathChange", "Redirect", "Rewrite", "Route", "VirtualHost",
+           "WeightedBackend", "exposes_document", "parse_exposes"]
 
 NAME = EXPOSES_FILE
 TCP = "tcp"
@@ -53,6 +60,17 @@ H2 = "h2"
 _MODES = {"tcp": TCP, "l4": TCP, "http": HTTP}
 EXACT = "Exact"
 PREFIX = "Prefix"
+REPLACE_FULL_PATH = "ReplaceFullPath"
+REPLACE_PREFIX_MATCH = "ReplacePrefixMatch"
+REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH")
+RESERVED_HEADERS = frozenset({"host", "connection", "keep-alive", "proxy-connection", "proxy-authenticate",
+                              "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade",
+                              "http2-settings", "content-length", "x-forwarded-for", "x-forwarded-proto",
+                              "x-forwarded-host", "forwarded"})
+"""Headers a route may not set, add or remove: the agent's own (Host goes by ``rewrite.hostname``;
+hop-by-hop ones and the forwarding headers are the agent's to write). The identity namespace
+(``Tailnet-*``, ``Tailscale-*``) is refused too."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,18 +103,146 @@ class Backend:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Match:
+    """One header or query parameter a request must carry with exactly this value (header names
+    compared without case, query parameter names with it)."""
+
+    name: str
+    value: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "value": self.value}
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightedBackend:
+    """A backend of a route and its share of the route's requests (weight / the weights' sum)."""
+
+    backend: Backend
+    weight: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backend": self.backend.to_json(HTTP), "weight": self.weight}
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeaderEdits:
+    """Headers to set (replacing any of that name), add (beside them) and remove, in that order."""
+
+    set: tuple[Match, ...] = ()
+    add: tuple[Match, ...] = ()
+    remove: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.set or self.add or self.remove)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.set:
+            out["set"] = [m.to_json() for m in self.set]
+        if self.add:
+            out["add"] = [m.to_json() for m in self.add]
+        if self.remove:
+            out["remove"] = list(self.remove)
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class PathChange:
+    """A new path for a request: the whole path (``ReplaceFullPath``) or the part its ``Prefix``
+    route matched (``ReplacePrefixMatch``)."""
+
+    type: str
+    value: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "value": self.value}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Redirect:
+    """The answer instead of a backend: a redirect to the same request with these parts changed
+    (unset ones kept: the scheme https, the host the request named, the path and query)."""
+
+    scheme: str | None = None
+    hostname: str | None = None
+    port: int | None = None
+    path: PathChange | None = None
+    status: int = 302
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"statusCode": self.status}
+        for key, value in (("scheme", self.scheme), ("hostname", self.hostname), ("port", self.port)):
+            if value is not None:
+                out[key] = value
+        if self.path is not None:
+            out["path"] = self.path.to_json()
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rewrite:
+    """What the backend is sent instead of what the client asked: another host, another path."""
+
+    hostname: str | None = None
+    path: PathChange | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.hostname is not None:
+            out["hostname"] = self.hostname
+        if self.path is not None:
+            out["path"] = self.path.to_json()
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
 class Route:
-    """One path of a host and the backend its requests go to."""
+    """One path of a host (with the method, headers and query it may further require) and where
+    its requests go: one backend, several by weight, or a redirect."""
 
     path: str
     """Starts with ``/``; compared with the request's path without its query."""
     type: str = PREFIX
     """``Exact`` (the whole path) or ``Prefix`` (by path element: ``/foo`` matches ``/foo/bar``,
     never ``/foobar``)."""
-    backend: Backend
+    backend: Backend | None = None
+    """The one backend (the Ingress's form); None with ``backends`` or ``redirect``."""
+    backends: tuple[WeightedBackend, ...] = ()
+    method: str | None = None
+    headers: tuple[Match, ...] = ()
+    query: tuple[Match, ...] = ()
+    request_headers: HeaderEdits = HeaderEdits()
+    response_headers: HeaderEdits = HeaderEdits()
+    redirect: Redirect | None = None
+    rewrite: Rewrite | None = None
+
+    @property
+    def weighted(self) -> tuple[WeightedBackend, ...]:
+        """Every backend with its weight (``backend`` alone has weight 1)."""
+        return self.backends or ((WeightedBackend(backend=self.backend),) if self.backend else ())
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "type": self.type, "backend": self.backend.to_json(HTTP)}
+        out: dict[str, Any] = {"path": self.path, "type": self.type}
+        if self.backend is not None:
+            out["backend"] = self.backend.to_json(HTTP)
+        if self.backends:
+            out["backends"] = [b.to_json() for b in self.backends]
+        if self.method:
+            out["method"] = self.method
+        if self.headers:
+            out["headers"] = [m.to_json() for m in self.headers]
+        if self.query:
+            out["query"] = [m.to_json() for m in self.query]
+        if self.request_headers:
+            out["requestHeaders"] = self.request_headers.to_json()
+        if self.response_headers:
+            out["responseHeaders"] = self.response_headers.to_json()
+        if self.redirect is not None:
+            out["redirect"] = self.redirect.to_json()
+        if self.rewrite is not None:
+            out["rewrite"] = self.rewrite.to_json()
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,7 +379,127 @@ def _route(raw: Any, where: str) -> Route:
     kind = item.get("type", PREFIX)
     if kind not in (EXACT, PREFIX):
         raise ConfigError(f"{NAME}: {where}.type must be Exact or Prefix, got {kind!r}")
-    return Route(path=path, type=kind, backend=_backend(item.get("backend"), f"{where}.backend", HTTP))
+    method = item.get("method")
+    if method is not None and method not in METHODS:
+        raise ConfigError(f"{NAME}: {where}.method must be one of {', '.join(METHODS)}, got {method!r}")
+    targets = [k for k in ("backend", "backends", "redirect") if k in item]
+    if len(targets) != 1:
+        raise ConfigError(f"{NAME}: {where} needs exactly one of backend, backends and redirect, got "
+                          f"{', '.join(targets) or 'none'}")
+    backends = tuple(_weighted(b, f"{where}.backends[{k}]") for k, b in enumerate(_list(item, "backends", where)))
+    if "backends" in item and not backends:
+        raise ConfigError(f"{NAME}: {where}.backends must not be empty")
+    redirect = _redirect(item["redirect"], f"{where}.redirect", kind) if "redirect" in item else None
+    rewrite = _rewrite(item["rewrite"], f"{where}.rewrite", kind) if "rewrite" in item else None
+    if redirect is not None and (rewrite is not None or "requestHeaders" in item):
+        raise ConfigError(f"{NAME}: {where}: a redirect goes to no backend, so it takes no rewrite or requestHeaders")
+    return Route(path=path, type=kind, method=method,
+                 backend=_backend(item["backend"], f"{where}.backend", HTTP) if "backend" in item else None,
+                 backends=backends,
+                 headers=_matches(item, "headers", where, fold=True), query=_matches(item, "query", where, fold=False),
+                 request_headers=_edits(item.get("requestHeaders"), f"{where}.requestHeaders"),
+                 response_headers=_edits(item.get("responseHeaders"), f"{where}.responseHeaders"),
+                 redirect=redirect, rewrite=rewrite)
+
+
+def _list(item: dict[str, Any], key: str, where: str) -> list[Any]:
+    value = item.get(key, [])
+    if not isinstance(value, list):
+        raise ConfigError(f"{NAME}: {where}.{key} must be a list")
+    return value
+
+
+def _match(raw: Any, where: str) -> Match:
+    item = _object(raw, where)
+    if item.get("type", EXACT) != EXACT:
+        raise ConfigError(f"{NAME}: {where}.type must be Exact (regular expressions are not supported), "
+                          f"got {item.get('type')!r}")
+    name, value = _text(item, "name", where), item.get("value")
+    if not isinstance(value, str):
+        raise ConfigError(f"{NAME}: {where}.value must be a string")
+    assert name is not None
+    return Match(name=name, value=value)
+
+
+def _matches(item: dict[str, Any], key: str, where: str, *, fold: bool) -> tuple[Match, ...]:
+    """A route's header (``fold``: names without case) or query matches; a name given twice is
+    refused, as only one value of a name can be required."""
+    out = tuple(_match(m, f"{where}.{key}[{k}]") for k, m in enumerate(_list(item, key, where)))
+    names = [m.name.lower() if fold else m.name for m in out]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{NAME}: {where}.{key} names a {'header' if fold else 'parameter'} twice")
+    return out
+
+
+def _weighted(raw: Any, where: str) -> WeightedBackend:
+    item = _object(raw, where)
+    weight = item.get("weight", 1)
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= 1_000_000:
+        raise ConfigError(f"{NAME}: {where}.weight must be a whole number 0-1000000, got {weight!r}")
+    return WeightedBackend(backend=_backend(item.get("backend"), f"{where}.backend", HTTP), weight=weight)
+
+
+def _edited_name(raw: Any, where: str) -> str:
+    if not isinstance(raw, str) or not raw.strip() or any(c in raw for c in ": \t\r\n"):
+        raise ConfigError(f"{NAME}: {where} must be a header name, got {raw!r}")
+    lower = raw.lower()
+    if lower in RESERVED_HEADERS or lower.replace("_", "-").startswith(("tailnet-", "tailscale-")):
+        raise ConfigError(f"{NAME}: {where}: {raw} is the agent's to write (hop-by-hop, forwarding, Host or "
+                          "the caller's identity), never a route's")
+    return raw
+
+
+def _edits(raw: Any, where: str) -> HeaderEdits:
+    if raw is None:
+        return HeaderEdits()
+    item = _object(raw, where)
+    pairs: dict[str, tuple[Match, ...]] = {}
+    for key in ("set", "add"):
+        entries = []
+        for k, entry in enumerate(_list(item, key, where)):
+            match = _match(entry, f"{where}.{key}[{k}]")
+            entries.append(Match(name=_edited_name(match.name, f"{where}.{key}[{k}].name"), value=match.value))
+        pairs[key] = tuple(entries)
+    remove = tuple(_edited_name(n, f"{where}.remove[{k}]") for k, n in enumerate(_list(item, "remove", where)))
+    return HeaderEdits(set=pairs["set"], add=pairs["add"], remove=remove)
+
+
+def _path_change(raw: Any, where: str, kind: str) -> PathChange:
+    item = _object(raw, where)
+    change, value = item.get("type"), item.get("value")
+    if change not in (REPLACE_FULL_PATH, REPLACE_PREFIX_MATCH):
+        raise ConfigError(f"{NAME}: {where}.type must be ReplaceFullPath or ReplacePrefixMatch, got {change!r}")
+    if change == REPLACE_PREFIX_MATCH and kind != PREFIX:
+        raise ConfigError(f"{NAME}: {where}: ReplacePrefixMatch goes with a Prefix route only")
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise ConfigError(f"{NAME}: {where}.value must be a path starting with /, got {value!r}")
+    return PathChange(type=change, value=value)
+
+
+def _hostname(item: dict[str, Any], where: str) -> str | None:
+    name = _text(item, "hostname", where, required=False)
+    if name is not None and any(c in name for c in "/?#@ :"):
+        raise ConfigError(f"{NAME}: {where}.hostname must be a host name, got {name!r}")
+    return name.lower().rstrip(".") if name else None
+
+
+def _redirect(raw: Any, where: str, kind: str) -> Redirect:
+    item = _object(raw, where)
+    scheme = item.get("scheme")
+    if scheme not in (None, "http", "https"):
+        raise ConfigError(f"{NAME}: {where}.scheme must be http or https, got {scheme!r}")
+    status = item.get("statusCode", 302)
+    if status not in REDIRECT_STATUSES:
+        raise ConfigError(f"{NAME}: {where}.statusCode must be one of {REDIRECT_STATUSES}, got {status!r}")
+    return Redirect(scheme=scheme, hostname=_hostname(item, where), status=status,
+                    port=_port(item["port"], f"{where}.port") if "port" in item else None,
+                    path=_path_change(item["path"], f"{where}.path", kind) if "path" in item else None)
+
+
+def _rewrite(raw: Any, where: str, kind: str) -> Rewrite:
+    item = _object(raw, where)
+    return Rewrite(hostname=_hostname(item, where),
+                   path=_path_change(item["path"], f"{where}.path", kind) if "path" in item else None)
 
 
 def parse_exposes(text: str) -> tuple[Expose, ...]:

@@ -8,7 +8,20 @@ from typing import Any
 import pytest
 
 from tailnet_agent.contract.errors import ConfigError
-from tailnet_agent.contract.exposes import Backend, Expose, Route, VirtualHost, exposes_document, parse_exposes
+from tailnet_agent.contract.exposes import (
+    Backend,
+    Expose,
+    HeaderEdits,
+    Match,
+    PathChange,
+    Redirect,
+    Rewrite,
+    Route,
+    VirtualHost,
+    WeightedBackend,
+    exposes_document,
+    parse_exposes,
+)
 from tailnet_agent.contract.targets import PortMapping
 from tailnet_agent.targets import diff_targets
 
@@ -127,6 +140,77 @@ def _one(**fields: Any) -> str:
      "TAILNET_EXPOSES_FILE: [0] (web).hosts[0].fallback must be true or false, got 'no'"),
 ])
 def test_errors_name_the_entry(text: str, error: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_exposes(text)
+    assert str(info.value) == error
+
+
+def test_gateway_routes_survive_the_round_trip() -> None:
+    to = Backend(host="api", port=8080)
+    routes = (
+        Route(path="/api", method="POST", headers=(Match(name="X-Env", value="canary"),),
+              query=(Match(name="v", value="2"),),
+              backends=(WeightedBackend(backend=to, weight=3), WeightedBackend(backend=Backend(host="b", port=1),
+                                                                                weight=0)),
+              request_headers=HeaderEdits(set=(Match(name="X-A", value="1"),), remove=("X-B",)),
+              response_headers=HeaderEdits(add=(Match(name="X-C", value="2"),)),
+              rewrite=Rewrite(hostname="inside.svc", path=PathChange(type="ReplacePrefixMatch", value="/"))),
+        Route(path="/old", type="Exact", redirect=Redirect(scheme="http", hostname="new.example", port=8080,
+                                                           path=PathChange(type="ReplaceFullPath", value="/new"),
+                                                           status=301)),
+    )
+    host = VirtualHost(name="gw.example", cert_file="c", key_file="k", routes=routes)
+    web = Expose(name="gw", port=443, mode="http", backend=Backend(host="web", port=80), hosts=(host,))
+    assert parse_exposes(exposes_document([web])) == (web,)
+
+
+def _route(**fields: Any) -> str:
+    route = {"path": "/", "backend": {"host": "h", "port": 1}, **fields}
+    return _one(mode="http", hosts=[{"name": "a", "tls": TLS, "routes": [route]}])
+
+
+ROUTE = "TAILNET_EXPOSES_FILE: [0] (web).hosts[0].routes[0]"
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    (_route(backends=[]), f"{ROUTE} needs exactly one of backend, backends and redirect, got backend, backends"),
+    (_one(mode="http", hosts=[{"name": "a", "tls": TLS, "routes": [{"path": "/"}]}]),
+     f"{ROUTE} needs exactly one of backend, backends and redirect, got none"),
+    (_route(method="get"), f"{ROUTE}.method must be one of GET, HEAD, POST, PUT, DELETE, CONNECT, OPTIONS, TRACE, "
+                           "PATCH, got 'get'"),
+    (_route(headers=[{"name": "x", "value": "a.*", "type": "RegularExpression"}]),
+     f"{ROUTE}.headers[0].type must be Exact (regular expressions are not supported), got 'RegularExpression'"),
+    (_route(headers=[{"name": "X-A", "value": "1"}, {"name": "x-a", "value": "2"}]),
+     f"{ROUTE}.headers names a header twice"),
+    (_route(query=[{"name": "v"}]), f"{ROUTE}.query[0].value must be a string"),
+    (_route(requestHeaders={"set": [{"name": "Tailnet-User-Login", "value": "mallory"}]}),
+     f"{ROUTE}.requestHeaders.set[0].name: Tailnet-User-Login is the agent's to write (hop-by-hop, forwarding, "
+     "Host or the caller's identity), never a route's"),
+    (_route(requestHeaders={"remove": ["tailscale_user_login"]}),
+     f"{ROUTE}.requestHeaders.remove[0]: tailscale_user_login is the agent's to write (hop-by-hop, forwarding, "
+     "Host or the caller's identity), never a route's"),
+    (_route(responseHeaders={"add": [{"name": "Transfer-Encoding", "value": "chunked"}]}),
+     f"{ROUTE}.responseHeaders.add[0].name: Transfer-Encoding is the agent's to write (hop-by-hop, forwarding, "
+     "Host or the caller's identity), never a route's"),
+    (_route(requestHeaders={"set": [{"name": "Bad Name", "value": "1"}]}),
+     f"{ROUTE}.requestHeaders.set[0].name must be a header name, got 'Bad Name'"),
+    (_one(mode="http", hosts=[{"name": "a", "tls": TLS, "routes": [{"path": "/", "backends": [
+        {"backend": {"host": "h", "port": 1}, "weight": -1}]}]}]),
+     f"{ROUTE}.backends[0].weight must be a whole number 0-1000000, got -1"),
+    (_route(type="Exact", rewrite={"path": {"type": "ReplacePrefixMatch", "value": "/"}}),
+     f"{ROUTE}.rewrite.path: ReplacePrefixMatch goes with a Prefix route only"),
+    (_route(rewrite={"path": {"type": "ReplaceFullPath", "value": "x"}}),
+     f"{ROUTE}.rewrite.path.value must be a path starting with /, got 'x'"),
+    (_route(rewrite={"hostname": "a/b"}), f"{ROUTE}.rewrite.hostname must be a host name, got 'a/b'"),
+    (_one(mode="http", hosts=[{"name": "a", "tls": TLS, "routes": [{"path": "/", "redirect": {"statusCode": 200}}]}]),
+     f"{ROUTE}.redirect.statusCode must be one of (301, 302, 303, 307, 308), got 200"),
+    (_one(mode="http", hosts=[{"name": "a", "tls": TLS, "routes": [{"path": "/", "redirect": {"scheme": "ftp"}}]}]),
+     f"{ROUTE}.redirect.scheme must be http or https, got 'ftp'"),
+    (_one(mode="http", hosts=[{"name": "a", "tls": TLS, "routes": [{"path": "/", "redirect": {},
+                                                                    "rewrite": {"hostname": "b"}}]}]),
+     f"{ROUTE}: a redirect goes to no backend, so it takes no rewrite or requestHeaders"),
+])
+def test_a_bad_gateway_route_is_refused_by_name(text: str, error: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_exposes(text)
     assert str(info.value) == error

@@ -1,14 +1,40 @@
-"""Path routing as the Ingress defines it (:mod:`tailnet_agent.forward.http.routes`): the
-specification's examples, then properties over generated paths."""
+"""Request routing (:mod:`tailnet_agent.forward.http.routes`): the Ingress specification's path
+examples, properties over generated paths, then the Gateway API's matches, precedence, weights,
+redirects, rewrites and header edits."""
 
 from __future__ import annotations
+
+import random
+from collections import Counter
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tailnet_agent.contract.exposes import EXACT, PREFIX, Backend, Route
-from tailnet_agent.forward.http.routes import choose, elements, matches, request_path
+from tailnet_agent.contract.exposes import (
+    EXACT,
+    PREFIX,
+    Backend,
+    HeaderEdits,
+    Match,
+    PathChange,
+    Redirect,
+    Rewrite,
+    Route,
+    VirtualHost,
+    WeightedBackend,
+)
+from tailnet_agent.forward.http.routes import (
+    Forward,
+    Reply,
+    choose,
+    decide,
+    edit_headers,
+    elements,
+    matches,
+    replace_path,
+    request_path,
+)
 
 B = Backend(host="b", port=80)
 
@@ -79,3 +105,121 @@ def test_a_prefix_matches_by_element_never_within_one(base: str, last: str, more
 @given(targets)
 def test_prefix_root_matches_every_path(target: str) -> None:
     assert choose([route("/")], target) is not None
+
+
+# -- the Gateway API's additions: matches, precedence, weights, redirects, rewrites, header edits --
+
+def rich(path: str = "/", kind: str = PREFIX, **kw: object) -> Route:
+    kw.setdefault("backend", B)
+    return Route(path=path, type=kind, **kw)  # type: ignore[arg-type]
+
+
+def test_method_headers_and_query_must_all_match() -> None:
+    want = rich("/a", method="POST", headers=(Match(name="X-Env", value="canary"),),
+                query=(Match(name="v", value="2 x"),))
+    assert choose([want], "/a/b?v=2+x&v=3", "POST", [("x-env", "canary")]) is want
+    assert choose([want], "/a/b?v=2%20x", "POST", [("X-ENV", "canary")]) is want  # names without case, decoded
+    assert choose([want], "/a/b?v=3&v=2+x", "POST", [("x-env", "canary")]) is None  # the first value counts
+    assert choose([want], "/a/b?V=2+x", "POST", [("x-env", "canary")]) is None  # query names keep their case
+    assert choose([want], "/a/b?v=2+x", "GET", [("x-env", "canary")]) is None
+    assert choose([want], "/a/b?v=2+x", "POST", [("x-env", "Canary")]) is None  # values keep their case
+    joined = rich("/", headers=(Match(name="accept", value="a, b"),))
+    assert choose([joined], "/", "GET", [("Accept", "a"), ("accept", "b")]) is joined
+
+
+def test_the_gateway_apis_precedence_after_the_path() -> None:
+    """Longest path, Exact, a method, the most headers, the most query parameters, then the first listed."""
+    headers = [("a", "1"), ("b", "2")]
+    plain, method = rich("/x"), rich("/x", method="GET")
+    one, two = rich("/x", headers=(Match(name="a", value="1"),)), \
+        rich("/x", headers=(Match(name="a", value="1"), Match(name="b", value="2")))
+    query = rich("/x", headers=(Match(name="a", value="1"), Match(name="b", value="2")),
+                 query=(Match(name="q", value="1"),))
+    longer = rich("/x/y")
+    assert choose([plain, one, two, query, method], "/x?q=1", "GET", headers) is method
+    assert choose([plain, one, two, query], "/x?q=1", "GET", headers) is query
+    assert choose([plain, one, two], "/x?q=1", "GET", headers) is two
+    assert choose([plain, one, two, longer], "/x/y", "GET", headers) is longer
+    assert choose([one, plain], "/x", "GET", []) is plain
+
+
+def decided(routes: tuple[Route, ...], target: str, *, method: str = "GET", headers: tuple[tuple[str, str], ...] = (),
+            authority: str = "gw.example.test", port: int = 443, fallback: bool = True,
+            rng: random.Random | None = None) -> Forward | Reply:
+    host = VirtualHost(name="gw.example.test", cert_file="c", key_file="k", routes=routes, fallback=fallback)
+    return decide(host, DEFAULT, method=method, target=target, authority=authority, headers=headers, port=port,
+                  rng=rng)
+
+
+DEFAULT = Backend(host="default", port=80)
+
+
+def test_without_a_matching_route_the_expose_backend_or_404() -> None:
+    assert decided((), "/x") == Forward(DEFAULT, "/x", "gw.example.test")
+    assert decided((rich("/a"),), "/x") == Forward(DEFAULT, "/x", "gw.example.test")
+    missed = decided((rich("/a"),), "/x?y", fallback=False)
+    assert isinstance(missed, Reply) and missed.status == 404 and "matches /x," in missed.text
+
+
+def test_weights_share_the_requests_and_zero_takes_none() -> None:
+    left, right, idle = Backend(host="l", port=1), Backend(host="r", port=1), Backend(host="i", port=1)
+    split = rich("/", backend=None, backends=(WeightedBackend(backend=left, weight=3),
+                                              WeightedBackend(backend=right, weight=1),
+                                              WeightedBackend(backend=idle, weight=0)))
+    rng = random.Random(1)
+    counts = Counter(d.backend for d in (decided((split,), "/", rng=rng) for _ in range(4000))
+                     if isinstance(d, Forward))
+    assert counts[idle] == 0 and sum(counts.values()) == 4000
+    assert 2800 <= counts[left] <= 3200, counts  # 3000 expected, about 27 the deviation
+    none = decided((rich("/", backend=None, backends=(WeightedBackend(backend=idle, weight=0),)),), "/")
+    assert isinstance(none, Reply) and none.status == 500
+
+
+@pytest.mark.parametrize(("prefix", "value", "target", "expected"), [
+    # the Gateway API conformance suite's HTTPRouteRewritePath and HTTPRouteRedirectPath cases
+    ("/prefix/one", "/one", "/prefix/one/two", "/one/two"),
+    ("/strip-prefix", "/", "/strip-prefix/three", "/three"),
+    ("/strip-prefix", "/", "/strip-prefix", "/"),
+    ("/strip-prefix", "/", "/strip-prefix/", "/"),
+    ("/foo", "/bar", "/foo/", "/bar/"),
+    ("/foo", "/bar/", "/foo/x?q=1", "/bar/x?q=1"),
+    ("/", "/root", "/a/b", "/root/a/b"),
+    ("/a/b", "/c", "/a//b/d", "/c/d"),
+])
+def test_a_prefix_replacement_replaces_the_matched_elements(prefix: str, value: str, target: str,
+                                                            expected: str) -> None:
+    route = rich(prefix)
+    assert replace_path(PathChange(type="ReplacePrefixMatch", value=value), route, target) == expected
+    assert replace_path(PathChange(type="ReplaceFullPath", value="/one"), route, target) == \
+        "/one" + ("?" + target.partition("?")[2] if "?" in target else "")
+
+
+@pytest.mark.parametrize(("redirect", "port", "location"), [
+    (Redirect(), 443, "https://gw.example.test/a/b?q=1"),
+    (Redirect(), 8443, "https://gw.example.test:8443/a/b?q=1"),
+    (Redirect(scheme="http"), 8443, "http://gw.example.test/a/b?q=1"),
+    (Redirect(scheme="https"), 8443, "https://gw.example.test/a/b?q=1"),
+    (Redirect(scheme="http", port=8080), 443, "http://gw.example.test:8080/a/b?q=1"),
+    (Redirect(hostname="other.example.test", port=443), 8443, "https://other.example.test/a/b?q=1"),
+    (Redirect(path=PathChange(type="ReplaceFullPath", value="/z")), 443, "https://gw.example.test/z?q=1"),
+    (Redirect(path=PathChange(type="ReplacePrefixMatch", value="/z")), 443, "https://gw.example.test/z/b?q=1"),
+])
+def test_a_redirect_keeps_what_it_does_not_change(redirect: Redirect, port: int, location: str) -> None:
+    reply = decided((rich("/a", backend=None, redirect=redirect),), "/a/b?q=1", authority="GW.example.test:1",
+                    port=port)
+    assert isinstance(reply, Reply) and reply.status == 302 and reply.headers == (("location", location),)
+
+
+def test_a_rewrite_changes_what_the_backend_is_sent() -> None:
+    edits = HeaderEdits(set=(Match(name="X-A", value="1"),))
+    route = rich("/app", rewrite=Rewrite(hostname="inside.svc", path=PathChange(type="ReplacePrefixMatch", value="/")),
+                 request_headers=edits)
+    assert decided((route,), "/app/x?y=1") == Forward(B, "/x?y=1", "inside.svc", edits, HeaderEdits())
+
+
+def test_header_edits_set_then_add_then_remove() -> None:
+    edits = HeaderEdits(set=(Match(name="X-Set", value="new"),), add=(Match(name="X-Add", value="2"),),
+                        remove=("x-gone", "X-ADD-NOT"))
+    headers = [("x-set", "old"), ("X-Set", "older"), ("X-Add", "1"), ("X-Gone", "a"), ("x-gone", "b"), ("k", "v")]
+    assert edit_headers(headers, edits) == [("X-Add", "1"), ("k", "v"), ("X-Set", "new"), ("X-Add", "2")]
+    assert edit_headers(headers, HeaderEdits()) == headers

@@ -23,7 +23,18 @@ from hack.grpc_echo import GrpcEcho, grpc_frame, grpc_messages
 from hack.https_client import Answer, request
 from hack.localenv import free_port
 from hack.localenv._pki import CertificateAuthority
-from tailnet_agent.contract.exposes import Backend, Expose, Route, VirtualHost
+from tailnet_agent.contract.exposes import (
+    Backend,
+    Expose,
+    HeaderEdits,
+    Match,
+    PathChange,
+    Redirect,
+    Rewrite,
+    Route,
+    VirtualHost,
+    WeightedBackend,
+)
 from tailnet_agent.control import netmap as nm
 from tailnet_agent.forward.egress import Closable
 from tailnet_agent.forward.http import (
@@ -168,10 +179,12 @@ async def test_sni_host_binding_http1_and_http2(ca: CertificateAuthority) -> Non
 
 
 @contextlib.asynccontextmanager
-async def named_backend(name: str) -> AsyncIterator[int]:
-    """A backend that answers every request with its name and the path it was asked for."""
+async def named_backend(name: str, *, headers: bool = False) -> AsyncIterator[int]:
+    """A backend that answers every request with its name and the path it was asked for (and the
+    request's headers, lower-cased, with ``headers``)."""
     async def answer(request: web.Request) -> web.Response:
-        return web.json_response({"backend": name, "path": request.path_qs})
+        seen = {"headers": {k.lower(): v for k, v in request.headers.items()}} if headers else {}
+        return web.json_response({"backend": name, "path": request.path_qs, **seen})
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", answer)
@@ -206,6 +219,70 @@ async def test_routes_choose_the_backend_by_path_http1_and_http2(ca: Certificate
                 missed = await ask(web_expose.port, ca, "strict.example.test", alpn=alpn, path="/apiary?x=1")
                 assert missed.status == 404, missed
                 assert b"no path of strict.example.test matches /apiary" in missed.body
+
+
+async def test_gateway_route_matches_weights_redirects_rewrites_and_header_edits_http1_and_http2(
+        ca: CertificateAuthority) -> None:
+    """The HTTPRoute features on a real listener: header, query and method matches chosen over a
+    plain path, a 3:1 split between two backends, a redirect the agent answers itself, a path and
+    Host rewrite the backend sees, and header edits both ways."""
+    async with named_backend("default", headers=True) as default, named_backend("canary", headers=True) as canary, \
+            named_backend("left", headers=True) as left, named_backend("right", headers=True) as right:
+        def to(port: int) -> Backend:
+            return Backend(host="127.0.0.1", port=port)
+
+        edits = HeaderEdits(set=(Match(name="X-Env", value="set-by-route"),), add=(Match(name="X-Added", value="1"),),
+                            remove=("X-Drop",))
+        routes = (
+            Route(path="/app", backend=to(default)),
+            Route(path="/app", headers=(Match(name="X-Env", value="canary"),), backend=to(canary),
+                  request_headers=edits,
+                  response_headers=HeaderEdits(add=(Match(name="X-Served-By", value="canary"),))),
+            Route(path="/app", method="POST", query=(Match(name="v", value="2"),), backend=to(canary)),
+            Route(path="/split", backends=(WeightedBackend(backend=to(left), weight=3),
+                                           WeightedBackend(backend=to(right), weight=1))),
+            Route(path="/none", backends=(WeightedBackend(backend=to(left), weight=0),)),
+            Route(path="/old", redirect=Redirect(path=PathChange(type="ReplacePrefixMatch", value="/new"), status=301)),
+            Route(path="/insecure", redirect=Redirect(scheme="http")),
+            Route(path="/strip", backend=to(left), rewrite=Rewrite(
+                hostname="inside.svc", path=PathChange(type="ReplacePrefixMatch", value="/"))),
+        )
+        host = vhost(ca, "gw.example.test")
+        expose = Expose(name="gw", port=free_port(), mode="http", backend=to(default), hosts=(
+            VirtualHost(name=host.name, cert_file=host.cert_file, key_file=host.key_file, routes=routes,
+                        fallback=False),))
+        async with running((expose,)):
+            for alpn in ("http/1.1", "h2"):
+                async def seen(path: str, alpn: str = alpn, **kw: Any) -> tuple[Answer, dict[str, Any]]:
+                    answer = await ask(expose.port, ca, "gw.example.test", alpn=alpn, path=path, **kw)
+                    assert answer.status == 200 and answer.alpn == alpn, (path, answer)
+                    return answer, json.loads(answer.body)
+
+                _, plain = await seen("/app/x", headers=(("X-Env", "prod"),))
+                assert plain["backend"] == "default" and plain["headers"]["x-env"] == "prod"
+                assert "x-added" not in plain["headers"]
+                answer, matched = await seen("/app/x", headers=(("x-env", "canary"), ("X-Drop", "gone")))
+                assert matched["backend"] == "canary"
+                assert matched["headers"]["x-env"] == "set-by-route" and matched["headers"]["x-added"] == "1"
+                assert "x-drop" not in matched["headers"] and answer.headers.get("x-served-by") == "canary"
+                _, posted = await seen("/app?v=2", method="POST")
+                assert posted["backend"] == "canary" and "x-added" not in posted["headers"]
+                _, got = await seen("/app?v=2")
+                assert got["backend"] == "default", "the method is part of the match"
+                # 3:1 over 80 requests: 60 expected on the left; the bounds are over 5 deviations out
+                backends = [(await seen("/split/a"))[1]["backend"] for _ in range(80)]
+                assert 40 <= backends.count("left") <= 75 and backends.count("right") >= 5, backends
+                none = await ask(expose.port, ca, "gw.example.test", alpn=alpn, path="/none")
+                assert none.status == 500 and b"every weight is 0" in none.body, none
+                moved = await ask(expose.port, ca, "gw.example.test", alpn=alpn, path="/old/page?q=1")
+                assert moved.status == 301, moved
+                assert moved.headers["location"] == f"https://gw.example.test:{expose.port}/new/page?q=1"
+                insecure = await ask(expose.port, ca, "gw.example.test", alpn=alpn, path="/insecure/x")
+                assert insecure.status == 302 and insecure.headers["location"] == "http://gw.example.test/insecure/x"
+                _, stripped = await seen("/strip/deep/er?k=v")
+                assert stripped["backend"] == "left" and stripped["path"] == "/deep/er?k=v"
+                assert stripped["headers"]["host"] == "inside.svc"
+                assert stripped["headers"]["x-forwarded-host"] == "gw.example.test"
 
 
 def install(host: VirtualHost, cert: bytes, key: bytes) -> None:

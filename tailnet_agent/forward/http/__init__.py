@@ -6,10 +6,11 @@ callback finds the host named in SNI among the hosts of every http expose on tha
 switches to its certificate (an unknown name is refused with ``unrecognized_name``; no SNI means
 the first host of the first of those exposes in the file). The host so chosen binds the
 connection to its expose (:class:`HttpService`): a request whose Host (or ``:authority``) is not
-that host's name or alias gets 421 Misdirected Request. A host with routes sends each request to
-the backend of its longest matching path (:mod:`.routes`, the Ingress's rules); one no route
-matches goes to the expose's backend, or gets 404 when the host has no fallback. ALPN ``h2`` is served with the ``h2``
-library, anything else by aiohttp's HTTP/1.1 server protocol.
+that host's name or alias gets 421 Misdirected Request. A host with routes sends each request
+where its best matching route says (:mod:`.routes`: the Ingress's paths, the HTTPRoute's method,
+header and query matches, weighted backends, redirects, rewrites and header edits); one no route
+matches goes to the expose's backend, or gets 404 when the host has no fallback. ALPN ``h2`` is
+served with the ``h2`` library, anything else by aiohttp's HTTP/1.1 server protocol.
 
 Requests go to the backend over HTTP/1.1 with an aiohttp client (``protocol: http1``) or over
 HTTP/2 (``protocol: h2``: h2c with prior knowledge for ``scheme: http``, h2 over TLS for
@@ -35,7 +36,7 @@ One concept a module, each importing only those below it:
 * :mod:`.service`: :class:`HttpService`, one expose's certificates, backend and connections;
 * :mod:`.http1` and :mod:`.http2`: the client side of each HTTP version;
 * :mod:`.upstream`: the backend clients and the shape of their answer;
-* :mod:`.routes`: path routing (pure);
+* :mod:`.routes`: request routing (pure);
 * :mod:`.handover`: a connection's way from the listener to its HTTP protocol;
 * :mod:`.certs`: the certificate store;
 * :mod:`.headers` and :mod:`.identity`: the header policy and who the caller is.

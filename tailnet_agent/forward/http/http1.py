@@ -21,7 +21,8 @@ from ..h2backend import BackendError
 from .handover import Pending, hand_over
 from .headers import misdirected, misdirected_text, request_headers, response_headers
 from .identity import Whois
-from .upstream import CHUNK, BadGateway, Upstreams, not_found_text
+from .routes import Reply, edit_headers
+from .upstream import CHUNK, BadGateway, Upstreams
 
 log = structlog.get_logger("agent.http")
 
@@ -102,18 +103,21 @@ class Http1Server(web.Server):
         authority = request.headers.get("Host", "")
         if misdirected(host, authority):
             return web.Response(status=421, text=misdirected_text(host, authority))
-        target = request.rel_url.raw_path_qs
-        if (upstream_client := self.upstreams.pick(host, target)) is None:
-            return web.Response(status=404, text=not_found_text(host, target))
+        decision = self.upstreams.decide(host, method=request.method, target=request.rel_url.raw_path_qs,
+                                         authority=authority, headers=request.headers.items())
+        if isinstance(decision, Reply):
+            return web.Response(status=decision.status, text=decision.text, headers=dict(decision.headers))
+        upstream_client = self.upstreams.clients[decision.backend]
         client = request.remote or ""
-        headers = request_headers(request.headers.items(), client=client, authority=authority,
-                                  identity=self.whois(client), trailers=upstream_client.trailers)
+        headers = edit_headers(request_headers(request.headers.items(), client=client, authority=authority,
+                                               identity=self.whois(client), trailers=upstream_client.trailers,
+                                               host=decision.authority), decision.request_edits)
         body = request.content.iter_chunked(CHUNK) if request.body_exists else None
         try:
-            async with upstream_client.request(request.method, authority, target, headers,
-                                             body, list) as upstream:
+            async with upstream_client.request(request.method, decision.authority, decision.target, headers,
+                                               body, list) as upstream:
                 response = web.StreamResponse(status=upstream.status, reason=upstream.reason or None)
-                for key, value in response_headers(upstream.headers):
+                for key, value in edit_headers(response_headers(upstream.headers), decision.response_edits):
                     response.headers.add(key, value)
                 await response.prepare(request)
                 try:

@@ -44,7 +44,8 @@ from .headers import (
     trailer_headers,
 )
 from .identity import Identity
-from .upstream import CHUNK, BadGateway, Upstreams, not_found_text
+from .routes import Reply, edit_headers
+from .upstream import CHUNK, BadGateway, Upstreams
 
 log = structlog.get_logger("agent.http")
 
@@ -334,18 +335,24 @@ class Http2Server:
             if misdirected(host, authority):
                 await h2c.respond(stream.id, 421, PLAIN_TEXT, [misdirected_text(host, authority).encode()])
                 return
-            target = pseudo.get(":path", "/")
-            if (upstream_client := self.upstreams.pick(host, target)) is None:
-                await h2c.respond(stream.id, 404, PLAIN_TEXT, [not_found_text(host, target).encode()])
+            method = pseudo.get(":method", "GET")
+            decision = self.upstreams.decide(host, method=method, target=pseudo.get(":path", "/"),
+                                             authority=authority, headers=headers)
+            if isinstance(decision, Reply):
+                await h2c.respond(stream.id, decision.status, [*PLAIN_TEXT, *decision.headers],
+                                  [decision.text.encode()])
                 return
-            forwarded = request_headers(headers, client=client, authority=authority, identity=identity,
-                                        trailers=upstream_client.trailers)
+            upstream_client = self.upstreams.clients[decision.backend]
+            forwarded = edit_headers(request_headers(headers, client=client, authority=authority, identity=identity,
+                                                     trailers=upstream_client.trailers, host=decision.authority),
+                                     decision.request_edits)
             body = None if stream.ended else h2c.body(stream)
             try:
-                async with upstream_client.request(pseudo.get(":method", "GET"), authority, target,
-                                                 forwarded, body, lambda: request_trailers(stream.trailers),
-                                                 ) as upstream:
-                    out = [(k.lower(), v) for k, v in response_headers(upstream.headers)]
+                async with upstream_client.request(method, decision.authority, decision.target,
+                                                   forwarded, body, lambda: request_trailers(stream.trailers),
+                                                   ) as upstream:
+                    out = [(k.lower(), v) for k, v in edit_headers(response_headers(upstream.headers),
+                                                                   decision.response_edits)]
                     if upstream.headers_only:  # gRPC's trailers-only answer stays one HEADERS frame
                         await h2c.respond(stream.id, upstream.status, out, [], end_with_headers=True)
                     else:

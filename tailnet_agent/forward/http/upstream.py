@@ -9,14 +9,15 @@ brought it. A backend that cannot be asked is :class:`BadGateway` (502); one tha
 head arrived raises :class:`~tailnet_agent.forward.h2backend.BackendError` from the body.
 
 An expose has one client per backend (:class:`Upstreams`): its own, and each distinct backend of
-its hosts' routes; :meth:`Upstreams.pick` chooses one for a request by host and path (:mod:`.routes`).
+its hosts' routes (every weighted one); :meth:`Upstreams.decide` says where a request goes (:mod:`.routes`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Protocol
 
 import aiohttp
@@ -26,7 +27,7 @@ from tailnet_agent.contract.exposes import H2, Backend, Expose, VirtualHost
 
 from ..h2backend import BackendError, H2Backend
 from .headers import Headers
-from .routes import choose
+from .routes import Forward, Reply, decide
 
 log = structlog.get_logger("agent.http")
 
@@ -148,10 +149,11 @@ class UpstreamClient:
 class Upstreams:
     """The clients of every backend of one expose, open between :meth:`open` and :meth:`close`."""
 
-    def __init__(self, expose: Expose) -> None:
+    def __init__(self, expose: Expose, *, rng: random.Random | None = None) -> None:
         self.expose = expose
         self.name = expose.name
-        backends = [expose.backend, *(r.backend for h in expose.hosts for r in h.routes)]
+        self.rng = rng
+        backends = [expose.backend, *(w.backend for h in expose.hosts for r in h.routes for w in r.weighted)]
         self.clients = {b: UpstreamClient(b, expose=expose.name) for b in dict.fromkeys(backends)}
 
     @property
@@ -159,15 +161,12 @@ class Upstreams:
         """The expose's own backend's client."""
         return self.clients[self.expose.backend]
 
-    def pick(self, host: VirtualHost, target: str) -> UpstreamClient | None:
-        """The client a request to ``host`` for ``target`` (its path and query) goes to: its route's
-        backend's; without a matching route the expose's, or None (404) when the host has routes
-        and no fallback."""
-        if not host.routes:
-            return self.default
-        if (route := choose(host.routes, target)) is not None:
-            return self.clients[route.backend]
-        return self.default if host.fallback else None
+    def decide(self, host: VirtualHost, *, method: str, target: str, authority: str,
+               headers: Iterable[tuple[str, str]]) -> Forward | Reply:
+        """What becomes of a request to ``host`` (:func:`.routes.decide`); a :class:`Forward`'s
+        backend has its client in :attr:`clients`."""
+        return decide(host, self.expose.backend, method=method, target=target, authority=authority,
+                      headers=headers, port=self.expose.port, rng=self.rng)
 
     def open(self) -> None:
         for client in self.clients.values():
@@ -176,8 +175,3 @@ class Upstreams:
     async def close(self) -> None:
         for client in self.clients.values():
             await client.close()
-
-
-def not_found_text(host: VirtualHost, target: str) -> str:
-    """The body of the 404 a request no route of ``host`` matches gets."""
-    return f"no path of {host.name} matches {target.split('?', 1)[0]}, and it has no default backend\n"
