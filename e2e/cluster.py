@@ -55,6 +55,10 @@ class ClusterUnderTest(Protocol):
         """Where pods reach a server the test runs on this machine."""
     @property
     def enforces_network_policy(self) -> bool: ...
+    @property
+    def pods_set_forwarding(self) -> bool:
+        """Whether a router pod must set IP forwarding itself (its kubelets allow those sysctls)
+        rather than inherit it."""
 
     def load_image(self, image: Image) -> None: ...
 
@@ -67,13 +71,15 @@ class KindCluster:
     ``host_address`` is the IPv4 gateway of the kind network (the host's address there). The node
     image's CNI (ptp) enforces no NetworkPolicy: kind's kindnetd would, but it cannot be built
     here and needs the nftables ``queue`` expression this kernel lacks; a cluster that enforces
-    them says so with ``TAILNET_E2E_NETWORK_POLICY=1``.
+    them says so with ``TAILNET_E2E_NETWORK_POLICY=1``. A pod inherits the host's IPv4 forwarding,
+    not the node's, so routers set it with their sysctls (:data:`hack.kind.plan.POD_UNSAFE_SYSCTLS`).
     """
 
     kubeconfig: Path
     name: str
     host_address: str
     enforces_network_policy: bool = False
+    pods_set_forwarding: bool = True
 
     @classmethod
     def from_environment(cls) -> KindCluster:
@@ -289,7 +295,11 @@ print(urllib.request.urlopen({url!r}, timeout={timeout}).read().decode())
 
 
 def operator_logs(cluster: ClusterUnderTest, namespace: str, tail: int = 60) -> str:
-    return kubectl(cluster, "-n", namespace, "logs", "deployment/tailnet-operator", f"--tail={tail}", check=False)
+    """The last lines of every operator pod, each line prefixed with its pod (with two replicas,
+    ``logs deployment/...`` would pick one, perhaps the one not leading)."""
+    return kubectl(cluster, "-n", namespace, "logs", "--prefix", f"--tail={tail}",
+                   "--selector=app.kubernetes.io/name=tailnet-operator,app.kubernetes.io/component=controller-manager",
+                   check=False)
 
 
 def install_operator_in_cluster(cluster: ClusterUnderTest, image_ref: str, workdir: Path) -> str:

@@ -3,7 +3,8 @@ creates one kernel-mode router pod in the gateway namespace (admitted under ``pr
 it runs no privileged container and keeps no capability but NET_ADMIN, as its own ServiceAccount),
 which registers once with the minted key and keeps its identity in the state Secret; a deleted pod
 comes back as the same node; a tailscaled laptop reaches the "site LAN" behind the router (IP
-forwarding inherited from the node, not set by a privileged container); and
+forwarding inherited from the node on the local node, set by the pod's sysctls on kind, never by a
+privileged container); and
 ``deletionPolicy: Delete`` leaves no pod, Secret or node.
 
 The site LAN here is an HTTP server pod of the cluster: the router advertises its address as a
@@ -14,8 +15,10 @@ pod network -> server pod.
 
 The router image is the operator's configuration, not the TailnetGateway's: the module sets it on
 the installed operator (``TAILNET_GATEWAY_ROUTER_IMAGE``, what the chart's
-``gateway.router.image`` sets as a flag) to ``hack.image.router_image()`` and takes it off again
-afterwards: the project's Debian base plus the pinned tailscaled and tailscale, because the local
+``gateway.router.image`` sets as a flag) to ``hack.image.router_image()``, with
+``TAILNET_GATEWAY_ROUTER_SYSCTLS`` (chart value ``gateway.router.forwardingSysctls``) where the
+cluster's pods must set forwarding themselves, and takes both off again afterwards: the
+project's Debian base plus the pinned tailscaled and tailscale, because the local
 node pulls nothing from registries (the tailscale/tailscale image a user runs has the same two
 programs and a shell).
 
@@ -144,20 +147,24 @@ def world(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale:
     cluster.load_image(router)
     cluster.load_image(coredns)
     ns = installed_operator
-    with _router_image_of_the_operator(cluster, ns, router.ref):
+    with _routers_of_the_operator(cluster, ns, router.ref):
         yield from _world(cluster, ns, cluster_headscale, project_image, router.ref, coredns.ref)
 
 
 @contextlib.contextmanager
-def _router_image_of_the_operator(cluster: ClusterUnderTest, namespace: str, ref: str) -> Iterator[None]:
-    """The installed operator, rolled out with its routers' image set to ``ref``; set back after."""
+def _routers_of_the_operator(cluster: ClusterUnderTest, namespace: str, ref: str) -> Iterator[None]:
+    """The installed operator, rolled out with its routers' image set to ``ref`` (and their
+    forwarding sysctls on where the cluster's pods must set it); set back after."""
     deployment = "deployment/tailnet-operator"
-    kubectl(cluster, "-n", namespace, "set", "env", deployment, f"TAILNET_GATEWAY_ROUTER_IMAGE={ref}")
+    settings = {"TAILNET_GATEWAY_ROUTER_IMAGE": ref}
+    if cluster.pods_set_forwarding:
+        settings["TAILNET_GATEWAY_ROUTER_SYSCTLS"] = "true"
+    kubectl(cluster, "-n", namespace, "set", "env", deployment, *(f"{k}={v}" for k, v in settings.items()))
     kubectl(cluster, "-n", namespace, "rollout", "status", deployment, "--timeout=240s", timeout=260)
     try:
         yield
     finally:
-        kubectl(cluster, "-n", namespace, "set", "env", deployment, "TAILNET_GATEWAY_ROUTER_IMAGE-", check=False)
+        kubectl(cluster, "-n", namespace, "set", "env", deployment, *(f"{k}-" for k in settings), check=False)
         kubectl(cluster, "-n", namespace, "rollout", "status", deployment, "--timeout=240s", timeout=260,
                 check=False)
 
@@ -310,6 +317,8 @@ def _assert_least_privilege(cluster: ClusterUnderTest, world: GatewayWorld) -> N
     assert container["image"] == world.router_image
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
     assert not container["securityContext"].get("privileged")
+    sysctls = (spec.get("securityContext") or {}).get("sysctls") or []
+    assert bool(sysctls) is cluster.pods_set_forwarding, sysctls
     status = kubectl(cluster, "-n", GATEWAY_NAMESPACE, "exec", world.pod, "-c", "tailscale", "--",
                      "cat", "/proc/1/status")
     caps = {line.split(":")[0]: int(line.split()[1], 16) for line in status.splitlines() if line.startswith("Cap")}
@@ -365,9 +374,12 @@ def test_a_laptop_reaches_a_load_balancer_address_and_resolves_the_zone_by_split
                       what=f"the laptop to reach the LoadBalancer address {lb_ip} through the router")
     assert body == "hello from server"
 
-    with _named_objects(cluster, world) as (alias, ingress_name):
-        hosts = wait_until(lambda: _hosts_with(cluster, world, alias, ingress_name), timeout=180,
-                           what=f"{alias} and {ingress_name} in the Tailnet's hosts file")
+    with _named_objects(cluster, world) as (alias, ingress_name, tenant):
+        try:
+            hosts = wait_until(lambda: _hosts_with(cluster, world, alias, ingress_name), timeout=180,
+                               what=f"{alias} and {ingress_name} in the Tailnet's hosts file")
+        except TimeoutError as exc:
+            raise _diagnose_names(cluster, world, tenant, exc) from exc
         cluster_headscale.set_split_dns({ZONE: [dns_address]})  # restarts Headscale: the nodes reconnect
         laptop.set("--accept-dns=true")
         for name in (alias, ingress_name):
@@ -377,6 +389,22 @@ def test_a_laptop_reaches_a_load_balancer_address_and_resolves_the_zone_by_split
             except TimeoutError as exc:
                 raise _diagnose_zone(cluster, world, exc) from exc
             assert dns_address in answer, f"answered by the gateway's CoreDNS {dns_address}: {answer}"
+
+
+def _diagnose_names(cluster: ClusterUnderTest, world: GatewayWorld, tenant: str, exc: Exception) -> AssertionError:
+    """What the DNS reconciler had to go on: the hosts file, the named objects' conditions, the
+    Tailnet's events, the tenant's pods and the operator's logs."""
+    data = get_json(cluster, "-n", "kube-system", "configmap", world.hosts)
+    objects = [*get_json(cluster, "-n", world.namespace, EGRESSES)["items"],
+               *get_json(cluster, "-n", tenant, INGRESSES)["items"]]
+    conditions = {o["metadata"]["name"]: [(c["type"], c["status"], c.get("reason")) for c in
+                                          (o.get("status") or {}).get("conditions") or []] for o in objects}
+    events = kubectl(cluster, "get", "events", "-A", "--field-selector", f"involvedObject.name={world.tailnet}",
+                     check=False)
+    pods = kubectl(cluster, "-n", tenant, "get", "pods", "-o", "wide", check=False)
+    return AssertionError(f"{exc}\nhosts ConfigMap: {data.get('metadata', {}).get('labels')} "
+                          f"{data.get('data')}\nconditions: {conditions}\nTailnet events:\n{events}\n{pods}\n"
+                          f"operator logs:\n{operator_logs(cluster, world.namespace)}")
 
 
 def _diagnose_zone(cluster: ClusterUnderTest, world: GatewayWorld, exc: Exception) -> AssertionError:
@@ -399,9 +427,10 @@ def _status_approving(cluster: ClusterUnderTest, world: GatewayWorld, route: str
 
 
 @contextlib.contextmanager
-def _named_objects(cluster: ClusterUnderTest, world: GatewayWorld) -> Iterator[tuple[str, str]]:
+def _named_objects(cluster: ClusterUnderTest, world: GatewayWorld) -> Iterator[tuple[str, str, str]]:
     """An egress whose target has an alias in the zone and an ingress whose DNS name is in the zone;
-    yields the two names. The egress target is never dialled (the address is inside the test ranges)."""
+    yields the two names and the ingress's namespace. The egress target is never dialled (the
+    address is inside the test ranges)."""
     suffix = uuid.uuid4().hex[:6]
     egress, ingress, alias = f"db-{suffix}", f"shop-{suffix}", f"db-{suffix}.{ZONE}"
     with namespace(cluster, "tenant", {"pod-security.kubernetes.io/enforce": "restricted"}) as tenant:
@@ -425,7 +454,7 @@ def _named_objects(cluster: ClusterUnderTest, world: GatewayWorld) -> Iterator[t
                       "exposes": [{"name": "raw", "port": 8080, "backend": {"service": "web", "port": 8080}}]}},
         ])
         try:
-            yield alias, f"{ingress}.{ZONE}"
+            yield alias, f"{ingress}.{ZONE}", tenant
         finally:
             kubectl(cluster, "-n", tenant, "delete", INGRESSES, ingress, "--wait=true", "--timeout=90s", check=False)
             kubectl(cluster, "-n", world.namespace, "delete", EGRESSES, egress, "--wait=true", "--timeout=90s",

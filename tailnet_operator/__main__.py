@@ -58,9 +58,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         default=os.environ.get("TAILNET_GATEWAY_ROUTER_IMAGE") or DEFAULT_ROUTER_IMAGE,
                         help="the image of the TailnetGateway routers (tailscaled, its CLI and a shell; a "
                              f"TailnetGateway's spec.image is ignored); default {DEFAULT_ROUTER_IMAGE}")
-    parser.add_argument("--gateway-router-sysctls", action=argparse.BooleanOptionalAction, default=False,
+    parser.add_argument("--gateway-router-sysctls", action=argparse.BooleanOptionalAction,
+                        default=os.environ.get("TAILNET_GATEWAY_ROUTER_SYSCTLS") == "true",
                         help="set IP forwarding on the router pods with their sysctls (the nodes' kubelets must "
-                             "allow net.ipv4.ip_forward and net.ipv6.conf.all.forwarding); default: off, the "
+                             "allow net.ipv4.ip_forward and net.ipv6.conf.all.forwarding); default: "
+                             "TAILNET_GATEWAY_ROUTER_SYSCTLS=true, else off: the "
                              "pods inherit the node's IPv4 forwarding")
     parser.add_argument("--version", action="version", version=f"tailnet-operator {__version__}")
     return parser.parse_args(argv)

@@ -585,3 +585,17 @@ def test_the_tenant_role_is_bound_by_nobody_and_grants_only_applying_an_ingresss
         (g, r, "delete") for g, r in released}
     doc = RBAC_DOC.read_text()
     assert "tailnet-operator-tenant" in doc and all(f"`{r}`" in doc for _, r in kinds)
+
+
+@pytest.mark.parametrize(("env", "flags", "expected"), [
+    ({}, [], False),
+    ({"TAILNET_GATEWAY_ROUTER_SYSCTLS": "true"}, [], True),
+    ({"TAILNET_GATEWAY_ROUTER_SYSCTLS": "true"}, ["--no-gateway-router-sysctls"], False),
+    ({"TAILNET_GATEWAY_ROUTER_SYSCTLS": "yes"}, [], False),
+])
+def test_the_routers_forwarding_sysctls_come_from_the_flag_else_the_environment(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], flags: list[str], expected: bool) -> None:
+    monkeypatch.delenv("TAILNET_GATEWAY_ROUTER_SYSCTLS", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert parse_args(flags).gateway_router_sysctls is expected

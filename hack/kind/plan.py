@@ -68,6 +68,11 @@ NODE_SYSCTLS = {"net.ipv4.ip_forward": "1", "net.ipv4.conf.all.route_localnet": 
                 "net.ipv4.conf.all.rp_filter": "1"}
 """kind's /etc/sysctl.d, set by the node's own unit (systemd-sysctl is masked): all are per
 network namespace, so they change the node, not the host."""
+POD_UNSAFE_SYSCTLS = ("net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding")
+"""What the kubelets let pods set (``allowedUnsafeSysctls``): a pod's network namespace takes its
+IPv4 settings from the host's initial namespace, not the node's (``devconf_inherit_init_net=0``),
+so on kind a TailnetGateway router forwards only when its pod sets them
+(``--gateway-router-sysctls``); the host's own forwarding is left as it is."""
 KUBELET_TUNABLES = {"vm.overcommit_memory": "1", "vm.panic_on_oom": "0", "kernel.panic": "10",
                     "kernel.panic_on_oops": "1", "kernel.keys.root_maxkeys": "1000000",
                     "kernel.keys.root_maxbytes": "25000000"}
@@ -420,6 +425,7 @@ def kind_config(node_image: str, *, etcd: str, workers: int = WORKERS) -> dict[s
         {"kind": "JoinConfiguration", "nodeRegistration": {"imagePullPolicy": "Never"}},
         {"kind": "KubeletConfiguration", "failCgroupV1": False, "failSwapOn": False,
          "serializeImagePulls": False, "imageGCHighThresholdPercent": 100,
+         "allowedUnsafeSysctls": list(POD_UNSAFE_SYSCTLS),
          "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"}},
         {"kind": "KubeProxyConfiguration",
          "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"}},

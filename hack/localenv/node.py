@@ -215,6 +215,8 @@ class Cluster:
     """Where pods reach a server on this machine: the node address (bind the server there)."""
     enforces_network_policy = False
     """No enforcer works on this kernel (no nftables ``queue``); policies are checked with cyclonus."""
+    pods_set_forwarding = False
+    """The host network turns IPv4 forwarding on, and the node's pods inherit it."""
 
     def __init__(self, workdir: Path, *, log_dir: Path, run_id: str) -> None:
         self.workdir = workdir

@@ -83,6 +83,7 @@ def test_kind_config() -> None:
     patches = [yaml.safe_load(p) for p in config["kubeadmConfigPatches"]]
     kubelet = next(p for p in patches if p["kind"] == "KubeletConfiguration")
     assert kubelet["failCgroupV1"] is False
+    assert kubelet["allowedUnsafeSysctls"] == ["net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"]
     cluster = next(p for p in patches if p["kind"] == "ClusterConfiguration")
     assert cluster["imageRepository"] == plan.IMAGE_REPOSITORY
     assert all(p["nodeRegistration"]["imagePullPolicy"] == "Never"
