@@ -8,7 +8,7 @@ OPERATOR ?= cluster
 
 BINARY_SETS := run test bench interop chaos e2e
 
-.PHONY: run test unit lint manifests binaries $(addprefix binaries-,$(BINARY_SETS)) native prereqs e2e bench fuzz \
+.PHONY: e2e-multinode run test unit lint manifests binaries $(addprefix binaries-,$(BINARY_SETS)) native prereqs e2e bench fuzz \
         chaos interop clean help
 
 help:
@@ -95,6 +95,13 @@ run: prereqs
 e2e: $(VENV)/.native
 	@$(PYTHON) -m hack.binaries build --set e2e
 	$(PY) -m hack.kind e2e $(PYTEST_ARGS)
+
+# The cluster tests only several nodes can run (the local node skips them by design): a drain under
+# the PodDisruptionBudget, replicas spread over nodes. CI runs these on kind after make test.
+MULTINODE_TESTS = test_egress_with_two_replicas_loses_nothing_when_a_node_is_drained or test_two_replicas_get_a_disruption_budget_and_spread
+e2e-multinode: $(VENV)/.native
+	@$(PYTHON) -m hack.binaries build --set e2e
+	$(PY) -m hack.kind e2e -k "$(MULTINODE_TESTS)" $(PYTEST_ARGS)
 
 # The fuzz targets at length (`make test` runs each briefly). FUZZ_CASES inputs per Rust target.
 FUZZ_CASES ?= 1000000

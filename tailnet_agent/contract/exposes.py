@@ -50,7 +50,7 @@ from .targets import PortMapping
 
 __all__ = ["EXACT", "H2", "HTTP", "HTTP1", "PREFIX", "REPLACE_FULL_PATH", "REPLACE_PREFIX_MATCH", "TCP", "Backend",
            "Expose", "HeaderEdits", "Match", "PathChange", "Redirect", "Rewrite", "Route", "VirtualHost",
-           "WeightedBackend", "exposes_document", "parse_exposes"]
+           "WeightedBackend", "exposes_document", "parse_exposes", "reserved_header"]
 
 NAME = EXPOSES_FILE
 TCP = "tcp"
@@ -439,13 +439,24 @@ def _weighted(raw: Any, where: str) -> WeightedBackend:
     return WeightedBackend(backend=_backend(item.get("backend"), f"{where}.backend", HTTP), weight=weight)
 
 
+IDENTITY_PREFIXES = ("tailnet-", "tailscale-")
+
+
+def reserved_header(name: str) -> bool:
+    """A header a route may not set, add or remove (:data:`RESERVED_HEADERS`, and the identity
+    namespace as a backend may read it: ``_`` as ``-``)."""
+    lower = name.lower()
+    return lower in RESERVED_HEADERS or lower.replace("_", "-").startswith(IDENTITY_PREFIXES)
+
+
+RESERVED_HEADER_TEXT = "is the agent's to write (hop-by-hop, forwarding, Host or the caller's identity), never a route's"
+
+
 def _edited_name(raw: Any, where: str) -> str:
     if not isinstance(raw, str) or not raw.strip() or any(c in raw for c in ": \t\r\n"):
         raise ConfigError(f"{NAME}: {where} must be a header name, got {raw!r}")
-    lower = raw.lower()
-    if lower in RESERVED_HEADERS or lower.replace("_", "-").startswith(("tailnet-", "tailscale-")):
-        raise ConfigError(f"{NAME}: {where}: {raw} is the agent's to write (hop-by-hop, forwarding, Host or "
-                          "the caller's identity), never a route's")
+    if reserved_header(raw):
+        raise ConfigError(f"{NAME}: {where}: {raw} {RESERVED_HEADER_TEXT}")
     return raw
 
 

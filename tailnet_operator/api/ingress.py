@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, WithJsonSchema, model_validator
 
 from tailnet_agent.contract.addresses import shared_address_problem
+from tailnet_agent.contract.exposes import RESERVED_HEADER_TEXT, RESERVED_HEADERS, reserved_header
 from tailnet_operator.api.common import (
     DNS_SUBDOMAIN_PATTERN,
     ApiModel,
@@ -97,8 +98,109 @@ class PathBackend(ApiModel):
     port: Port = Field(description="Port of the Service.")
 
 
+HttpMethod = Literal["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"]
+MATCHES_MAX = 8
+"""Header matches, query matches, weighted backends and header edits of one path, each."""
+HEADER_NAME_PATTERN = r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$"
+"""An HTTP field name (RFC 9110 token)."""
+_RESERVED_RULE = cel(
+    "!(self.lowerAscii() in [" + ", ".join(f"'{h}'" for h in sorted(RESERVED_HEADERS)) + "]) && "
+    "!self.lowerAscii().replace('_', '-').startsWith('tailnet-') && "
+    "!self.lowerAscii().replace('_', '-').startsWith('tailscale-')",
+    RESERVED_HEADER_TEXT,
+)
+HeaderName = Annotated[str, StringConstraints(pattern=HEADER_NAME_PATTERN, min_length=1, max_length=256)]
+EditedHeaderName = Annotated[
+    str,
+    StringConstraints(pattern=HEADER_NAME_PATTERN, min_length=1, max_length=256),
+    WithJsonSchema({"type": "string", "pattern": HEADER_NAME_PATTERN, "minLength": 1, "maxLength": 256,
+                    "x-kubernetes-validations": [_RESERVED_RULE]}),
+    AfterValidator(lambda name: _not_reserved(name)),
+]
+HeaderText = Annotated[str, StringConstraints(max_length=4096)]
+
+
+def _not_reserved(name: str) -> str:
+    if reserved_header(name):
+        raise ValueError(f"{name} {RESERVED_HEADER_TEXT}")
+    return name
+
+
+class HeaderMatch(ApiModel):
+    """A header (name without case) or query parameter (name with case) a request must carry with
+    exactly this value."""
+
+    name: HeaderName = Field(description="The header's or query parameter's name.")
+    value: HeaderText = Field(description="The exact value (a repeated header: its values joined by ', ').")
+
+
+class HeaderValue(ApiModel):
+    """A header to set or add."""
+
+    name: EditedHeaderName = Field(description="The header's name.")
+    value: HeaderText = Field(description="Its value.")
+
+
+class HeaderEdits(ApiModel):
+    """Headers to set (replacing any of the name), add (beside them) and remove, in that order.
+    Hop-by-hop headers, Host, the forwarding headers and Tailnet-*/Tailscale-* are the agent's."""
+
+    set: list[HeaderValue] | None = Field(default=None, max_length=MATCHES_MAX, description="Headers to set.")
+    add: list[HeaderValue] | None = Field(default=None, max_length=MATCHES_MAX, description="Headers to add.")
+    remove: list[EditedHeaderName] | None = Field(default=None, max_length=MATCHES_MAX,
+                                                  description="Names of headers to remove.")
+
+
+class WeightedBackend(PathBackend):
+    """A Service of a path and its share of the path's requests."""
+
+    weight: int = Field(default=1, ge=0, le=1_000_000,
+                        description="The share: weight / the sum of the weights; 0 sends none. Defaults to 1.")
+
+
+class PathChange(ApiModel):
+    """A new request path: the whole path, or the part a Prefix path matched."""
+
+    type: Literal["ReplaceFullPath", "ReplacePrefixMatch"] = Field(
+        description="ReplaceFullPath, or ReplacePrefixMatch (a Prefix path only: /foo/x under /foo to /bar is /bar/x).")
+    value: str = Field(pattern="^/", max_length=PATH_MAX_LENGTH, description="The new path (or prefix).")
+
+
+class Redirect(ApiModel):
+    """An answer the agent gives instead of a backend: the same request's URL with these changed."""
+
+    scheme: Literal["http", "https"] | None = Field(default=None, description="Defaults to https.")
+    hostname: DNSName | None = Field(default=None, description="Defaults to the host the request named.")
+    port: Port | None = Field(
+        default=None,
+        description="Defaults to the scheme's own port when scheme is set, else the port the request came to.")
+    path: PathChange | None = Field(default=None, description="Defaults to the request's path (the query is kept).")
+    status_code: Literal[301, 302, 303, 307, 308] = Field(default=302, description="Defaults to 302.")
+
+
+class Rewrite(ApiModel):
+    """What the backend is sent instead of what the client asked."""
+
+    hostname: DNSName | None = Field(default=None, description="The Host the backend gets.")
+    path: PathChange | None = Field(default=None, description="The path the backend gets (the query is kept).")
+
+
 class HostPath(ApiModel):
-    """One path of a host and the Service its requests go to (an Ingress's HTTPIngressPath)."""
+    """One path of a host and where its requests go (an Ingress's HTTPIngressPath, with the
+    matches and filters of a Gateway API HTTPRoute rule)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel("[has(self.backend), has(self.backends), has(self.redirect)].filter(x, x).size() == 1",
+                "set exactly one of backend, backends and redirect"),
+            cel("!has(self.redirect) || (!has(self.rewrite) && !has(self.requestHeaders))",
+                "a redirect goes to no backend, so it takes no rewrite or requestHeaders"),
+            cel("self.pathType == 'Prefix' || ((!has(self.rewrite) || !has(self.rewrite.path) || "
+                "self.rewrite.path.type == 'ReplaceFullPath') && (!has(self.redirect) || !has(self.redirect.path) "
+                "|| self.redirect.path.type == 'ReplaceFullPath'))",
+                "ReplacePrefixMatch goes with pathType Prefix only"),
+        )
+    )
 
     path: str = Field(
         pattern="^/", max_length=PATH_MAX_LENGTH,
@@ -108,13 +210,42 @@ class HostPath(ApiModel):
         default="Prefix",
         description=(
             "Exact matches the whole path; Prefix matches by path element (/foo matches /foo and /foo/bar, "
-            "not /foobar). The longest matching path wins, Exact before Prefix of the same path. "
+            "not /foobar). The longest matching path wins, Exact before Prefix of the same path, then a path "
+            "with a method, then the most headers, then the most query parameters, then the first listed. "
             "Defaults to Prefix."
         ),
     )
-    backend: PathBackend = Field(
-        description="Where the path's requests go; spoken to as the expose's backend is (scheme, protocol, CA)."
+    method: HttpMethod | None = Field(default=None, description="Only requests of this method.")
+    headers: list[HeaderMatch] | None = Field(default=None, max_length=MATCHES_MAX,
+                                              description="Headers the request must carry, with these values.")
+    query_params: list[HeaderMatch] | None = Field(default=None, max_length=MATCHES_MAX,
+                                                   description="Query parameters the request must carry.")
+    backend: PathBackend | None = Field(
+        default=None,
+        description="Where the path's requests go; spoken to as the expose's backend is (scheme, protocol, CA).",
     )
+    backends: list[WeightedBackend] | None = Field(
+        default=None, min_length=1, max_length=MATCHES_MAX,
+        description="Several Services sharing the requests by weight (every weight 0: 500).")
+    redirect: Redirect | None = Field(default=None, description="Answer with a redirect instead of a backend.")
+    rewrite: Rewrite | None = Field(default=None, description="Change the Host or the path the backend gets.")
+    request_headers: HeaderEdits | None = Field(default=None, description="Edit the headers the backend gets.")
+    response_headers: HeaderEdits | None = Field(default=None, description="Edit the headers the client gets.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if sum(x is not None for x in (self.backend, self.backends, self.redirect)) != 1:
+            raise ValueError("paths: set exactly one of backend, backends and redirect")
+        if self.redirect is not None and (self.rewrite is not None or self.request_headers is not None):
+            raise ValueError("paths: a redirect goes to no backend, so it takes no rewrite or requestHeaders")
+        changes = [c.path for c in (self.rewrite, self.redirect) if c is not None and c.path is not None]
+        if self.path_type != "Prefix" and any(c.type == "ReplacePrefixMatch" for c in changes):
+            raise ValueError("paths: ReplacePrefixMatch goes with pathType Prefix only")
+        for kind, matches in (("headers", self.headers), ("queryParams", self.query_params)):
+            names = [m.name.lower() if kind == "headers" else m.name for m in matches or []]
+            if dups := duplicates(names):
+                raise ValueError(f"paths: {kind} names {', '.join(dups)} twice")
+        return self
 
 
 class VirtualHost(ApiModel):

@@ -15,12 +15,26 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 from tailnet_agent.contract import environment as env_names
 from tailnet_agent.contract import exposes as agent_exposes
 from tailnet_operator import names
-from tailnet_operator.api.ingress import Expose, HostPath, TailnetIngress, VirtualHost, render_dns_template
+from tailnet_operator.api.ingress import (
+    Expose,
+    HeaderEdits,
+    HeaderMatch,
+    HeaderValue,
+    HostPath,
+    PathBackend,
+    PathChange,
+    Redirect,
+    Rewrite,
+    TailnetIngress,
+    VirtualHost,
+    render_dns_template,
+)
 from tailnet_operator.names import MANAGED_BY, TAILNET_LABEL, auth_key_secret_name
 
 from . import agent as pod
@@ -189,10 +203,17 @@ def _agent_expose(ingress: TailnetIngress, expose: Expose, zones: list[str]) -> 
     backend = agent_exposes.Backend(host=host, port=port, scheme=expose.backend.scheme,
                                     protocol=expose.backend.protocol, ca_file=ca_file)
 
+    def to(service: PathBackend) -> agent_exposes.Backend:
+        return dataclasses.replace(backend, host=f"{service.service}.{_namespace(ingress)}.svc", port=service.port)
+
     def route(path: HostPath) -> agent_exposes.Route:
-        to = dataclasses.replace(backend, host=f"{path.backend.service}.{_namespace(ingress)}.svc",
-                                 port=path.backend.port)
-        return agent_exposes.Route(path=path.path, type=path.path_type, backend=to)
+        return agent_exposes.Route(
+            path=path.path, type=path.path_type, method=path.method,
+            backend=to(path.backend) if path.backend else None,
+            backends=tuple(agent_exposes.WeightedBackend(backend=to(b), weight=b.weight) for b in path.backends or []),
+            headers=_matches(path.headers), query=_matches(path.query_params),
+            request_headers=_edits(path.request_headers), response_headers=_edits(path.response_headers),
+            redirect=_redirect(path.redirect), rewrite=_rewrite(path.rewrite))
 
     hosts = []
     for vhost in expose.hosts or []:
@@ -204,6 +225,34 @@ def _agent_expose(ingress: TailnetIngress, expose: Expose, zones: list[str]) -> 
             routes=tuple(route(p) for p in vhost.paths or []), fallback=vhost.unmatched_paths == "Backend"))
     return agent_exposes.Expose(name=expose.name, port=expose.port, backend=backend, mode=agent_exposes.HTTP,
                                 hosts=tuple(hosts))
+
+
+def _matches(matches: Sequence[HeaderMatch | HeaderValue] | None) -> tuple[agent_exposes.Match, ...]:
+    return tuple(agent_exposes.Match(name=m.name, value=m.value) for m in matches or [])
+
+
+def _edits(edits: HeaderEdits | None) -> agent_exposes.HeaderEdits:
+    if edits is None:
+        return agent_exposes.HeaderEdits()
+    return agent_exposes.HeaderEdits(set=_matches(edits.set), add=_matches(edits.add),
+                                     remove=tuple(edits.remove or []))
+
+
+def _path_change(change: PathChange | None) -> agent_exposes.PathChange | None:
+    return agent_exposes.PathChange(type=change.type, value=change.value) if change else None
+
+
+def _redirect(redirect: Redirect | None) -> agent_exposes.Redirect | None:
+    if redirect is None:
+        return None
+    return agent_exposes.Redirect(scheme=redirect.scheme, hostname=redirect.hostname, port=redirect.port,
+                                  path=_path_change(redirect.path), status=redirect.status_code)
+
+
+def _rewrite(rewrite: Rewrite | None) -> agent_exposes.Rewrite | None:
+    if rewrite is None:
+        return None
+    return agent_exposes.Rewrite(hostname=rewrite.hostname, path=_path_change(rewrite.path))
 
 
 def exposes_document(ingress: TailnetIngress, zones: list[str]) -> str:

@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
+import pytest
+from pydantic import ValidationError
+
 from tailnet_agent.contract.endpoints import HEALTH_PORT
-from tailnet_agent.contract.exposes import parse_exposes
-from tailnet_operator.api.ingress import TailnetIngress
+from tailnet_agent.contract.exposes import HeaderEdits, Match, PathChange, Redirect, Rewrite, parse_exposes
+from tailnet_operator.api.ingress import HostPath, TailnetIngress
 from tailnet_operator.resources import agent as pod
 from tailnet_operator.resources import egress as egress_build
 from tailnet_operator.resources import ingress as build
@@ -96,11 +99,55 @@ def test_a_hosts_paths_become_routes_to_their_services_spoken_to_as_the_exposes_
     routed = {**WEB, "hosts": [{**shop_host, "paths": paths, "unmatchedPaths": "NotFound"}, admin_host]}
     [web] = parse_exposes(build.exposes_document(ingress([routed]), ZONES))
     shop, admin = web.hosts
-    assert [(r.path, r.type, r.backend.host, r.backend.port) for r in shop.routes] == [
-        ("/api", "Prefix", "api.tenant.svc", 8080), ("/api/v2", "Exact", "v2.tenant.svc", 80)]
-    assert {(r.backend.scheme, r.backend.ca_file) for r in shop.routes} == {("https", web.backend.ca_file)}
+    backends = [r.backend for r in shop.routes if r.backend is not None]
+    assert [(r.path, r.type) for r in shop.routes] == [("/api", "Prefix"), ("/api/v2", "Exact")]
+    assert [(b.host, b.port) for b in backends] == [("api.tenant.svc", 8080), ("v2.tenant.svc", 80)]
+    assert {(b.scheme, b.ca_file) for b in backends} == {("https", web.backend.ca_file)}
     assert not shop.fallback
     assert admin.routes == () and admin.fallback  # a host without paths is as before
+
+
+def test_a_paths_matches_weights_redirect_rewrite_and_header_edits_reach_the_agent() -> None:
+    paths = [
+        {"path": "/app", "method": "POST", "headers": [{"name": "X-Env", "value": "canary"}],
+         "queryParams": [{"name": "v", "value": "2"}],
+         "backends": [{"service": "blue", "port": 80, "weight": 9}, {"service": "green", "port": 80}],
+         "rewrite": {"hostname": "inside.svc", "path": {"type": "ReplacePrefixMatch", "value": "/"}},
+         "requestHeaders": {"set": [{"name": "X-A", "value": "1"}], "remove": ["X-B"]},
+         "responseHeaders": {"add": [{"name": "X-C", "value": "2"}]}},
+        {"path": "/old", "pathType": "Exact",
+         "redirect": {"scheme": "http", "port": 8080, "path": {"type": "ReplaceFullPath", "value": "/new"},
+                      "statusCode": 301}},
+    ]
+    shop_host, _ = cast(list[dict[str, Any]], WEB["hosts"])
+    [web] = parse_exposes(build.exposes_document(ingress([{**WEB, "hosts": [{**shop_host, "paths": paths}]}]), ZONES))
+    app, old = web.hosts[0].routes
+    assert (app.method, app.headers, app.query) == ("POST", (Match(name="X-Env", value="canary"),),
+                                                    (Match(name="v", value="2"),))
+    assert [(w.backend.host, w.weight, w.backend.scheme) for w in app.backends] == [
+        ("blue.tenant.svc", 9, "https"), ("green.tenant.svc", 1, "https")]
+    assert app.rewrite == Rewrite(hostname="inside.svc", path=PathChange(type="ReplacePrefixMatch", value="/"))
+    assert app.request_headers == HeaderEdits(set=(Match(name="X-A", value="1"),), remove=("X-B",))
+    assert app.response_headers == HeaderEdits(add=(Match(name="X-C", value="2"),))
+    assert old.backend is None and old.redirect == Redirect(
+        scheme="http", port=8080, path=PathChange(type="ReplaceFullPath", value="/new"), status=301)
+
+
+@pytest.mark.parametrize(("path", "error"), [
+    ({"path": "/", "backend": {"service": "a", "port": 1}, "redirect": {}},
+     "set exactly one of backend, backends and redirect"),
+    ({"path": "/", "redirect": {}, "rewrite": {"hostname": "b"}}, "a redirect goes to no backend"),
+    ({"path": "/a", "pathType": "Exact", "backend": {"service": "a", "port": 1},
+      "rewrite": {"path": {"type": "ReplacePrefixMatch", "value": "/"}}},
+     "ReplacePrefixMatch goes with pathType Prefix"),
+    ({"path": "/", "backend": {"service": "a", "port": 1},
+      "headers": [{"name": "X-A", "value": "1"}, {"name": "x-a", "value": "2"}]}, "headers names x-a twice"),
+    ({"path": "/", "backend": {"service": "a", "port": 1}, "responseHeaders": {"remove": ["Tailscale-User-Login"]}},
+     "Tailscale-User-Login is the agent's to write"),
+])
+def test_a_bad_path_is_refused_with_what_to_change(path: dict[str, Any], error: str) -> None:
+    with pytest.raises(ValidationError, match=error):
+        HostPath.model_validate(path)
 
 
 def test_the_pod_template_does_not_depend_on_ports_or_backends() -> None:
