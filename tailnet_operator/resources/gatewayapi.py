@@ -1,0 +1,611 @@
+"""A Gateway API ``Gateway`` (gateway.networking.k8s.io/v1) of a tailnet GatewayClass and the
+``HTTPRoute``s attached to it, translated into the TailnetIngress the Gateway is served as, with
+what each listener and each route's parent status must say: desired state in, models out.
+
+The class: a GatewayClass whose ``spec.controllerName`` is :data:`CONTROLLER` and whose
+``spec.parametersRef`` names a Tailnet (``group: tailnet.dev``, ``kind: Tailnet``, ``name``).
+
+Such a Gateway becomes one tailnet node, as a TailnetIngress (:func:`as_ingress`):
+
+* its ``HTTPS`` listeners (``tls.mode: Terminate``) are served, those of one port as the http
+  exposes of that port, each listener's certificate the Secret of its first ``certificateRefs``
+  entry (a Secret of the Gateway's namespace). Other protocols are not served yet: the listener
+  is ``Accepted: False`` with ``UnsupportedProtocol``, and the others go on;
+* the agent picks a host by its exact name (SNI), so the served hosts are exact names: a listener
+  with an exact ``hostname`` serves that name; one with a wildcard (``*.example.com``) or none
+  serves the exact hostnames of the routes attached to it that it covers. A route hostname that is
+  a wildcard is not served (it shows in the route's ``Accepted`` message);
+* a route attaches to a listener its ``parentRefs`` name (the Gateway, and ``sectionName`` and
+  ``port`` when given) whose ``allowedRoutes`` admit the route's namespace (``Same``, the
+  default, or ``All``; ``Selector`` is given the namespaces' labels) and whose hostname shares a
+  name with the route's (no hostnames on either side matches any);
+* each rule's matches become a host's paths, in the Gateway API's order among equals: the oldest
+  route first, then by namespace and name, then rule and match order (the agent's precedence,
+  longest path first, then method, headers and query, does the rest). ``PathPrefix`` is
+  ``Prefix``; ``RegularExpression`` matches are refused (``UnsupportedValue``). The filters
+  ``RequestHeaderModifier``, ``ResponseHeaderModifier``, ``RequestRedirect`` and ``URLRewrite``
+  are served; any other refuses the route (``UnsupportedValue``);
+* backends are Services of the route's namespace, by ``port``, with their weights; a reference
+  to another namespace is ``RefNotPermitted`` until ReferenceGrants are read, another kind is
+  ``InvalidKind``, a Service that does not exist is ``BackendNotFound``. A rule whose backends
+  all fail, or that has none and no redirect, is served with weight 0 (500), as the
+  specification says;
+* a request no path of its host matches gets 404.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tailnet_operator.api.ingress import EXPOSES_MAX, HOSTS_MAX, PATHS_MAX, HostPath, TailnetIngress
+
+__all__ = [
+    "CONTROLLER",
+    "GROUP",
+    "GatewayObject",
+    "GatewayPlan",
+    "HTTPRouteObject",
+    "ListenerResult",
+    "ParentResult",
+    "as_ingress",
+    "hostnames_intersect",
+    "tailnet_of_class",
+]
+
+CONTROLLER = "tailnet.dev/gateway-controller"
+"""``spec.controllerName`` of a tailnet GatewayClass."""
+GROUP = "gateway.networking.k8s.io"
+NAME_SUFFIX = "-gw"
+"""Appended to the Gateway's name for the TailnetIngress shape (apart from an Ingress's ``-ing``)."""
+_PARAMETERS = ("tailnet.dev", "Tailnet")
+_PATH_TYPES = {"PathPrefix": "Prefix", "Exact": "Exact"}
+_FILTERS = {"RequestHeaderModifier": ("requestHeaderModifier", "requestHeaders"),
+            "ResponseHeaderModifier": ("responseHeaderModifier", "responseHeaders"),
+            "RequestRedirect": ("requestRedirect", "redirect"), "URLRewrite": ("urlRewrite", "rewrite")}
+"""The filters served: their field in the HTTPRoute, and the TailnetIngress path's field."""
+
+
+def tailnet_of_class(gateway_class: Mapping[str, Any] | None) -> str | None:
+    """The Tailnet a tailnet GatewayClass names; None for another controller's class or one whose
+    ``parametersRef`` does not name a Tailnet."""
+    spec = (gateway_class or {}).get("spec") or {}
+    params = spec.get("parametersRef") or {}
+    if spec.get("controllerName") != CONTROLLER or (params.get("group"), params.get("kind")) != _PARAMETERS:
+        return None
+    return str(params["name"]) if params.get("name") else None
+
+
+# -- the objects as parsed ------------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class _Meta(_Model):
+    name: str
+    namespace: str = "default"
+    uid: str = ""
+    creation_timestamp: str = Field(default="", alias="creationTimestamp")
+    generation: int = 0
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class _SecretRef(_Model):
+    group: str = ""
+    kind: str = "Secret"
+    name: str
+    namespace: str | None = None
+
+
+class _TLS(_Model):
+    mode: str = "Terminate"
+    certificate_refs: list[_SecretRef] = Field(default_factory=list, alias="certificateRefs")
+
+
+class _Namespaces(_Model):
+    from_: str = Field(default="Same", alias="from")
+    selector: dict[str, Any] | None = None
+
+
+class _AllowedRoutes(_Model):
+    namespaces: _Namespaces = Field(default_factory=_Namespaces)
+    kinds: list[dict[str, str]] = Field(default_factory=list)
+
+
+class Listener(_Model):
+    name: str
+    hostname: str | None = None
+    port: int
+    protocol: str
+    tls: _TLS | None = None
+    allowed_routes: _AllowedRoutes = Field(default_factory=_AllowedRoutes, alias="allowedRoutes")
+
+
+class _GatewaySpec(_Model):
+    gateway_class_name: str = Field(alias="gatewayClassName")
+    listeners: list[Listener] = Field(default_factory=list)
+
+
+class GatewayObject(_Model):
+    """A Gateway as its translation reads it."""
+
+    metadata: _Meta
+    spec: _GatewaySpec
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace
+
+
+class ParentRef(_Model):
+    group: str = GROUP
+    kind: str = "Gateway"
+    namespace: str | None = None
+    name: str
+    section_name: str | None = Field(default=None, alias="sectionName")
+    port: int | None = None
+
+    def to_json(self, route_namespace: str) -> dict[str, Any]:
+        """The reference as the route's status repeats it (the namespace filled in)."""
+        out: dict[str, Any] = {"group": self.group, "kind": self.kind, "namespace": self.namespace or route_namespace,
+                               "name": self.name}
+        if self.section_name:
+            out["sectionName"] = self.section_name
+        if self.port:
+            out["port"] = self.port
+        return out
+
+
+class _Match(_Model):
+    type: str = "Exact"
+    name: str
+    value: str
+
+
+class _PathMatch(_Model):
+    type: str = "PathPrefix"
+    value: str = "/"
+
+
+class RouteMatch(_Model):
+    path: _PathMatch = Field(default_factory=_PathMatch)
+    headers: list[_Match] = Field(default_factory=list)
+    query_params: list[_Match] = Field(default_factory=list, alias="queryParams")
+    method: str | None = None
+
+
+class BackendRef(_Model):
+    group: str = ""
+    kind: str = "Service"
+    name: str
+    namespace: str | None = None
+    port: int | None = None
+    weight: int = 1
+
+
+class RouteRule(_Model):
+    matches: list[RouteMatch] = Field(default_factory=lambda: [RouteMatch()])
+    filters: list[dict[str, Any]] = Field(default_factory=list)
+    backend_refs: list[BackendRef] = Field(default_factory=list, alias="backendRefs")
+
+
+class _RouteSpec(_Model):
+    parent_refs: list[ParentRef] = Field(default_factory=list, alias="parentRefs")
+    hostnames: list[str] = Field(default_factory=list)
+    rules: list[RouteRule] = Field(default_factory=lambda: [RouteRule()])
+
+
+class HTTPRouteObject(_Model):
+    """An HTTPRoute as its translation reads it."""
+
+    metadata: _Meta
+    spec: _RouteSpec = Field(default_factory=_RouteSpec)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.metadata.namespace, self.metadata.name
+
+
+# -- what the translation says --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
+@dataclass
+class ListenerResult:
+    """A listener's status: the routes attached and its conditions."""
+
+    name: str
+    attached_routes: int = 0
+    conditions: list[Condition] = field(default_factory=list)
+
+
+@dataclass
+class ParentResult:
+    """One ``parentRefs`` entry of a route that names this Gateway: its conditions."""
+
+    parent: dict[str, Any]
+    accepted: Condition
+    resolved_refs: Condition
+
+
+@dataclass
+class GatewayPlan:
+    """The TailnetIngress shape of a Gateway (None when nothing can be served), with the status of
+    its listeners and of the routes that name it."""
+
+    ingress: TailnetIngress | None
+    accepted: Condition
+    listeners: list[ListenerResult]
+    parents: dict[tuple[str, str], list[ParentResult]]
+
+
+ServiceExists = Callable[[str, str], bool]
+"""Whether a Service (namespace, name) exists."""
+NamespaceLabels = Callable[[str], Mapping[str, str] | None]
+"""A namespace's labels; None when the namespace is not known."""
+
+
+# -- hostnames ------------------------------------------------------------------------------------
+
+
+def _covers(pattern: str, name: str) -> bool:
+    """Whether the hostname ``pattern`` (exact, or ``*.`` and a suffix: one or more labels) covers
+    the exact ``name``."""
+    if pattern.startswith("*."):
+        return name.endswith(pattern[1:]) and len(name) > len(pattern) - 1
+    return pattern == name
+
+
+def hostnames_intersect(listener: str | None, route: Iterable[str]) -> bool:
+    """Whether a route with ``route`` hostnames may attach to a listener of ``listener``: no
+    hostname on either side matches any; else some pair covers one another."""
+    names = [n.lower() for n in route]
+    if not listener or not names:
+        return True
+    listener = listener.lower()
+    return any(_covers(listener, n) or _covers(n, listener) or n == listener for n in names)
+
+
+def _served_names(listener: Listener, routes: list[HTTPRouteObject]) -> list[str]:
+    """The exact names a listener serves: its own exact hostname, else the exact route hostnames
+    it covers (all of them when it has no hostname)."""
+    own = (listener.hostname or "").lower()
+    if own and not own.startswith("*."):
+        return [own]
+    names = [h.lower() for r in routes for h in r.spec.hostnames if not h.startswith("*.")]
+    return list(dict.fromkeys(n for n in names if not own or _covers(own, n)))
+
+
+# -- attachment ----------------------------------------------------------------------------------
+
+
+def _names_gateway(ref: ParentRef, route: HTTPRouteObject, gateway: GatewayObject) -> bool:
+    return (ref.group, ref.kind, ref.name, ref.namespace or route.metadata.namespace) == \
+        (GROUP, "Gateway", gateway.name, gateway.namespace)
+
+
+def _admits(listener: Listener, route: HTTPRouteObject, gateway: GatewayObject, labels: NamespaceLabels) -> bool:
+    kinds = listener.allowed_routes.kinds
+    if kinds and not any(k.get("kind") == "HTTPRoute" and k.get("group", GROUP) == GROUP for k in kinds):
+        return False
+    allowed = listener.allowed_routes.namespaces
+    if allowed.from_ == "All":
+        return True
+    if allowed.from_ == "Selector":
+        return _selects(allowed.selector or {}, labels(route.metadata.namespace) or {})
+    return route.metadata.namespace == gateway.namespace
+
+
+def _selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A LabelSelector (``matchLabels``, ``matchExpressions`` with In, NotIn, Exists, DoesNotExist)."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key", ""), expr.get("operator"), expr.get("values") or []
+        present = key in labels
+        if (op == "In" and labels.get(key) not in values) or (op == "NotIn" and present and labels[key] in values) \
+                or (op == "Exists" and not present) or (op == "DoesNotExist" and present):
+            return False
+    return True
+
+
+def _condition(kind: str, ok: bool, reason: str, message: str) -> Condition:
+    return Condition(kind, ok, reason, message)
+
+
+@dataclass
+class _Attachment:
+    route: HTTPRouteObject
+    listeners: list[Listener]
+
+
+def _attach(gateway: GatewayObject, routes: list[HTTPRouteObject], served: list[Listener],
+            labels: NamespaceLabels) -> tuple[list[_Attachment], dict[tuple[str, str], list[ParentResult]]]:
+    """Which served listeners each route attaches to, and each of its parentRefs' Accepted condition
+    (ResolvedRefs is filled in by the rules' translation)."""
+    attachments: list[_Attachment] = []
+    parents: dict[tuple[str, str], list[ParentResult]] = {}
+    for route in routes:
+        attached: list[Listener] = []
+        for ref in route.spec.parent_refs:
+            if not _names_gateway(ref, route, gateway):
+                continue
+            named = [ls for ls in gateway.spec.listeners
+                     if (ref.section_name in (None, ls.name)) and (ref.port in (None, ls.port))]
+            if not named:
+                on_port = f" on port {ref.port}" if ref.port else ""
+                accepted = _condition("Accepted", False, "NoMatchingParent",
+                                      f"the Gateway has no listener {ref.section_name or ''}{on_port}")
+            elif not (admitting := [ls for ls in named if _admits(ls, route, gateway, labels)]):
+                accepted = _condition("Accepted", False, "NotAllowedByListeners", (
+                    f"no listener named admits HTTPRoutes of namespace {route.metadata.namespace} "
+                    "(allowedRoutes)"))
+            elif not (matching := [ls for ls in admitting if hostnames_intersect(ls.hostname, route.spec.hostnames)]):
+                accepted = _condition("Accepted", False, "NoMatchingListenerHostname", (
+                    f"no listener's hostname matches the route's hostnames {', '.join(route.spec.hostnames)}"))
+            elif not (usable := [ls for ls in matching if ls in served]):
+                accepted = _condition("Accepted", False, "NotAllowedByListeners", (
+                    "the listeners the route names are not served (see the Gateway's listener status)"))
+            else:
+                attached.extend(ls for ls in usable if ls not in attached)
+                wild = [h for h in route.spec.hostnames if h.startswith("*.")]
+                note = (f"; wildcard hostnames {', '.join(wild)} are not served (the tailnet node picks a host by "
+                        "its exact name)") if wild else ""
+                accepted = _condition("Accepted", True, "Accepted", f"attached to {', '.join(ls.name for ls in usable)}"
+                                      + note)
+            parents.setdefault(route.key, []).append(ParentResult(
+                ref.to_json(route.metadata.namespace), accepted,
+                _condition("ResolvedRefs", True, "ResolvedRefs", "every backend resolved")))
+        if attached:
+            attachments.append(_Attachment(route, attached))
+    return attachments, parents
+
+
+# -- rules -----------------------------------------------------------------------------------------
+
+
+class RouteProblem(Exception):
+    """A route that cannot be served: the Accepted or ResolvedRefs reason and a message."""
+
+    def __init__(self, condition: str, reason: str, message: str) -> None:
+        super().__init__(reason, message)
+        self.condition, self.reason, self.message = condition, reason, message
+
+
+def _path_change(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    kind = raw.get("type")
+    value = raw.get("replaceFullPath") if kind == "ReplaceFullPath" else raw.get("replacePrefixMatch")
+    if kind not in ("ReplaceFullPath", "ReplacePrefixMatch") or not isinstance(value, str):
+        raise RouteProblem("Accepted", "UnsupportedValue", f"{where}: a path modifier of type {kind!r} is not served")
+    return {"type": kind, "value": value}
+
+
+def _filter(raw: Mapping[str, Any], where: str) -> tuple[str, dict[str, Any]]:
+    kind = raw.get("type", "")
+    if kind not in _FILTERS:
+        raise RouteProblem("Accepted", "UnsupportedValue", f"{where}: the filter {kind} is not served; the "
+                           f"tailnet node serves {', '.join(_FILTERS)}")
+    source, target = _FILTERS[kind]
+    body = raw.get(source) or {}
+    if kind in ("RequestHeaderModifier", "ResponseHeaderModifier"):
+        return target, {k: body[k] for k in ("set", "add", "remove") if body.get(k)}
+    out = {k: body[k] for k in ("hostname",) if body.get(k)}
+    if body.get("path"):
+        out["path"] = _path_change(body["path"], f"{where}.path")
+    if kind == "RequestRedirect":
+        out |= {k: body[k] for k in ("scheme", "port", "statusCode") if body.get(k) is not None}
+    return target, out
+
+
+def _match(match: RouteMatch, where: str) -> dict[str, Any]:
+    kind = _PATH_TYPES.get(match.path.type)
+    if kind is None:
+        raise RouteProblem("Accepted", "UnsupportedValue", f"{where}.path: {match.path.type} paths are not served "
+                           "(Exact and PathPrefix are)")
+    out: dict[str, Any] = {"path": match.path.value, "pathType": kind}
+    for key, entries in (("headers", match.headers), ("queryParams", match.query_params)):
+        if bad := [m.name for m in entries if m.type != "Exact"]:
+            raise RouteProblem("Accepted", "UnsupportedValue", (
+                f"{where}.{key}: {', '.join(bad)}: only Exact matches are served (a regular expression would run "
+                "on every request a tailnet peer sends)"))
+        if entries:
+            out[key] = [{"name": m.name, "value": m.value} for m in entries]
+    if match.method:
+        out["method"] = match.method
+    return out
+
+
+def _backends(rule: RouteRule, route: HTTPRouteObject, where: str, exists: ServiceExists
+              ) -> tuple[list[dict[str, Any]], Condition | None]:
+    """The rule's backends with their weights (a failing one kept at weight 0), and the
+    ResolvedRefs failure of the first that fails."""
+    out: list[dict[str, Any]] = []
+    failed: Condition | None = None
+    ns = route.metadata.namespace
+    for k, ref in enumerate(rule.backend_refs):
+        at = f"{where}.backendRefs[{k}]"
+        problem: Condition | None = None
+        if (ref.group, ref.kind) != ("", "Service"):
+            problem = _condition("ResolvedRefs", False, "InvalidKind", f"{at}: {ref.kind} is not a Service")
+        elif (ref.namespace or ns) != ns:
+            problem = _condition("ResolvedRefs", False, "RefNotPermitted", (
+                f"{at}: Service {ref.namespace}/{ref.name} is in another namespace, and ReferenceGrants are not "
+                "read yet: put the route in the Service's namespace"))
+        elif ref.port is None:
+            problem = _condition("ResolvedRefs", False, "UnsupportedValue", f"{at}: a Service needs a port")
+        elif not exists(ns, ref.name):
+            problem = _condition("ResolvedRefs", False, "BackendNotFound", f"{at}: Service {ns}/{ref.name} not found")
+        if problem is not None:
+            failed = failed or problem
+        if ref.port is not None and ref.kind == "Service":
+            out.append({"service": ref.name, "port": ref.port, "weight": 0 if problem else ref.weight})
+    return out, failed
+
+
+def _paths_of(route: HTTPRouteObject, exists: ServiceExists) -> tuple[list[dict[str, Any]], Condition | None]:
+    """Every path of a route (a rule's matches, each with the rule's filters and backends) and the
+    ResolvedRefs failure, if any; raises :class:`RouteProblem` for what cannot be served at all."""
+    paths: list[dict[str, Any]] = []
+    failed: Condition | None = None
+    for i, rule in enumerate(route.spec.rules):
+        where = f"spec.rules[{i}]"
+        filters = dict(_filter(f, f"{where}.filters[{j}]") for j, f in enumerate(rule.filters))
+        backends, problem = _backends(rule, route, where, exists)
+        failed = failed or problem
+        target: dict[str, Any]
+        if "redirect" in filters:
+            target = {}
+        elif len(backends) == 1 and backends[0]["weight"] > 0:
+            target = {"backend": {"service": backends[0]["service"], "port": backends[0]["port"]}}
+        elif backends:
+            target = {"backends": backends}
+        else:
+            # No backend: the specification's 500, as a backend that takes no requests.
+            target = {"backends": [{"service": route.metadata.name, "port": 1, "weight": 0}]}
+        for j, match in enumerate(rule.matches):
+            path = {**_match(match, f"{where}.matches[{j}]"), **filters, **target}
+            try:
+                HostPath.model_validate(path)
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                raise RouteProblem("Accepted", "UnsupportedValue",
+                                   f"{where}.matches[{j}]: {error['msg'].removeprefix('Value error, ')}") from None
+            paths.append(path)
+    return paths, failed
+
+
+# -- the Gateway ---------------------------------------------------------------------------------
+
+
+def _listener_problem(listener: Listener, gateway: GatewayObject, secret_exists: ServiceExists) -> Condition | None:
+    if listener.protocol != "HTTPS":
+        return _condition("Accepted", False, "UnsupportedProtocol", (
+            f"listener {listener.name}: {listener.protocol} is not served yet; the tailnet node serves HTTPS "
+            "listeners (TLS terminated by the node)"))
+    tls = listener.tls or _TLS()
+    if tls.mode != "Terminate":
+        return _condition("Accepted", False, "UnsupportedValue", f"listener {listener.name}: tls.mode {tls.mode} is "
+                          "not served yet (Terminate is)")
+    if not tls.certificate_refs:
+        return _condition("ResolvedRefs", False, "InvalidCertificateRef", f"listener {listener.name} names no "
+                          "certificate (tls.certificateRefs)")
+    ref = tls.certificate_refs[0]
+    if (ref.group, ref.kind) != ("", "Secret"):
+        return _condition("ResolvedRefs", False, "InvalidCertificateRef", f"listener {listener.name}: "
+                          f"{ref.kind} is not a Secret")
+    if (ref.namespace or gateway.namespace) != gateway.namespace:
+        return _condition("ResolvedRefs", False, "RefNotPermitted", (
+            f"listener {listener.name}: Secret {ref.namespace}/{ref.name} is in another namespace, and "
+            "ReferenceGrants are not read yet"))
+    if not secret_exists(gateway.namespace, ref.name):
+        return _condition("ResolvedRefs", False, "InvalidCertificateRef", (
+            f"listener {listener.name}: Secret {gateway.namespace}/{ref.name} not found"))
+    return None
+
+
+def _route_order(route: HTTPRouteObject) -> tuple[str, str, str]:
+    return route.metadata.creation_timestamp, route.metadata.namespace, route.metadata.name
+
+
+def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailnet: str, *, tag: str,
+               hostname: str, services: ServiceExists, secrets: ServiceExists,
+               labels: NamespaceLabels) -> GatewayPlan:
+    """The TailnetIngress shape of ``gateway`` on ``tailnet`` with the HTTPRoutes that name it
+    (module docstring), and what its listeners' and routes' status must say."""
+    ordered = sorted(routes, key=_route_order)
+    listeners = {ls.name: ListenerResult(ls.name) for ls in gateway.spec.listeners}
+    served: list[Listener] = []
+    for listener in gateway.spec.listeners:
+        problem = _listener_problem(listener, gateway, secrets)
+        result = listeners[listener.name]
+        if problem is None:
+            served.append(listener)
+            result.conditions += [_condition("Accepted", True, "Accepted", "served"),
+                                  _condition("ResolvedRefs", True, "ResolvedRefs", "the certificate's Secret found")]
+        elif problem.type == "Accepted":
+            result.conditions += [problem, _condition("ResolvedRefs", True, "ResolvedRefs", "nothing to resolve")]
+        else:
+            result.conditions += [_condition("Accepted", True, "Accepted", "accepted; not served until its "
+                                             "references resolve"), problem]
+    attachments, parents = _attach(gateway, ordered, served, labels)
+    hosts: dict[int, dict[str, dict[str, Any]]] = {}
+    for attachment in attachments:
+        route = attachment.route
+        try:
+            paths, unresolved = _paths_of(route, services)
+        except RouteProblem as exc:
+            for parent in parents[route.key]:
+                if parent.accepted.status:
+                    if exc.condition == "Accepted":
+                        parent.accepted = _condition("Accepted", False, exc.reason, exc.message)
+                    else:
+                        parent.resolved_refs = _condition("ResolvedRefs", False, exc.reason, exc.message)
+            continue
+        for parent in parents[route.key]:
+            if unresolved is not None:
+                parent.resolved_refs = unresolved
+        for listener in attachment.listeners:
+            listeners[listener.name].attached_routes += 1
+            secret = (listener.tls or _TLS()).certificate_refs[0].name
+            for name in _served_names(listener, [route]):
+                if route.spec.hostnames and not any(_covers(h.lower(), name) for h in route.spec.hostnames):
+                    continue
+                host = hosts.setdefault(listener.port, {}).setdefault(
+                    name, {"name": name, "tls": {"secretName": secret}, "paths": [], "unmatchedPaths": "NotFound"})
+                host["paths"].extend(paths)
+    exposes: list[dict[str, Any]] = []
+    for port, by_name in sorted(hosts.items()):
+        entries = [h for h in by_name.values() if h["paths"]]
+        for h in entries:
+            if len(h["paths"]) > PATHS_MAX:
+                return _refused(listeners, parents, "TooManyPaths", (
+                    f"host {h['name']} has {len(h['paths'])} paths from its routes' rules and matches; a host serves "
+                    f"at most {PATHS_MAX}"))
+        first = next(p for h in entries for p in h["paths"])
+        backend = first.get("backend") or next((b for b in first.get("backends", [])), None) or \
+            {"service": gateway.name, "port": port}
+        backend = {"service": backend["service"], "port": backend["port"]}  # never asked: every host answers 404
+        for k in range(0, len(entries), HOSTS_MAX):
+            exposes.append({"name": f"https-{port}-{k // HOSTS_MAX}", "mode": "http", "port": port,
+                            "backend": backend, "hosts": entries[k:k + HOSTS_MAX]})
+    if len(exposes) > EXPOSES_MAX:
+        return _refused(listeners, parents, "TooManyHosts", (
+            f"the Gateway's listeners serve {sum(len(e['hosts']) for e in exposes)} hosts over {len(exposes)} "
+            f"groups; a tailnet node serves at most {EXPOSES_MAX} groups of {HOSTS_MAX}"))
+    if not exposes:
+        return GatewayPlan(None, _condition("Accepted", True, "Accepted", "no route is attached to a served "
+                                            "listener yet: there is nothing to serve"), list(listeners.values()),
+                           parents)
+    try:
+        ingress = TailnetIngress.model_validate({
+            "metadata": {"name": f"{gateway.name}{NAME_SUFFIX}", "namespace": gateway.namespace,
+                         "uid": gateway.metadata.uid},
+            "spec": {"tailnetRef": {"name": tailnet}, "tag": tag, "hostname": hostname, "exposes": exposes}})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        return _refused(listeners, parents, "Invalid",
+                        f"the Gateway cannot be served as a tailnet node: {where}: {error['msg']}")
+    return GatewayPlan(ingress, _condition("Accepted", True, "Accepted", "served as a tailnet node"),
+                       list(listeners.values()), parents)
+
+
+def _refused(listeners: dict[str, ListenerResult], parents: dict[tuple[str, str], list[ParentResult]],
+             reason: str, message: str) -> GatewayPlan:
+    return GatewayPlan(None, _condition("Accepted", False, reason, message), list(listeners.values()), parents)

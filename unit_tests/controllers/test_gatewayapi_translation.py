@@ -1,0 +1,188 @@
+"""A Gateway of the tailnet GatewayClass and its HTTPRoutes as the TailnetIngress they are served as
+(:mod:`tailnet_operator.resources.gatewayapi`): listeners, attachment, hostnames, rules, and what
+the statuses say."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tailnet_agent.contract.exposes import parse_exposes
+from tailnet_operator.resources import gatewayapi as gw
+from tailnet_operator.resources import ingress as build
+
+NS = "shop"
+
+
+def gateway(*listeners: dict[str, Any]) -> gw.GatewayObject:
+    return gw.GatewayObject.model_validate({
+        "metadata": {"name": "edge", "namespace": NS, "uid": "g-1"},
+        "spec": {"gatewayClassName": "tailnet", "listeners": list(listeners)}})
+
+
+def https(name: str, hostname: str | None = None, *, port: int = 443, secret: str = "edge-tls",
+          **more: Any) -> dict[str, Any]:
+    listener: dict[str, Any] = {"name": name, "port": port, "protocol": "HTTPS",
+                                "tls": {"mode": "Terminate", "certificateRefs": [{"kind": "Secret", "name": secret}]},
+                                **more}
+    if hostname:
+        listener["hostname"] = hostname
+    return listener
+
+
+def route(name: str, *rules: dict[str, Any], hostnames: tuple[str, ...] = (), namespace: str = NS,
+          parents: tuple[dict[str, Any], ...] = ({"name": "edge"},), created: str = "2026-01-01T00:00:00Z"
+          ) -> gw.HTTPRouteObject:
+    return gw.HTTPRouteObject.model_validate({
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created},
+        "spec": {"parentRefs": list(parents), "hostnames": list(hostnames),
+                 "rules": list(rules) or [{"backendRefs": [{"name": "web", "port": 80}]}]}})
+
+
+def plan(g: gw.GatewayObject, *routes: gw.HTTPRouteObject, services: frozenset[str] = frozenset({"web", "api",
+                                                                                                  "canary"}),
+         labels: dict[str, dict[str, str]] | None = None) -> gw.GatewayPlan:
+    return gw.as_ingress(g, routes, "corp", tag="tag:edge", hostname="edge",
+                         services=lambda ns, name: name in services, secrets=lambda ns, name: name == "edge-tls",
+                         labels=lambda ns: (labels or {}).get(ns))
+
+
+def agent_hosts(result: gw.GatewayPlan) -> dict[str, Any]:
+    assert result.ingress is not None, result.accepted
+    exposes = parse_exposes(build.exposes_document(result.ingress, []))
+    return {h.name: h for e in exposes for h in e.hosts}
+
+
+def test_the_class_names_its_tailnet_by_parameters_ref() -> None:
+    good = {"spec": {"controllerName": gw.CONTROLLER, "parametersRef": {"group": "tailnet.dev", "kind": "Tailnet",
+                                                                         "name": "corp"}}}
+    assert gw.tailnet_of_class(good) == "corp"
+    assert gw.tailnet_of_class({"spec": {**good["spec"], "controllerName": "example.com/other"}}) is None
+    assert gw.tailnet_of_class({"spec": {"controllerName": gw.CONTROLLER}}) is None
+    assert gw.tailnet_of_class(None) is None
+
+
+def test_an_https_listener_serves_its_routes_rules_as_paths_with_matches_weights_and_filters() -> None:
+    rules = [
+        {"matches": [{"path": {"type": "PathPrefix", "value": "/api"}, "headers": [{"name": "X-Env", "value": "c"}]},
+                     {"path": {"type": "PathPrefix", "value": "/v2"}, "method": "POST",
+                      "queryParams": [{"name": "v", "value": "2"}]}],
+         "filters": [{"type": "RequestHeaderModifier",
+                      "requestHeaderModifier": {"set": [{"name": "X-A", "value": "1"}]}},
+                     {"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplacePrefixMatch",
+                                                                     "replacePrefixMatch": "/"}}}],
+         "backendRefs": [{"name": "api", "port": 8080, "weight": 90}, {"name": "canary", "port": 8080, "weight": 10}]},
+        {"matches": [{"path": {"type": "PathPrefix", "value": "/old"}}],
+         "filters": [{"type": "RequestRedirect", "requestRedirect": {"scheme": "https", "statusCode": 301,
+                                                                      "path": {"type": "ReplaceFullPath",
+                                                                               "replaceFullPath": "/new"}}}]},
+    ]
+    result = plan(gateway(https("web", "shop.example.test")), route("r", *rules))
+    [host] = agent_hosts(result).values()
+    api, v2, old = host.routes
+    assert (api.path, api.type, api.headers[0].name) == ("/api", "Prefix", "X-Env")
+    assert [(w.backend.host, w.weight) for w in api.backends] == [("api.shop.svc", 90), ("canary.shop.svc", 10)]
+    assert api.rewrite is not None and api.rewrite.path is not None and api.rewrite.path.value == "/"
+    assert api.request_headers.set[0].name == "X-A"
+    assert (v2.type, v2.method, v2.query[0].value) == ("Prefix", "POST", "2")
+    assert old.redirect is not None and (old.redirect.status, old.redirect.scheme) == (301, "https")
+    assert not host.fallback, "a request no path matches gets 404"
+    assert result.listeners[0].attached_routes == 1
+    [parent] = result.parents[(NS, "r")]
+    assert parent.accepted.status and parent.resolved_refs.status
+    assert parent.parent == {"group": gw.GROUP, "kind": "Gateway", "namespace": NS, "name": "edge"}
+
+
+def test_a_wildcard_listener_serves_the_exact_hostnames_of_its_routes() -> None:
+    result = plan(gateway(https("web", "*.example.test")),
+                  route("a", hostnames=("a.example.test", "*.example.test")), route("b", hostnames=("b.example.test",)),
+                  route("other", hostnames=("x.elsewhere.test",)))
+    assert sorted(agent_hosts(result)) == ["a.example.test", "b.example.test"]
+    assert "wildcard hostnames *.example.test are not served" in result.parents[(NS, "a")][0].accepted.message
+    other = result.parents[(NS, "other")][0].accepted
+    assert (other.status, other.reason) == (False, "NoMatchingListenerHostname")
+
+
+def test_routes_are_ordered_oldest_first_then_by_namespace_and_name() -> None:
+    young = route("a-young", {"matches": [{"path": {"value": "/"}}], "backendRefs": [{"name": "canary", "port": 1}]},
+                  hostnames=("s.example.test",), created="2026-02-01T00:00:00Z")
+    old = route("z-old", {"matches": [{"path": {"value": "/"}}], "backendRefs": [{"name": "web", "port": 1}]},
+                hostnames=("s.example.test",), created="2026-01-01T00:00:00Z")
+    [host] = agent_hosts(plan(gateway(https("web")), young, old)).values()
+    assert [r.backend.host for r in host.routes if r.backend] == ["web.shop.svc", "canary.shop.svc"]
+
+
+def test_attachment_follows_section_name_port_and_allowed_routes() -> None:
+    g = gateway(https("same", "a.example.test"),
+                https("all", "b.example.test", port=8443, allowedRoutes={"namespaces": {"from": "All"}}),
+                https("picked", "c.example.test", port=9443, allowedRoutes={"namespaces": {
+                    "from": "Selector", "selector": {"matchLabels": {"team": "shop"}}}}))
+    here = route("here", parents=({"name": "edge", "sectionName": "same"},))
+    away = route("away", namespace="web", parents=({"name": "edge", "namespace": NS},))
+    picked = route("picked", namespace="team", parents=({"name": "edge", "namespace": NS, "port": 9443},))
+    missing = route("missing", parents=({"name": "edge", "sectionName": "nope"},))
+    result = plan(g, here, away, picked, missing, services=frozenset({"web"}), labels={"team": {"team": "shop"}})
+    assert sorted(agent_hosts(result)) == ["a.example.test", "b.example.test", "c.example.test"]
+    assert {ls.name: ls.attached_routes for ls in result.listeners} == {"same": 1, "all": 1, "picked": 1}
+    assert result.parents[(NS, "missing")][0].accepted.reason == "NoMatchingParent"
+    stranger = plan(g, route("stranger", namespace="other", parents=({"name": "edge", "namespace": NS,
+                                                                      "sectionName": "same"},)))
+    assert stranger.parents[("other", "stranger")][0].accepted.reason == "NotAllowedByListeners"
+    assert stranger.ingress is None
+
+
+@pytest.mark.parametrize(("listener", "condition", "reason"), [
+    ({"name": "plain", "port": 80, "protocol": "HTTP"}, "Accepted", "UnsupportedProtocol"),
+    (https("pass", tls={"mode": "Passthrough"}), "Accepted", "UnsupportedValue"),
+    (https("nocert", secret="missing"), "ResolvedRefs", "InvalidCertificateRef"),
+    (https("far", tls={"certificateRefs": [{"name": "edge-tls", "namespace": "vault"}]}), "ResolvedRefs",
+     "RefNotPermitted"),
+])
+def test_a_listener_that_cannot_be_served_says_why_and_takes_no_route(listener: dict[str, Any], condition: str,
+                                                                       reason: str) -> None:
+    result = plan(gateway(listener, https("good", "ok.example.test")), route("r"))
+    bad = next(ls for ls in result.listeners if ls.name == listener["name"])
+    failed = next(c for c in bad.conditions if c.type == condition)
+    assert (failed.status, failed.reason) == (False, reason) and failed.message
+    assert bad.attached_routes == 0 and sorted(agent_hosts(result)) == ["ok.example.test"]
+
+
+def test_backends_that_do_not_resolve_say_so_and_take_no_requests() -> None:
+    rules: list[dict[str, Any]] = [
+             {"backendRefs": [{"name": "web", "port": 80}, {"name": "gone", "port": 80}]},
+             {"matches": [{"path": {"value": "/far"}}], "backendRefs": [{"name": "web", "namespace": "x", "port": 80}]},
+             {"matches": [{"path": {"value": "/none"}}]}]
+    result = plan(gateway(https("web", "s.example.test")), route("r", *rules))
+    resolved = result.parents[(NS, "r")][0].resolved_refs
+    assert (resolved.status, resolved.reason) == (False, "BackendNotFound")
+    [host] = agent_hosts(result).values()
+    root, far, none = host.routes
+    assert [(w.backend.host, w.weight) for w in root.backends] == [("web.shop.svc", 1), ("gone.shop.svc", 0)]
+    assert [w.weight for w in far.backends] == [0] and [w.weight for w in none.backends] == [0]
+
+
+@pytest.mark.parametrize(("rule", "text"), [
+    ({"matches": [{"path": {"type": "RegularExpression", "value": "/a.*"}}]}, "RegularExpression paths"),
+    ({"matches": [{"headers": [{"type": "RegularExpression", "name": "x", "value": "a.*"}]}]}, "only Exact matches"),
+    ({"filters": [{"type": "RequestMirror", "requestMirror": {}}]}, "the filter RequestMirror is not served"),
+    ({"matches": [{"path": {"type": "Exact", "value": "/a"}}], "filters": [
+        {"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/"}}}]},
+     "ReplacePrefixMatch goes with pathType Prefix only"),
+    ({"filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {
+        "set": [{"name": "Tailnet-User-Login", "value": "mallory"}]}}]}, "Tailnet-User-Login is the agent's to write"),
+])
+def test_what_the_node_cannot_serve_refuses_the_route_not_the_gateway(rule: dict[str, Any], text: str) -> None:
+    result = plan(gateway(https("web", "s.example.test")), route("bad", {**rule, "backendRefs": [
+        {"name": "web", "port": 80}]}), route("good"))
+    accepted = result.parents[(NS, "bad")][0].accepted
+    assert (accepted.status, accepted.reason) == (False, "UnsupportedValue") and text in accepted.message
+    assert result.parents[(NS, "good")][0].accepted.status and result.ingress is not None
+
+
+def test_hostnames_intersect_as_the_specification_says() -> None:
+    assert gw.hostnames_intersect(None, ["a.example.test"]) and gw.hostnames_intersect("a.example.test", [])
+    assert gw.hostnames_intersect("*.example.test", ["a.example.test"])
+    assert gw.hostnames_intersect("a.b.example.test", ["*.example.test"])
+    assert not gw.hostnames_intersect("*.example.test", ["example.test"])
+    assert not gw.hostnames_intersect("a.example.test", ["b.example.test"])
