@@ -29,6 +29,10 @@ at startup and on every change (:func:`parse_exposes`). A JSON list; every probl
   and optional further ``aliases`` (e.g. the alias under each DNS zone; all are accepted as SNI
   and Host), and ``tls.certFile``/``tls.keyFile`` (mounted PEM files,
   reloaded when they change). A name or alias belongs to one host of an expose.
+* ``plaintext`` (http only, default false): HTTP/1.1 without TLS (the tailnet's WireGuard is the
+  encryption); its hosts take no ``tls``, each request picks its host by Host among the plaintext
+  exposes of the port, and a host named ``*`` answers any other name. The exposes of one port are
+  all plaintext or all TLS.
 * ``routes`` of a host (http only): ``path`` and ``type`` (``Exact`` or ``Prefix``), optional
   ``method``, ``headers`` and ``query`` matches (exact values), and one of ``backend``,
   ``backends`` (each with a ``weight``) and ``redirect``; optional ``rewrite`` (``hostname``,
@@ -48,8 +52,8 @@ from .environment import EXPOSES_FILE
 from .errors import ConfigError
 from .targets import PortMapping
 
-__all__ = ["EXACT", "H2", "HTTP", "HTTP1", "PREFIX", "REPLACE_FULL_PATH", "REPLACE_PREFIX_MATCH", "TCP", "Backend",
-           "Expose", "HeaderEdits", "Match", "PathChange", "Redirect", "Rewrite", "Route", "VirtualHost",
+__all__ = ["ANY_HOST", "EXACT", "H2", "HTTP", "HTTP1", "PREFIX", "REPLACE_FULL_PATH", "REPLACE_PREFIX_MATCH", "TCP",
+           "Backend", "Expose", "HeaderEdits", "Match", "PathChange", "Redirect", "Rewrite", "Route", "VirtualHost",
            "WeightedBackend", "exposes_document", "parse_exposes", "reserved_header"]
 
 NAME = EXPOSES_FILE
@@ -251,8 +255,9 @@ class VirtualHost:
     alias: str | None = None
     aliases: tuple[str, ...] = ()
     """More names of the host, e.g. the alias under each of the tailnet's DNS zones."""
-    cert_file: str
-    key_file: str
+    cert_file: str = ""
+    key_file: str = ""
+    """The host's certificate and key (PEM files); empty on a plaintext expose."""
     routes: tuple[Route, ...] = ()
     """Path routing; empty: every request goes to the expose's backend."""
     fallback: bool = True
@@ -265,7 +270,9 @@ class VirtualHost:
         return tuple(dict.fromkeys(n for n in (self.name, self.alias, *self.aliases) if n))
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "tls": {"certFile": self.cert_file, "keyFile": self.key_file}}
+        out: dict[str, Any] = {"name": self.name}
+        if self.cert_file:
+            out["tls"] = {"certFile": self.cert_file, "keyFile": self.key_file}
         if self.alias:
             out["alias"] = self.alias
         if self.aliases:
@@ -285,6 +292,9 @@ class Expose:
     backend: Backend
     mode: str = TCP
     hosts: tuple[VirtualHost, ...] = ()
+    plaintext: bool = False
+    """http only: serve HTTP/1.1 without TLS (the tailnet's WireGuard is the encryption), the
+    host chosen per request by Host among the port's plaintext exposes (``*`` any host)."""
 
     @property
     def address(self) -> str:
@@ -301,6 +311,8 @@ class Expose:
         if self.mode != TCP:
             out["mode"] = self.mode
             out["hosts"] = [h.to_json() for h in self.hosts]
+        if self.plaintext:
+            out["plaintext"] = True
         return out
 
 
@@ -348,16 +360,28 @@ def _backend(raw: Any, where: str, mode: str) -> Backend:
                    server_name=server_name, protocol=protocol)
 
 
-def _host(raw: Any, where: str) -> VirtualHost:
+ANY_HOST = "*"
+"""A plaintext expose's host that answers to any Host no other host of the port names."""
+
+
+def _host(raw: Any, where: str, *, plaintext: bool = False) -> VirtualHost:
     item = _object(raw, where)
     name = _text(item, "name", where)
     alias = _text(item, "alias", where, required=False)
     raw_aliases = item.get("aliases", [])
     if not isinstance(raw_aliases, list) or not all(isinstance(a, str) and a.strip() for a in raw_aliases):
         raise ConfigError(f"{NAME}: {where}.aliases must be a list of non-empty strings")
-    tls = _object(item.get("tls"), f"{where}.tls")
-    cert, key = _text(tls, "certFile", f"{where}.tls"), _text(tls, "keyFile", f"{where}.tls")
-    assert name is not None and cert is not None and key is not None
+    assert name is not None
+    cert = key = ""
+    if plaintext:
+        if "tls" in item:
+            raise ConfigError(f"{NAME}: {where}: a plaintext expose's host takes no tls")
+    else:
+        if name == ANY_HOST:
+            raise ConfigError(f"{NAME}: {where}.name: {ANY_HOST} (any host) goes with a plaintext expose only: "
+                              "TLS picks a host by its exact name")
+        tls = _object(item.get("tls"), f"{where}.tls")
+        cert, key = _text(tls, "certFile", f"{where}.tls") or "", _text(tls, "keyFile", f"{where}.tls") or ""
     raw_routes = item.get("routes", [])
     if not isinstance(raw_routes, list):
         raise ConfigError(f"{NAME}: {where}.routes must be a list")
@@ -449,7 +473,8 @@ def reserved_header(name: str) -> bool:
     return lower in RESERVED_HEADERS or lower.replace("_", "-").startswith(IDENTITY_PREFIXES)
 
 
-RESERVED_HEADER_TEXT = "is the agent's to write (hop-by-hop, forwarding, Host or the caller's identity), never a route's"
+RESERVED_HEADER_TEXT = ("is the agent's to write (hop-by-hop, forwarding, Host or the caller's identity), "
+                        "never a route's")
 
 
 def _edited_name(raw: Any, where: str) -> str:
@@ -545,7 +570,13 @@ def parse_exposes(text: str) -> tuple[Expose, ...]:
             raise ConfigError(f"{NAME}: {where}: hosts go with mode http")
         if mode == HTTP and (not isinstance(raw_hosts, list) or not raw_hosts):
             raise ConfigError(f"{NAME}: {where}.hosts must be a non-empty list for mode http")
-        hosts = tuple(_host(h, f"{where}.hosts[{j}]") for j, h in enumerate(raw_hosts))
+        plaintext = item.get("plaintext", False)
+        if not isinstance(plaintext, bool) or (plaintext and mode != HTTP):
+            raise ConfigError(f"{NAME}: {where}.plaintext must be true or false, and goes with mode http")
+        if other is not None and other.mode == HTTP and other.plaintext != plaintext:
+            raise ConfigError(f"{NAME}: port {port} is used by both {other.name} and {label}, one with TLS and one "
+                              "without; the exposes of one port are all plaintext or all TLS")
+        hosts = tuple(_host(h, f"{where}.hosts[{j}]", plaintext=plaintext) for j, h in enumerate(raw_hosts))
         seen: set[str] = set()
         for host in hosts:
             for name in host.names:
@@ -555,7 +586,7 @@ def parse_exposes(text: str) -> tuple[Expose, ...]:
                 if (owner := names.get((port, name))) is not None:
                     raise ConfigError(f"{NAME}: {where}: {name} is a host of {owner} too, on the same port {port}")
                 names[(port, name)] = label
-        expose = Expose(name=label, port=port, backend=backend, mode=mode, hosts=hosts)
+        expose = Expose(name=label, port=port, backend=backend, mode=mode, hosts=hosts, plaintext=plaintext)
         ports.setdefault(port, expose)
         exposes.append(expose)
     return tuple(exposes)

@@ -7,7 +7,8 @@ and the dials local (:class:`LocalDialer`). A tcp expose splices each connection
 with half-close; an http expose's connections are served by an
 :class:`~tailnet_agent.forward.http.HttpService` that lives as long as the expose listens, on the
 listener of its port (:class:`~tailnet_agent.forward.http.HttpPort`), which the http exposes on one
-port share: SNI picks the expose. The caller's identity for the ``Tailnet-*`` headers comes from the
+port share: SNI picks the expose (a plaintext expose's port, :class:`~tailnet_agent.forward.http.PlainHttpPort`:
+each request's Host picks it). The caller's identity for the ``Tailnet-*`` headers comes from the
 node's netmap (the peer whose address the connection comes from).
 """
 
@@ -26,7 +27,7 @@ from tailnet_agent.limits import ConnectionGate, Limits
 from tailnet_agent.probe import Prober
 
 from .egress import Accept, Closable, Connection, Forwarder
-from .http import HttpPort, HttpService, Identity, identify
+from .http import HttpPort, HttpService, Identity, PlainHttpPort, SharedPort, identify
 
 
 class Listener(Protocol):
@@ -70,8 +71,8 @@ class Ingress:
         self.metrics = metrics
         self.services: dict[str, HttpService] = {}
         """The running http exposes by name (their certificates are on ``/status``)."""
-        self.ports: dict[int, HttpPort] = {}
-        """The listeners of the ports http exposes are on."""
+        self.ports: dict[int, SharedPort] = {}
+        """The listeners of the ports http exposes are on (TLS or plaintext)."""
         self.forwarder = Forwarder(LocalDialer(), exposes, dial_timeout=dial_timeout, metrics=metrics,
                                    prober=prober, listen=self._listen, session=self._session, kind="ingress",
                                    gate=gate)
@@ -101,7 +102,9 @@ class Ingress:
         async with HttpService(expose, self.whois, limits=self.limits, metrics=self.metrics) as service:
             port = self.ports.get(expose.port)
             if port is None:
-                port = self.ports[expose.port] = HttpPort(expose.port, self._order, gate=self.gate)
+                port = self.ports[expose.port] = PlainHttpPort(
+                    expose.port, self._order, gate=self.gate, limits=self.limits, metrics=self.metrics,
+                ) if expose.plaintext else HttpPort(expose.port, self._order, gate=self.gate)
             port.services[expose.name] = service
             self.services[expose.name] = service
             try:

@@ -214,3 +214,30 @@ def test_a_bad_gateway_route_is_refused_by_name(text: str, error: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_exposes(text)
     assert str(info.value) == error
+
+
+def test_a_plaintext_expose_has_hosts_without_tls_and_may_answer_any_host() -> None:
+    web = Expose(name="web", port=80, mode="http", plaintext=True, backend=Backend(host="web", port=8080),
+                 hosts=(VirtualHost(name="shop.example"), VirtualHost(name="*")))
+    text = exposes_document([web])
+    assert parse_exposes(text) == (web,)
+    entry = json.loads(text)[0]
+    assert entry["plaintext"] is True and all("tls" not in h for h in entry["hosts"])
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    (_one(mode="http", plaintext=True, hosts=[{"name": "a", "tls": TLS}]),
+     "TAILNET_EXPOSES_FILE: [0] (web).hosts[0]: a plaintext expose's host takes no tls"),
+    (_one(mode="http", hosts=[{"name": "*", "tls": TLS}]),
+     "TAILNET_EXPOSES_FILE: [0] (web).hosts[0].name: * (any host) goes with a plaintext expose only: TLS picks a "
+     "host by its exact name"),
+    (_one(plaintext=True), "TAILNET_EXPOSES_FILE: [0] (web).plaintext must be true or false, and goes with mode http"),
+    (json.dumps([_http("a", 1, "x"), {"name": "b", "port": 1, "mode": "http", "plaintext": True,
+                                      "backend": {"host": "h", "port": 3}, "hosts": [{"name": "y"}]}]),
+     "TAILNET_EXPOSES_FILE: port 1 is used by both a and b, one with TLS and one without; the exposes of one port "
+     "are all plaintext or all TLS"),
+])
+def test_a_plaintext_expose_is_refused_by_name(text: str, error: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_exposes(text)
+    assert str(info.value) == error

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from cryptography import x509
@@ -641,3 +642,50 @@ async def test_http_exposes_sharing_a_port_are_chosen_by_sni(ca: CertificateAuth
             assert await asyncio.wait_for(kept[0].read(), 10) == b""
             kept[1].close()
             held_b[1].close()
+
+
+async def test_plaintext_exposes_share_a_port_and_each_request_picks_its_host_by_host() -> None:
+    """Two plaintext exposes on one port: Host (name or alias, any case, with a port) picks the
+    host of either, ``*`` takes every other name, and what the backend is told says http."""
+    async with named_backend("shop", headers=True) as shop, named_backend("any", headers=True) as anything, \
+            named_backend("docs", headers=True) as docs:
+        port = free_port()
+
+        def to(p: int) -> Backend:
+            return Backend(host="127.0.0.1", port=p)
+
+        first = Expose(name="first", port=port, mode="http", plaintext=True, backend=to(shop), hosts=(
+            VirtualHost(name="shop.example.test", alias="shop", routes=(
+                Route(path="/docs", backend=to(docs)),
+                Route(path="/old", redirect=Redirect(path=PathChange(type="ReplaceFullPath", value="/new"))))),))
+        second = Expose(name="second", port=port, mode="http", plaintext=True, backend=to(anything),
+                        hosts=(VirtualHost(name="*"),))
+        async with running((first, second)), aiohttp.ClientSession() as session:
+            async def get(host: str, path: str = "/") -> tuple[int, dict[str, Any] | str, Any]:
+                async with session.get(f"http://127.0.0.1:{port}{path}", headers={"Host": host},
+                                       allow_redirects=False) as answer:
+                    text = await answer.text()
+                    body = json.loads(text) if answer.content_type == "application/json" else text
+                    return answer.status, body, answer.headers
+
+            for host in ("shop.example.test", "SHOP.example.test:80", "shop"):
+                status, body, _ = await get(host, "/x")
+                assert status == 200 and isinstance(body, dict) and body["backend"] == "shop", (host, body)
+                assert body["headers"]["x-forwarded-proto"] == "http"
+                assert body["headers"]["x-forwarded-host"] == host
+            status, body, _ = await get("shop", "/docs/a")
+            assert isinstance(body, dict) and body["backend"] == "docs"
+            status, _, headers = await get("shop.example.test", "/old?q=1")
+            assert status == 302 and headers["Location"] == f"http://shop.example.test:{port}/new?q=1"
+            status, body, _ = await get("other.example.test")
+            assert status == 200 and isinstance(body, dict) and body["backend"] == "any"
+
+
+async def test_a_plaintext_port_without_a_host_for_the_name_answers_404() -> None:
+    async with named_backend("shop") as shop:
+        port = free_port()
+        expose = Expose(name="only", port=port, mode="http", plaintext=True,
+                        backend=Backend(host="127.0.0.1", port=shop), hosts=(VirtualHost(name="shop.example.test"),))
+        async with running((expose,)), aiohttp.ClientSession() as session, \
+                session.get(f"http://127.0.0.1:{port}/", headers={"Host": "else.example.test"}) as answer:
+            assert answer.status == 404 and "no host else.example.test" in await answer.text()

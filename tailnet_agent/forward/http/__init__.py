@@ -32,7 +32,9 @@ that does not load keeps the certificate in force and shows its error on ``/stat
 
 One concept a module, each importing only those below it:
 
-* :mod:`.sni`: :class:`HttpPort`, the shared listener and the SNI routing to an expose;
+* :mod:`.ports`: :class:`SharedPort`, the listener the exposes of one port share;
+* :mod:`.sni`: :class:`HttpPort`, the SNI routing to an expose over TLS;
+* :mod:`.plain`: :class:`PlainHttpPort`, plaintext HTTP/1.1, the host chosen per request by Host;
 * :mod:`.service`: :class:`HttpService`, one expose's certificates, backend and connections;
 * :mod:`.http1` and :mod:`.http2`: the client side of each HTTP version;
 * :mod:`.upstream`: the backend clients and the shape of their answer;
@@ -52,6 +54,8 @@ from .headers import (
     trailer_headers,
 )
 from .identity import Identity, identify
+from .plain import PlainHttpPort
+from .ports import SharedPort
 from .service import HttpService
 from .sni import HttpPort
 
@@ -59,6 +63,8 @@ __all__ = [
     "HttpPort",
     "HttpService",
     "Identity",
+    "PlainHttpPort",
+    "SharedPort",
     "header_value",
     "host_of",
     "identify",

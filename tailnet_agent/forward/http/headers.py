@@ -97,18 +97,19 @@ def _connection_named(items: Headers) -> set[str]:
 
 
 def request_headers(headers: Iterable[tuple[str, str]], *, client: str, authority: str,
-                    identity: Identity | None = None, trailers: bool = False, host: str | None = None) -> Headers:
+                    identity: Identity | None = None, trailers: bool = False, host: str | None = None,
+                    scheme: str = "https") -> Headers:
     """Headers for the backend: hop-by-hop (and those ``Connection`` names), the client's
     forwarding headers and every header in the identity namespace (:func:`identity_named`)
     dropped; Host kept (or ``host``, a route's rewrite); X-Forwarded-For/-Proto/-Host (the
-    client's ``authority``) and the identity headers set; ``TE: trailers`` kept when ``trailers``
-    (an HTTP/2 backend)."""
+    client's ``authority``; -Proto the ``scheme`` the client spoke) and the identity headers set;
+    ``TE: trailers`` kept when ``trailers`` (an HTTP/2 backend)."""
     items = [(k, v) for k, v in headers if not k.startswith(":")]
     named = _connection_named(items)
     te = [("te", "trailers")] if trailers and wants_trailers(items) else []
     out = [(k, v) for k, v in items if k.lower() not in HOP_BY_HOP | FORWARDED | named | {"host"}
            and not identity_named(k)]
-    return [("Host", host or authority), *out, *te, ("X-Forwarded-For", client), ("X-Forwarded-Proto", "https"),
+    return [("Host", host or authority), *out, *te, ("X-Forwarded-For", client), ("X-Forwarded-Proto", scheme),
             ("X-Forwarded-Host", authority), *identity_headers(identity)]
 
 

@@ -7,6 +7,7 @@ response began aborts the connection: a client must not take a cut body for a wh
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -19,7 +20,7 @@ from tailnet_agent.limits import HTTP1_MAX_FIELDS, Limits
 
 from ..h2backend import BackendError
 from .handover import Pending, hand_over
-from .headers import misdirected, misdirected_text, request_headers, response_headers
+from .headers import host_of, misdirected, misdirected_text, request_headers, response_headers
 from .identity import Whois
 from .routes import Reply, edit_headers
 from .upstream import CHUNK, BadGateway, Upstreams
@@ -38,7 +39,7 @@ def headers_too_large(exc: BaseException | None) -> bool:
 class _Handler(web.RequestHandler):
     """aiohttp's connection handler, answering a request over the header limits with 431."""
 
-    def __init__(self, server: Http1Server, **kwargs: Any) -> None:
+    def __init__(self, server: Http1Base, **kwargs: Any) -> None:
         super().__init__(server, **kwargs)
         self.server = server
 
@@ -50,19 +51,18 @@ class _Handler(web.RequestHandler):
         return self.server.refuse_headers(request.remote or "")
 
 
-class Http1Server(web.Server):
-    """aiohttp's HTTP/1.1 server protocol factory for one expose; tells each connection's end to
-    its waiter, so that the connection stays a task of the expose while it lasts."""
+class Http1Base(web.Server):
+    """aiohttp's HTTP/1.1 server protocol factory with the agent's limits (named ``name`` in logs);
+    tells each connection's end to its waiter, so that the connection stays a task of its owner
+    while it lasts. A subclass answers the requests (:meth:`answer`)."""
 
-    def __init__(self, upstreams: Upstreams, whois: Whois, *, limits: Limits | None = None,
-                 metrics: AgentMetrics | None = None) -> None:
+    def __init__(self, name: str, *, limits: Limits | None = None, metrics: AgentMetrics | None = None) -> None:
         limits = limits or Limits()
         # aiohttp's keep-alive timeout is the idle timeout (0 would mean no keep-alive: a large value instead)
-        super().__init__(self._request, access_log=None, keepalive_timeout=limits.idle_timeout or 1e9,
+        super().__init__(self.answer, access_log=None, keepalive_timeout=limits.idle_timeout or 1e9,
                          max_line_size=limits.http1_max_line_size, max_field_size=limits.http1_max_field_size,
                          max_headers=HTTP1_MAX_FIELDS)
-        self.upstreams = upstreams
-        self.whois = whois
+        self.name = name
         self.limits = limits
         self.metrics = metrics
         self.ends: dict[web.RequestHandler, asyncio.Future[None]] = {}
@@ -74,7 +74,7 @@ class Http1Server(web.Server):
         """431 for a request whose request line or header fields are over the limits (the
         connection then closes: aiohttp cannot tell where the next request would start)."""
         limits = self.limits
-        log.info("request refused: header section too large", expose=self.upstreams.name, client=client,
+        log.info("request refused: header section too large", expose=self.name, client=client,
                  max_line_size=limits.http1_max_line_size, max_field_size=limits.http1_max_field_size,
                  max_fields=HTTP1_MAX_FIELDS)
         if self.metrics is not None:
@@ -90,19 +90,41 @@ class Http1Server(web.Server):
         if (end := self.ends.pop(handler, None)) is not None and not end.done():
             end.set_result(None)
 
-    async def serve(self, tls: asyncio.Transport, pending: Pending) -> None:
-        """Serve the TLS connection until it ends."""
+    async def serve(self, transport: asyncio.Transport, pending: Pending) -> None:
+        """Serve the connection (TLS, or plain with reading paused) until it ends."""
         handler = self()
         end = self.ends[handler] = asyncio.get_running_loop().create_future()
-        hand_over(tls, pending, handler)
+        hand_over(transport, pending, handler)
+        if transport.is_reading() is False and not transport.is_closing():
+            transport.resume_reading()
         await end
 
-    async def _request(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def answer(self, request: web.BaseRequest) -> web.StreamResponse:
+        raise NotImplementedError
+
+
+class Http1Server(Http1Base):
+    """One expose's HTTP/1.1: over TLS, the host its SNI chose (421 for a request that names
+    another); :meth:`forward` also serves the requests a plaintext port gives it."""
+
+    def __init__(self, upstreams: Upstreams, whois: Whois, *, limits: Limits | None = None,
+                 metrics: AgentMetrics | None = None) -> None:
+        super().__init__(upstreams.name, limits=limits, metrics=metrics)
+        self.upstreams = upstreams
+        self.whois = whois
+
+    async def answer(self, request: web.BaseRequest) -> web.StreamResponse:
         assert request.transport is not None
         host: VirtualHost = request.transport.get_extra_info("ssl_object").virtual_host
         authority = request.headers.get("Host", "")
         if misdirected(host, authority):
             return web.Response(status=421, text=misdirected_text(host, authority))
+        return await self.forward(request, host)
+
+    async def forward(self, request: web.BaseRequest, host: VirtualHost) -> web.StreamResponse:
+        """The request to ``host`` where its route says (a backend's answer, or the agent's own)."""
+        assert request.transport is not None
+        authority = request.headers.get("Host", "")
         decision = self.upstreams.decide(host, method=request.method, target=request.rel_url.raw_path_qs,
                                          authority=authority, headers=request.headers.items())
         if isinstance(decision, Reply):
@@ -111,7 +133,8 @@ class Http1Server(web.Server):
         client = request.remote or ""
         headers = edit_headers(request_headers(request.headers.items(), client=client, authority=authority,
                                                identity=self.whois(client), trailers=upstream_client.trailers,
-                                               host=decision.authority), decision.request_edits)
+                                               host=decision.authority, scheme=self.upstreams.scheme),
+                               decision.request_edits)
         body = request.content.iter_chunked(CHUNK) if request.body_exists else None
         try:
             async with upstream_client.request(request.method, decision.authority, decision.target, headers,
@@ -124,11 +147,32 @@ class Http1Server(web.Server):
                     async for chunk in upstream.body():
                         await response.write(chunk)
                 except BackendError as exc:
-                    log.warning("backend failed during the response", expose=self.upstreams.name,
-                                error=str(exc))
+                    log.warning("backend failed during the response", expose=self.name, error=str(exc))
                     request.transport.abort()  # the client must not take a cut body for a whole one
                     return response
                 await response.write_eof()  # HTTP/1.1 clients get no trailers (aiohttp writes none)
                 return response
         except BadGateway as exc:
             return web.Response(status=502, text=f"{exc}\n")
+
+
+Pick = Callable[[str], "tuple[Http1Server, VirtualHost] | None"]
+"""The expose (its HTTP/1.1 server) and host a plaintext port gives a request for a host name."""
+
+
+class PlainHttp1(Http1Base):
+    """A plaintext port's HTTP/1.1: each request goes to the host its Host names (``pick``), of
+    whichever plaintext expose on the port has it; 404 when none does."""
+
+    def __init__(self, port: int, pick: Pick, *, limits: Limits | None = None,
+                 metrics: AgentMetrics | None = None) -> None:
+        super().__init__(f"http-{port}", limits=limits, metrics=metrics)
+        self.pick = pick
+
+    async def answer(self, request: web.BaseRequest) -> web.StreamResponse:
+        name = host_of(request.headers.get("Host"))
+        found = self.pick(name)
+        if found is None:
+            return web.Response(status=404, text=f"no host {name or '(none)'} on this port\n")
+        server, host = found
+        return await server.forward(request, host)

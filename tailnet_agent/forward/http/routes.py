@@ -158,10 +158,12 @@ _RNG = random.Random()
 
 
 def decide(host: VirtualHost, default: Backend, *, method: str, target: str, authority: str,
-           headers: Iterable[tuple[str, str]], port: int, rng: random.Random | None = None) -> Forward | Reply:
-    """What becomes of a request to ``host`` on the tailnet port ``port``: the expose's backend
-    (``default``) without routes, else its route's backend (by weight, with ``rng``), redirect or
-    rewrite; 404 when no route matches and the host has no fallback."""
+           headers: Iterable[tuple[str, str]], port: int, scheme: str = "https",
+           rng: random.Random | None = None) -> Forward | Reply:
+    """What becomes of a request to ``host`` on the tailnet port ``port`` (spoken to in
+    ``scheme``): the expose's backend (``default``) without routes, else its route's backend (by
+    weight, with ``rng``), redirect or rewrite; 404 when no route matches and the host has no
+    fallback."""
     if not host.routes:
         return Forward(default, target, authority)
     route = choose(host.routes, target, method, headers)
@@ -170,7 +172,7 @@ def decide(host: VirtualHost, default: Backend, *, method: str, target: str, aut
             return Forward(default, target, authority)
         return Reply(404, f"no path of {host.name} matches {request_path(target)}, and it has no default backend\n")
     if route.redirect is not None:
-        location = redirect_location(route.redirect, route, target, authority, port)
+        location = redirect_location(route.redirect, route, target, authority, port, scheme)
         return Reply(route.redirect.status, f"redirected to {location}\n", (("location", location),))
     backend = _weighted_choice(route, rng or _RNG)
     if backend is None:
@@ -221,13 +223,14 @@ def _end_of_elements(path: str, count: int) -> int:
 WELL_KNOWN_PORTS = {"http": 80, "https": 443}
 
 
-def redirect_location(redirect: Redirect, route: Route, target: str, authority: str, port: int) -> str:
-    """The ``Location`` of a redirect: the request's scheme (https), host, port (the tailnet port
-    it came to) and path, with what the redirect changes. A new scheme without a port takes that
+def redirect_location(redirect: Redirect, route: Route, target: str, authority: str, port: int,
+                      request_scheme: str = "https") -> str:
+    """The ``Location`` of a redirect: the request's scheme, host, port (the tailnet port it came
+    to) and path, with what the redirect changes. A new scheme without a port takes that
     scheme's port; the port is left out where it is the scheme's own."""
     from .headers import host_of
 
-    scheme = redirect.scheme or "https"
+    scheme = redirect.scheme or request_scheme
     hostname = redirect.hostname or host_of(authority)
     if redirect.port is not None:
         to_port = redirect.port

@@ -29,7 +29,7 @@ class HttpService:
                  metrics: AgentMetrics | None = None) -> None:
         self.expose = expose
         self.whois = whois or (lambda ip: None)
-        self.certs = CertificateStore(expose.hosts)
+        self.certs = CertificateStore(() if expose.plaintext else expose.hosts)
         self.upstreams = Upstreams(expose)
         limits = limits or Limits()
         self.http1 = Http1Server(self.upstreams, self.whois, limits=limits, metrics=metrics)

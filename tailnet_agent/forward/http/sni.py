@@ -1,6 +1,6 @@
-"""SNI port sharing: the http exposes on one tailnet port share its listener.
+"""SNI port sharing: the TLS http exposes on one tailnet port share its listener (:mod:`.ports`).
 
-Each accepted connection is held paused (:class:`~.handover.Held`) until :meth:`HttpPort.serve`
+Each accepted connection is held paused (:class:`~.handover.Held`) until :meth:`HttpPort._serve`
 runs ``loop.start_tls``: the SNI callback finds the host named in SNI among the hosts of every http
 expose on that port and switches to its certificate (an unknown name is refused with
 ``unrecognized_name``; no SNI means the first host of the first of those exposes in the file). The
@@ -12,16 +12,15 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import structlog
 
 from tailnet_agent.contract.exposes import VirtualHost
-from tailnet_agent.limits import ConnectionGate, Refused, hold_peer
+from tailnet_agent.limits import ConnectionGate
 
-from ..egress import Closable
 from .certs import server_context
-from .handover import Held, Pending
+from .handover import Pending
+from .ports import SharedPort
 from .service import HttpService
 
 log = structlog.get_logger("agent.http")
@@ -29,43 +28,22 @@ log = structlog.get_logger("agent.http")
 HANDSHAKE_TIMEOUT = 10.0
 """Seconds a client has to finish its TLS handshake."""
 
-Bind = Callable[[Callable[[], asyncio.Protocol], int], Any]
-"""Opens the real listener of a port (awaitable; raises OSError when it cannot bind)."""
 
-
-class HttpPort:
+class HttpPort(SharedPort):
     """The tailnet listener of one port, shared by the http exposes on it: SNI picks the host and
-    with it the expose whose :class:`HttpService` serves the connection.
-
-    Each expose on the port holds a lease (:meth:`lease`, the forwarder's ``listen``): the
-    listener is bound with the first and closed with the last. A connection being handshaken is
-    a task of the port; once it belongs to an expose it is one of that service's connections and
-    ends when that expose stops (its siblings' connections stay).
+    with it the expose whose :class:`HttpService` serves the connection (:class:`~.ports.SharedPort`:
+    the listener's leases). A connection being handshaken is a task of the port; once it belongs
+    to an expose it is one of that service's connections and ends when that expose stops (its
+    siblings' connections stay).
     """
+
+    kind = "https"
 
     def __init__(self, port: int, order: Callable[[], Iterable[str]] | None = None, *,
                  gate: ConnectionGate | None = None) -> None:
-        self.port = port
-        self.gate = gate
-        """Counts the port's connections against the agent's limit (None: not counted)."""
-        self.services: dict[str, HttpService] = {}
-        """The http exposes on the port, by name."""
-        self._order = order
-        self._listener: Closable | None = None
-        self._leases = 0
-        self._lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[None]] = set()
+        super().__init__(port, order, gate=gate)
         self.context = server_context()
         self.context.sni_callback = self.sni
-
-    @property
-    def idle(self) -> bool:
-        return not self.services and not self._leases
-
-    def ordered(self) -> list[HttpService]:
-        """The services in the order of the exposes file (else in the order they started)."""
-        names = [n for n in self._order() if n in self.services] if self._order else []
-        return [self.services[n] for n in dict.fromkeys([*names, *self.services])]
 
     def route(self, server_name: str | None) -> tuple[HttpService, VirtualHost] | None:
         services = self.ordered()
@@ -91,61 +69,6 @@ class HttpPort:
         sslobj.http_service = service  # type: ignore[attr-defined]
         return None
 
-    async def lease(self, bind: Bind) -> Closable:
-        async with self._lock:
-            if self._listener is None:
-                self._listener = await bind(self.protocol, self.port)
-            self._leases += 1
-        return _Lease(self)
-
-    def release(self) -> None:
-        self._leases -= 1
-        if self._leases > 0 or self._listener is None:
-            return
-        self._listener.close()
-        self._listener = None
-        for task in self._tasks:
-            task.cancel()
-
-    async def drain(self) -> None:
-        """Wait for the connections still being handshaken after the last lease went."""
-        if tasks := [t for t in self._tasks if t is not asyncio.current_task()]:
-            for task in tasks:
-                task.cancel()
-            await asyncio.wait(tasks)
-
-    def protocol(self) -> asyncio.Protocol:
-        """The listener's protocol factory: hold the connection, serve it in a task of the port (a
-        connection over the agent's limit is closed at once)."""
-        gate = self.gate
-        if gate is not None and not gate.admit():
-            return Refused()
-        held = Held()
-        task = asyncio.get_running_loop().create_task(self.serve(held), name=f"https-{self.port}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        if gate is not None:
-            task.add_done_callback(lambda _: gate.release())
-        return held
-
-    async def serve(self, held: Held) -> None:
-        """One connection: handshake, then HTTP/2 or HTTP/1.1 until it ends; a failure ends it alone."""
-        try:
-            transport = await held.made
-        except ConnectionError:
-            return
-        with hold_peer(self.gate, transport) as admitted:  # over its peer's limit: closed, not served
-            if admitted:
-                await self._serve_admitted(transport)
-
-    async def _serve_admitted(self, transport: asyncio.Transport) -> None:
-        try:
-            await self._serve(transport)
-        except Exception:
-            log.exception("https connection failed", port=self.port)
-        finally:
-            transport.abort()  # a no-op after a clean close
-
     async def _serve(self, transport: asyncio.Transport) -> None:
         loop = asyncio.get_running_loop()
         client = str((transport.get_extra_info("peername") or ("?",))[0])
@@ -167,13 +90,3 @@ class HttpPort:
         await chosen.serve_connection(tls, pending, sslobj.virtual_host, client)
 
 
-class _Lease:
-    """One expose's hold on the shared listener; closing it twice releases once."""
-
-    def __init__(self, port: HttpPort) -> None:
-        self._port: HttpPort | None = port
-
-    def close(self) -> None:
-        port, self._port = self._port, None
-        if port is not None:
-            port.release()

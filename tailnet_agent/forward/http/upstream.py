@@ -166,7 +166,12 @@ class Upstreams:
         """What becomes of a request to ``host`` (:func:`.routes.decide`); a :class:`Forward`'s
         backend has its client in :attr:`clients`."""
         return decide(host, self.expose.backend, method=method, target=target, authority=authority,
-                      headers=headers, port=self.expose.port, rng=self.rng)
+                      headers=headers, port=self.expose.port, scheme=self.scheme, rng=self.rng)
+
+    @property
+    def scheme(self) -> str:
+        """What clients speak to the expose: ``http`` (plaintext) or ``https``."""
+        return "http" if self.expose.plaintext else "https"
 
     def open(self) -> None:
         for client in self.clients.values():
