@@ -212,6 +212,12 @@ INVALID_EXAMPLES: tuple[InvalidExample, ...] = (
                                                           "backend": {"service": "a", "port": 1},
                                                           "rewrite": {"path": {"type": "ReplacePrefixMatch",
                                                                                "value": "/"}}}])),
+    InvalidExample("in-plaintext-tls", "TailnetIngress", "spec.exposes[0].hosts",
+                   _set("spec.exposes.0.plaintext", True)),
+    InvalidExample("in-plaintext-tcp", "TailnetIngress", "spec.exposes[1].plaintext",
+                   _set("spec.exposes.1.plaintext", True)),
+    InvalidExample("in-host-no-tls", "TailnetIngress", "spec.exposes[0].hosts",
+                   _delete("spec.exposes.0.hosts.0.tls")),
     InvalidExample("in-path-status", "TailnetIngress", "spec.exposes[0].hosts[0].paths[0].redirect.statusCode",
                    _set("spec.exposes.0.hosts.0.paths", [{"path": "/", "redirect": {"statusCode": 200}}])),
     # TailnetSite

@@ -255,7 +255,8 @@ class VirtualHost(ApiModel):
     alias: DNSLabel | None = Field(
         default=None, description="Optional short name under the same zones, e.g. grafana."
     )
-    tls: HostTLS = Field(description="The certificate for this name.")
+    tls: HostTLS | None = Field(
+        default=None, description="The certificate for this name; required unless the expose is plaintext.")
     paths: list[HostPath] | None = Field(
         default=None,
         max_length=PATHS_MAX,
@@ -319,6 +320,17 @@ _EXPOSE_RULES = (
         ".hosts",
     ),
     cel(
+        "!has(self.hosts) || (has(self.plaintext) && self.plaintext ? self.hosts.all(h, !has(h.tls))"
+        " : self.hosts.all(h, has(h.tls)))",
+        "each host of an http expose needs tls, and a plaintext expose's hosts take none",
+        ".hosts",
+    ),
+    cel(
+        "!has(self.plaintext) || !self.plaintext || self.mode == 'http'",
+        "plaintext goes with mode http",
+        ".plaintext",
+    ),
+    cel(
         "self.mode == 'http' || (self.backend.scheme == 'http' && !has(self.backend.caSecretRef)"
         " && self.backend.protocol == 'http1')",
         "backend.scheme https, backend.caSecretRef and backend.protocol h2 need mode http",
@@ -348,12 +360,24 @@ class Expose(ApiModel):
         description="http mode only (and required there): the names this expose answers to.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
+    plaintext: bool = Field(
+        default=False,
+        description=(
+            "http mode only: serve HTTP/1.1 without TLS (the tailnet's WireGuard encrypts it), each request's "
+            "host picked by its Host header; the hosts take no tls. The exposes of one port are all plaintext "
+            "or all TLS. Defaults to false."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
         has_hosts = bool(self.hosts)
         if (self.mode == "http") != has_hosts:
             raise ValueError("hosts: hosts is required for mode http and not allowed for mode tcp")
+        if self.plaintext and self.mode != "http":
+            raise ValueError("plaintext: plaintext goes with mode http")
+        if any((h.tls is None) != self.plaintext for h in self.hosts or []):
+            raise ValueError("hosts: each host of an http expose needs tls, and a plaintext expose's hosts take none")
         if self.mode == "tcp" and (self.backend.scheme != "http" or self.backend.ca_secret_ref is not None
                                    or self.backend.protocol != "http1"):
             raise ValueError(
@@ -379,6 +403,12 @@ class TailnetIngressSpec(ApiModel):
                 "self.exposes.all(e, self.exposes.all(f, e.name == f.name || e.port != f.port"
                 " || (e.mode == 'http' && f.mode == 'http')))",
                 "a port may be shared only by http exposes; a tcp expose needs a port of its own",
+                ".exposes",
+            ),
+            cel(
+                "self.exposes.all(e, self.exposes.all(f, e.port != f.port"
+                " || (has(e.plaintext) && e.plaintext) == (has(f.plaintext) && f.plaintext)))",
+                "the http exposes of one port are all plaintext or all TLS",
                 ".exposes",
             ),
             cel(
@@ -457,6 +487,8 @@ class TailnetIngressSpec(ApiModel):
                         "exposes: a port may be shared only by http exposes; "
                         "a tcp expose needs a port of its own"
                     )
+        if any(e.port == f.port and e.plaintext != f.plaintext for e in self.exposes for f in self.exposes):
+            raise ValueError("exposes: the http exposes of one port are all plaintext or all TLS")
         if dups := duplicates([h.name for e in self.exposes for h in e.hosts or []]):
             raise ValueError(f"exposes: a host name may appear in only one expose: {dups}")
         if self.replicas > 1 and self.shared_address is None:

@@ -236,8 +236,7 @@ class IngressNode:
                                 operator_labels=self.settings.operator_labels,
                                 metrics_namespaces=self.settings.metrics_namespaces)
         certificates = [Want(CERTIFICATE, build.certificate(owner, ingress, host, zones), optional=True)
-                        for expose in ingress.spec.exposes for host in expose.hosts or []
-                        if host.tls.cert_manager is not None]
+                        for host in build.cert_manager_hosts(ingress)]
         budget = build.disruption_budget(owner, ingress)
         return Desired.of((SECRET, build.auth_secret(owner, ingress, key.key)),
                           (DEPLOYMENT, build.deployment(owner, ingress, agent)),
@@ -323,6 +322,8 @@ def _certificate_issues(ingress: TailnetIngress, applied: Applied) -> dict[str, 
     issues: dict[str, CertificateIssue] = {}
     for expose in ingress.spec.exposes:
         for host in expose.hosts or []:
+            if host.tls is None:
+                continue
             exc = applied.refused.get((CERTIFICATE.kind, build.certificate_name(ingress, host)))
             if exc is None:
                 continue

@@ -206,7 +206,7 @@ def _host_issue(ingress: TailnetIngress, host: VirtualHost, reader: Reader,
     secret_name = build.host_secret_name(ingress, host)
     secret = reader.get(SECRET, secret_name, ingress.metadata.namespace)
     if secret is None:
-        if host.tls.cert_manager is not None:
+        if host.tls is not None and host.tls.cert_manager is not None:
             return CertificateIssue("CertificatePending", (
                 f"{host.name}: waiting for cert-manager to issue the Certificate "
                 f"{build.certificate_name(ingress, host)} into the Secret {secret_name} (kubectl describe "
@@ -222,9 +222,9 @@ def _host_issue(ingress: TailnetIngress, host: VirtualHost, reader: Reader,
 
 def _certificate_conditions(ingress: TailnetIngress, reader: Reader,
                             issues: dict[str, CertificateIssue]) -> Cond:
-    hosts = [h for e in ingress.spec.exposes for h in e.hosts or []]
+    hosts = build.tls_hosts(ingress)
     if not hosts:
-        return Cond("CertificatesReady", "True", "NotNeeded", "no http expose: no certificate is needed")
+        return Cond("CertificatesReady", "True", "NotNeeded", "no TLS http expose: no certificate is needed")
     found = [i for h in hosts if (i := _host_issue(ingress, h, reader, issues)) is not None]
     if not found:
         return Cond("CertificatesReady", "True", "Present",
@@ -249,7 +249,9 @@ def _agent_host(entry: JSON | None, name: str) -> JSON:
 def _hosts(ingress: TailnetIngress, expose: Expose, zones: list[str], entry: JSON | None) -> list[JSON]:
     out = []
     for host in expose.hosts or []:
-        item: JSON = {"name": host.name, "secretName": build.host_secret_name(ingress, host)}
+        item: JSON = {"name": host.name}
+        if host.tls is not None:
+            item["secretName"] = build.host_secret_name(ingress, host)
         if host.alias:
             item["alias"] = host.alias
             if names := build.alias_names(host, zones):

@@ -9,8 +9,10 @@ Such a Gateway becomes one tailnet node, as a TailnetIngress (:func:`as_ingress`
 
 * its ``HTTPS`` listeners (``tls.mode: Terminate``) are served, those of one port as the http
   exposes of that port, each listener's certificate the Secret of its first ``certificateRefs``
-  entry (a Secret of the Gateway's namespace). Other protocols are not served yet: the listener
-  is ``Accepted: False`` with ``UnsupportedProtocol``, and the others go on;
+  entry (a Secret of the Gateway's namespace); its ``HTTP`` listeners as plaintext http exposes
+  (the tailnet's WireGuard is the encryption). The listeners of one port are all HTTP or all
+  HTTPS (else ``ProtocolConflict``). Other protocols are not served yet: the listener is
+  ``Accepted: False`` with ``UnsupportedProtocol``, and the others go on;
 * the agent picks a host by its exact name (SNI), so the served hosts are exact names: a listener
   with an exact ``hostname`` serves that name; one with a wildcard (``*.example.com``) or none
   serves the exact hostnames of the routes attached to it that it covers. A route hostname that is
@@ -494,10 +496,18 @@ def _paths_of(route: HTTPRouteObject, exists: ServiceExists) -> tuple[list[dict[
 
 
 def _listener_problem(listener: Listener, gateway: GatewayObject, secret_exists: ServiceExists) -> Condition | None:
-    if listener.protocol != "HTTPS":
+    if listener.protocol not in ("HTTP", "HTTPS"):
         return _condition("Accepted", False, "UnsupportedProtocol", (
-            f"listener {listener.name}: {listener.protocol} is not served yet; the tailnet node serves HTTPS "
-            "listeners (TLS terminated by the node)"))
+            f"listener {listener.name}: {listener.protocol} is not served yet; the tailnet node serves HTTP and "
+            "HTTPS listeners (TLS terminated by the node)"))
+    clash = next((ls for ls in gateway.spec.listeners if ls.port == listener.port and ls.protocol != listener.protocol),
+                 None)
+    if clash is not None:
+        return _condition("Accepted", False, "ProtocolConflict", (
+            f"listener {listener.name}: listener {clash.name} is on port {listener.port} too, with {clash.protocol}; "
+            "the listeners of one port are all HTTP or all HTTPS"))
+    if listener.protocol == "HTTP":
+        return None
     tls = listener.tls or _TLS()
     if tls.mode != "Terminate":
         return _condition("Accepted", False, "UnsupportedValue", f"listener {listener.name}: tls.mode {tls.mode} is "
@@ -562,12 +572,13 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
                 parent.resolved_refs = unresolved
         for listener in attachment.listeners:
             listeners[listener.name].attached_routes += 1
-            secret = (listener.tls or _TLS()).certificate_refs[0].name
+            refs = (listener.tls or _TLS()).certificate_refs
+            tls = {"tls": {"secretName": refs[0].name}} if listener.protocol == "HTTPS" else {}
             for name in _served_names(listener, [route]):
                 if route.spec.hostnames and not any(_covers(h.lower(), name) for h in route.spec.hostnames):
                     continue
                 host = hosts.setdefault(listener.port, {}).setdefault(
-                    name, {"name": name, "tls": {"secretName": secret}, "paths": [], "unmatchedPaths": "NotFound"})
+                    name, {"name": name, **tls, "paths": [], "unmatchedPaths": "NotFound"})
                 host["paths"].extend(paths)
     exposes: list[dict[str, Any]] = []
     for port, by_name in sorted(hosts.items()):
@@ -581,9 +592,11 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
         backend = first.get("backend") or next((b for b in first.get("backends", [])), None) or \
             {"service": gateway.name, "port": port}
         backend = {"service": backend["service"], "port": backend["port"]}  # never asked: every host answers 404
+        plaintext = all("tls" not in h for h in entries)
         for k in range(0, len(entries), HOSTS_MAX):
-            exposes.append({"name": f"https-{port}-{k // HOSTS_MAX}", "mode": "http", "port": port,
-                            "backend": backend, "hosts": entries[k:k + HOSTS_MAX]})
+            exposes.append({"name": f"{'http' if plaintext else 'https'}-{port}-{k // HOSTS_MAX}", "mode": "http",
+                            "port": port, "backend": backend, "hosts": entries[k:k + HOSTS_MAX],
+                            **({"plaintext": True} if plaintext else {})})
     if len(exposes) > EXPOSES_MAX:
         return _refused(listeners, parents, "TooManyHosts", (
             f"the Gateway's listeners serve {sum(len(e['hosts']) for e in exposes)} hosts over {len(exposes)} "

@@ -141,8 +141,9 @@ def certificate_name(ingress: TailnetIngress, host: VirtualHost) -> str:
 
 
 def host_secret_name(ingress: TailnetIngress, host: VirtualHost) -> str:
-    """The TLS Secret of a host: its ``tls.secretName``, or ``<certificate>-tls`` for cert-manager."""
-    if host.tls.secret_name:
+    """The TLS Secret of a host (of a TLS expose): its ``tls.secretName``, or ``<certificate>-tls``
+    for cert-manager."""
+    if host.tls is not None and host.tls.secret_name:
         return host.tls.secret_name
     return _bounded(f"{_name(ingress)}-{host.name.lower()}", "-tls")
 
@@ -151,9 +152,19 @@ def _hosts(ingress: TailnetIngress) -> list[VirtualHost]:
     return [h for e in ingress.spec.exposes for h in e.hosts or []]
 
 
+def tls_hosts(ingress: TailnetIngress) -> list[VirtualHost]:
+    """The hosts that have a certificate: those of the TLS http exposes (a plaintext one's have none)."""
+    return [h for h in _hosts(ingress) if h.tls is not None]
+
+
+def cert_manager_hosts(ingress: TailnetIngress) -> list[VirtualHost]:
+    """The hosts whose certificate cert-manager issues (``tls.certManager``)."""
+    return [h for h in tls_hosts(ingress) if h.tls is not None and h.tls.cert_manager is not None]
+
+
 def tls_secret_names(ingress: TailnetIngress) -> list[str]:
-    """Every host's TLS Secret, in spec order, each once."""
-    return list(dict.fromkeys(host_secret_name(ingress, h) for h in _hosts(ingress)))
+    """Every TLS host's Secret, in spec order, each once."""
+    return list(dict.fromkeys(host_secret_name(ingress, h) for h in tls_hosts(ingress)))
 
 
 def alias_names(host: VirtualHost, zones: list[str]) -> list[str]:
@@ -218,13 +229,13 @@ def _agent_expose(ingress: TailnetIngress, expose: Expose, zones: list[str]) -> 
     hosts = []
     for vhost in expose.hosts or []:
         secret_dir = f"{CERTS_DIR}/{_tls_dir(host_secret_name(ingress, vhost))}"
+        files = {} if expose.plaintext else {"cert_file": f"{secret_dir}/tls.crt", "key_file": f"{secret_dir}/tls.key"}
         hosts.append(agent_exposes.VirtualHost(
             name=vhost.name.lower(), alias=vhost.alias or None,
-            aliases=tuple(alias_names(vhost, zones)) if vhost.alias else (),
-            cert_file=f"{secret_dir}/tls.crt", key_file=f"{secret_dir}/tls.key",
+            aliases=tuple(alias_names(vhost, zones)) if vhost.alias else (), **files,
             routes=tuple(route(p) for p in vhost.paths or []), fallback=vhost.unmatched_paths == "Backend"))
     return agent_exposes.Expose(name=expose.name, port=expose.port, backend=backend, mode=agent_exposes.HTTP,
-                                hosts=tuple(hosts))
+                                hosts=tuple(hosts), plaintext=expose.plaintext)
 
 
 def _matches(matches: Sequence[HeaderMatch | HeaderValue] | None) -> tuple[agent_exposes.Match, ...]:
@@ -326,7 +337,7 @@ def network_policy(owner: Obj, ingress: TailnetIngress, agent: AgentSpec, operat
 
 def certificate(owner: Obj, ingress: TailnetIngress, host: VirtualHost, zones: list[str]) -> Obj:
     """The cert-manager Certificate of a ``tls.certManager`` host: its name and alias names."""
-    assert host.tls.cert_manager is not None
+    assert host.tls is not None and host.tls.cert_manager is not None
     issuer = host.tls.cert_manager.issuer_ref
     return {"apiVersion": "cert-manager.io/v1", "kind": "Certificate",
             "metadata": owned_metadata(owner, ingress, certificate_name(ingress, host)),

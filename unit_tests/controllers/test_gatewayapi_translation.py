@@ -132,8 +132,27 @@ def test_attachment_follows_section_name_port_and_allowed_routes() -> None:
     assert stranger.ingress is None
 
 
+def test_an_http_listener_is_served_as_a_plaintext_expose() -> None:
+    result = plan(gateway({"name": "plain", "port": 80, "protocol": "HTTP", "hostname": "s.example.test"},
+                          https("tls", "t.example.test")), route("r"))
+    assert result.ingress is not None
+    exposes = {e.port: e for e in parse_exposes(build.exposes_document(result.ingress, []))}
+    assert exposes[80].plaintext and exposes[80].hosts[0].name == "s.example.test"
+    assert exposes[80].hosts[0].cert_file == "" and not exposes[443].plaintext
+    assert {ls.name: ls.attached_routes for ls in result.listeners} == {"plain": 1, "tls": 1}
+
+
+def test_listeners_of_one_port_with_two_protocols_are_both_refused() -> None:
+    result = plan(gateway({"name": "plain", "port": 443, "protocol": "HTTP"}, https("tls", "t.example.test")),
+                  route("r"))
+    assert result.ingress is None
+    for listener in result.listeners:
+        accepted = next(c for c in listener.conditions if c.type == "Accepted")
+        assert (accepted.status, accepted.reason) == (False, "ProtocolConflict"), listener
+
+
 @pytest.mark.parametrize(("listener", "condition", "reason"), [
-    ({"name": "plain", "port": 80, "protocol": "HTTP"}, "Accepted", "UnsupportedProtocol"),
+    ({"name": "raw", "port": 5432, "protocol": "TCP"}, "Accepted", "UnsupportedProtocol"),
     (https("pass", tls={"mode": "Passthrough"}), "Accepted", "UnsupportedValue"),
     (https("nocert", secret="missing"), "ResolvedRefs", "InvalidCertificateRef"),
     (https("far", tls={"certificateRefs": [{"name": "edge-tls", "namespace": "vault"}]}), "ResolvedRefs",

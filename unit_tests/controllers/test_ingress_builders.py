@@ -133,6 +133,22 @@ def test_a_paths_matches_weights_redirect_rewrite_and_header_edits_reach_the_age
         scheme="http", port=8080, path=PathChange(type="ReplaceFullPath", value="/new"), status=301)
 
 
+def test_a_plaintext_expose_reaches_the_agent_without_certificates() -> None:
+    plain = {"name": "plain", "mode": "http", "plaintext": True, "port": 80,
+             "backend": {"service": "web", "port": 8080}, "hosts": [{"name": "plain.apps.example.internal"}]}
+    obj = ingress([plain, WEB])
+    [web, tls] = parse_exposes(build.exposes_document(obj, ZONES))
+    assert web.plaintext and web.hosts[0].cert_file == "" and not tls.plaintext
+    assert build.tls_secret_names(obj) == build.tls_secret_names(ingress([WEB]))
+
+
+def test_the_http_exposes_of_a_port_are_all_plaintext_or_all_tls() -> None:
+    plain = {"name": "plain", "mode": "http", "plaintext": True, "port": 443,
+             "backend": {"service": "web", "port": 8080}, "hosts": [{"name": "plain.apps.example.internal"}]}
+    with pytest.raises(ValidationError, match="all plaintext or all TLS"):
+        ingress([plain, WEB])
+
+
 @pytest.mark.parametrize(("path", "error"), [
     ({"path": "/", "backend": {"service": "a", "port": 1}, "redirect": {}},
      "set exactly one of backend, backends and redirect"),

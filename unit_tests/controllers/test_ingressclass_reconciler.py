@@ -104,8 +104,8 @@ async def test_an_ingress_of_the_class_gets_a_key_and_the_agent_objects_routing_
     assert config is not None
     [expose] = parse_exposes(config["data"][EXPOSES_FILE])
     [host] = expose.hosts
-    assert [(r.path, r.backend.host, r.backend.port) for r in host.routes] == [
-        ("/api", "api.shop.svc", 8080), ("/", "web.shop.svc", 80)]
+    assert [(r.path, r.backend and (r.backend.host, r.backend.port)) for r in host.routes] == [
+        ("/api", ("api.shop.svc", 8080)), ("/", ("web.shop.svc", 80))]
     assert world.kube.get(SECRET, RECORD, NAMESPACE) is not None
     assert obj.get("status", {}) in ({}, {"loadBalancer": {}})  # an Ingress's status holds no conditions
     assert world.events.reasons[-1] == "SecretMissing"  # Ready, told as an Event

@@ -98,7 +98,7 @@ def test_rules_become_one_https_expose_whose_hosts_route_by_path() -> None:
     assert [(p.path, p.path_type, p.backend.service, p.backend.port) for p in host.paths or []] == [
         ("/api", "Prefix", "api", 8080), ("/api/v2", "Exact", "v2", 80), ("/", "Prefix", "web", 80)]
     [agent] = parse_exposes(build.exposes_document(shaped, []))
-    assert [(r.path, r.type, r.backend.host) for r in agent.hosts[0].routes] == [
+    assert [(r.path, r.type, r.backend and r.backend.host) for r in agent.hosts[0].routes] == [
         ("/api", "Prefix", "api.web.svc"), ("/api/v2", "Exact", "v2.web.svc"), ("/", "Prefix", "web.web.svc")]
     assert not agent.hosts[0].fallback
 
