@@ -318,6 +318,58 @@ def test_a_laptop_the_policy_does_not_grant_cannot_connect(cluster: ClusterUnder
             "a laptop the policy does not grant reached the ingress"
 
 
+async def _plain_get(laptop: TailscaleNode, name: str, host: str, path: str,
+                     headers: tuple[tuple[str, str], ...] = ()) -> tuple[int, dict[str, str], bytes]:
+    """One plaintext HTTP/1.1 request through the laptop's proxy to ``name`` port 80 for ``host``."""
+    reader, writer = await tunnel(laptop.http_proxy_port, name, 80)
+    extra = "".join(f"{k}: {v}\r\n" for k, v in headers)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n".encode())
+    await writer.drain()
+    data = await reader.read()
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), fields, body
+
+
+def test_a_plaintext_expose_routes_by_header_redirects_and_answers_500_when_no_backend_takes_requests(
+        cluster: ClusterUnderTest, world: IngressWorld) -> None:
+    """HTTPRoute rules on a TailnetIngress, end to end: a laptop speaks plain HTTP over the tailnet
+    to the agent, whose route for a header answers a redirect itself, whose weight-0 route answers
+    500, and whose plain path reaches the Service."""
+    name, host = f"{world.ingress}-plain", f"plain-{world.hostname}.{ZONE}"
+    web = {"service": "web", "port": 8080}
+    apply(cluster, [{
+        "apiVersion": "tailnet.dev/v1alpha1", "kind": "TailnetIngress",
+        "metadata": {"name": name, "namespace": world.tenant},
+        "spec": {"tailnetRef": {"name": world.tailnet}, "tag": world.tag, "hostname": f"{world.hostname}-plain",
+                 "exposes": [{"name": "plain", "mode": "http", "plaintext": True, "port": 80, "backend": web,
+                              "hosts": [{"name": host, "unmatchedPaths": "NotFound", "paths": [
+                                  {"path": "/", "headers": [{"name": "X-Canary", "value": "yes"}],
+                                   "redirect": {"path": {"type": "ReplaceFullPath", "value": "/canary"}}},
+                                  {"path": "/none", "backends": [{**web, "weight": 0}]},
+                                  {"path": "/", "backend": web}]}]}]}}])
+    try:
+        def ready() -> dict[str, Any] | None:
+            obj: dict[str, Any] = get_json(cluster, "-n", world.tenant, INGRESSES, name)
+            named = (obj.get("status") or {}).get("magicDNSName")
+            return obj if condition(obj, "Ready") == "True" and named else None
+
+        magic = wait_until(ready, timeout=240, what="the plaintext ingress Ready")["status"]["magicDNSName"]
+        status, _, body = wait_until(lambda: _attempt(lambda: _run(_plain_get(world.laptop, magic, host, "/a"))),
+                                     timeout=90, what="the laptop to reach the plaintext expose")
+        assert status == 200 and body.startswith(b"hello from web"), (status, body)
+        status, fields, _ = _run(_plain_get(world.laptop, magic, host, "/a?b=1", (("X-Canary", "yes"),)))
+        assert status == 302 and fields["location"] == f"http://{host}/canary?b=1", (status, fields)
+        status, _, body = _run(_plain_get(world.laptop, magic, host, "/none"))
+        assert status == 500 and b"every weight is 0" in body, (status, body)
+        status, _, body = _run(_plain_get(world.laptop, magic, "else.example.test", "/a"))
+        assert status == 404, (status, body)
+    finally:
+        kubectl(cluster, "-n", world.tenant, "delete", INGRESSES, name, "--wait=true", "--timeout=90s", check=False)
+
+
 def test_deleting_the_ingress_expires_its_key_and_removes_its_objects_and_names(
         cluster: ClusterUnderTest, world: IngressWorld, cluster_headscale: Headscale) -> None:
     apply(cluster, [world.ingress_object()])
