@@ -54,7 +54,9 @@ __all__ = [
     "ListenerResult",
     "ParentResult",
     "as_ingress",
+    "gateway_status",
     "hostnames_intersect",
+    "route_parents",
     "tailnet_of_class",
 ]
 
@@ -622,3 +624,76 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
 def _refused(listeners: dict[str, ListenerResult], parents: dict[tuple[str, str], list[ParentResult]],
              reason: str, message: str) -> GatewayPlan:
     return GatewayPlan(None, _condition("Accepted", False, reason, message), list(listeners.values()), parents)
+
+
+# -- statuses ------------------------------------------------------------------------------------
+
+
+def _wire(condition: Condition, generation: int, now: str) -> dict[str, Any]:
+    return {"type": condition.type, "status": "True" if condition.status else "False", "reason": condition.reason,
+            "message": condition.message, "observedGeneration": generation, "lastTransitionTime": now}
+
+
+def _kept_time(found: list[dict[str, Any]], new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` with the transition time of the condition it replaces when its status did not change."""
+    old = next((c for c in found if c.get("type") == new["type"]), None)
+    if old is not None and old.get("status") == new["status"] and old.get("lastTransitionTime"):
+        return {**new, "lastTransitionTime": old["lastTransitionTime"]}
+    return new
+
+
+def gateway_status(plan: GatewayPlan, gateway: GatewayObject, node: Mapping[str, Any] | None, *, ready: bool,
+                   current: Mapping[str, Any] | None, now: str) -> dict[str, Any]:
+    """The Gateway's ``status``: Accepted as the plan says, Programmed once its node serves
+    (``ready``), every listener's conditions and attached routes, and the node's addresses (each
+    tailnet IP, then its MagicDNS name as a Hostname) once it has them. Transition times are kept
+    for conditions whose status did not change (``current``: the status as stored)."""
+    generation = gateway.metadata.generation
+    programmed = Condition("Programmed", ready and plan.ingress is not None,
+                           "Programmed" if ready and plan.ingress is not None else "Pending",
+                           "the tailnet node serves the Gateway" if ready and plan.ingress is not None
+                           else "the tailnet node does not serve the Gateway yet")
+    found = list((current or {}).get("conditions") or [])
+    conditions = [_kept_time(found, _wire(c, generation, now)) for c in (plan.accepted, programmed)]
+    stored = {ls.get("name"): ls for ls in (current or {}).get("listeners") or []}
+    listeners = []
+    for result in plan.listeners:
+        was = list((stored.get(result.name) or {}).get("conditions") or [])
+        served = all(c.status for c in result.conditions)
+        listener_programmed = Condition("Programmed", served and ready, "Programmed" if served and ready else "Pending",
+                                        "served" if served and ready else "not served yet")
+        listeners.append({
+            "name": result.name, "attachedRoutes": result.attached_routes,
+            "supportedKinds": [{"group": GROUP, "kind": "HTTPRoute"}],
+            "conditions": [_kept_time(was, _wire(c, generation, now))
+                           for c in (*result.conditions, listener_programmed)]})
+    out: dict[str, Any] = {"conditions": conditions, "listeners": listeners}
+    addresses = [{"type": "IPAddress", "value": str(a)} for a in (node or {}).get("addresses") or []]
+    name = str((node or {}).get("name") or "").rstrip(".")
+    if "." in name:
+        addresses.append({"type": "Hostname", "value": name})
+    if addresses:
+        out["addresses"] = addresses
+    return out
+
+
+def route_parents(route: Mapping[str, Any], results: list[ParentResult], *, now: str) -> list[dict[str, Any]]:
+    """``status.parents`` of an HTTPRoute: the entries of other controllers and of other Gateways
+    kept, this controller's entries for ``results``' parents replaced (transition times kept)."""
+    generation = int((route.get("metadata") or {}).get("generation") or 0)
+    ours = {_parent_key(r.parent) for r in results}
+    stored = list((route.get("status") or {}).get("parents") or [])
+    kept = [p for p in stored
+            if p.get("controllerName") != CONTROLLER or _parent_key(p.get("parentRef") or {}) not in ours]
+    previous = {_parent_key(p.get("parentRef") or {}): p for p in stored if p.get("controllerName") == CONTROLLER}
+    written = []
+    for result in results:
+        was = list((previous.get(_parent_key(result.parent)) or {}).get("conditions") or [])
+        written.append({"parentRef": result.parent, "controllerName": CONTROLLER,
+                        "conditions": [_kept_time(was, _wire(c, generation, now))
+                                       for c in (result.accepted, result.resolved_refs)]})
+    return [*kept, *written]
+
+
+def _parent_key(ref: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(str(ref.get(k) or "") for k in ("group", "kind", "namespace", "name", "sectionName", "port"))

@@ -205,3 +205,47 @@ def test_hostnames_intersect_as_the_specification_says() -> None:
     assert gw.hostnames_intersect("a.b.example.test", ["*.example.test"])
     assert not gw.hostnames_intersect("*.example.test", ["example.test"])
     assert not gw.hostnames_intersect("a.example.test", ["b.example.test"])
+
+
+NOW, LATER = "2026-12-03T10:00:00Z", "2026-12-03T11:00:00Z"
+
+
+def test_the_gateway_status_says_accepted_programmed_listeners_and_addresses() -> None:
+    g = gateway(https("web", "s.example.test"), {"name": "raw", "port": 5432, "protocol": "TCP"})
+    result = plan(g, route("r"))
+    node = {"name": "edge.tail.example.", "addresses": ["100.64.0.7", "fd7a:115c:a1e0::7"]}
+    status = gw.gateway_status(result, g, node, ready=True, current=None, now=NOW)
+    assert {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]} == {
+        "Accepted": ("True", "Accepted"), "Programmed": ("True", "Programmed")}
+    assert status["addresses"] == [{"type": "IPAddress", "value": "100.64.0.7"},
+                                   {"type": "IPAddress", "value": "fd7a:115c:a1e0::7"},
+                                   {"type": "Hostname", "value": "edge.tail.example"}]
+    web, raw = status["listeners"]
+    assert web["attachedRoutes"] == 1 and web["supportedKinds"] == [{"group": gw.GROUP, "kind": "HTTPRoute"}]
+    assert {c["type"]: c["status"] for c in web["conditions"]} == {"Accepted": "True", "ResolvedRefs": "True",
+                                                                   "Programmed": "True"}
+    assert {c["type"]: c["reason"] for c in raw["conditions"]}["Accepted"] == "UnsupportedProtocol"
+    assert {c["type"]: c["status"] for c in raw["conditions"]}["Programmed"] == "False"
+
+    pending = gw.gateway_status(result, g, None, ready=False, current=status, now=LATER)
+    programmed = next(c for c in pending["conditions"] if c["type"] == "Programmed")
+    accepted = next(c for c in pending["conditions"] if c["type"] == "Accepted")
+    assert (programmed["status"], programmed["lastTransitionTime"]) == ("False", LATER)
+    assert accepted["lastTransitionTime"] == NOW, "an unchanged condition keeps its transition time"
+    assert "addresses" not in pending
+
+
+def test_a_routes_parents_keep_other_controllers_entries_and_replace_ours() -> None:
+    result = plan(gateway(https("web", "s.example.test")), route("r"))
+    [ours] = result.parents[(NS, "r")]
+    other = {"parentRef": {"group": gw.GROUP, "kind": "Gateway", "namespace": NS, "name": "edge"},
+             "controllerName": "example.com/other", "conditions": []}
+    stale = {"parentRef": ours.parent, "controllerName": gw.CONTROLLER,
+             "conditions": [{"type": "Accepted", "status": "True", "lastTransitionTime": NOW}]}
+    stored = {"metadata": {"generation": 3}, "status": {"parents": [other, stale]}}
+    parents = gw.route_parents(stored, [ours], now=LATER)
+    assert parents[0] == other and len(parents) == 2
+    mine = parents[1]
+    assert mine["controllerName"] == gw.CONTROLLER and mine["parentRef"] == ours.parent
+    accepted = next(c for c in mine["conditions"] if c["type"] == "Accepted")
+    assert accepted["lastTransitionTime"] == NOW and accepted["observedGeneration"] == 3
