@@ -402,8 +402,13 @@ def _diagnose_names(cluster: ClusterUnderTest, world: GatewayWorld, tenant: str,
     events = kubectl(cluster, "get", "events", "-A", "--field-selector", f"involvedObject.name={world.tailnet}",
                      check=False)
     pods = kubectl(cluster, "-n", tenant, "get", "pods", "-o", "wide", check=False)
+    # the ingress's key record, where the Ingress reconciler notes its node's address for the DNS reconciler
+    records = get_json(cluster, "-n", world.namespace, "secrets", "-l", f"tailnet.dev/tailnet={world.tailnet}")
+    notes = {r["metadata"]["name"]: r["metadata"].get("annotations") for r in records["items"]}
+    nodes = {o["metadata"]["name"]: (o.get("status") or {}).get("node") for o in objects}
     return AssertionError(f"{exc}\nhosts ConfigMap: {data.get('metadata', {}).get('labels')} "
-                          f"{data.get('data')}\nconditions: {conditions}\nTailnet events:\n{events}\n{pods}\n"
+                          f"{data.get('data')}\nconditions: {conditions}\nnodes: {nodes}\nrecords: {notes}\n"
+                          f"Tailnet events:\n{events}\n{pods}\n"
                           f"operator logs:\n{operator_logs(cluster, world.namespace)}")
 
 
