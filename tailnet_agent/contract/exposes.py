@@ -54,7 +54,7 @@ from .targets import PortMapping
 
 __all__ = ["ANY_HOST", "EXACT", "H2", "HTTP", "HTTP1", "PREFIX", "REPLACE_FULL_PATH", "REPLACE_PREFIX_MATCH", "TCP",
            "Backend", "Expose", "HeaderEdits", "Match", "PathChange", "Redirect", "Rewrite", "Route", "VirtualHost",
-           "WeightedBackend", "exposes_document", "parse_exposes", "reserved_header"]
+           "WeightedBackend", "exposes_document", "identity_named", "parse_exposes", "reserved_header"]
 
 NAME = EXPOSES_FILE
 TCP = "tcp"
@@ -68,13 +68,26 @@ REPLACE_FULL_PATH = "ReplaceFullPath"
 REPLACE_PREFIX_MATCH = "ReplacePrefixMatch"
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH")
-RESERVED_HEADERS = frozenset({"host", "connection", "keep-alive", "proxy-connection", "proxy-authenticate",
-                              "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade",
-                              "http2-settings", "content-length", "x-forwarded-for", "x-forwarded-proto",
-                              "x-forwarded-host", "forwarded"})
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
+                        "te", "trailer", "transfer-encoding", "upgrade", "http2-settings"})
+"""Headers of one hop, never forwarded."""
+FORWARDED = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "forwarded"})
+"""The forwarding headers the agent writes itself."""
+IDENTITY_PREFIXES = ("tailnet-", "tailscale-")
+"""The identity namespace: headers the agent owns (``Tailnet-*``) and those backends written for
+``tailscale serve`` trust (``Tailscale-*``). Any the client sends is dropped before the agent's own
+are added."""
+RESERVED_HEADERS = HOP_BY_HOP | FORWARDED | {"host", "content-length"}
 """Headers a route may not set, add or remove: the agent's own (Host goes by ``rewrite.hostname``;
 hop-by-hop ones and the forwarding headers are the agent's to write). The identity namespace
-(``Tailnet-*``, ``Tailscale-*``) is refused too."""
+(:func:`identity_named`) is refused too."""
+
+
+def identity_named(name: str) -> bool:
+    """``name`` is in the identity namespace as a backend may read it: lower-cased, with ``_`` read
+    as ``-`` (CGI and WSGI servers turn both ``Tailnet-User-Login`` and ``Tailnet_User_Login`` into
+    ``HTTP_TAILNET_USER_LOGIN``), it starts with ``tailnet-`` or ``tailscale-``."""
+    return name.lower().replace("_", "-").startswith(IDENTITY_PREFIXES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -463,14 +476,9 @@ def _weighted(raw: Any, where: str) -> WeightedBackend:
     return WeightedBackend(backend=_backend(item.get("backend"), f"{where}.backend", HTTP), weight=weight)
 
 
-IDENTITY_PREFIXES = ("tailnet-", "tailscale-")
-
-
 def reserved_header(name: str) -> bool:
-    """A header a route may not set, add or remove (:data:`RESERVED_HEADERS`, and the identity
-    namespace as a backend may read it: ``_`` as ``-``)."""
-    lower = name.lower()
-    return lower in RESERVED_HEADERS or lower.replace("_", "-").startswith(IDENTITY_PREFIXES)
+    """A header a route may not set, add or remove (:data:`RESERVED_HEADERS`, the identity namespace)."""
+    return name.lower() in RESERVED_HEADERS or identity_named(name)
 
 
 RESERVED_HEADER_TEXT = ("is the agent's to write (hop-by-hop, forwarding, Host or the caller's identity), "

@@ -9,7 +9,12 @@ from typing import Annotated, Literal, Self
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, WithJsonSchema, model_validator
 
 from tailnet_agent.contract.addresses import shared_address_problem
-from tailnet_agent.contract.exposes import RESERVED_HEADER_TEXT, RESERVED_HEADERS, reserved_header
+from tailnet_agent.contract.exposes import (
+    IDENTITY_PREFIXES,
+    RESERVED_HEADER_TEXT,
+    RESERVED_HEADERS,
+    reserved_header,
+)
 from tailnet_operator.api.common import (
     DNS_SUBDOMAIN_PATTERN,
     ApiModel,
@@ -105,8 +110,7 @@ HEADER_NAME_PATTERN = r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$"
 """An HTTP field name (RFC 9110 token)."""
 _RESERVED_RULE = cel(
     "!(self.lowerAscii() in [" + ", ".join(f"'{h}'" for h in sorted(RESERVED_HEADERS)) + "]) && "
-    "!self.lowerAscii().replace('_', '-').startsWith('tailnet-') && "
-    "!self.lowerAscii().replace('_', '-').startsWith('tailscale-')",
+    + " && ".join(f"!self.lowerAscii().replace('_', '-').startsWith('{p}')" for p in IDENTITY_PREFIXES),
     RESERVED_HEADER_TEXT,
 )
 HeaderName = Annotated[str, StringConstraints(pattern=HEADER_NAME_PATTERN, min_length=1, max_length=256)]

@@ -283,7 +283,7 @@ def hostnames_intersect(listener: str | None, route: Iterable[str]) -> bool:
     if not listener or not names:
         return True
     listener = listener.lower()
-    return any(_covers(listener, n) or _covers(n, listener) or n == listener for n in names)
+    return any(_covers(listener, n) or _covers(n, listener) for n in names)
 
 
 def _served_names(listener: Listener, routes: list[HTTPRouteObject]) -> list[str]:

@@ -12,17 +12,10 @@ from __future__ import annotations
 import email.charset
 from collections.abc import Iterable
 
-from tailnet_agent.contract.exposes import VirtualHost
+from tailnet_agent.contract.exposes import FORWARDED, HOP_BY_HOP, VirtualHost, identity_named
 
 from .identity import Identity
 
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
-                        "te", "trailer", "transfer-encoding", "upgrade", "http2-settings"})
-FORWARDED = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "forwarded"})
-IDENTITY_PREFIXES = ("tailnet-", "tailscale-")
-"""The identity namespace: headers the agent owns (``Tailnet-*``) and those backends written for
-``tailscale serve`` trust (``Tailscale-*``). Any the client sends is dropped before the agent's own
-are added."""
 USER_LOGIN, USER_NAME = "Tailnet-User-Login", "Tailnet-User-Name"
 NODE_NAME, NODE_TAGS = "Tailnet-Node-Name", "Tailnet-Node-Tags"
 Headers = list[tuple[str, str]]
@@ -75,13 +68,6 @@ def identity_headers(identity: Identity | None) -> Headers:
     if identity.display_name:
         out.append((USER_NAME, header_value(identity.display_name)))
     return out
-
-
-def identity_named(name: str) -> bool:
-    """``name`` is in the identity namespace as a backend may read it: lower-cased, with ``_`` read
-    as ``-`` (CGI and WSGI servers turn both ``Tailnet-User-Login`` and ``Tailnet_User_Login`` into
-    ``HTTP_TAILNET_USER_LOGIN``), it starts with ``tailnet-`` or ``tailscale-``."""
-    return name.lower().replace("_", "-").startswith(IDENTITY_PREFIXES)
 
 
 # -- requests, responses, trailers ----------------------------------------------------------------

@@ -44,6 +44,8 @@ from tailnet_agent.contract.exposes import (
     VirtualHost,
 )
 
+from .headers import host_of
+
 __all__ = ["Forward", "Reply", "choose", "decide", "edit_headers", "elements", "matches", "replace_path",
            "request_path"]
 
@@ -66,27 +68,32 @@ def elements(path: str) -> list[str]:
     return [e for e in path.split("/") if e]
 
 
-@dataclass(frozen=True)
 class _Request:
-    """What the routes are matched against, each part computed once per request."""
+    """What the routes are matched against: the path at once, the headers and the query when a
+    route first asks for them (most routes match on the path alone), each once per request."""
 
-    path: str
-    parts: tuple[str, ...]
-    method: str
-    headers: dict[str, str]
-    query: dict[str, str]
+    def __init__(self, target: str, method: str, headers: Iterable[tuple[str, str]]) -> None:
+        self.target = target
+        self.path = request_path(target)
+        self.parts = tuple(elements(self.path))
+        self.method = method.upper()
+        self._headers = headers
 
-    @classmethod
-    def of(cls, target: str, method: str, headers: Iterable[tuple[str, str]]) -> _Request:
-        path = request_path(target)
+    @functools.cached_property
+    def headers(self) -> dict[str, str]:
+        """By lower-case name, a repeated header's values joined by ``, ``."""
         combined: dict[str, list[str]] = {}
-        for name, value in headers:
+        for name, value in self._headers:
             combined.setdefault(name.lower(), []).append(value)
+        return {k: ", ".join(v) for k, v in combined.items()}
+
+    @functools.cached_property
+    def query(self) -> dict[str, str]:
+        """By name, the first value, percent-decoded."""
         query: dict[str, str] = {}
-        for name, value in parse_qsl(request_query(target), keep_blank_values=True):
+        for name, value in parse_qsl(request_query(self.target), keep_blank_values=True):
             query.setdefault(name, value)
-        return cls(path, tuple(elements(path)), method.upper(),
-                   {k: ", ".join(v) for k, v in combined.items()}, query)
+        return query
 
 
 def matches(route: Route, path: str) -> bool:
@@ -122,7 +129,7 @@ def _rank(route: Route) -> tuple[int, int, bool, bool, int, int]:
 def choose(routes: Sequence[Route], target: str, method: str = "GET",
            headers: Iterable[tuple[str, str]] = ()) -> Route | None:
     """The route a request for ``target`` (path, maybe with a query) goes to; None when none matches."""
-    request = _Request.of(target, method, headers)
+    request = _Request(target, method, headers)
     best: Route | None = None
     for route in routes:
         if _matches(route, request) and (best is None or _rank(route) > _rank(best)):
@@ -228,8 +235,6 @@ def redirect_location(redirect: Redirect, route: Route, target: str, authority: 
     """The ``Location`` of a redirect: the request's scheme, host, port (the tailnet port it came
     to) and path, with what the redirect changes. A new scheme without a port takes that
     scheme's port; the port is left out where it is the scheme's own."""
-    from .headers import host_of
-
     scheme = redirect.scheme or request_scheme
     hostname = redirect.hostname or host_of(authority)
     if redirect.port is not None:
