@@ -190,7 +190,9 @@ async def test_targets_reload_keeps_open_connections_and_status_reports_routes(
             assert await asyncio.wait_for(ra.readline(), 30) == b"after the bad file\n"
 
             # /status: the node, each target's route and its probe.
-            entry = await eventually(_probed(agent, "a"), timeout=20, what="a probe of a")
+            # The first probe of a may have run before the peer knew the agent (its WireGuard handshake
+            # is retried only after 5 s): wait for one that reached it.
+            entry = await eventually(_probed(agent, "a", reachable=True), timeout=20, what="a probe that reached a")
             assert document["node"]["id"] and document["node"]["name"].startswith("agent-reload")
             assert document["node"]["addresses"] == agent.node.addresses()
             assert entry["state"] == "Ready" and entry["router"] == "ts-reload.tailnet.test"
@@ -219,10 +221,13 @@ def _with_error(agent: FileAgent) -> Callable[[], Any]:
     return check
 
 
-def _probed(agent: FileAgent, name: str) -> Callable[[], Any]:
+def _probed(agent: FileAgent, name: str, *, reachable: bool | None = None) -> Callable[[], Any]:
+    """The target's status entry once a probe has run (and, with ``reachable``, had that outcome)."""
     async def check() -> dict[str, Any] | None:
         entry = await agent.target_status(name)
-        return entry if entry["checkedAt"] else None
+        if not entry["checkedAt"] or reachable not in (None, entry["reachable"]):
+            return None
+        return entry
     return check
 
 
