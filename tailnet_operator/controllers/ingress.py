@@ -262,7 +262,12 @@ class IngressNode:
         """Give ``spec.hostname`` to the ingress's newest online node (:func:`.ingress_status.succession`):
         delete its superseded nodes, rename a draining one that holds the name, then rename the newest,
         each with a Normal Event. Returns the nodes as they are afterwards. A Headscale failure is
-        logged and left to the next reconcile (the status still reports ``HostnameTaken``)."""
+        logged and left to the next reconcile (the status still reports ``HostnameTaken``).
+
+        The renames are sent back to back and their Events written after both: between them no node
+        carries the name, and Headscale sends its peers the changes of each batch interval
+        (``tuning.batch_change_delay``, 800 ms by default) together, so the shorter that moment, the
+        less likely a peer's map update falls inside it."""
         hostname = run.cr.spec.hostname
         deployment = outcome.applied.get(DEPLOYMENT, build.agent_name(run.cr))
         plan = succession(hostname, outcome.key, outcome.nodes, rolled_out=rollout_done(deployment),
@@ -270,6 +275,7 @@ class IngressNode:
         if plan is None:
             return outcome.nodes
         after, hs = list(outcome.nodes), outcome.headscale
+        notes: list[tuple[str, str, str]] = []
 
         def replace(renamed: Node) -> None:
             after[:] = [renamed if n.id == renamed.id else n for n in after]
@@ -279,24 +285,25 @@ class IngressNode:
                 with contextlib.suppress(HeadscaleNotFound):
                     await hs.delete_node(old.id)
                 after = [n for n in after if n.id != old.id]
-                await self.events.normal(run.obj, "SupersededNodeDeleted", (
+                notes.append(("SupersededNodeDeleted", "DeleteNode", (
                     f"deleted node {old.id} ({old.given_name}, offline), superseded by node "
-                    f"{plan.newest.id} ({plan.newest.given_name}) registered with a key of this ingress"),
-                    action="DeleteNode")
+                    f"{plan.newest.id} ({plan.newest.given_name}) registered with a key of this ingress")))
             for old in plan.retiring:
                 replace(await hs.rename_node(old.id, retired_name(hostname, old)))
-                await self.events.normal(run.obj, "NodeRenamed", (
+                notes.append(("NodeRenamed", "RenameNode", (
                     f"renamed node {old.id} from {hostname} to {retired_name(hostname, old)}: it hands the name "
                     f"to node {plan.newest.id}, whose pod is ready, and serves who resolved it before until it "
-                    "has drained"), action="RenameNode")
+                    "has drained")))
             if plan.rename:
                 replace(await hs.rename_node(plan.newest.id, hostname))
-                await self.events.normal(run.obj, "NodeRenamed", (
+                notes.append(("NodeRenamed", "RenameNode", (
                     f"renamed node {plan.newest.id} from {plan.newest.given_name} to {hostname}: "
-                    "the name its previous node held"), action="RenameNode")
+                    "the name its previous node held")))
         except HeadscaleError as exc:
             log.warning("could not free the ingress's hostname", ingress=f"{run.namespace}/{run.name}",
                         node=plan.newest.id, error=str(exc))
+        for reason, action, note in notes:
+            await self.events.normal(run.obj, reason, note, action=action)
         return after
 
     async def record_node(self, location: tuple[str, str | None], key: AuthKey, node: JSON | None,

@@ -4,9 +4,11 @@ fake Headscale refuses a name another node holds, as Headscale does)."""
 
 from __future__ import annotations
 
+from tailnet_operator.runtime import Resource
+from tailnet_operator.runtime.kinds import DEPLOYMENT
 from tailnet_operator.types import JSON
 
-from .test_ingress import IngressWorld, registered, world_with_tailnet
+from .test_ingress import TENANT, IngressWorld, registered, world_with_tailnet
 
 
 def _generation(node_id: str, key_id: str, *, name: str, online: bool, created: str) -> JSON:
@@ -97,3 +99,32 @@ async def test_a_refused_rename_is_retried_by_the_next_reconcile_and_reported_me
     assert world.cond("HostnameAssigned")["reason"] == "Assigned"
     assert world.events.reasons[-1] == "NodeRenamed"
 
+
+
+async def test_a_hand_over_sends_both_renames_back_to_back_and_writes_its_events_after() -> None:
+    """Issue 24: between the two renames of a hand-over no node carries the name, and a peer whose
+    map update falls in that moment cannot resolve it; nothing else (an Event's write to the API
+    server) may lengthen it."""
+    world = await world_with_tailnet()
+    await _restarted(world, old_online=True)
+    deployment = world.kube.get(DEPLOYMENT, "shop-ingress-agent", TENANT)
+    assert deployment is not None
+    generation = deployment["metadata"].get("generation", 1)
+    world.kube.update(DEPLOYMENT, {**deployment, "status": {  # the new pod ready, the old one terminating
+        "observedGeneration": generation, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1}})
+    seen_at_event: list[list[str]] = []
+    create = world.events.create
+
+    async def recording(resource: Resource, body: JSON, namespace: str | None = None) -> JSON:
+        seen_at_event.append([c for c in world.headscale.calls if c.startswith("POST /api/v1/node/")])
+        return await create(resource, body, namespace)
+
+    world.events.create = recording  # type: ignore[method-assign]
+
+    await world.reconcile_ingress()
+
+    renames = ["POST /api/v1/node/7/rename/shop-gw-old7", "POST /api/v1/node/9/rename/shop-gw"]
+    assert [c for c in world.headscale.calls if c.startswith("POST /api/v1/node/")] == renames
+    assert [n["givenName"] for n in world.headscale.nodes] == ["shop-gw-old7", "shop-gw"]
+    assert world.events.reasons[-2:] == ["NodeRenamed", "NodeRenamed"]
+    assert seen_at_event[-2:] == [renames, renames], "an Event was written between the two renames"
