@@ -21,7 +21,7 @@ help:
 	@echo "make e2e        the end-to-end suite against a kind cluster (needs Docker)"
 	@echo "make fuzz       the fuzz targets at length: 10^6 inputs per Rust target, hypothesis at 2000 examples per property"
 	@echo "make chaos      kills (operator leader, apiserver, etcd, Headscale, an agent, DERP) for CHAOS_ROUNDS rounds; CHAOS_SEED repeats one"
-	@echo "make bench      egress (agent vs tailscaled, loopback and in-cluster); ingress vs tailscale serve; operator failover; runtime vs kopf vs controller-runtime; big cluster; policy; agent disruptions under load; the agent at 200 and 1,000 peers (docs/benchmarks.md)"
+	@echo "make bench      egress (agent vs tailscaled, loopback and in-cluster); ingress vs tailscale serve; operator failover; runtime vs kopf vs controller-runtime; big cluster; policy; agent disruptions under load; the ingress name's hand-over between two nodes; the agent at 200 and 1,000 peers (docs/benchmarks.md)"
 	@echo "make interop    the interop slice for every Headscale and tailscale version in range (docs/compatibility.md)"
 
 prereqs:
@@ -130,6 +130,7 @@ bench: $(VENV)/.native binaries-bench
 	$(PY) -m benchmarks.policy --json _artifacts/bench-policy.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.policy_live --json _artifacts/bench-policy-live.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.disruption --rounds 3 --json _artifacts/bench-disruption.json --doc docs/benchmarks.md
+	$(PY) -m benchmarks.name_handover --json _artifacts/bench-name-handover.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.tailnet_scale --sizes 200,1000 --rounds 3 --json _artifacts/bench-tailnet-scale.json \
 	  --doc docs/benchmarks.md
 

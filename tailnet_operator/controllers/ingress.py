@@ -264,10 +264,9 @@ class IngressNode:
         each with a Normal Event. Returns the nodes as they are afterwards. A Headscale failure is
         logged and left to the next reconcile (the status still reports ``HostnameTaken``).
 
-        The renames are sent back to back and their Events written after both: between them no node
-        carries the name, and Headscale sends its peers the changes of each batch interval
-        (``tuning.batch_change_delay``, 800 ms by default) together, so the shorter that moment, the
-        less likely a peer's map update falls inside it."""
+        The renames of a hand-over go to Headscale together (:meth:`HeadscaleClient.rename_nodes`)
+        and their Events are written after them: Headscale applies them in one batch, so its peers
+        never get a netmap in which no node carries the name."""
         hostname = run.cr.spec.hostname
         deployment = outcome.applied.get(DEPLOYMENT, build.agent_name(run.cr))
         plan = succession(hostname, outcome.key, outcome.nodes, rolled_out=rollout_done(deployment),
@@ -276,10 +275,6 @@ class IngressNode:
             return outcome.nodes
         after, hs = list(outcome.nodes), outcome.headscale
         notes: list[tuple[str, str, str]] = []
-
-        def replace(renamed: Node) -> None:
-            after[:] = [renamed if n.id == renamed.id else n for n in after]
-
         try:
             for old in plan.superseded:
                 with contextlib.suppress(HeadscaleNotFound):
@@ -288,14 +283,14 @@ class IngressNode:
                 notes.append(("SupersededNodeDeleted", "DeleteNode", (
                     f"deleted node {old.id} ({old.given_name}, offline), superseded by node "
                     f"{plan.newest.id} ({plan.newest.given_name}) registered with a key of this ingress")))
-            for old in plan.retiring:
-                replace(await hs.rename_node(old.id, retired_name(hostname, old)))
-                notes.append(("NodeRenamed", "RenameNode", (
-                    f"renamed node {old.id} from {hostname} to {retired_name(hostname, old)}: it hands the name "
-                    f"to node {plan.newest.id}, whose pod is ready, and serves who resolved it before until it "
-                    "has drained")))
             if plan.rename:
-                replace(await hs.rename_node(plan.newest.id, hostname))
+                retiring = [(old.id, retired_name(hostname, old)) for old in plan.retiring]
+                renamed = {n.id: n for n in await hs.rename_nodes(retiring, (plan.newest.id, hostname))}
+                after = [renamed.get(n.id, n) for n in after]
+                notes += [("NodeRenamed", "RenameNode", (
+                    f"renamed node {old.id} from {hostname} to {name}: it hands the name to node "
+                    f"{plan.newest.id}, whose pod is ready, and serves who resolved it before until it has "
+                    "drained")) for (_, name), old in zip(retiring, plan.retiring, strict=True)]
                 notes.append(("NodeRenamed", "RenameNode", (
                     f"renamed node {plan.newest.id} from {plan.newest.given_name} to {hostname}: "
                     "the name its previous node held")))

@@ -52,6 +52,7 @@ from tailnet_operator.types import JSON
 from ._errors import (
     APIError,
     ConnectError,
+    HeadscaleError,
     NotFound,
     RequestTimeout,
     ServerError,
@@ -87,6 +88,9 @@ DEFAULT_BACKOFF = 0.5
 
 MAX_BACKOFF = 5.0
 """Upper bound, in seconds, of one wait between attempts."""
+
+_SEND_TURNS = 5
+"""Event-loop turns :meth:`HeadscaleClient.rename_nodes` gives its first requests before the last."""
 
 DEFAULT_API_KEY_LIFETIME = dt.timedelta(days=90)
 """Lifetime of a new API key when none is given (the Headscale CLI's default)."""
@@ -413,6 +417,38 @@ class HeadscaleClient:
         Headscale refuses a name another node holds, so free it first."""
         doc = await self._call("POST", f"/api/v1/node/{_segment(node_id)}/rename/{_segment(new_name)}")
         return Node.from_json(doc["node"])
+
+    async def rename_nodes(self, first: Sequence[tuple[str | int, str]], last: tuple[str | int, str]) -> list[Node]:
+        """Rename the nodes of ``first``, then ``last`` to a name one of them frees, with no moment
+        in which a peer's netmap has no node of that name (as far as Headscale allows); returns the
+        renamed nodes in that order.
+
+        Headscale (0.27 on) applies node writes in batches, in the order they arrived
+        (``tuning.node_store_batch_timeout``, 500 ms by default), and sends its peers the changes
+        of one interval in one map update (``tuning.batch_change_delay``, 800 ms). Renames sent one
+        after the other land in consecutive batches, and a map update between them shows the name
+        on no node. So ``last`` is sent while the others are still pending and lands in their
+        batch. Should it be refused (it overtook them, or the server writes each rename on its own,
+        as 0.26 does), it is sent again once they are done; a refusal of one of ``first`` is raised."""
+        async def attempt(node_id: str | int, name: str) -> Node | HeadscaleError:
+            try:
+                return await self.rename_node(node_id, name)
+            except HeadscaleError as exc:
+                return exc
+
+        async with asyncio.TaskGroup() as group:
+            freeing = [group.create_task(attempt(node_id, name)) for node_id, name in first]
+            for _ in range(_SEND_TURNS):  # the first requests on their way before the last
+                await asyncio.sleep(0)
+            taking = group.create_task(attempt(*last))
+        renamed = [task.result() for task in freeing]
+        if refused := next((r for r in renamed if isinstance(r, HeadscaleError)), None):
+            raise refused
+        taken = taking.result()
+        if isinstance(taken, HeadscaleError):
+            _log.debug("rename sent again after the names it needs were freed", node=str(last[0]), error=str(taken))
+            taken = await self.rename_node(*last)
+        return [*(r for r in renamed if isinstance(r, Node)), taken]
 
     async def approve_routes(self, node_id: str | int, routes: Sequence[str]) -> Node:
         """Set the node's approved routes to exactly ``routes``: it REPLACES the list (``[]`` clears it).
