@@ -184,7 +184,7 @@ async def test_a_name_handed_over_to_a_successor_loses_no_request_made_by_name(
         headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path) -> None:
     """The operator's hand-over as a peer sees it: requests by MagicDNS name every 20 ms, each a new
     connection with a 2 s deadline, while the old agent is told to stop and its name moves to the
-    successor (old node renamed first, then the new one, as the operator does). Peers learn the
+    successor (both renamed together, as the operator does: ``HeadscaleClient.rename_nodes``). Peers learn the
     rename from their own netmaps, later than the old node does: none of their requests may be
     refused meanwhile. What Headscale and tailscaled add (no node of the name between the two
     renames, a connection hung while tailscaled reconfigures) is counted, not failed."""
@@ -213,8 +213,9 @@ async def test_a_name_handed_over_to_a_successor_loses_no_request_made_by_name(
         agents[0].process.send_signal(signal.SIGTERM)
         await eventually(lambda: _at(agents[0].health, 503), timeout=10, what="the old agent's /readyz 503")
         async with HeadscaleClient(headscale.url, headscale.api_key, ca_bundle=headscale.ca_bundle) as hs:
-            await hs.rename_node(old["id"], f"ingress-hand-old{old['id']}")
-            await hs.rename_node(new["id"], "ingress-hand")
+            renamed = await hs.rename_nodes([(old["id"], f"ingress-hand-old{old['id']}")], (new["id"], "ingress-hand"))
+        assert [(n.id, n.given_name) for n in renamed] == [(old["id"], f"ingress-hand-old{old['id']}"),
+                                                           (new["id"], "ingress-hand")]
         assert await asyncio.wait_for(agents[0].process.wait(), 60) == 0, agents[0].log.read_text()
         await eventually(lambda: load.streak() >= 50, timeout=30, what="50 answers in a row after the old agent left")
         outcomes = load.stop()
