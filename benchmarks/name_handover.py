@@ -141,7 +141,7 @@ async def trial(client: HeadscaleClient, laptop: TailscaleNode, prober: Prober, 
 
     def moved() -> bool:
         names = {p.get("HostName"): str(p.get("DNSName") or "").split(".")[0] for p in laptop.peers()}
-        return names.get(other) == NAME and names.get(holder) == f"{NAME}-old-{holder}"
+        return names.get(f"handover-{other}") == NAME and names.get(f"handover-{holder}") == f"{NAME}-old-{holder}"
 
     await asyncio.to_thread(wait_until, moved, timeout=30, interval=0.1, what="the laptop's netmap with the new names")
     await prober.steady(60)
@@ -158,7 +158,9 @@ async def trials(headscale: Headscale, laptop: TailscaleNode, ids: dict[str, str
         probing = group.create_task(prober.run())
         try:
             for number in range(count):
-                for way in WAYS:  # taking turns, so a slow phase of the machine hits both alike
+                # Taking turns, so a slow phase of the machine hits both alike, and each way moving
+                # the name from either node as often.
+                for way in WAYS if number % 2 == 0 else WAYS[::-1]:
                     result = await trial(client, laptop, prober, ids, holder, way)
                     results.append(result)
                     print(json.dumps({"trial": number + 1, **asdict(result)}), flush=True)
