@@ -218,9 +218,9 @@ def section(doc: dict[str, Any]) -> str:
     for way in doc["ways"]:
         mine = [t for t in doc["trials"] if t["way"] == way]
         hit = [t for t in mine if t["refused"]]
-        windows = [t["window_ms"] for t in hit]
+        windows = [round(t["window_ms"], 1) for t in hit]
         rows.append(f"| {way} | {len(mine)} | {len(hit)} | {sum(t['refused'] for t in mine)} | "
-                    f"{statistics.median(windows) if windows else '-'} | {max(windows) if windows else '-'} | "
+                    f"{round(statistics.median(windows), 1) if windows else '-'} | {max(windows) if windows else '-'} | "
                     f"{statistics.median(t['renames_s'] for t in mine) * 1000:.1f} | "
                     f"{sum(1 for t in mine if t.get('resent'))} |")
     before, after = doc["loadavg"]
