@@ -219,8 +219,8 @@ def section(doc: dict[str, Any]) -> str:
         mine = [t for t in doc["trials"] if t["way"] == way]
         hit = [t for t in mine if t["refused"]]
         windows = [round(t["window_ms"], 1) for t in hit]
-        rows.append(f"| {way} | {len(mine)} | {len(hit)} | {sum(t['refused'] for t in mine)} | "
-                    f"{round(statistics.median(windows), 1) if windows else '-'} | {max(windows) if windows else '-'} | "
+        median, longest = (round(statistics.median(windows), 1), max(windows)) if windows else ("-", "-")
+        rows.append(f"| {way} | {len(mine)} | {len(hit)} | {sum(t['refused'] for t in mine)} | {median} | {longest} | "
                     f"{statistics.median(t['renames_s'] for t in mine) * 1000:.1f} | "
                     f"{sum(1 for t in mine if t.get('resent'))} |")
     before, after = doc["loadavg"]
