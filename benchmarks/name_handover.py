@@ -39,6 +39,7 @@ from typing import Any
 from benchmarks.ingress_serve import connects, process
 from benchmarks.record import commit, load_average, publish
 from hack import versions
+from hack.https_client import tunnel
 from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until
 from tailnet_operator.headscale import HeadscaleClient
 
@@ -92,14 +93,9 @@ class Prober:
         self.samples: list[tuple[float, float, bool]] = []
 
     async def _one(self) -> bool:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.proxy_port)
-        try:
-            target = f"{NAME}.{BASE_DOMAIN}:{PORT}"
-            writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
-            head = await reader.readuntil(b"\r\n\r\n")
-            return b" 200" in head.split(b"\r\n", 1)[0]
-        finally:
-            writer.close()
+        _, writer = await tunnel(self.proxy_port, f"{NAME}.{BASE_DOMAIN}", PORT)  # ConnectionError if refused
+        writer.close()
+        return True
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
