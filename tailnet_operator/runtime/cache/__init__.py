@@ -9,7 +9,13 @@ resourceVersion); a :class:`~.kinds.Resource` reads as the raw, shared dicts.
 
 An informer may be scoped to a namespace and to an equality label selector; a read is served
 by the informer of all namespaces and no labels when there is one, otherwise by the scoped one
-(which holds only the objects in its scope).
+(which holds only the objects in its scope). Informers of one kind are separate watches, which
+kube-apiserver answers in no particular order between them, so what one informer takes in (a watch
+event, a list) goes at once into every other informer of the kind whose scope holds it, as a
+write's answer does (:meth:`SharedCache.observe`), before any controller runs: a reconcile woken by
+a scoped watch never reads an older version from the informer reads are served by. A deletion is
+passed on only from an informer without a label selector; a label-selector watch reports an object
+that leaves its scope as deleted too, so its deletions stay its own.
 
 A kind can be cached *by metadata* (:meth:`SharedCache.cache_by_metadata`, for Secrets and
 ConfigMaps, whose bodies in a big cluster would dominate the operator's memory): whole objects
@@ -139,6 +145,26 @@ class _Refetch:
         self._cache._by_metadata[self._resource].bodies.pop(key, None)
 
 
+class _Siblings:
+    """Every informer's :attr:`~.informer.Informer.siblings`: what it takes in reaches the other
+    informers of its kind at once (see the module doc)."""
+
+    def __init__(self, cache: SharedCache, resource: Resource, informer: Informer) -> None:
+        self._cache = cache
+        self._resource = resource
+        self._informer = informer
+
+    def on_add(self, obj: JSON) -> None:
+        self._cache._share(self._resource, self._informer, obj)
+
+    def on_update(self, old: JSON, new: JSON) -> None:
+        self._cache._share(self._resource, self._informer, new)
+
+    def on_delete(self, obj: JSON | DeletedFinalStateUnknown) -> None:
+        if not self._informer.labels:  # only a label-selector watch reports an object leaving it as deleted
+            self._cache._share_deletion(self._resource, self._informer, obj)
+
+
 InformerKey = tuple[Resource, str | None, str | None]
 """(resource, namespace or None for all, label selector or None for all)."""
 
@@ -198,6 +224,7 @@ class SharedCache(TypedReader):
             if by_metadata is not None and by_metadata.watched is None and namespace != by_metadata.namespace:
                 lister = MetadataOnly(self.client)
             informer = Informer(lister, resource, namespace, labels=labels, clock=self._clock)
+            informer.siblings = _Siblings(self, resource, informer)
             self._informers[key] = informer
             if self._group is not None:
                 self._group.create_task(informer.run(), name=f"informer {resource}")
@@ -242,6 +269,23 @@ class SharedCache(TypedReader):
             if obj.get("metadata", {}).get("namespace") != by_metadata.namespace and (
                     current is None or newer(obj, current)):
                 by_metadata.bodies[key] = obj
+
+    def _share(self, resource: Resource, source: Informer, obj: JSON) -> None:
+        """Feed what ``source`` took in to the other informers of ``resource`` whose scope holds it
+        (a metadata-only informer gets the metadata; a whole one nothing from a metadata-only one)."""
+        whole = not isinstance(source.client, MetadataOnly)
+        for (res, _, _), informer in list(self._informers.items()):
+            if res != resource or informer is source:
+                continue
+            if isinstance(informer.client, MetadataOnly):
+                informer.observe(metadata_of(obj))
+            elif whole:
+                informer.observe(obj)
+
+    def _share_deletion(self, resource: Resource, source: Informer, obj: JSON | DeletedFinalStateUnknown) -> None:
+        for (res, _, _), informer in list(self._informers.items()):
+            if res == resource and informer is not source:
+                informer.forget(obj)
 
     async def run(self) -> None:
         """Run every informer until cancelled; informers added later join the same group."""

@@ -246,6 +246,9 @@ class Informer:
         self.store = Store()
         self.stats = InformerStats()
         self._handlers: list[EventHandler] = []
+        self.siblings: EventHandler | None = None
+        """Told of every change before the handlers (the shared cache passes it to the other
+        informers of the kind); not a handler: it is not replayed, listed or counted."""
         self._synced = asyncio.Event()
         self._backoff = backoff or informer_backoff()
         self._clock: Clock = clock or RealClock()
@@ -321,6 +324,19 @@ class Informer:
         if current is None or newer(obj, current):
             self._upsert(obj)
 
+    def forget(self, obj: JSON | DeletedFinalStateUnknown) -> None:
+        """Take a deletion another informer of the kind saw: drop the object unless the store holds
+        a later version of it (a new object of the same name), and tell the handlers."""
+        final = obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj
+        if not self.synced:
+            return
+        key = store_key(final)
+        current = self.store.get(key)
+        if current is None or newer(current, final) is not False:
+            return
+        self.store.remove(key)
+        self._notify_delete(obj)
+
     def _covers(self, obj: JSON) -> bool:
         namespace = obj.get("metadata", {}).get("namespace") or None
         return (self.namespace is None or namespace == self.namespace) and matches_labels(obj, self.labels)
@@ -343,10 +359,10 @@ class Informer:
             return  # an observed write is already newer (or this very version: no change)
         old = self.store.put(obj)
         if old is None:
-            for handler in self._handlers:
+            for handler in self._told():
                 self._call(handler.on_add, obj)
         elif old.get("metadata", {}).get("resourceVersion") != obj.get("metadata", {}).get("resourceVersion"):
-            for handler in self._handlers:
+            for handler in self._told():
                 self._call(handler.on_update, old, obj)
 
     def _delete(self, obj: JSON) -> None:
@@ -354,8 +370,11 @@ class Informer:
             self._notify_delete(obj)
 
     def _notify_delete(self, obj: JSON | DeletedFinalStateUnknown) -> None:
-        for handler in self._handlers:
+        for handler in self._told():
             self._call(handler.on_delete, obj)
+
+    def _told(self) -> list[EventHandler]:
+        return [self.siblings, *self._handlers] if self.siblings is not None else list(self._handlers)
 
     def _call(self, func: Callable[..., None], *args: Any) -> None:
         try:

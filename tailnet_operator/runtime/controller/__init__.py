@@ -162,8 +162,10 @@ class Controller:
 
     ``namespace`` and ``labels`` scope a watch: its informer lists and watches only that
     namespace and only objects carrying those labels (equality), so the cache holds no more of
-    an owned kind than the controller needs. Reads of that kind are then served from that
-    scope only.
+    an owned kind than the controller needs. Reads of that kind are served from that scope
+    unless another watch made an informer of all namespaces and no labels, which then serves
+    them; either way a reconcile woken by an added or changed object reads at least that
+    version of it (see :mod:`..cache`).
     """
 
     def __init__(self, name: str, reconciler: Reconciler, cache: SharedCache, *,
