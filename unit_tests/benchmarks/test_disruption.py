@@ -39,3 +39,10 @@ def test_a_run_on_the_local_node_says_why_it_has_no_drain_rows() -> None:
     text = table(_doc("The local node (one node", ["rollout"], {}))
     assert DRAIN_NOTE in text and "| ingress | - | - | node drain | not measurable on one node" in text
     assert "How the lost ingress requests failed" not in text
+
+
+def test_a_run_on_kind_that_left_the_drain_out_says_nothing_of_one_node() -> None:
+    """A run on kind told to measure only some disruptions (``--disruptions``) did not measure a
+    drain because it was not asked to, not because the cluster has one node."""
+    text = table(_doc("A kind cluster on this machine (3 nodes, 2 of them workers", ["rollout"], {}))
+    assert DRAIN_NOTE not in text and "not measurable" not in text and "| node drain |" not in text
