@@ -155,10 +155,10 @@ class _Siblings:
         self._informer = informer
 
     def on_add(self, obj: JSON) -> None:
-        self._cache._share(self._resource, self._informer, obj)
+        self._cache._feed(self._resource, obj, source=self._informer)
 
     def on_update(self, old: JSON, new: JSON) -> None:
-        self._cache._share(self._resource, self._informer, new)
+        self._cache._feed(self._resource, new, source=self._informer)
 
     def on_delete(self, obj: JSON | DeletedFinalStateUnknown) -> None:
         if not self._informer.labels:  # only a label-selector watch reports an object leaving it as deleted
@@ -252,13 +252,8 @@ class SharedCache(TypedReader):
 
     def observe(self, resource: Resource, obj: JSON) -> None:
         """Feed a write's answer to every informer of ``resource`` whose scope holds it."""
+        self._feed(resource, obj)
         by_metadata = self._by_metadata.get(resource)
-        for (res, namespace, _), informer in self._informers.items():
-            if res == resource:
-                if by_metadata is not None and by_metadata.watched is None and namespace != by_metadata.namespace:
-                    informer.observe(metadata_of(obj))
-                else:
-                    informer.observe(obj)
         if by_metadata is not None and by_metadata.watched is not None:
             if obj.get("metadata", {}).get("namespace") not in by_metadata.watched:
                 self._answered(resource, by_metadata, store_key(obj), obj)
@@ -270,10 +265,11 @@ class SharedCache(TypedReader):
                     current is None or newer(obj, current)):
                 by_metadata.bodies[key] = obj
 
-    def _share(self, resource: Resource, source: Informer, obj: JSON) -> None:
-        """Feed what ``source`` took in to the other informers of ``resource`` whose scope holds it
-        (a metadata-only informer gets the metadata; a whole one nothing from a metadata-only one)."""
-        whole = not isinstance(source.client, MetadataOnly)
+    def _feed(self, resource: Resource, obj: JSON, *, source: Informer | None = None) -> None:
+        """Give ``obj`` to every informer of ``resource`` but ``source`` whose scope holds it: its
+        metadata to a metadata-only informer, the object to the others (nothing from a metadata-only
+        ``source`` to those)."""
+        whole = source is None or not isinstance(source.client, MetadataOnly)
         for (res, _, _), informer in list(self._informers.items()):
             if res != resource or informer is source:
                 continue
