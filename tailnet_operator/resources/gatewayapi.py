@@ -44,19 +44,32 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tailnet_operator.api.ingress import EXPOSES_MAX, HOSTS_MAX, PATHS_MAX, HostPath, TailnetIngress
+from tailnet_operator.names import MANAGED_BY, TAILNET_LABEL
+
+from .loadbalancer import AnnotatedObject, annotated_view, name_problem
 
 __all__ = [
     "CONTROLLER",
     "GROUP",
+    "SUPPORTED_FEATURES",
     "GatewayObject",
     "GatewayPlan",
     "HTTPRouteObject",
     "ListenerResult",
     "ParentResult",
+    "ServedGateway",
     "as_ingress",
+    "class_conditions",
+    "config_map_name_of",
     "gateway_status",
     "hostnames_intersect",
+    "names_gateway",
+    "object_name_of",
+    "record_metadata",
+    "record_name",
     "route_parents",
+    "sweep_view",
+    "tailnet_of",
     "tailnet_of_class",
 ]
 
@@ -81,6 +94,36 @@ def tailnet_of_class(gateway_class: Mapping[str, Any] | None) -> str | None:
     if spec.get("controllerName") != CONTROLLER or (params.get("group"), params.get("kind")) != _PARAMETERS:
         return None
     return str(params["name"]) if params.get("name") else None
+
+
+def tailnet_of(gateway: Mapping[str, Any], classes: Iterable[Mapping[str, Any]]) -> str | None:
+    """The Tailnet a Gateway asks for through its ``gatewayClassName``; None for every other Gateway."""
+    name = (gateway.get("spec") or {}).get("gatewayClassName")
+    found = next((c for c in classes if (c.get("metadata") or {}).get("name") == name), None)
+    return tailnet_of_class(found) if name else None
+
+
+SUPPORTED_FEATURES = ("Gateway", "HTTPRoute", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching",
+                      "HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect",
+                      "HTTPRouteQueryParamMatching", "HTTPRouteResponseHeaderModification",
+                      "HTTPRouteSchemeRedirect")
+"""``status.supportedFeatures`` of a tailnet GatewayClass (sorted, as the specification asks): the
+conformance features the translation and the agent serve."""
+
+
+def class_conditions(gateway_class: Mapping[str, Any], tailnet_exists: Callable[[str], bool]) -> list[Condition]:
+    """``Accepted`` of a GatewayClass of :data:`CONTROLLER`: True when its ``parametersRef`` names a
+    Tailnet that exists, else ``InvalidParameters`` with what to change."""
+    params = ((gateway_class.get("spec") or {}).get("parametersRef") or {})
+    name = tailnet_of_class(gateway_class)
+    if name is None:
+        return [Condition("Accepted", False, "InvalidParameters", (
+            f"parametersRef names {params.get('group') or 'core'}/{params.get('kind') or '?'} "
+            f"{params.get('name') or '?'}; a tailnet GatewayClass names a Tailnet "
+            "(group: tailnet.dev, kind: Tailnet, name)"))]
+    if not tailnet_exists(name):
+        return [Condition("Accepted", False, "InvalidParameters", f"the Tailnet {name} does not exist")]
+    return [Condition("Accepted", True, "Accepted", f"Gateways of this class become nodes of the Tailnet {name}")]
 
 
 # -- the objects as parsed ------------------------------------------------------------------------
@@ -217,6 +260,67 @@ class HTTPRouteObject(_Model):
     @property
     def key(self) -> tuple[str, str]:
         return self.metadata.namespace, self.metadata.name
+
+
+class ServedGateway(AnnotatedObject):
+    """A Gateway as the controller serves it: the LoadBalancer class's annotations
+    (``tailnet.dev/hostname``, ``tailnet.dev/tag``, validated, with their defaults) and its spec."""
+
+    spec: _GatewaySpec
+
+    @property
+    def gateway(self) -> GatewayObject:
+        """The Gateway as its translation reads it."""
+        meta = self.metadata
+        return GatewayObject(metadata=_Meta(name=self.name, namespace=self.namespace, uid=meta.uid or "",
+                                            generation=meta.generation or 0), spec=self.spec)
+
+
+def names_gateway(route: Mapping[str, Any], gateway: Mapping[str, Any]) -> bool:
+    """Whether an HTTPRoute (as stored) has a ``parentRefs`` entry naming the Gateway (as stored)."""
+    route_ns = (route.get("metadata") or {}).get("namespace")
+    meta = gateway.get("metadata") or {}
+    return any((ref.get("group", GROUP), ref.get("kind", "Gateway"), ref.get("name"), ref.get("namespace") or route_ns)
+               == (GROUP, "Gateway", meta.get("name"), meta.get("namespace"))
+               for ref in (route.get("spec") or {}).get("parentRefs") or [])
+
+
+def object_name_of(gateway_name: str) -> str:
+    """The name of the TailnetIngress shape, the stem of every object the Gateway owns."""
+    return f"{gateway_name}{NAME_SUFFIX}"
+
+
+def config_map_name_of(gateway_name: str) -> str:
+    """The exposes ConfigMap of the shape, from the Gateway's name alone."""
+    return f"{object_name_of(gateway_name)}-ingress-config"
+
+
+def gateway_name_problem(name: str) -> tuple[str, str] | None:
+    """NameTooLong for a Gateway whose agent's object names would not be DNS labels."""
+    return name_problem("Gateway", name, NAME_SUFFIX)
+
+
+def record_name(namespace: str, name: str) -> str:
+    """The Gateway's pre-auth key record in the operator's namespace (apart from an Ingress's
+    ``ingressclass.<namespace>.<name>`` and a Service's ``loadbalancer.<namespace>.<name>``)."""
+    return f"gatewayapi.{namespace}.{name}"
+
+
+GATEWAY_NAMESPACE_LABEL = "tailnet.dev/gateway-api-namespace"
+GATEWAY_NAME_LABEL = "tailnet.dev/gateway-api-name"
+
+
+def record_metadata(gateway: ServedGateway, tailnet: str, operator_namespace: str) -> dict[str, Any]:
+    """metadata of the record: no owner (it lives in another namespace; the operator deletes it)."""
+    return {"name": record_name(gateway.namespace, gateway.name), "namespace": operator_namespace,
+            "labels": {**MANAGED_BY, TAILNET_LABEL: tailnet, GATEWAY_NAMESPACE_LABEL: gateway.namespace,
+                       GATEWAY_NAME_LABEL: gateway.name}}
+
+
+def sweep_view(gateway: Mapping[str, Any], tailnet: str, classes: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """A Gateway of ``tailnet``'s class as the orphan sweep counts a CR (its metadata and
+    ``spec.tag``), so that its key and node are never taken for orphans; None for any other."""
+    return annotated_view(gateway) if tailnet_of(gateway, classes) == tailnet else None
 
 
 # -- what the translation says --------------------------------------------------------------------
@@ -363,6 +467,10 @@ def _attach(gateway: GatewayObject, routes: list[HTTPRouteObject], served: list[
             elif not (matching := [ls for ls in admitting if hostnames_intersect(ls.hostname, route.spec.hostnames)]):
                 accepted = _condition("Accepted", False, "NoMatchingListenerHostname", (
                     f"no listener's hostname matches the route's hostnames {', '.join(route.spec.hostnames)}"))
+            elif route.metadata.namespace != gateway.namespace:
+                accepted = _condition("Accepted", False, "NotAllowedByListeners", (
+                    f"routes of namespace {route.metadata.namespace} are not served yet: the tailnet node reaches "
+                    f"the Services of the Gateway's namespace {gateway.namespace} only; put the route there"))
             elif not (usable := [ls for ls in matching if ls in served]):
                 accepted = _condition("Accepted", False, "NotAllowedByListeners", (
                     "the listeners the route names are not served (see the Gateway's listener status)"))
@@ -643,16 +751,17 @@ def _kept_time(found: list[dict[str, Any]], new: dict[str, Any]) -> dict[str, An
 
 
 def gateway_status(plan: GatewayPlan, gateway: GatewayObject, node: Mapping[str, Any] | None, *, ready: bool,
-                   current: Mapping[str, Any] | None, now: str) -> dict[str, Any]:
+                   current: Mapping[str, Any] | None, now: str, waiting: str = "") -> dict[str, Any]:
     """The Gateway's ``status``: Accepted as the plan says, Programmed once its node serves
-    (``ready``), every listener's conditions and attached routes, and the node's addresses (each
-    tailnet IP, then its MagicDNS name as a Hostname) once it has them. Transition times are kept
-    for conditions whose status did not change (``current``: the status as stored)."""
+    (``ready``; else Pending, saying ``waiting``: why), every listener's conditions and attached
+    routes, and the node's addresses (each tailnet IP, then its MagicDNS name as a Hostname) once it
+    has them. Transition times are kept for conditions whose status did not change (``current``:
+    the status as stored)."""
     generation = gateway.metadata.generation
-    programmed = Condition("Programmed", ready and plan.ingress is not None,
-                           "Programmed" if ready and plan.ingress is not None else "Pending",
-                           "the tailnet node serves the Gateway" if ready and plan.ingress is not None
-                           else "the tailnet node does not serve the Gateway yet")
+    serving = ready and plan.ingress is not None
+    programmed = Condition("Programmed", serving, "Programmed" if serving else "Pending",
+                           "the tailnet node serves the Gateway" if serving
+                           else f"the tailnet node does not serve the Gateway yet{': ' + waiting if waiting else ''}")
     found = list((current or {}).get("conditions") or [])
     conditions = [_kept_time(found, _wire(c, generation, now)) for c in (plan.accepted, programmed)]
     stored = {ls.get("name"): ls for ls in (current or {}).get("listeners") or []}

@@ -123,9 +123,15 @@ def test_attachment_follows_section_name_port_and_allowed_routes() -> None:
     picked = route("picked", namespace="team", parents=({"name": "edge", "namespace": NS, "port": 9443},))
     missing = route("missing", parents=({"name": "edge", "sectionName": "nope"},))
     result = plan(g, here, away, picked, missing, services=frozenset({"web"}), labels={"team": {"team": "shop"}})
-    assert sorted(agent_hosts(result)) == ["a.example.test", "b.example.test", "c.example.test"]
-    assert {ls.name: ls.attached_routes for ls in result.listeners} == {"same": 1, "all": 1, "picked": 1}
+    assert sorted(agent_hosts(result)) == ["a.example.test"]
+    assert {ls.name: ls.attached_routes for ls in result.listeners} == {"same": 1, "all": 0, "picked": 0}
     assert result.parents[(NS, "missing")][0].accepted.reason == "NoMatchingParent"
+    # Admitted by allowedRoutes, but not served: the node would look their backends up in the
+    # Gateway's namespace, reaching a Service of the same name there.
+    for key in (("web", "away"), ("team", "picked")):
+        [parent] = result.parents[key]
+        assert (parent.accepted.status, parent.accepted.reason) == (False, "NotAllowedByListeners")
+        assert "reaches the Services of the Gateway's namespace shop only" in parent.accepted.message
     stranger = plan(g, route("stranger", namespace="other", parents=({"name": "edge", "namespace": NS,
                                                                       "sectionName": "same"},)))
     assert stranger.parents[("other", "stranger")][0].accepted.reason == "NotAllowedByListeners"
