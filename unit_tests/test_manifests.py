@@ -575,13 +575,16 @@ def test_the_tenant_role_is_bound_by_nobody_and_grants_only_applying_an_ingresss
              ("events.k8s.io", "events"), ("policy", "poddisruptionbudgets")}
     # and Secrets and ConfigMaps read by name (TLS Secrets, what it applied), never listed or watched;
     # and a LoadBalancer Service's: the owner of its agent's objects, which are deleted when it is
-    # released without being deleted; and an Ingress of a tailnet IngressClass's finalizer and ownership
+    # released without being deleted; and an Ingress of a tailnet IngressClass's (and a Gateway of a tailnet
+    # GatewayClass's) finalizer and ownership
     # and the PodDisruptionBudget of an ingress's replicas, pruned when it goes back to one
     released = {("", "secrets"), ("", "configmaps"), ("", "services"), ("apps", "deployments"),
                 ("networking.k8s.io", "networkpolicies"), ("policy", "poddisruptionbudgets")}
     assert grants == {(g, r, v) for g, r in kinds for v in ("create", "patch")} | {
         ("", "secrets", "get"), ("", "configmaps", "get"), ("", "services/finalizers", "update"),
-        ("networking.k8s.io", "ingresses", "patch"), ("networking.k8s.io", "ingresses/finalizers", "update")} | {
+        ("networking.k8s.io", "ingresses", "patch"), ("networking.k8s.io", "ingresses/finalizers", "update"),
+        ("gateway.networking.k8s.io", "gateways", "patch"),
+        ("gateway.networking.k8s.io", "gateways/finalizers", "update")} | {
         (g, r, "delete") for g, r in released}
     doc = RBAC_DOC.read_text()
     assert "tailnet-operator-tenant" in doc and all(f"`{r}`" in doc for _, r in kinds)

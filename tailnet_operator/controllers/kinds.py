@@ -28,6 +28,13 @@ INGRESS = Resource("networking.k8s.io", "v1", "ingresses", "Ingress")
 """Built-in kinds the IngressClass reads (:mod:`.ingressclass`)."""
 INGRESS_CLASS = Resource("networking.k8s.io", "v1", "ingressclasses", "IngressClass", namespaced=False)
 
+GATEWAY_CLASS = Resource("gateway.networking.k8s.io", "v1", "gatewayclasses", "GatewayClass", namespaced=False)
+"""The Gateway API's kinds (:mod:`.gatewayapi`): their CRDs are installed apart from the operator's,
+so the cache tolerates their absence (:meth:`~tailnet_operator.runtime.SharedCache.tolerate_absent`)."""
+API_GATEWAY = Resource("gateway.networking.k8s.io", "v1", "gateways", "Gateway")
+HTTP_ROUTE = Resource("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute")
+GATEWAY_API_KINDS = (GATEWAY_CLASS, API_GATEWAY, HTTP_ROUTE)
+
 MODELS: dict[type[BaseModel], Resource] = {
     Tailnet: TAILNET,
     TailnetEgress: TAILNET_EGRESS,

@@ -77,6 +77,7 @@ from tailnet_operator.types import JSON
 from . import periods
 from .access import Deps, NoAccess, TailnetRun, live_tailnet, name_of
 from .conditions import Cond
+from .gatewayapi_plans import Plans
 from .kinds import INGRESS, INGRESS_CLASS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS, TAILNET_SITE
 from .status import StatusWriter
 
@@ -268,6 +269,8 @@ class _InputReader:
         for obj in self._parsed(ic.IngressObject, classed, seen):
             with contextlib.suppress(ic.Problem):
                 shapes.append(ic.as_ingress(obj, name, self._ports(obj.namespace)))
+        # And a Gateway of one of its GatewayClasses, with its routes.
+        shapes += [plan.ingress for plan in Plans(self.reader).served(name) if plan.ingress is not None]
         ingresses = [i for i in [*self._parsed(TailnetIngress, self.mine(TAILNET_INGRESS, name), seen), *services,
                                  *shapes]
                      if tenancy.judge(i, tailnet, reserved=platform, names=()) is None]

@@ -10,6 +10,8 @@ from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.monitoring import HeadscaleMetrics, StateCollector, register_build_info
 from tailnet_operator.names import MANAGED_BY
 from tailnet_operator.resources.gateway import GATEWAY_LABEL
+from tailnet_operator.resources.gatewayapi import tailnet_of as gateway_tailnet
+from tailnet_operator.resources.gatewayapi import tailnet_of_class as gateway_tailnet_of_class
 from tailnet_operator.resources.ingressclass import tailnet_of as ingress_tailnet
 from tailnet_operator.resources.ingressclass import tailnet_of_class
 from tailnet_operator.runtime import (
@@ -52,12 +54,28 @@ from .egress import EgressSettings, egress_reconciler
 from .egress_status import AgentStatusReader
 from .gateway import FIELD_MANAGER as GATEWAY_FIELD_MANAGER
 from .gateway import GatewayReconciler, GatewaySettings
+from .gatewayapi import CLASS_FIELD_MANAGER as GATEWAYCLASS_FIELD_MANAGER
+from .gatewayapi import FIELD_MANAGER as GATEWAYAPI_FIELD_MANAGER
+from .gatewayapi import (
+    GatewayClassReconciler,
+    classes_of_tailnet,
+    gatewayapi_reconciler,
+    gateways_near,
+    gateways_of_class,
+    gateways_of_route,
+    gateways_of_tailnet,
+)
+from .gatewayapi_plans import PARENT_INDEX, parent_index
 from .ingress import FIELD_MANAGER as INGRESS_FIELD_MANAGER
 from .ingress import IngressSettings, ingress_reconciler
 from .ingress import secret_users as ingress_secret_users
 from .ingressclass import FIELD_MANAGER as INGRESSCLASS_FIELD_MANAGER
 from .ingressclass import ingressclass_reconciler, ingresses_of_class, ingresses_of_tailnet
 from .kinds import (
+    API_GATEWAY,
+    GATEWAY_API_KINDS,
+    GATEWAY_CLASS,
+    HTTP_ROUTE,
     INGRESS,
     INGRESS_CLASS,
     MODELS,
@@ -120,6 +138,30 @@ def _tailnets_of_ingress(cache: Reader) -> Callable[[JSON], list[Request]]:
     return lambda obj: [Request("", name)] if (name := ingress_tailnet(obj, cache.list(INGRESS_CLASS))) else []
 
 
+def _tailnet_of_gateway_class(obj: JSON) -> list[Request]:
+    return [Request("", name)] if (name := gateway_tailnet_of_class(obj)) else []
+
+
+def _tailnets_of_gateway(cache: Reader) -> Callable[[JSON], list[Request]]:
+    """A Gateway reaches the Tailnet its class names (its tag enters that Tailnet's policy)."""
+    return lambda obj: [Request("", name)] if (name := gateway_tailnet(obj, cache.list(GATEWAY_CLASS))) else []
+
+
+def _tailnets_of_route(cache: Reader) -> Callable[[JSON], list[Request]]:
+    """An HTTPRoute reaches the Tailnets of the Gateways it names: the first route attached to a
+    Gateway makes it one with something to serve, whose tag the policy must own."""
+    def mapper(obj: JSON) -> list[Request]:
+        classes = cache.list(GATEWAY_CLASS)
+        names = []
+        for request in gateways_of_route(obj):
+            gateway = cache.get(API_GATEWAY, request.name, request.namespace)
+            if gateway is not None and (name := gateway_tailnet(gateway, classes)):
+                names.append(name)
+        return [Request("", name) for name in dict.fromkeys(names)]
+
+    return mapper
+
+
 OWNED = MANAGED_BY
 """The label on every object the operator owns: its Deployment, Service and NetworkPolicy
 informers watch only those, cluster-wide (the Role limits writes to the operator's namespace)."""
@@ -139,6 +181,8 @@ class Reconcilers(NamedTuple):
     sweep: OrphanSweeper
     loadbalancer: LoadBalancerReconciler
     ingressclass: ClassedReconciler
+    gatewayapi: ClassedReconciler
+    gatewayclass: GatewayClassReconciler
 
 
 TAILNET_ACCESS_CHANGED = any_of(GenerationChanged(), FieldChanged("status", "apiKey", "id"),
@@ -261,8 +305,14 @@ def setup(manager: Manager, *, namespace: str, events: EventRecorder,
         deps, manager.writer(LOADBALANCER_FIELD_MANAGER), ingress_settings, agent_status=agent_status))
     ingressclass = _add_ingressclass(manager, ingressclass_reconciler(
         deps, manager.writer(INGRESSCLASS_FIELD_MANAGER), ingress_settings, agent_status=agent_status))
+    gatewayapi = _add_gatewayapi(manager, gatewayapi_reconciler(
+        deps, manager.writer(GATEWAYAPI_FIELD_MANAGER), ingress_settings, agent_status=agent_status))
+    gatewayclass = GatewayClassReconciler(cache, manager.writer(GATEWAYCLASS_FIELD_MANAGER), deps.clock)
+    (manager.controller("gatewayclass", gatewayclass)
+     .for_(GATEWAY_CLASS, GenerationChanged())
+     .watches(TAILNET, classes_of_tailnet(cache), GenerationChanged()))
     return Reconcilers(tailnet, policy, egress, dns, ingress, gateways, _add_sweep(manager, deps), loadbalancer,
-                       ingressclass)
+                       ingressclass, gatewayapi, gatewayclass)
 
 
 def _prepare_cache(manager: Manager, namespaces: tuple[str, str]) -> SharedCache:
@@ -279,6 +329,9 @@ def _prepare_cache(manager: Manager, namespaces: tuple[str, str]) -> SharedCache
     for resource in INDEXED:
         cache.add_indexer(resource, TAILNET_INDEX, tailnet_ref_index)
     cache.add_indexer(INGRESS, CLASS_INDEX, class_index)
+    for resource in GATEWAY_API_KINDS:  # installed apart from the operator, maybe never
+        cache.tolerate_absent(resource)
+    cache.add_indexer(HTTP_ROUTE, PARENT_INDEX, parent_index)
     cache.informer(TAILNET)
     return cache
 
@@ -306,6 +359,9 @@ def _add_policy(manager: Manager, deps: Deps, namespace: str) -> PolicyReconcile
      .watches(SERVICE, _by_tailnet_ref, CLASSED)
      .watches(INGRESS, _tailnets_of_ingress(cache), INGRESS_SERVED_CHANGED)
      .watches(INGRESS_CLASS, _tailnet_of_class, any_of(GenerationChanged(), FieldChanged("metadata", "annotations")))
+     .watches(API_GATEWAY, _tailnets_of_gateway(cache), INGRESS_SERVED_CHANGED)
+     .watches(GATEWAY_CLASS, _tailnet_of_gateway_class, GenerationChanged())
+     .watches(HTTP_ROUTE, _tailnets_of_route(cache), ROUTE_SERVED_CHANGED)
      .watches(CONFIG_MAP, _tailnets_referencing(cache, _refers(("policy", "baseConfigMapRef"))))
      .watches(SECRET, _tailnets_referencing(cache, _working_key_of(namespace))))
     return policy
@@ -374,6 +430,26 @@ def _add_ingressclass(manager: Manager, reconciler: ClassedReconciler) -> Classe
               any_of(GenerationChanged(), FieldChanged("metadata", "annotations")))
      .watches(SERVICE, _ingresses_near(cache), FieldChanged("spec", "ports"))
      .watches(TAILNET, ingresses_of_tailnet(cache), TAILNET_ACCESS_CHANGED))
+    return reconciler
+
+
+ROUTE_SERVED_CHANGED = any_of(GenerationChanged(), FieldChanged("metadata", "deletionTimestamp"))
+"""What an HTTPRoute's Gateways wait for: its spec and its deletion; the status they write wakes nothing."""
+
+
+def _add_gatewayapi(manager: Manager, reconciler: ClassedReconciler) -> ClassedReconciler:
+    """Gateways, GatewayClasses and HTTPRoutes are watched cluster-wide (once their CRDs are
+    installed); a Gateway of another class is read from the cache and left alone."""
+    cache = manager.cache
+    (manager.controller("gatewayapi", reconciler)
+     .for_(API_GATEWAY, INGRESS_SERVED_CHANGED)
+     .owns(DEPLOYMENT, labels=OWNED)
+     .owns(SERVICE, labels=OWNED)
+     .owns(NETWORK_POLICY, labels=OWNED)
+     .watches(HTTP_ROUTE, gateways_of_route, ROUTE_SERVED_CHANGED)
+     .watches(GATEWAY_CLASS, gateways_of_class(cache), GenerationChanged())
+     .watches(SERVICE, gateways_near(cache), FieldChanged("spec", "ports"))
+     .watches(TAILNET, gateways_of_tailnet(cache), TAILNET_ACCESS_CHANGED))
     return reconciler
 
 

@@ -48,14 +48,23 @@ from tailnet_operator.headscale import (
     sweep_orphans,
 )
 from tailnet_operator.names import TAILNET_LABEL, managed_by_operator
-from tailnet_operator.resources import ingressclass, loadbalancer
+from tailnet_operator.resources import gatewayapi, ingressclass, loadbalancer
 from tailnet_operator.runtime import SECRET, SERVICE, Reader, Request, Result
 from tailnet_operator.types import JSON
 
 from . import periods
 from .access import Deps, NoAccess, Problem
 from .keyrecord import KEY_ID, KEY_TAG, PREVIOUS_KEY_ID
-from .kinds import INGRESS, INGRESS_CLASS, TAILNET, TAILNET_EGRESS, TAILNET_GATEWAY, TAILNET_INGRESS
+from .kinds import (
+    API_GATEWAY,
+    GATEWAY_CLASS,
+    INGRESS,
+    INGRESS_CLASS,
+    TAILNET,
+    TAILNET_EGRESS,
+    TAILNET_GATEWAY,
+    TAILNET_INGRESS,
+)
 
 __all__ = ["STALE_AFTER", "SWEEP_SECONDS", "OrphanSweeper", "SweepMetrics", "installation_crs", "list_orphans",
            "references", "references_from", "stale_nodes"]
@@ -99,15 +108,17 @@ def installation_crs(reader: Reader, tailnet: str, namespace: str) -> list[JSON]
     TailnetGateways, and its TailnetEgresses in the operator's ``namespace`` (one elsewhere is
     never acted on, so it cannot keep a key or node alive); and the Services of its
     LoadBalancer class, as :func:`~tailnet_operator.resources.loadbalancer.sweep_view` shows them,
-    and the Ingresses of its IngressClasses (:func:`~tailnet_operator.resources.ingressclass.sweep_view`)."""
+    the Ingresses of its IngressClasses (:func:`~tailnet_operator.resources.ingressclass.sweep_view`)
+    and the Gateways of its GatewayClasses (:func:`~tailnet_operator.resources.gatewayapi.sweep_view`)."""
     def of_tailnet(obj: JSON) -> bool:
         return bool(((obj.get("spec") or {}).get("tailnetRef") or {}).get("name") == tailnet)
 
     crs = [o for kind in (TAILNET_EGRESS, TAILNET_INGRESS, TAILNET_GATEWAY) for o in reader.list(kind)
            if of_tailnet(o) and (kind != TAILNET_EGRESS or o["metadata"].get("namespace") == namespace)]
-    classes = reader.list(INGRESS_CLASS)
+    classes, gateway_classes = reader.list(INGRESS_CLASS), reader.list(GATEWAY_CLASS)
     return crs + [v for s in reader.list(SERVICE) if (v := loadbalancer.sweep_view(s, tailnet)) is not None] \
-        + [v for i in reader.list(INGRESS) if (v := ingressclass.sweep_view(i, tailnet, classes)) is not None]
+        + [v for i in reader.list(INGRESS) if (v := ingressclass.sweep_view(i, tailnet, classes)) is not None] \
+        + [v for g in reader.list(API_GATEWAY) if (v := gatewayapi.sweep_view(g, tailnet, gateway_classes)) is not None]
 
 
 def references_from(reader: Reader, tailnet: str, namespace: str) -> References:

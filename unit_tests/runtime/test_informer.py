@@ -11,7 +11,7 @@ import pytest
 
 from tailnet_operator.runtime.cache.informer import DeletedFinalStateUnknown, Informer, Store, informer_backoff
 from tailnet_operator.runtime.client import JSON, ObjectList, WatchEvent
-from tailnet_operator.runtime.errors import Gone, TransportError
+from tailnet_operator.runtime.errors import Gone, NotFound, TransportError
 from tailnet_operator.runtime.kinds import CONFIG_MAP
 
 
@@ -22,14 +22,17 @@ def cm(name: str, rv: str, ns: str = "a", **labels: str) -> JSON:
 class ScriptedClient:
     """Answers list() from a queue of lists and watch() from a queue of event scripts."""
 
-    def __init__(self, lists: list[ObjectList], watches: list[list[WatchEvent] | Exception]) -> None:
+    def __init__(self, lists: list[ObjectList | Exception], watches: list[list[WatchEvent] | Exception]) -> None:
         self.lists = lists
         self.watches = watches
         self.watched_from: list[str] = []
         self.exhausted = asyncio.Event()
 
     async def list(self, resource: Any, namespace: Any = None, **_: Any) -> ObjectList:
-        return self.lists.pop(0)
+        answer = self.lists.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
     async def watch(self, resource: Any, namespace: Any = None, *, resource_version: str,
                     **_: Any) -> AsyncIterator[WatchEvent]:
@@ -72,8 +75,9 @@ class NoWaitClock:
         return datetime(2026, 1, 1, tzinfo=UTC)
 
 
-async def run_until_exhausted(client: ScriptedClient) -> tuple[Informer, Recorder]:
-    informer = Informer(client, CONFIG_MAP, backoff=informer_backoff(jitter=0), clock=NoWaitClock())
+async def run_until_exhausted(client: ScriptedClient, *, optional: bool = False) -> tuple[Informer, Recorder]:
+    informer = Informer(client, CONFIG_MAP, backoff=informer_backoff(jitter=0), clock=NoWaitClock(),
+                        optional=optional)
     recorder = Recorder()
     informer.add_handler(recorder)
     task = asyncio.create_task(informer.run())
@@ -129,3 +133,42 @@ def test_backoff_doubles_from_800ms_to_a_30s_cap() -> None:
     assert [backoff.next() for _ in range(8)] == [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0]
     backoff.reset()
     assert backoff.next() == 0.8
+
+
+def _not_served() -> NotFound:
+    return NotFound(404, "NotFound", "the server could not find the requested resource")
+
+
+async def test_an_optional_kind_not_served_is_synced_empty_and_listed_again_until_it_is() -> None:
+    """A CRD installed after the operator started: its objects arrive as adds, with no restart."""
+    client = ScriptedClient(lists=[_not_served(), _not_served(), ObjectList([cm("x", "5")], "5")], watches=[])
+    informer, recorder = await run_until_exhausted(client, optional=True)
+    assert informer.synced and not informer.absent
+    assert informer.stats.lists == 3 and informer.stats.watch_errors == 0
+    assert recorder.events == [("add", "x")]
+
+
+async def test_an_optional_kind_is_synced_while_it_is_not_served() -> None:
+    never = asyncio.Event()
+
+    class Absent(ScriptedClient):
+        async def list(self, resource: Any, namespace: Any = None, **_: Any) -> ObjectList:
+            if not self.lists:
+                await never.wait()
+            return await super().list(resource, namespace)
+
+    informer = Informer(Absent([_not_served()], []), CONFIG_MAP, clock=NoWaitClock(), optional=True)
+    task = asyncio.create_task(informer.run())
+    try:
+        await asyncio.wait_for(informer.wait_synced(), 5)
+        assert informer.absent and len(informer.store) == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_required_kind_not_served_is_retried_with_backoff_and_not_synced_before_its_list() -> None:
+    client = ScriptedClient(lists=[_not_served(), ObjectList([cm("x", "5")], "5")], watches=[])
+    informer, recorder = await run_until_exhausted(client)
+    assert informer.stats.watch_errors == 1 and informer.stats.lists == 2
+    assert recorder.events == [("add", "x")]

@@ -180,6 +180,15 @@ class SharedCache(TypedReader):
         self._parsed: dict[tuple[Resource, str], tuple[str, BaseModel]] = {}
         self._group: asyncio.TaskGroup | None = None
         self._by_metadata: dict[Resource, _ByMetadata] = {}
+        self._optional: set[Resource] = set()
+
+    def tolerate_absent(self, resource: Resource) -> None:
+        """Let ``resource`` be a kind the API may not serve (a CRD installed separately, such as the
+        Gateway API's): until it is served its informers are synced and empty, and they list it
+        again periodically (:attr:`~.informer.Informer.optional`). Call before its informers exist."""
+        if any(r == resource for r, _, _ in self._informers):
+            raise ValueError(f"{resource}: tolerate_absent() must come before its informers")
+        self._optional.add(resource)
 
     def cache_by_metadata(self, resource: Resource, *, namespace: str | None) -> None:
         """Cache ``resource`` whole in ``namespace`` only and by metadata everywhere else (see
@@ -223,7 +232,8 @@ class SharedCache(TypedReader):
             lister: ListerWatcher = self.client
             if by_metadata is not None and by_metadata.watched is None and namespace != by_metadata.namespace:
                 lister = MetadataOnly(self.client)
-            informer = Informer(lister, resource, namespace, labels=labels, clock=self._clock)
+            informer = Informer(lister, resource, namespace, labels=labels, clock=self._clock,
+                                optional=resource in self._optional)
             informer.siblings = _Siblings(self, resource, informer)
             self._informers[key] = informer
             if self._group is not None:

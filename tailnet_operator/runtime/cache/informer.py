@@ -31,7 +31,7 @@ from tailnet_operator.types import JSON
 from ..client import WATCH_INACTIVITY_TIMEOUT, Client, ObjectList, WatchEvent
 from ..client.interfaces import ListerWatcher
 from ..clock import Clock, RealClock
-from ..errors import Gone, KubeError
+from ..errors import Gone, KubeError, NotFound
 from ..kinds import Resource
 
 log = structlog.get_logger("informer")
@@ -40,6 +40,10 @@ IndexFunc = Callable[[JSON], Iterable[str]]
 """Maps an object to the index values it is filed under."""
 
 NAMESPACE_INDEX = "namespace"
+
+
+ABSENT_RECHECK = 30.0
+"""Seconds between lists of an optional kind found not served (:attr:`Informer.optional`)."""
 
 
 def namespace_index(obj: JSON) -> list[str]:
@@ -237,8 +241,15 @@ class Informer:
 
     def __init__(self, client: ListerWatcher, resource: Resource, namespace: str | None = None, *,
                  labels: Mapping[str, str] | None = None, backoff: Backoff | None = None,
-                 clock: Clock | None = None, inactivity_timeout: float = WATCH_INACTIVITY_TIMEOUT) -> None:
+                 clock: Clock | None = None, inactivity_timeout: float = WATCH_INACTIVITY_TIMEOUT,
+                 optional: bool = False) -> None:
         self.client = client
+        self.optional = optional
+        """The kind may not be served (a CRD not installed): a list answered 404 counts as synced
+        and empty, and is tried again every :data:`ABSENT_RECHECK` seconds, so the kind's objects
+        arrive as adds once its CRD is installed, with no restart."""
+        self.absent = False
+        """Whether the last list of an optional kind found it not served."""
         self.resource = resource
         self.namespace = namespace
         self.labels = dict(labels or {})
@@ -280,19 +291,38 @@ class Informer:
                     resource_version = await self._list()
                 resource_version = await self._watch(resource_version)
                 self._backoff.reset()
+            except NotFound as exc:
+                resource_version = None
+                await (self._absent() if self.optional else self._retry(exc))
             except Gone:
                 self.stats.relists_after_gone += 1
                 self._log.info("resourceVersion expired, relisting", resource_version=resource_version)
                 resource_version = None
             except KubeError as exc:
-                self.stats.watch_errors += 1
-                delay = self._backoff.next()
-                self._log.warning("list/watch failed, retrying", error=str(exc), retry_in=round(delay, 2))
-                await self._clock.sleep(delay)
+                await self._retry(exc)
+
+    async def _retry(self, exc: KubeError) -> None:
+        self.stats.watch_errors += 1
+        delay = self._backoff.next()
+        self._log.warning("list/watch failed, retrying", error=str(exc), retry_in=round(delay, 2))
+        await self._clock.sleep(delay)
+
+    async def _absent(self) -> None:
+        """An optional kind not served: empty and synced, looked for again after a while."""
+        if not self.absent:
+            self._log.info("kind not served (its CRD is not installed); looking again periodically",
+                           retry_in=ABSENT_RECHECK)
+        self.absent = True
+        self._replace([])
+        self._synced.set()
+        await self._clock.sleep(ABSENT_RECHECK)
 
     async def _list(self) -> str:
         self.stats.lists += 1
         result = await self.client.list(self.resource, self.namespace, label_selector=self._selector)
+        if self.absent:
+            self._log.info("kind served now", objects=len(result.items))
+        self.absent = False
         self._replace(result.items)
         self.stats.last_resource_version = result.resource_version
         if not self._synced.is_set():

@@ -1,0 +1,298 @@
+"""The Gateway API: a ``Gateway`` whose GatewayClass has ``controllerName:
+tailnet.dev/gateway-controller`` (and a ``parametersRef`` naming a Tailnet) becomes a tailnet node
+serving the HTTPRoutes attached to it.
+
+The Gateway is served as the TailnetIngress
+:func:`~tailnet_operator.resources.gatewayapi.as_ingress` makes of it and its routes, through the
+same pipeline (:mod:`.pipeline`) and the same parts as a TailnetIngress (:class:`.ingress.IngressNode`,
+composed), exactly as the IngressClass serves an Ingress (:mod:`.ingressclass`): tenancy, the tag
+pre-check, the pre-auth key (recorded in the operator's namespace), the agent's objects in the
+Gateway's namespace (owned by the Gateway) and the hostname's succession. What the Gateway adds:
+
+* a Gateway is acted on only while its class is a tailnet class; every other Gateway is read from
+  the cache and left alone. The annotations ``tailnet.dev/hostname`` and ``tailnet.dev/tag`` are
+  the LoadBalancer class's, with the same defaults and the same tenancy;
+* status in the Gateway API's terms (:class:`GatewayStatus`): ``Accepted`` and each listener's
+  conditions as the translation says, ``Programmed`` once the node serves (else ``Pending``, with
+  the pipeline's reason and message: ``TagNotOwned``, ``NamespaceNotGranted``, ...), the node's
+  tailnet addresses and MagicDNS name in ``status.addresses``, and each attached HTTPRoute's
+  ``status.parents`` entry (other controllers' entries kept);
+* a Gateway with nothing to serve (no route attached to a served listener) has no node:
+  ``Accepted`` with ``Programmed: False``;
+* the GatewayClass's own ``Accepted`` and ``supportedFeatures`` (:class:`GatewayClassReconciler`);
+* release when the class goes or the Gateway is being deleted (:class:`~.classed.ClassedReconciler`),
+  its entries taken off the routes that name it.
+
+The Gateway API's CRDs are installed apart from the operator: until they are, the cache holds
+none of these kinds and the controllers have nothing to do (the informers look for the CRDs every
+30 s, so installing them later needs no restart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+from pydantic import ValidationError
+
+from tailnet_operator.api.ingress import TailnetIngress
+from tailnet_operator.names import auth_key_secret_name
+from tailnet_operator.resources import gatewayapi as gw
+from tailnet_operator.resources import ingress as build
+from tailnet_operator.runtime import (
+    CONFIG_MAP,
+    SECRET,
+    Clock,
+    Reader,
+    Request,
+    Resource,
+    Result,
+    Writer,
+    needs_apply,
+)
+from tailnet_operator.types import JSON
+
+from . import conditions
+from .access import Deps
+from .classed import ClassedReconciler
+from .conditions import Cond, rfc3339
+from .egress_status import AgentStatusReader, HttpAgentStatus
+from .gatewayapi_plans import Plans, parent_index
+from .ingress import IngressNode, IngressSettings
+from .kinds import API_GATEWAY, GATEWAY_CLASS, HTTP_ROUTE, TAILNET, TAILNET_INGRESS
+from .loadbalancer import ServiceStatus
+from .pipeline import Outcome, Run
+from .shaped import ShapedNode
+from .status import StatusWriter
+
+__all__ = ["CLASS_FIELD_MANAGER", "CONDITION_TYPES", "FIELD_MANAGER", "GatewayClassReconciler", "GatewayNode",
+           "GatewayStatus", "Gateways", "classes_of_tailnet", "gatewayapi_reconciler", "gateways_near",
+           "gateways_of_class", "gateways_of_route", "gateways_of_tailnet"]
+
+log = structlog.get_logger("controllers.gatewayapi")
+
+FIELD_MANAGER = "tailnet-operator-gatewayapi"
+CLASS_FIELD_MANAGER = "tailnet-operator-gatewayclass"
+CONDITION_TYPES = ("TagOwned", "PreAuthKeyValid", "ExposesReady", "HostnameAssigned")
+
+
+def gatewayapi_reconciler(deps: Deps, writer: Writer, settings: IngressSettings, *,
+                          agent_status: AgentStatusReader | None = None) -> ClassedReconciler:
+    """The Gateway API's reconciler; writes as :data:`FIELD_MANAGER` through ``writer``."""
+    plans = Plans(deps.reader)
+    shaped = GatewayStatus(writer, deps.reader, deps.clock, plans)
+    ingress = IngressNode(deps, shaped, settings, agent_status or HttpAgentStatus(service=build.agent_name))
+    return ClassedReconciler(deps, shaped, GatewayNode(deps, shaped, settings, ingress, plans), Gateways(deps.reader))
+
+
+# -- what the cache answers ------------------------------------------------------------------------
+
+
+def _requests(objs: list[JSON]) -> list[Request]:
+    return [Request(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs]
+
+
+def gateways_of_route(obj: JSON) -> list[Request]:
+    """A mapper from an HTTPRoute to the Gateways it names (its change is theirs to serve)."""
+    return [Request(*key.split("/", 1)) for key in parent_index(obj)]
+
+
+def gateways_of_class(reader: Reader) -> Callable[[JSON], list[Request]]:
+    """A mapper from a GatewayClass to its Gateways."""
+    def mapper(obj: JSON) -> list[Request]:
+        name = obj["metadata"]["name"]
+        return _requests([g for g in reader.list(API_GATEWAY) if (g.get("spec") or {}).get("gatewayClassName") == name])
+
+    return mapper
+
+
+def gateways_of_tailnet(reader: Reader) -> Callable[[JSON], list[Request]]:
+    """A mapper from a Tailnet to the Gateways of its classes (its URL, CA or working key reaches them)."""
+    def mapper(obj: JSON) -> list[Request]:
+        classes = reader.list(GATEWAY_CLASS)
+        return _requests([g for g in reader.list(API_GATEWAY) if gw.tailnet_of(g, classes) == obj["metadata"]["name"]])
+
+    return mapper
+
+
+def gateways_near(reader: Reader) -> Callable[[JSON], list[Request]]:
+    """A mapper from a Service to the Gateways of its namespace (a backend appearing or going)."""
+    return lambda obj: _requests(reader.list(API_GATEWAY, obj["metadata"].get("namespace")))
+
+
+def classes_of_tailnet(reader: Reader) -> Callable[[JSON], list[Request]]:
+    """A mapper from a Tailnet to the GatewayClasses that name it (it appearing or going)."""
+    def mapper(obj: JSON) -> list[Request]:
+        name = obj["metadata"]["name"]
+        return [Request("", c["metadata"]["name"]) for c in reader.list(GATEWAY_CLASS)
+                if gw.tailnet_of_class(c) == name]
+
+    return mapper
+
+
+class Problem(Exception):
+    """A Gateway that cannot be served: a CamelCase reason and a message that says what to change."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(reason, message)
+        self.reason, self.message = reason, message
+
+
+# -- the status a Gateway holds --------------------------------------------------------------------
+
+
+class GatewayStatus(ServiceStatus):
+    """A Writer that turns the pipeline's status writes to a Gateway into the Gateway API's status
+    (module docstring) and writes the ``status.parents`` of the routes that name it; an empty
+    status (a release) takes this controller's entries off those routes."""
+
+    def __init__(self, writer: Writer, reader: Reader, clock: Clock, plans: Plans) -> None:
+        super().__init__(writer)
+        self.reader, self.clock, self.plans = reader, clock, plans
+
+    async def apply_status(self, resource: Resource, body: JSON, *, field_manager: str | None = None) -> JSON:
+        if resource != API_GATEWAY:
+            return await super().apply_status(resource, body, field_manager=field_manager)
+        meta = body.get("metadata") or {}
+        obj = self.reader.get(API_GATEWAY, meta.get("name", ""), meta.get("namespace"))
+        status = body.get("status") or {}
+        if obj is None:
+            return body
+        now = rfc3339(self.clock.utcnow())
+        if "conditions" not in status:  # released
+            await self._parents(obj, {}, now)
+            return await self.writer.apply_status(resource, body, field_manager=field_manager)
+        new, plan = self._status(obj, status, now)
+        await self._parents(obj, plan.parents if plan is not None else {}, now)
+        written = {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")}, "status": new}
+        if not needs_apply(written, obj, manager=field_manager or FIELD_MANAGER, subresource="status"):
+            return obj
+        return await self.writer.apply_status(resource, written, field_manager=field_manager)
+
+    def _status(self, obj: JSON, status: JSON, now: str) -> tuple[JSON, gw.GatewayPlan | None]:
+        """The Gateway's status from the pipeline's (``status``: its Ready and the node), and the
+        plan it follows (None for a Gateway whose annotations are not valid)."""
+        ready = conditions.get(status.get("conditions"), "Ready") or {}
+        try:
+            served = gw.ServedGateway.model_validate(obj)
+        except ValidationError:
+            return {"conditions": [{"type": "Accepted", "status": "False", "reason": "Invalid",
+                                    "message": str(ready.get("message") or "the Gateway is not valid"),
+                                    "observedGeneration": int(obj["metadata"].get("generation") or 0),
+                                    "lastTransitionTime": now}]}, None
+        plan = self.plans.plan(served)
+        waiting = "" if ready.get("status") == "True" else f"{ready.get('reason')}: {ready.get('message')}"
+        return gw.gateway_status(plan, served.gateway, status.get("node"), ready=ready.get("status") == "True",
+                                 current=obj.get("status"), now=now, waiting=waiting), plan
+
+    async def _parents(self, obj: JSON, results: dict[tuple[str, str], list[gw.ParentResult]], now: str) -> None:
+        meta = obj["metadata"]
+        for route in self.plans.routes(meta["namespace"], meta["name"]):
+            key = (route["metadata"]["namespace"], route["metadata"]["name"])
+            named = [r for r in (route.get("status") or {}).get("parents") or []
+                     if r.get("controllerName") == gw.CONTROLLER
+                     and (r.get("parentRef") or {}).get("name") == meta["name"]
+                     and (r.get("parentRef") or {}).get("namespace", key[0]) == meta["namespace"]]
+            parents = gw.route_parents(route, results.get(key, []), now=now)
+            if key not in results:  # this Gateway no longer speaks for the route
+                parents = [p for p in parents if p not in named]
+            body = {"metadata": {"name": key[1], "namespace": key[0]}, "status": {"parents": parents}}
+            if needs_apply(body, route, manager=FIELD_MANAGER, subresource="status"):
+                await self.writer.apply_status(HTTP_ROUTE, body, field_manager=FIELD_MANAGER)
+
+
+# -- the kind --------------------------------------------------------------------------------------
+
+
+class GatewayNode(ShapedNode[gw.ServedGateway]):
+    """What a Gateway of a tailnet class adds to the pipeline: its TailnetIngress shape (from its
+    listeners and routes), served by the ingress's parts, and its status in the Gateway API's terms."""
+
+    resource = API_GATEWAY
+    model = gw.ServedGateway
+    field_manager = FIELD_MANAGER
+    condition_types: tuple[str, ...] = CONDITION_TYPES
+
+    def __init__(self, deps: Deps, writer: Writer, settings: IngressSettings, ingress: IngressNode,
+                 plans: Plans) -> None:
+        super().__init__(deps, writer, settings, ingress)
+        self.plans = plans
+
+    def record_name(self, namespace: str, name: str) -> str:
+        return gw.record_name(namespace, name)
+
+    def shape_of(self, cr: gw.ServedGateway) -> TailnetIngress:
+        """Raises :class:`Problem` for a Gateway with nothing the node can serve."""
+        plan = self.plans.plan(cr)
+        if plan.ingress is None:
+            reason = plan.accepted.reason if not plan.accepted.status else "NothingToServe"
+            raise Problem(reason, plan.accepted.message)
+        return plan.ingress
+
+    def spec_problem(self, run: Run[gw.ServedGateway]) -> tuple[str, str] | None:
+        if (found := gw.gateway_name_problem(run.cr.name)) is not None:
+            return found
+        try:
+            self.shape_of(run.cr)
+        except Problem as problem:
+            return problem.reason, problem.message
+        return None
+
+    def tailnet_name(self, cr: gw.ServedGateway) -> str:
+        return self.plans.tailnet({"spec": {"gatewayClassName": cr.spec.gateway_class_name}})
+
+    def tag(self, cr: gw.ServedGateway) -> str:
+        return cr.tag
+
+    def key_metadata(self, run: Run[gw.ServedGateway]) -> JSON:
+        return gw.record_metadata(run.cr, self.tailnet_name(run.cr), self.settings.operator_namespace)
+
+    async def report(self, run: Run[gw.ServedGateway], outcome: Outcome) -> tuple[list[Cond], JSON]:
+        result, nodes = await self.served(run, outcome)
+        node = result.fields.get("node")
+        await self.ingress.record_node(self.key_location(run.obj), outcome.key, node, nodes)
+        conds = [c for c in result.conditions if c.type in CONDITION_TYPES]
+        return [*conds, next(c for c in result.conditions if c.type == "Ready")], {"node": node}
+
+
+class Gateways:
+    """The Gateway as a classed object (:class:`~.classed.Classed`): its class read from the cache."""
+
+    resource = API_GATEWAY
+    field_manager = FIELD_MANAGER
+    released = ("GatewayReleased", (
+        "the Gateway's class is no longer a tailnet GatewayClass: what the operator made for it is gone (its "
+        "pre-auth key expired, its agent's objects deleted, its status cleared)"))
+
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
+
+    def tailnet_of(self, obj: JSON) -> str | None:
+        return gw.tailnet_of(obj, self.reader.list(GATEWAY_CLASS))
+
+    def named_objects(self, obj: JSON) -> list[tuple[Resource, str]]:
+        name = str(obj["metadata"]["name"])
+        return [(SECRET, auth_key_secret_name(TAILNET_INGRESS.kind, gw.object_name_of(name))),
+                (CONFIG_MAP, gw.config_map_name_of(name))]
+
+
+# -- the class --------------------------------------------------------------------------------------
+
+
+class GatewayClassReconciler:
+    """Writes a tailnet GatewayClass's ``Accepted`` (its Tailnet exists) and ``supportedFeatures``;
+    a class of another controller is never written to."""
+
+    def __init__(self, reader: Reader, writer: Writer, clock: Clock) -> None:
+        self.reader = reader
+        self.status = StatusWriter(writer, clock, field_manager=CLASS_FIELD_MANAGER)
+
+    async def reconcile(self, request: Request) -> Result:
+        obj = self.reader.get(GATEWAY_CLASS, request.name)
+        if obj is None or (obj.get("spec") or {}).get("controllerName") != gw.CONTROLLER:
+            return Result()
+        conds = [Cond(c.type, "True" if c.status else "False", c.reason, c.message)
+                 for c in gw.class_conditions(obj, lambda name: self.reader.get(TAILNET, name) is not None)]
+        features = [{"name": name} for name in gw.SUPPORTED_FEATURES]
+        await self.status.write(GATEWAY_CLASS, obj, conds, {"supportedFeatures": features}, observed_generation=False)
+        return Result()

@@ -1,0 +1,72 @@
+"""A Gateway's translation read from the cache: the HTTPRoutes that name it (by an index), its
+class's Tailnet, and the plan :func:`~tailnet_operator.resources.gatewayapi.as_ingress` makes of
+them. Shared by the Gateway API's controller (:mod:`.gatewayapi`) and the policy, which owns the
+tags of the Gateways it serves."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from tailnet_operator.resources import gatewayapi as gw
+from tailnet_operator.runtime import SECRET, SERVICE, Reader
+from tailnet_operator.types import JSON
+
+from .kinds import API_GATEWAY, GATEWAY_CLASS, HTTP_ROUTE
+
+__all__ = ["PARENT_INDEX", "Plans", "parent_index"]
+
+PARENT_INDEX = "gateway-api-parent"
+"""An HTTPRoute's index: the Gateways (``namespace/name``) its ``parentRefs`` name."""
+
+
+def parent_index(route: JSON) -> list[str]:
+    """:data:`PARENT_INDEX`: ``namespace/name`` of each Gateway the route's ``parentRefs`` name."""
+    namespace = route["metadata"].get("namespace") or ""
+    return list(dict.fromkeys(
+        f"{ref.get('namespace') or namespace}/{ref.get('name')}"
+        for ref in (route.get("spec") or {}).get("parentRefs") or []
+        if (ref.get("group", gw.GROUP), ref.get("kind", "Gateway")) == (gw.GROUP, "Gateway") and ref.get("name")))
+
+
+class Plans:
+    """A Gateway's translation (its TailnetIngress shape and what its statuses say), read from the cache."""
+
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
+
+    def routes(self, namespace: str, name: str) -> list[JSON]:
+        """The HTTPRoutes (as stored) that name the Gateway."""
+        return self.reader.list(HTTP_ROUTE, index=(PARENT_INDEX, f"{namespace}/{name}"))
+
+    def tailnet(self, gateway: JSON) -> str:
+        """The Tailnet the Gateway's class names ("" for a Gateway of another class)."""
+        return gw.tailnet_of(gateway, self.reader.list(GATEWAY_CLASS)) or ""
+
+    def plan(self, served: gw.ServedGateway) -> gw.GatewayPlan:
+        routes = []
+        for route in self.routes(served.namespace, served.name):
+            try:
+                routes.append(gw.HTTPRouteObject.model_validate(route))
+            except ValidationError:
+                continue  # not one kube-apiserver's schema admits: nothing of it is served
+        reader = self.reader
+        return gw.as_ingress(
+            served.gateway, routes, self.tailnet({"spec": {"gatewayClassName": served.spec.gateway_class_name}}),
+            tag=served.tag, hostname=served.hostname,
+            services=lambda ns, name: reader.get(SERVICE, name, ns) is not None,
+            secrets=lambda ns, name: reader.get(SECRET, name, ns) is not None,
+            labels=lambda ns: None)
+
+    def served(self, tailnet: str) -> list[gw.GatewayPlan]:
+        """The plans of the Gateways of ``tailnet``'s classes that have something to serve (not
+        being deleted): what the policy derives their tags from."""
+        classes = self.reader.list(GATEWAY_CLASS)
+        plans = []
+        for obj in self.reader.list(API_GATEWAY):
+            if gw.tailnet_of(obj, classes) != tailnet or obj["metadata"].get("deletionTimestamp"):
+                continue
+            try:
+                plans.append(self.plan(gw.ServedGateway.model_validate(obj)))
+            except ValidationError:
+                continue
+        return [p for p in plans if p.ingress is not None]
