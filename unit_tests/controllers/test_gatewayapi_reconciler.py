@@ -1,0 +1,236 @@
+"""The Gateway API's reconcilers on the fake client and a fake Headscale: a Gateway of a tailnet
+GatewayClass with an HTTPRoute gets the ingress's agent objects (owned by the Gateway), the Gateway
+API's statuses on the Gateway and the route, and the class its Accepted; a Gateway of another
+class is not written to; a Gateway with no route has no node; removing the class releases it all;
+the policy owns its tag and the sweep counts its key."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from tailnet_agent.contract.exposes import parse_exposes
+from tailnet_operator.controllers.gatewayapi import (
+    CLASS_FIELD_MANAGER,
+    FIELD_MANAGER,
+    GatewayClassReconciler,
+    gatewayapi_reconciler,
+)
+from tailnet_operator.controllers.ingress import IngressSettings
+from tailnet_operator.controllers.kinds import API_GATEWAY, GATEWAY_CLASS, HTTP_ROUTE, TAILNET
+from tailnet_operator.controllers.sweep import references_from
+from tailnet_operator.names import FINALIZER
+from tailnet_operator.resources import gatewayapi as gw
+from tailnet_operator.resources import loadbalancer as lb
+from tailnet_operator.resources.ingress import EXPOSES_FILE
+from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Applier, Request, Result
+from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY
+from tailnet_operator.types import JSON
+
+from .harness import NAMESPACE, World
+from .test_ingress import FakeAgent
+
+TENANT = "shop"
+TAG = "tag:shop-edge"
+OWNING = '{"tagOwners": {"tag:shop-edge": []}, "grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]}'
+TENANCY = [{"namespaces": [TENANT], "tags": ["tag:shop-*"]}]
+AGENT = "edge-gw-ingress-agent"
+OWNED = ((DEPLOYMENT, AGENT), (SERVICE, AGENT), (NETWORK_POLICY, AGENT), (CONFIG_MAP, "edge-gw-ingress-config"),
+         (SECRET, "edge-gw-ingress-auth-key"))
+RECORD = "gatewayapi.shop.edge"
+
+
+class GatewayWorld(World):
+    def __init__(self) -> None:
+        super().__init__()
+        self.agent = FakeAgent()
+        self.writer = Applier(self.kube, self.kube, field_manager=FIELD_MANAGER)
+        self.gw = gatewayapi_reconciler(
+            self.deps, self.writer,
+            IngressSettings(agent_image="img", operator_namespace=NAMESPACE, operator_labels={"app": "op"}),
+            agent_status=self.agent)
+        self.classes = GatewayClassReconciler(
+            self.kube, Applier(self.kube, self.kube, field_manager=CLASS_FIELD_MANAGER), self.clock)
+
+    def add_class(self, name: str = "tailnet", tailnet: str = "tn", controller: str = gw.CONTROLLER) -> JSON:
+        return self.kube.add(GATEWAY_CLASS, {"metadata": {"name": name}, "spec": {
+            "controllerName": controller, "parametersRef": {"group": "tailnet.dev", "kind": "Tailnet",
+                                                            "name": tailnet}}})
+
+    def add_gateway(self, name: str = "edge", *, cls: str = "tailnet") -> JSON:
+        return self.kube.add(API_GATEWAY, {
+            "metadata": {"name": name, "namespace": TENANT,
+                         "annotations": {lb.TAG_ANNOTATION: TAG, lb.HOSTNAME_ANNOTATION: "shop-edge"}},
+            "spec": {"gatewayClassName": cls, "listeners": [
+                {"name": "web", "port": 80, "protocol": "HTTP", "hostname": "shop.example.test"}]}})
+
+    def add_route(self, name: str = "shop", *, gateway: str = "edge", **rule: Any) -> JSON:
+        return self.kube.add(HTTP_ROUTE, {
+            "metadata": {"name": name, "namespace": TENANT, "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"parentRefs": [{"name": gateway}], "rules": [rule or {
+                "matches": [{"path": {"type": "PathPrefix", "value": "/api"}}],
+                "backendRefs": [{"name": "api", "port": 8080}]}]}})
+
+    def get(self, resource: Any, name: str) -> JSON:
+        found = self.kube.get(resource, name, TENANT if resource.namespaced else None)
+        assert found is not None, (resource, name)
+        return found
+
+    async def reconcile(self, name: str = "edge") -> Result:
+        return await self.gw.reconcile(Request(TENANT, name))
+
+
+def _conditions(obj: JSON) -> dict[str, tuple[str, str]]:
+    """An object's (or a route parent entry's) conditions by type: (status, reason)."""
+    found = obj["conditions"] if "conditions" in obj else (obj.get("status") or {}).get("conditions")
+    return {c["type"]: (c["status"], c["reason"]) for c in found or []}
+
+
+async def world_with_tailnet(policy: str = OWNING) -> GatewayWorld:
+    world = GatewayWorld()
+    world.bootstrap_secret()
+    world.add_tailnet(tenants=TENANCY)
+    await world.reconcile_tailnet()
+    world.headscale.policy = policy
+    world.add_class()
+    world.kube.add(SERVICE, {"metadata": {"name": "api", "namespace": TENANT},
+                             "spec": {"ports": [{"name": "http", "port": 8080}]}})
+    return world
+
+
+async def test_a_gateway_with_a_route_gets_a_key_the_agent_objects_and_the_gateway_apis_statuses() -> None:
+    world = await world_with_tailnet()
+    world.add_gateway()
+    world.add_route()
+
+    await world.reconcile()
+
+    [key] = world.headscale.preauth_keys.values()
+    assert key["aclTags"][0] == TAG
+    gateway = world.get(API_GATEWAY, "edge")
+    assert FINALIZER in gateway["metadata"]["finalizers"]
+    for resource, name in OWNED:
+        [owner] = world.get(resource, name)["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"]) == ("Gateway", "edge")
+    [expose] = parse_exposes(world.get(CONFIG_MAP, "edge-gw-ingress-config")["data"][EXPOSES_FILE])
+    assert (expose.port, expose.plaintext, [h.name for h in expose.hosts]) == (80, True, ["shop.example.test"])
+    [host] = expose.hosts
+    assert [(r.path, r.backend and (r.backend.host, r.backend.port)) for r in host.routes] == [
+        ("/api", ("api.shop.svc", 8080))]
+    assert world.kube.get(SECRET, RECORD, NAMESPACE) is not None
+    # No node yet: Accepted, not Programmed, and the reason why in the message.
+    assert _conditions(gateway) == {"Accepted": ("True", "Accepted"), "Programmed": ("False", "Pending")}
+    programmed = next(c for c in gateway["status"]["conditions"] if c["type"] == "Programmed")
+    assert "NotListening" in programmed["message"] or "AgentStatusUnknown" in programmed["message"], programmed
+    [listener] = gateway["status"]["listeners"]
+    assert (listener["name"], listener["attachedRoutes"]) == ("web", 1)
+    [parent] = world.get(HTTP_ROUTE, "shop")["status"]["parents"]
+    assert parent["controllerName"] == gw.CONTROLLER and parent["parentRef"]["name"] == "edge"
+    assert _conditions(parent) == {"Accepted": ("True", "Accepted"), "ResolvedRefs": ("True", "ResolvedRefs")}
+    assert "Ready" not in _conditions(gateway) and "preAuthKey" not in gateway["status"]
+
+
+async def test_once_the_node_serves_the_gateway_is_programmed_with_the_nodes_addresses() -> None:
+    world = await world_with_tailnet()
+    world.add_gateway()
+    world.add_route()
+    await world.reconcile()
+    [key_id] = world.headscale.preauth_keys
+    world.headscale.nodes = [{"id": "9", "name": "shop-edge", "givenName": "shop-edge", "online": True,
+                              "tags": [TAG], "ipAddresses": ["100.64.0.9"], "preAuthKey": {"id": key_id}}]
+    world.agent.doc = {"node": {"id": "9", "name": "shop-edge.tailnet.test.", "addresses": ["100.64.0.9"]},
+                       "exposes": [{"name": "http-80-0", "port": 80, "mode": "http", "listening": True,
+                                    "reachable": True, "hosts": []}]}
+
+    await world.reconcile()
+
+    gateway = world.get(API_GATEWAY, "edge")
+    assert _conditions(gateway)["Programmed"] == ("True", "Programmed"), gateway["status"]
+    assert gateway["status"]["addresses"] == [{"type": "IPAddress", "value": "100.64.0.9"},
+                                              {"type": "Hostname", "value": "shop-edge.tailnet.test"}]
+    writes = len(world.kube.writes)
+    await world.reconcile()
+    assert [w for w in world.kube.writes[writes:] if w[0] in (API_GATEWAY, HTTP_ROUTE)] == [], \
+        "an unchanged Gateway is not written again"
+
+
+async def test_a_gateway_with_no_route_has_no_node_and_says_why() -> None:
+    world = await world_with_tailnet()
+    world.add_gateway()
+
+    await world.reconcile()
+
+    assert world.headscale.preauth_keys == {}
+    gateway = world.get(API_GATEWAY, "edge")
+    assert _conditions(gateway) == {"Accepted": ("True", "Accepted"), "Programmed": ("False", "Pending")}
+    assert "NothingToServe" in next(c["message"] for c in gateway["status"]["conditions"]
+                                    if c["type"] == "Programmed")
+    assert world.kube.get(DEPLOYMENT, AGENT, TENANT) is None
+
+
+async def test_a_gateway_of_another_class_is_never_written_to() -> None:
+    world = await world_with_tailnet()
+    world.add_class("other", controller="example.com/gateway")
+    world.add_gateway(cls="other")
+    world.add_route()
+    writes = len(world.kube.writes)
+
+    await world.reconcile()
+    await world.classes.reconcile(Request("", "other"))
+
+    assert world.kube.writes[writes:] == []
+
+
+async def test_removing_the_class_releases_the_gateway_and_its_route_entries() -> None:
+    world = await world_with_tailnet()
+    world.add_gateway()
+    world.add_route()
+    await world.reconcile()
+    [key] = world.headscale.preauth_keys.values()
+    obj = copy.deepcopy(world.get(API_GATEWAY, "edge"))
+    obj["spec"]["gatewayClassName"] = "elsewhere"
+    world.kube.update(API_GATEWAY, obj)
+
+    await world.reconcile()
+
+    for resource, name in OWNED:
+        assert world.kube.get(resource, name, TENANT) is None, (resource, name)
+    assert key["expired"]
+    released = world.get(API_GATEWAY, "edge")
+    assert FINALIZER not in (released["metadata"].get("finalizers") or [])
+    assert not (released.get("status") or {}).get("conditions")
+    assert not (world.get(HTTP_ROUTE, "shop").get("status") or {}).get("parents")
+    assert world.events.reasons[-1] == "GatewayReleased"
+
+
+async def test_the_class_is_accepted_with_its_features_while_its_tailnet_exists() -> None:
+    world = await world_with_tailnet()
+    world.add_class("dangling", tailnet="nowhere")
+
+    await world.classes.reconcile(Request("", "tailnet"))
+    await world.classes.reconcile(Request("", "dangling"))
+
+    good = world.get(GATEWAY_CLASS, "tailnet")
+    assert _conditions(good) == {"Accepted": ("True", "Accepted")}
+    assert [f["name"] for f in good["status"]["supportedFeatures"]] == sorted(gw.SUPPORTED_FEATURES)
+    assert _conditions(world.get(GATEWAY_CLASS, "dangling")) == {"Accepted": ("False", "InvalidParameters")}
+
+
+async def test_the_policy_owns_its_tag_and_the_sweep_counts_its_key() -> None:
+    world = await world_with_tailnet(policy='{"grants": []}')
+    world.kube.add(CONFIG_MAP, {"metadata": {"name": "base", "namespace": NAMESPACE},
+                                "data": {"policy.hujson": '{"grants": []}'}})
+    tailnet = copy.deepcopy(world.tailnet_obj())
+    tailnet["spec"]["policy"] = {"baseConfigMapRef": {"namespace": NAMESPACE, "name": "base", "key": "policy.hujson"},
+                                 "mode": "Apply"}
+    world.kube.update(TAILNET, tailnet)
+    world.add_gateway()
+    world.add_route()
+
+    await world.reconcile_policy()
+    assert TAG in (world.headscale.policy or "")
+    await world.reconcile()
+    [key_id] = world.headscale.preauth_keys
+
+    refs = references_from(world.kube, "tn", NAMESPACE)
+    assert key_id in refs.key_ids and TAG in refs.tags
