@@ -396,3 +396,106 @@ def test_deleting_the_ingress_expires_its_key_and_removes_its_objects_and_names(
     wait_until(gone, timeout=60, what="every object the ingress owned to be garbage collected")
     wait_until(lambda: not {world.host_name, f"{world.hostname}.{ZONE}"} & set(_hosts(cluster)), timeout=60,
                what="the names to leave the hosts file")
+
+
+# -- the Gateway API ---------------------------------------------------------------------------------
+
+GATEWAY_API = "gateway.networking.k8s.io"
+
+
+@pytest.fixture(scope="module")
+def gateway_api(cluster: ClusterUnderTest) -> Iterator[None]:
+    """The Gateway API's CRDs, installed after the operator started (as a platform adds them to a
+    running cluster: the operator must find them without a restart), removed afterwards."""
+    from hack.localenv.gatewayapi import crd_bodies, crd_names
+
+    crds = yaml.safe_dump_all(crd_bodies())
+    kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=crds)
+    kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{n}" for n in crd_names()))
+    try:
+        yield
+    finally:
+        kubectl(cluster, "delete", "-f", "-", "--ignore-not-found", "--wait=false", stdin=crds, check=False)
+
+
+def _gateway_api_objects(world: IngressWorld, cls: str, host: str) -> list[dict[str, Any]]:
+    """A tailnet GatewayClass naming the world's Tailnet, a Gateway with one HTTP listener for
+    ``host``, and an HTTPRoute: ``/split`` weighted over web and canary, ``X-Canary: yes`` to
+    canary, everything else to web."""
+    web, canary = {"name": "web", "port": 8080}, {"name": "canary", "port": 8080}
+    return [
+        {"apiVersion": f"{GATEWAY_API}/v1", "kind": "GatewayClass", "metadata": {"name": cls},
+         "spec": {"controllerName": "tailnet.dev/gateway-controller",
+                  "parametersRef": {"group": "tailnet.dev", "kind": "Tailnet", "name": world.tailnet}}},
+        {"apiVersion": f"{GATEWAY_API}/v1", "kind": "Gateway",
+         "metadata": {"name": "edge", "namespace": world.tenant,
+                      "annotations": {"tailnet.dev/tag": world.tag, "tailnet.dev/hostname": f"{world.hostname}-gw"}},
+         "spec": {"gatewayClassName": cls,
+                  "listeners": [{"name": "web", "port": 80, "protocol": "HTTP", "hostname": host}]}},
+        {"apiVersion": f"{GATEWAY_API}/v1", "kind": "HTTPRoute",
+         "metadata": {"name": "shop", "namespace": world.tenant},
+         "spec": {"parentRefs": [{"name": "edge"}], "rules": [
+             {"matches": [{"path": {"type": "Exact", "value": "/split"}}],
+              "backendRefs": [{**web, "weight": 1}, {**canary, "weight": 1}]},
+             {"matches": [{"path": {"type": "PathPrefix", "value": "/"},
+                           "headers": [{"name": "X-Canary", "value": "yes"}]}], "backendRefs": [canary]},
+             {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": [web]}]}}]
+
+
+def _programmed(cluster: ClusterUnderTest, world: IngressWorld) -> dict[str, Any] | None:
+    """The Gateway once Programmed with an IP address in its status."""
+    obj: dict[str, Any] = get_json(cluster, "-n", world.tenant, f"gateways.{GATEWAY_API}", "edge")
+    addresses = [a for a in (obj.get("status") or {}).get("addresses") or [] if a.get("type") == "IPAddress"]
+    return obj if condition(obj, "Programmed") == "True" and addresses else None
+
+
+def test_a_gateway_of_the_tailnet_class_routes_an_httproute_by_path_header_and_weight(
+        cluster: ClusterUnderTest, world: IngressWorld, gateway_api: None, project_image: Any) -> None:
+    """The Gateway API end to end: a Gateway of a tailnet GatewayClass becomes an agent pod; the
+    laptop reaches it at the address its status gives, and its HTTPRoute's exact path splits over
+    two Services by weight, its header match picks the canary, and its prefix takes the rest. The
+    class, the Gateway and the route say so in the Gateway API's own conditions."""
+    cls, host = f"tailnet-{world.hostname}", f"gw-{world.hostname}.{ZONE}"
+    canary = python_pod("canary", world.tenant, project_image.ref, HTTP_SERVER, labels={"app": "canary"}, port=8080)
+    apply(cluster, [canary, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "canary",
+                                                                                   "namespace": world.tenant},
+                             "spec": {"selector": {"app": "canary"}, "ports": [{"port": 8080, "targetPort": 8080}]}}])
+    wait_pod_running(cluster, world.tenant, "canary")
+    apply(cluster, _gateway_api_objects(world, cls, host))
+    try:
+        obj = wait_until(lambda: _programmed(cluster, world), timeout=300,
+                         what="the Gateway Programmed with its node's addresses (CRDs found within 30 s)")
+        [address] = [a["value"] for a in obj["status"]["addresses"] if a["type"] == "IPAddress"][:1]
+        assert condition(obj, "Accepted") == "True"
+        [listener] = obj["status"]["listeners"]
+        assert listener["attachedRoutes"] == 1 and condition({"status": listener}, "Programmed") == "True", listener
+        route = get_json(cluster, "-n", world.tenant, f"httproutes.{GATEWAY_API}", "shop")
+        [parent] = route["status"]["parents"]
+        assert parent["controllerName"] == "tailnet.dev/gateway-controller"
+        assert [condition({"status": parent}, c) for c in ("Accepted", "ResolvedRefs")] == ["True", "True"], parent
+        assert condition(get_json(cluster, f"gatewayclasses.{GATEWAY_API}", cls), "Accepted") == "True"
+
+        status, _, body = wait_until(lambda: _attempt(lambda: _run(_plain_get(world.laptop, address, host, "/a"))),
+                                     timeout=90, what="the laptop to reach the Gateway")
+        assert (status, body) == (200, b"hello from web"), (status, body)
+        status, _, body = _run(_plain_get(world.laptop, address, host, "/a", (("X-Canary", "yes"),)))
+        assert (status, body) == (200, b"hello from canary"), (status, body)
+        answers = [_run(_plain_get(world.laptop, address, host, "/split"))[2] for _ in range(40)]
+        counts = {b: answers.count(b) for b in set(answers)}
+        assert set(counts) == {b"hello from web", b"hello from canary"} and min(counts.values()) >= 5, counts
+        status, _, _ = _run(_plain_get(world.laptop, address, "else.example.test", "/a"))
+        assert status == 404
+    except AssertionError as exc:
+        raise _diagnose_gateway(cluster, world, exc) from exc
+    finally:
+        kubectl(cluster, "-n", world.tenant, "delete", f"gateways.{GATEWAY_API}", "edge", "--wait=true",
+                "--timeout=90s", check=False)
+        kubectl(cluster, "delete", f"gatewayclasses.{GATEWAY_API}", cls, "--ignore-not-found", check=False)
+        kubectl(cluster, "-n", world.tenant, "delete", "pod,service", "canary", "--ignore-not-found", check=False)
+
+
+def _diagnose_gateway(cluster: ClusterUnderTest, world: IngressWorld, exc: BaseException) -> AssertionError:
+    status = get_json(cluster, "-n", world.tenant, f"gateways.{GATEWAY_API}", "edge").get("status")
+    agent = kubectl(cluster, "-n", world.tenant, "logs", "deployment/edge-gw-ingress-agent", "--tail=40", check=False)
+    return AssertionError(f"{exc}\ngateway status: {status}\nagent logs:\n{agent}\n"
+                          f"operator logs:\n{operator_logs(cluster, world.namespace)}")

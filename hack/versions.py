@@ -36,6 +36,9 @@ CYCLONUS = "0.5.6"
 # cert-manager's certificates and issuer controllers (a test-only main, hack/certmanager/main.go)
 # issue certificates for TailnetIngress hosts in the tests.
 CERT_MANAGER = "1.19.1"
+# The Gateway API's CRDs (standard channel, config/crd/standard of its module): a Gateway of the
+# tailnet GatewayClass in the tests.
+GATEWAY_API = "1.6.3"
 # MetalLB's controller (its IP allocator only: no speaker, the gateway advertises the range) gives
 # Services of type LoadBalancer an address of a TailnetGateway's advertiseLoadBalancerRange in the tests.
 METALLB = "0.15.2"
