@@ -451,8 +451,9 @@ def _programmed(cluster: ClusterUnderTest, world: IngressWorld) -> dict[str, Any
 
 def test_a_gateway_of_the_tailnet_class_routes_an_httproute_by_path_header_and_weight(
         cluster: ClusterUnderTest, world: IngressWorld, gateway_api: None, project_image: Any) -> None:
-    """The Gateway API end to end: a Gateway of a tailnet GatewayClass becomes an agent pod; the
-    laptop reaches it at the address its status gives, and its HTTPRoute's exact path splits over
+    """The Gateway API end to end: a Gateway of a tailnet GatewayClass becomes an agent pod, which
+    answers 404 until a route is attached; the laptop reaches it at the address its status gives,
+    and its HTTPRoute's exact path splits over
     two Services by weight, its header match picks the canary, and its prefix takes the rest. The
     class, the Gateway and the route say so in the Gateway API's own conditions."""
     cls, host = f"tailnet-{world.hostname}", f"gw-{world.hostname}.{ZONE}"
@@ -461,22 +462,37 @@ def test_a_gateway_of_the_tailnet_class_routes_an_httproute_by_path_header_and_w
                                                                                    "namespace": world.tenant},
                              "spec": {"selector": {"app": "canary"}, "ports": [{"port": 8080, "targetPort": 8080}]}}])
     wait_pod_running(cluster, world.tenant, "canary")
-    apply(cluster, _gateway_api_objects(world, cls, host))
+    *gateway, route = _gateway_api_objects(world, cls, host)
+    apply(cluster, gateway)
     try:
+        # Before any route: a node that listens and answers 404.
         obj = wait_until(lambda: _programmed(cluster, world), timeout=300,
                          what="the Gateway Programmed with its node's addresses (CRDs found within 30 s)")
         [address] = [a["value"] for a in obj["status"]["addresses"] if a["type"] == "IPAddress"][:1]
+        status, _, _ = wait_until(lambda: _attempt(lambda: _run(_plain_get(world.laptop, address, host, "/a"))),
+                                  timeout=90, what="the laptop to reach the Gateway without routes")
+        assert status == 404
+        apply(cluster, [route])
+
+        def attached() -> dict[str, Any] | None:
+            found = _programmed(cluster, world)
+            return found if found and found["status"]["listeners"][0]["attachedRoutes"] == 1 else None
+
+        obj = wait_until(attached, timeout=120, what="the route attached to the Gateway's listener")
         assert condition(obj, "Accepted") == "True"
         [listener] = obj["status"]["listeners"]
-        assert listener["attachedRoutes"] == 1 and condition({"status": listener}, "Programmed") == "True", listener
+        assert condition({"status": listener}, "Programmed") == "True", listener
         route = get_json(cluster, "-n", world.tenant, f"httproutes.{GATEWAY_API}", "shop")
         [parent] = route["status"]["parents"]
         assert parent["controllerName"] == "tailnet.dev/gateway-controller"
         assert [condition({"status": parent}, c) for c in ("Accepted", "ResolvedRefs")] == ["True", "True"], parent
         assert condition(get_json(cluster, f"gatewayclasses.{GATEWAY_API}", cls), "Accepted") == "True"
 
-        status, _, body = wait_until(lambda: _attempt(lambda: _run(_plain_get(world.laptop, address, host, "/a"))),
-                                     timeout=90, what="the laptop to reach the Gateway")
+        def routed() -> tuple[int, dict[str, str], bytes] | None:
+            answer = _attempt(lambda: _run(_plain_get(world.laptop, address, host, "/a")))
+            return answer if answer is not None and answer[0] != 404 else None
+
+        status, _, body = wait_until(routed, timeout=90, what="the agent to serve the route")
         assert (status, body) == (200, b"hello from web"), (status, body)
         status, _, body = _run(_plain_get(world.laptop, address, host, "/a", (("X-Canary", "yes"),)))
         assert (status, body) == (200, b"hello from canary"), (status, body)

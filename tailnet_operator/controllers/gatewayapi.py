@@ -17,8 +17,10 @@ Gateway's namespace (owned by the Gateway) and the hostname's succession. What t
   the pipeline's reason and message: ``TagNotOwned``, ``NamespaceNotGranted``, ...), the node's
   tailnet addresses and MagicDNS name in ``status.addresses``, and each attached HTTPRoute's
   ``status.parents`` entry (other controllers' entries kept);
-* a Gateway with nothing to serve (no route attached to a served listener) has no node:
-  ``Accepted`` with ``Programmed: False``;
+* a Gateway is served once one of its listeners can be: a listener no route is attached to yet
+  listens and answers 404 (so the Gateway is Programmed, with its addresses, before its first
+  route); a Gateway none of whose listeners can be served is ``Accepted: False``
+  (``ListenersNotValid``) and has no node;
 * the GatewayClass's own ``Accepted`` and ``supportedFeatures`` (:class:`GatewayClassReconciler`);
 * release when the class goes or the Gateway is being deleted (:class:`~.classed.ClassedReconciler`),
   its entries taken off the routes that name it.
@@ -225,8 +227,7 @@ class GatewayNode(ShapedNode[gw.ServedGateway]):
         """Raises :class:`Problem` for a Gateway with nothing the node can serve."""
         plan = self.plans.plan(cr)
         if plan.ingress is None:
-            reason = plan.accepted.reason if not plan.accepted.status else "NothingToServe"
-            raise Problem(reason, plan.accepted.message)
+            raise Problem(plan.accepted.reason, plan.accepted.message)
         return plan.ingress
 
     def spec_problem(self, run: Run[gw.ServedGateway]) -> tuple[str, str] | None:
@@ -252,7 +253,19 @@ class GatewayNode(ShapedNode[gw.ServedGateway]):
         node = result.fields.get("node")
         await self.ingress.record_node(self.key_location(run.obj), outcome.key, node, nodes)
         conds = [c for c in result.conditions if c.type in CONDITION_TYPES]
-        return [*conds, next(c for c in result.conditions if c.type == "Ready")], {"node": node}
+        return [*conds, _programmed(result.conditions, result.fields.get("exposes") or [])], {"node": node}
+
+
+def _programmed(found: list[Cond], exposes: list[JSON]) -> Cond:
+    """Ready as the Gateway's Programmed reads it: the node listens on every port with its
+    certificates. A backend that does not answer the agent's probe is the routes' business
+    (ResolvedRefs says whether it exists), not the Gateway's, and the probed backend of a port no
+    route serves yet is one no request reaches (every request gets 404)."""
+    ready = next(c for c in found if c.type == "Ready")
+    if ready.reason != "BackendUnreachable" or not all(e.get("ready") or e.get("reason") == "BackendUnreachable"
+                                                           for e in exposes):
+        return ready
+    return Cond("Ready", "True", "Serving", f"listening; {ready.message}")
 
 
 class Gateways:

@@ -690,15 +690,16 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
                 host = hosts.setdefault(listener.port, {}).setdefault(
                     name, {"name": name, **tls, "paths": [], "unmatchedPaths": "NotFound"})
                 host["paths"].extend(paths)
+    _add_unrouted(hosts, served)
     exposes: list[dict[str, Any]] = []
     for port, by_name in sorted(hosts.items()):
-        entries = [h for h in by_name.values() if h["paths"]]
+        entries = [h for h in by_name.values() if h["paths"]] or list(by_name.values())
         for h in entries:
             if len(h["paths"]) > PATHS_MAX:
                 return _refused(listeners, parents, "TooManyPaths", (
                     f"host {h['name']} has {len(h['paths'])} paths from its routes' rules and matches; a host serves "
                     f"at most {PATHS_MAX}"))
-        first = next(p for h in entries for p in h["paths"])
+        first: dict[str, Any] = next((p for h in entries for p in h["paths"]), {})
         backend = first.get("backend") or next((b for b in first.get("backends", [])), None) or \
             {"service": gateway.name, "port": port}
         backend = {"service": backend["service"], "port": backend["port"]}  # never asked: every host answers 404
@@ -712,9 +713,8 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
             f"the Gateway's listeners serve {sum(len(e['hosts']) for e in exposes)} hosts over {len(exposes)} "
             f"groups; a tailnet node serves at most {EXPOSES_MAX} groups of {HOSTS_MAX}"))
     if not exposes:
-        return GatewayPlan(None, _condition("Accepted", True, "Accepted", "no route is attached to a served "
-                                            "listener yet: there is nothing to serve"), list(listeners.values()),
-                           parents)
+        return _refused(listeners, parents, "ListenersNotValid", "no listener can be served: see the listeners' "
+                        "conditions")
     try:
         ingress = TailnetIngress.model_validate({
             "metadata": {"name": f"{gateway.name}{NAME_SUFFIX}", "namespace": gateway.namespace,
@@ -727,6 +727,26 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
                         f"the Gateway cannot be served as a tailnet node: {where}: {error['msg']}")
     return GatewayPlan(ingress, _condition("Accepted", True, "Accepted", "served as a tailnet node"),
                        list(listeners.values()), parents)
+
+
+UNROUTED_HOST = "unrouted.invalid"
+"""The host of a served listener with neither a hostname nor a route: a name no request carries
+(``.invalid`` never resolves), only so that the node listens on the port."""
+
+
+def _add_unrouted(hosts: dict[int, dict[str, dict[str, Any]]], served: list[Listener]) -> None:
+    """A host for each served listener whose port no route serves yet: its own exact hostname (else
+    :data:`UNROUTED_HOST`) with no paths and no fallback, so the node listens there (the Gateway is
+    Programmed, with an address, before its first route) and answers every request with 404."""
+    for listener in served:
+        if any(h["paths"] for h in hosts.get(listener.port, {}).values()):
+            continue
+        own = (listener.hostname or "").lower()
+        name = own if own and not own.startswith("*.") else UNROUTED_HOST
+        refs = (listener.tls or _TLS()).certificate_refs
+        tls = {"tls": {"secretName": refs[0].name}} if listener.protocol == "HTTPS" else {}
+        hosts.setdefault(listener.port, {}).setdefault(
+            name, {"name": name, **tls, "paths": [], "unmatchedPaths": "NotFound"})
 
 
 def _refused(listeners: dict[str, ListenerResult], parents: dict[tuple[str, str], list[ParentResult]],

@@ -159,6 +159,10 @@ def test_without_a_matching_route_the_expose_backend_or_404() -> None:
     assert decided((rich("/a"),), "/x") == Forward(DEFAULT, "/x", "gw.example.test")
     missed = decided((rich("/a"),), "/x?y", fallback=False)
     assert isinstance(missed, Reply) and missed.status == 404 and "matches /x," in missed.text
+    # A host with no paths and no default backend (a Gateway listener no route is attached to yet)
+    # forwards nothing: every request gets 404.
+    idle = decided((), "/x", fallback=False)
+    assert isinstance(idle, Reply) and idle.status == 404 and "matches /x," in idle.text
 
 
 def test_weights_share_the_requests_and_zero_takes_none() -> None:

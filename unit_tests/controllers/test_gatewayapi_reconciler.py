@@ -154,18 +154,43 @@ async def test_once_the_node_serves_the_gateway_is_programmed_with_the_nodes_add
         "an unchanged Gateway is not written again"
 
 
-async def test_a_gateway_with_no_route_has_no_node_and_says_why() -> None:
+async def test_a_gateway_with_no_route_is_programmed_and_answers_404_until_routed() -> None:
     world = await world_with_tailnet()
     world.add_gateway()
+    await world.reconcile()
+    [key_id] = world.headscale.preauth_keys
+    [expose] = parse_exposes(world.get(CONFIG_MAP, "edge-gw-ingress-config")["data"][EXPOSES_FILE])
+    assert [(h.name, h.routes, h.fallback) for h in expose.hosts] == [("shop.example.test", (), False)]
+    world.headscale.nodes = [{"id": "9", "name": "shop-edge", "givenName": "shop-edge", "online": True,
+                              "tags": [TAG], "ipAddresses": ["100.64.0.9"], "preAuthKey": {"id": key_id}}]
+    # The probed backend of a port no route serves is no Service: no request reaches it.
+    world.agent.doc = {"node": {"id": "9", "name": "shop-edge.tailnet.test.", "addresses": ["100.64.0.9"]},
+                       "exposes": [{"name": "http-80-0", "port": 80, "mode": "http", "listening": True,
+                                    "reachable": False, "hosts": []}]}
+
+    await world.reconcile()
+
+    gateway = world.get(API_GATEWAY, "edge")
+    assert _conditions(gateway) == {"Accepted": ("True", "Accepted"), "Programmed": ("True", "Programmed")}
+    assert gateway["status"]["addresses"][0] == {"type": "IPAddress", "value": "100.64.0.9"}
+    assert gateway["status"]["listeners"][0]["attachedRoutes"] == 0
+
+
+async def test_a_gateway_none_of_whose_listeners_can_be_served_has_no_node() -> None:
+    world = await world_with_tailnet()
+    gateway = copy.deepcopy(world.add_gateway())
+    gateway["spec"]["listeners"] = [{"name": "raw", "port": 5432, "protocol": "TCP"}]
+    world.kube.update(API_GATEWAY, gateway)
 
     await world.reconcile()
 
     assert world.headscale.preauth_keys == {}
-    gateway = world.get(API_GATEWAY, "edge")
-    assert _conditions(gateway) == {"Accepted": ("True", "Accepted"), "Programmed": ("False", "Pending")}
-    assert "NothingToServe" in next(c["message"] for c in gateway["status"]["conditions"]
-                                    if c["type"] == "Programmed")
     assert world.kube.get(DEPLOYMENT, AGENT, TENANT) is None
+    found = world.get(API_GATEWAY, "edge")
+    assert _conditions(found) == {"Accepted": ("False", "ListenersNotValid"), "Programmed": ("False", "Pending")}
+    [listener] = found["status"]["listeners"]
+    assert ("Accepted", "False", "UnsupportedProtocol") in [(c["type"], c["status"], c["reason"])
+                                                           for c in listener["conditions"]]
 
 
 async def test_a_gateway_of_another_class_is_never_written_to() -> None:

@@ -123,7 +123,9 @@ def test_attachment_follows_section_name_port_and_allowed_routes() -> None:
     picked = route("picked", namespace="team", parents=({"name": "edge", "namespace": NS, "port": 9443},))
     missing = route("missing", parents=({"name": "edge", "sectionName": "nope"},))
     result = plan(g, here, away, picked, missing, services=frozenset({"web"}), labels={"team": {"team": "shop"}})
-    assert sorted(agent_hosts(result)) == ["a.example.test"]
+    hosts = agent_hosts(result)
+    assert [name for name, h in sorted(hosts.items()) if h.routes] == ["a.example.test"]
+    assert sorted(hosts) == ["a.example.test", "b.example.test", "c.example.test"]  # b, c: 404 until routed
     assert {ls.name: ls.attached_routes for ls in result.listeners} == {"same": 1, "all": 0, "picked": 0}
     assert result.parents[(NS, "missing")][0].accepted.reason == "NoMatchingParent"
     # Admitted by allowedRoutes, but not served: the node would look their backends up in the
@@ -135,7 +137,7 @@ def test_attachment_follows_section_name_port_and_allowed_routes() -> None:
     stranger = plan(g, route("stranger", namespace="other", parents=({"name": "edge", "namespace": NS,
                                                                       "sectionName": "same"},)))
     assert stranger.parents[("other", "stranger")][0].accepted.reason == "NotAllowedByListeners"
-    assert stranger.ingress is None
+    assert all(not h.routes and not h.fallback for h in agent_hosts(stranger).values())  # nothing reaches a backend
 
 
 def test_an_http_listener_is_served_as_a_plaintext_expose() -> None:
@@ -148,10 +150,24 @@ def test_an_http_listener_is_served_as_a_plaintext_expose() -> None:
     assert {ls.name: ls.attached_routes for ls in result.listeners} == {"plain": 1, "tls": 1}
 
 
+def test_a_gateway_without_routes_listens_on_each_served_port_and_answers_404() -> None:
+    """So that it is Programmed with an address before its first route, as users and the
+    conformance suite expect."""
+    result = plan(gateway({"name": "plain", "port": 80, "protocol": "HTTP"}, https("tls", "t.example.test"),
+                          https("broken", "b.example.test", port=8443, secret="missing")))
+    assert result.accepted.status and result.ingress is not None
+    exposes = {e.port: e for e in parse_exposes(build.exposes_document(result.ingress, []))}
+    assert sorted(exposes) == [80, 443]  # the listener whose Secret is missing is not served
+    assert [(h.name, h.routes, h.fallback) for h in exposes[80].hosts] == [(gw.UNROUTED_HOST, (), False)]
+    assert [(h.name, h.routes, h.fallback) for h in exposes[443].hosts] == [("t.example.test", (), False)]
+    assert exposes[443].hosts[0].cert_file
+
+
 def test_listeners_of_one_port_with_two_protocols_are_both_refused() -> None:
     result = plan(gateway({"name": "plain", "port": 443, "protocol": "HTTP"}, https("tls", "t.example.test")),
                   route("r"))
     assert result.ingress is None
+    assert (result.accepted.status, result.accepted.reason) == (False, "ListenersNotValid")
     for listener in result.listeners:
         accepted = next(c for c in listener.conditions if c.type == "Accepted")
         assert (accepted.status, accepted.reason) == (False, "ProtocolConflict"), listener

@@ -168,12 +168,10 @@ def decide(host: VirtualHost, default: Backend, *, method: str, target: str, aut
            headers: Iterable[tuple[str, str]], port: int, scheme: str = "https",
            rng: random.Random | None = None) -> Forward | Reply:
     """What becomes of a request to ``host`` on the tailnet port ``port`` (spoken to in
-    ``scheme``): the expose's backend (``default``) without routes, else its route's backend (by
-    weight, with ``rng``), redirect or rewrite; 404 when no route matches and the host has no
-    fallback."""
-    if not host.routes:
-        return Forward(default, target, authority)
-    route = choose(host.routes, target, method, headers)
+    ``scheme``): its route's backend (by weight, with ``rng``), redirect or rewrite; the expose's
+    backend (``default``) when no route matches and the host falls back to it (a host without
+    routes does, unless it says it has no fallback: then it forwards nothing), else 404."""
+    route = choose(host.routes, target, method, headers) if host.routes else None
     if route is None:
         if host.fallback:
             return Forward(default, target, authority)
