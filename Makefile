@@ -21,7 +21,7 @@ help:
 	@echo "make e2e        the end-to-end suite against a kind cluster (needs Docker)"
 	@echo "make fuzz       the fuzz targets at length: 10^6 inputs per Rust target, hypothesis at 2000 examples per property"
 	@echo "make chaos      kills (operator leader, apiserver, etcd, Headscale, an agent, DERP) for CHAOS_ROUNDS rounds; CHAOS_SEED repeats one"
-	@echo "make bench      egress (agent vs tailscaled, loopback and in-cluster); ingress vs tailscale serve; operator failover; runtime vs kopf vs controller-runtime; big cluster; policy; agent disruptions under load; the ingress name's hand-over between two nodes; the agent at 200 and 1,000 peers (docs/benchmarks.md)"
+	@echo "make bench      egress (agent vs tailscaled, loopback and in-cluster); ingress vs tailscale serve; the cost of an HTTPRoute's rules; operator failover; runtime vs kopf vs controller-runtime; big cluster; policy; agent disruptions under load; the ingress name's hand-over between two nodes; the agent at 200 and 1,000 peers (docs/benchmarks.md)"
 	@echo "make interop    the interop slice for every Headscale and tailscale version in range (docs/compatibility.md)"
 
 prereqs:
@@ -123,6 +123,7 @@ bench: $(VENV)/.native binaries-bench
 	$(PY) -m benchmarks.agent_profile --derp --json _artifacts/bench-agent-profile.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.egress_incluster --json _artifacts/bench-egress-incluster.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.ingress_serve --json _artifacts/bench-ingress-serve.json --doc docs/benchmarks.md
+	$(PY) -m benchmarks.gateway_routing --json _artifacts/bench-gateway-routing.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.failover --json _artifacts/bench-failover.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.runtime --sizes 1000,5000,10000 --json _artifacts/bench-runtime.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.bigcluster --json _artifacts/bench-bigcluster.json --doc docs/benchmarks.md \

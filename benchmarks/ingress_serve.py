@@ -101,13 +101,14 @@ class Load:
 
 
 async def load(dial: paths.Dial, *, clients: int, seconds: float, host: str, tls: ssl.SSLContext | None,
-               sni: str | None) -> Load:
-    """``clients`` keep-alive connections, each sending GET / after the previous answer, for
-    ``seconds`` after all of them are connected (and through TLS); every answer must be a 200."""
+               sni: str | None, target: str = "/") -> Load:
+    """``clients`` keep-alive connections, each sending GET ``target`` after the previous answer, for
+    ``seconds`` after all of them are connected (and through TLS); every answer must be a 200 with
+    the backend's body."""
     latencies: list[float] = []
     go = asyncio.Event()
     connected = 0
-    request = f"GET / HTTP/1.1\r\nHost: {host}\r\nUser-Agent: bench\r\n\r\n".encode()
+    request = f"GET {target} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: bench\r\n\r\n".encode()
 
     async def client() -> None:
         nonlocal connected
@@ -151,10 +152,11 @@ async def load(dial: paths.Dial, *, clients: int, seconds: float, host: str, tls
                 p99_ms=ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000)
 
 
-def run_load(dial: str, *, clients: int, seconds: float, host: str, ca: Path | None, sni: str | None) -> Load:
+def run_load(dial: str, *, clients: int, seconds: float, host: str, ca: Path | None, sni: str | None,
+             target: str = "/") -> Load:
     """One load measurement in a fresh client process."""
     argv = [sys.executable, "-m", "benchmarks.ingress_serve", "load", dial, "--clients", str(clients),
-            "--seconds", str(seconds), "--host", host]
+            "--seconds", str(seconds), "--host", host, "--target", target]
     if ca is not None and sni is not None:
         argv += ["--ca", str(ca), "--sni", sni]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 120, check=False)
@@ -175,6 +177,8 @@ class HttpPath:
     runs: dict[int, list[Load]] = field(default_factory=dict)
     cpu: dict[int, list[dict[str, float]]] = field(default_factory=dict)
     """Per run: CPU milliseconds per request of each process on the path."""
+    target: str = "/"
+    """The request target every request of the path asks for."""
 
     def median(self, clients: int, column: str) -> float:
         return float(statistics.median(float(getattr(load, column)) for load in self.runs.get(clients, [])))
@@ -260,12 +264,12 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measured_load(path: HttpPath, clients: int, seconds: float, ca: Path, pids: dict[str, int]) -> Load:
+def measured_load(path: HttpPath, clients: int, seconds: float, ca: Path | None, pids: dict[str, int]) -> Load:
     """One load measurement of ``path``, with the CPU each process in ``pids`` and the client spent."""
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     client_before = children_cpu_seconds()
     result = run_load(path.dial, clients=clients, seconds=seconds, host=path.host,
-                      ca=ca if path.tls else None, sni=NAME if path.tls else None)
+                      ca=ca if path.tls else None, sni=NAME if path.tls else None, target=path.target)
     spent = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
     spent["load client"] = children_cpu_seconds() - client_before
     path.runs.setdefault(clients, []).append(result)
@@ -497,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     client.add_argument("--clients", type=int, default=1)
     client.add_argument("--seconds", type=float, default=8.0)
     client.add_argument("--host", required=True)
+    client.add_argument("--target", default="/", help="the request target (default /)")
     client.add_argument("--ca", type=Path, default=None, help="TLS, verified against this CA")
     client.add_argument("--sni", default=None)
     parser.add_argument("--seconds", type=float, default=6.0, help="seconds per load measurement (default 6)")
@@ -514,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             tls = ssl.create_default_context(cafile=str(args.ca))
             tls.set_alpn_protocols(["http/1.1"])
         result = asyncio.run(load(paths.parse_dial(args.dial), clients=args.clients, seconds=args.seconds,
-                                  host=args.host, tls=tls, sni=args.sni))
+                                  host=args.host, tls=tls, sni=args.sni, target=args.target))
         print(json.dumps(asdict(result)))
         return 0
     doc = run(seconds=args.seconds, rounds=args.rounds, mib=args.mib)
