@@ -163,6 +163,9 @@ class Component:
     """A Go variable that ``-ldflags -X`` sets to ``v<version>`` (what ``<binary> version`` prints)."""
     main: str = ""
     """A main package of this repository (a directory under hack/) built against the module."""
+    replaces: tuple[str, ...] = ()
+    """``old=new@version`` replacements in the throwaway module (a module whose own go.mod replaces
+    a sibling by a relative path, which a dependent's build ignores)."""
 
     @property
     def directory(self) -> Path:
@@ -237,10 +240,16 @@ PROMETHEUS = Component("prometheus", versions.PROMETHEUS, ("prometheus", "promto
                        x_version="github.com/prometheus/common/version.Version")
 CERT_MANAGER = Component("cert-manager", versions.CERT_MANAGER, ("cert-manager-controller",),
                          "github.com/cert-manager/cert-manager", (".",), main="certmanager")
+GATEWAY_CONFORMANCE = Component(
+    "gateway-conformance", versions.GATEWAY_API, ("gateway-conformance", "echo-basic"),
+    "sigs.k8s.io/gateway-api/conformance", (".", "sigs.k8s.io/gateway-api/conformance/echo-basic"),
+    main="gatewayconformance", replaces=(f"sigs.k8s.io/gateway-api=sigs.k8s.io/gateway-api@v{versions.GATEWAY_API}",))
+"""The Gateway API's conformance suite run against tailnet Gateways (hack/gatewayconformance), and
+its echo backend, which the suite's base manifests run (as an image built here)."""
 METALLB = Component("metallb", versions.METALLB, ("metallb-controller",), "go.universe.tf/metallb",
                     ("go.universe.tf/metallb/controller",))
 COMPONENTS = (ETCD, KUBERNETES, HEADSCALE, TAILSCALE, CONTAINERD, RUNC, CNI_PLUGINS, COREDNS, KIND, CYCLONUS, HELM,
-              CERT_MANAGER, PROMETHEUS, METALLB, KUBEADM, CNI_PTP)
+              CERT_MANAGER, PROMETHEUS, METALLB, KUBEADM, CNI_PTP, GATEWAY_CONFORMANCE)
 
 _MIN_GO = (1, 26)
 
@@ -259,7 +268,8 @@ SETS: dict[str, tuple[Component, ...]] = {
     "run": (*_HOST_TIER, *_NODE),
     # In the order the suite first needs them (e2e/conftest.py runs the tests that need fewer
     # binaries first): Kubernetes, the longest, starts at once beside Headscale and tailscale.
-    "test": (KUBERNETES, HEADSCALE, TAILSCALE, ETCD, PROMETHEUS, *_NODE, HELM, CERT_MANAGER, METALLB, CYCLONUS),
+    "test": (KUBERNETES, HEADSCALE, TAILSCALE, ETCD, PROMETHEUS, *_NODE, HELM, CERT_MANAGER, METALLB, CYCLONUS,
+             GATEWAY_CONFORMANCE),
     "bench": (*_HOST_TIER, *_NODE, TAILSCALE),
     "interop": (*_HOST_TIER, TAILSCALE),
     "chaos": (*_HOST_TIER, TAILSCALE),
@@ -758,6 +768,8 @@ def _set_up(go: str, component: Component, tmp: Path) -> Path:
     _throwaway_module(go, tmp)
     if component.main:
         shutil.copy(Path(__file__).parent / component.main / "main.go", tmp / "main.go")
+    for replace in component.replaces:
+        _run([go, "mod", "edit", f"-replace={replace}"], cwd=tmp)
     _run([go, "get", f"{component.module}@v{component.version}"], cwd=tmp)
     if not component.main:
         _adopt_sums(go, component, tmp)

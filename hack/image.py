@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -450,6 +451,29 @@ def tailscale_image() -> Image:
     """tailscaled and its CLI (static, from their Go module) in a scratch image: the egress pod a
     user builds by hand, which the in-cluster benchmark measures the agent against."""
     return _tailscale()[0]
+
+
+ECHO_BASIC_REFS = tuple(f"registry.k8s.io/gateway-api/echo-basic:{tag}" for tag in ("v1.5.1", "v1.6.0-dev.2",
+                                                                                     "v1.6.0-dev.3"))
+"""The names the Gateway API conformance suite's base manifests give its echo backend (v1.6.3)."""
+CONFORMANCE_COREDNS_REF = "registry.k8s.io/coredns/coredns:v1.12.2"
+"""The name they give CoreDNS (the UDP tests' backend, which this project does not serve)."""
+
+
+def conformance_images() -> list[Image]:
+    """The images the Gateway API conformance suite's base manifests run, under the names they use
+    (no registry is reachable; their pull policy is IfNotPresent): its echo backend, built from the
+    suite's module, and the pinned CoreDNS (run as root there, to bind port 53 as the manifests ask)."""
+    directory = images_dir() / f"gateway-api-{versions.GATEWAY_API}"
+    images = []
+    for ref in ECHO_BASIC_REFS:
+        image = Image(ref, archive_path(ref, directory))
+        _ensure(image, functools.partial(_scratch_image, ref, {"/echo-basic": binary("echo-basic")}, ["/echo-basic"],
+                                         NONROOT))
+        images.append(image)
+    coredns = Image(CONFORMANCE_COREDNS_REF, archive_path(CONFORMANCE_COREDNS_REF, directory))
+    _ensure(coredns, lambda: _scratch_image(coredns.ref, {"/coredns": binary("coredns")}, ["/coredns"], "0:0"))
+    return [*images, coredns]
 
 
 def _layered_image(ref: str, base: str, files: Mapping[str, Path]) -> None:

@@ -10,7 +10,7 @@ import yaml
 
 from hack import binaries, versions
 
-__all__ = ["MODULE", "crd_bodies", "crd_names"]
+__all__ = ["MODULE", "crd_bodies", "crd_names", "standard_crd_bodies"]
 
 MODULE = "sigs.k8s.io/gateway-api"
 KINDS = ("gatewayclasses", "gateways", "httproutes", "referencegrants")
@@ -29,3 +29,14 @@ def crd_bodies() -> list[dict[str, Any]]:
 
 def crd_names() -> list[str]:
     return [f"{kind}.gateway.networking.k8s.io" for kind in KINDS]
+
+
+def standard_crd_bodies() -> list[dict[str, Any]]:
+    """Every CRD of the standard channel (what the conformance suite expects installed, each with
+    the bundle-version annotation of :data:`versions.GATEWAY_API`)."""
+    directory = binaries.module_dir(MODULE, versions.GATEWAY_API) / "config" / "crd" / "standard"
+    bodies = []
+    for path in sorted(directory.glob("gateway.networking.k8s.io_*.yaml")):
+        bodies += [doc for doc in yaml.safe_load_all(path.read_text())
+                   if doc and doc.get("kind") == "CustomResourceDefinition"]
+    return bodies

@@ -1,0 +1,85 @@
+// Command gateway-conformance runs the Gateway API's own conformance suite
+// (sigs.k8s.io/gateway-api/conformance) against a cluster whose Gateways are tailnet nodes.
+//
+// A Gateway's address is a tailnet address, which this machine reaches only through a tailnet
+// peer: every connection the suite's HTTP client makes is dialled through the HTTP CONNECT proxy
+// of a tailscaled "laptop" (--tailnet-proxy), as a tailnet user reaches the Gateway. The suite's
+// own flags (--gateway-class, --supported-features, --conformance-profiles, --report-output,
+// --run-test, --skip-tests, ...) work as documented by the suite; the kubeconfig is KUBECONFIG's.
+// The suite wants a *testing.T, so this program is a test main with one test.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"regexp"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/gateway-api/conformance"
+	"sigs.k8s.io/gateway-api/conformance/utils/roundtripper"
+)
+
+var tailnetProxy = flag.String("tailnet-proxy", "",
+	"host:port of a tailnet peer's HTTP CONNECT proxy: every connection to a Gateway goes through it")
+
+func main() {
+	testing.Main(regexp.MatchString, []testing.InternalTest{{Name: "TestGatewayAPIConformance", F: run}}, nil, nil)
+}
+
+func run(t *testing.T) {
+	if *tailnetProxy == "" {
+		t.Fatal("--tailnet-proxy is required: a Gateway's address is reachable only over the tailnet")
+	}
+	opts := conformance.DefaultOptions(t)
+	opts.RoundTripper = &roundtripper.DefaultRoundTripper{
+		Debug: opts.Debug, TimeoutConfig: opts.TimeoutConfig, CustomDialContext: dialThroughProxy,
+	}
+	conformance.RunConformanceWithOptions(t, opts)
+}
+
+// dialThroughProxy opens a tunnel to address (a Gateway's tailnet IP and a listener's port)
+// through the tailnet peer's CONNECT proxy.
+func dialThroughProxy(ctx context.Context, _ string, address string) (net.Conn, error) {
+	var dialer net.Dialer
+	conn, err := dialer.DialContext(ctx, "tcp", *tailnetProxy)
+	if err != nil {
+		return nil, err
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(deadline)
+	} else {
+		_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	}
+	if _, err := fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", address, address); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	reader := bufio.NewReader(conn)
+	answer, err := http.ReadResponse(reader, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("CONNECT %s through %s: %w", address, *tailnetProxy, err)
+	}
+	if answer.StatusCode != http.StatusOK {
+		conn.Close()
+		return nil, fmt.Errorf("CONNECT %s through %s: %s", address, *tailnetProxy, answer.Status)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	if reader.Buffered() > 0 {
+		return &bufferedConn{Conn: conn, reader: reader}, nil
+	}
+	return conn, nil
+}
+
+// bufferedConn is a connection whose first bytes were read along with the proxy's answer.
+type bufferedConn struct {
+	net.Conn
+	reader *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.reader.Read(p) }
