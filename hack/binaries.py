@@ -273,7 +273,7 @@ SETS: dict[str, tuple[Component, ...]] = {
     "bench": (*_HOST_TIER, *_NODE, TAILSCALE),
     "interop": (*_HOST_TIER, TAILSCALE),
     "chaos": (*_HOST_TIER, TAILSCALE),
-    "e2e": (KIND, *_HOST_TIER, TAILSCALE, COREDNS, HELM, CERT_MANAGER, METALLB, CYCLONUS,
+    "e2e": (KIND, *_HOST_TIER, TAILSCALE, COREDNS, HELM, CERT_MANAGER, METALLB, CYCLONUS, GATEWAY_CONFORMANCE,
             KUBEADM, CONTAINERD, RUNC, CNI_PLUGINS, CNI_PTP),  # the last five: kind's node image
     "all": COMPONENTS,
 }
@@ -367,7 +367,7 @@ def binary(name: str) -> Path:
 TYPICAL_SECONDS = {
     "kubernetes": 689, "prometheus": 600, "tailscale": 372, "cert-manager": 306, "coredns": 267, "headscale": 254,
     "etcd": 194, "helm": 149, "metallb": 148, "containerd": 144, "cyclonus": 109, "runc": 32, "kind": 11,
-    "cni-plugins": 11, "kubeadm": 200, "cni-ptp": 11,
+    "cni-plugins": 11, "kubeadm": 200, "cni-ptp": 11, "gateway-conformance": 119,
 }
 """Seconds of a cold build, one component after another on 2 cores, before the durations of
 this machine's own builds are recorded: they order the first builds and estimate what is left."""
