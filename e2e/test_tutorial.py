@@ -70,6 +70,8 @@ RELEASE = "tailnet-operator"
 CHART_NAMESPACES = (OPERATOR_NAMESPACE, "tailnet-gateway")
 """The namespaces the page's install makes (the chart renders the gateway's); the static install too."""
 BLOCK_TIMEOUT = 600.0
+PAGE_OBJECTS = ((("-n", OPERATOR_NAMESPACE), EGRESSES, "branch1"), ((), SITES, "branch1"), ((), TAILNETS, "headscale"))
+"""The custom resources the page makes (namespace arguments, kind, name), in the order it deletes them."""
 MARKER = re.compile(r"^<!-- tutorial-test: (.+?) -->$")
 FENCE = re.compile(r"^```(\w*)$")
 
@@ -228,6 +230,20 @@ def test_every_shell_block_of_the_page_says_what_the_test_does_with_it() -> None
     assert stand_ins == STAND_INS, f"stand-ins the page uses: {stand_ins}; the test has: {sorted(STAND_INS)}"
 
 
+def test_a_block_without_a_marker_or_with_an_unknown_one_is_a_problem() -> None:
+    """The guard above can fail: a new shell block nobody marked, a stand-in the test does not know,
+    an output block after prose."""
+    page = ("<!-- tutorial-test: run -->\n```bash\ntrue\n```\n\n```bash\nuntested\n```\n\n"
+            "<!-- tutorial-test: stand-in coffee -->\n```bash\nbrew\n```\n\n"
+            "<!-- tutorial-test: output -->\n```text\nx\n```\n")
+    problems = marker_problems(page_blocks(page))
+    assert [p.split(": ", 1)[1] for p in problems] == [
+        "a bash block without a tutorial-test marker ('')",
+        "no stand-in 'coffee' (known: ['load', 'router', 'settings'])",
+        "an output block must follow a run block",
+    ], problems
+
+
 def test_the_page_names_only_addresses_no_network_routes() -> None:
     """Every IPv4 address or network in the page's blocks lies in 198.18.0.0/15, which the test's site
     hosts use and no network routes: a reader running the page as written sends nothing elsewhere."""
@@ -289,15 +305,12 @@ def _undo_page(cluster: ClusterUnderTest, env: Mapping[str, str]) -> None:
     """What the page's clean-up does, for a run that stopped before it: idempotent, and finalizers
     dropped where no operator is left to remove them."""
     kubectl(cluster, "delete", "namespace", "payments", "--ignore-not-found", "--wait=false", check=False)
-    kubectl(cluster, "-n", OPERATOR_NAMESPACE, "delete", EGRESSES, "branch1", "--ignore-not-found",
-            "--timeout=60s", check=False)
-    kubectl(cluster, "delete", SITES, "branch1", "--ignore-not-found", "--timeout=30s", check=False)
-    kubectl(cluster, "delete", TAILNETS, "headscale", "--ignore-not-found", "--timeout=60s", check=False)
+    for scope, kind, name in PAGE_OBJECTS:
+        kubectl(cluster, *scope, "delete", kind, name, "--ignore-not-found", "--timeout=60s", check=False)
     _run_group(["helm", "uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, "--wait", "--ignore-not-found"], env, 180)
-    for kind, ns in ((EGRESSES, OPERATOR_NAMESPACE), (SITES, ""), (TAILNETS, "")):
-        scope = ["-n", ns] if ns else []
-        kubectl(cluster, *scope, "patch", kind, "branch1" if kind != TAILNETS else "headscale", "--type=merge",
-                "-p", '{"metadata":{"finalizers":null}}', check=False)
+    for scope, kind, name in PAGE_OBJECTS:
+        kubectl(cluster, *scope, "patch", kind, name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
+                check=False)
     kubectl(cluster, "delete", "namespace", *CHART_NAMESPACES, "--ignore-not-found", "--wait=false", check=False)
     _wait_namespaces_gone(cluster, (*CHART_NAMESPACES, "payments"))
 
