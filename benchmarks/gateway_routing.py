@@ -286,11 +286,12 @@ def rows(proxy: int, agent_ip: str) -> list[HttpPath]:
 
 
 def measure(measured: list[HttpPath], *, seconds: float, rounds: int, pids: dict[str, int]) -> None:
-    """Every row at every concurrency per round, the rows' order reversed every other round, so a
-    slow phase of the machine hits both alike."""
+    """Per round and concurrency, the rows one after the other (their order reversed every other
+    round), so that the two measurements of a pair are seconds apart and a slow phase of the
+    machine hits both alike."""
     for round_ in range(rounds):
-        for path in measured if round_ % 2 == 0 else measured[::-1]:
-            for clients in CONCURRENCY:
+        for clients in CONCURRENCY:
+            for path in measured if round_ % 2 == 0 else measured[::-1]:
                 result = measured_load(path, clients, seconds, None, pids)
                 print(f"round {round_ + 1} {path.name} c={clients}: {result.rps:.0f} req/s "
                       f"p50 {result.p50_ms:.2f} ms p99 {result.p99_ms:.2f} ms", flush=True)
@@ -369,17 +370,24 @@ def tables(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def paired(routed: HttpPath, plain: HttpPath, clients: int) -> list[float]:
+    """Per round, the routed row's requests/s over the plain row's (measured seconds apart)."""
+    return [r.rps / p.rps for r, p in zip(routed.runs.get(clients, []), plain.runs.get(clients, []), strict=True)]
+
+
 def ratios(doc: dict[str, Any]) -> str:
-    """The routed row against the plain row, from the medians."""
+    """The routed row against the plain row: the median of the per-round ratios (each pair measured
+    seconds apart), and the differences of the medians."""
     routed, plain = (as_path(raw) for raw in doc["http"])
     parts = []
     for clients in CONCURRENCY:
         cpu = cpu_median(routed, clients, "agent") - cpu_median(plain, clients, "agent")
-        rps = routed.median(clients, "rps") / plain.median(clients, "rps")
+        rps = statistics.median(paired(routed, plain, clients))
         p50 = routed.median(clients, "p50_ms") - plain.median(clients, "p50_ms")
-        parts.append(f"at {clients} client{'s' if clients > 1 else ''} {rps:.2f}x the plain row's requests/s, "
-                     f"p50 {p50:+.2f} ms, agent CPU {cpu * 1000:+.0f} µs per request")
-    return "Routed against plain (medians): " + "; ".join(parts) + "."
+        each = ", ".join(f"{x:.2f}" for x in paired(routed, plain, clients))
+        parts.append(f"at {clients} client{'s' if clients > 1 else ''} {rps:.2f}x the plain row's requests/s "
+                     f"(per round: {each}), p50 {p50:+.2f} ms, agent CPU {cpu * 1000:+.0f} µs per request")
+    return "Routed against plain: " + "; ".join(parts) + "."
 
 
 def section(doc: dict[str, Any]) -> str:
@@ -396,8 +404,9 @@ def section(doc: dict[str, Any]) -> str:
         f"without paths (port {PLAIN_PORT}), asked `/`. `{last}` is the rule the agent's `choose` reaches last, "
         "and the last in its precedence order (the rules rank alike; a tie goes to the rule listed first); "
         "`choose` walks all rules for every request, so every rule of this table costs the same walk. Medians of "
-        f"{settings['rounds']} rounds, the rows' order reversed every other round, {settings['seconds']:g} s per "
-        f"load measurement, HTTP/1.1 keep-alive, {settings['body_bytes']}-byte answers. "
+        f"{settings['rounds']} rounds, the two rows measured one after the other at each concurrency (their "
+        f"order reversed every other round), {settings['seconds']:g} s per load measurement, HTTP/1.1 keep-alive, "
+        f"{settings['body_bytes']}-byte answers. "
         f"{load_average(doc['loadavg_before'], doc['loadavg_after'])} of the measurements, on {doc['cpus']} CPUs.", "",
         "Checked before measuring: the exposes file with the agent's `choose` (routed: "
         f"{doc['claims']['routed']}; plain: {doc['claims']['plain']}); through the tailnet: "
