@@ -18,7 +18,9 @@ from tailnet_operator.api.ingress import TailnetIngress, TailnetIngressSpec, Tai
 from tailnet_operator.api.site import TailnetSite, TailnetSiteSpec, TailnetSiteStatus
 from tailnet_operator.api.tailnet import Tailnet, TailnetSpec, TailnetStatus
 
-CATEGORIES = ["tailnet"]
+CATEGORIES = ["tailnet-all"]
+"""`kubectl get tailnet-all` lists every object of the operator's kinds (a category named like a kind would
+shadow it: kubectl expands categories first)."""
 
 
 @dataclass(frozen=True)

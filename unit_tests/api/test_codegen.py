@@ -88,12 +88,21 @@ def test_one_crd_per_kind_with_registry_names() -> None:
         assert crd["metadata"]["name"] == f"{kind.plural}.tailnet.dev"
         names = crd["spec"]["names"]
         assert names["plural"] == kind.plural and names["singular"] == kind.singular
-        assert names["categories"] == ["tailnet"]
+        assert names["categories"] == ["tailnet-all"]
         assert names["shortNames"]
         assert crd["spec"]["scope"] == kind.scope
         (version,) = crd["spec"]["versions"]
         assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
         assert version["subresources"] == {"status": {}}
+
+
+def test_no_category_is_also_a_kinds_name() -> None:
+    """kubectl expands a category before it looks a name up: a category named like a kind makes
+    ``kubectl get tailnet NAME`` ask every kind of the category for NAME, and fail."""
+    names = {n for crd in CRDS.values() for n in (crd["spec"]["names"]["singular"], crd["spec"]["names"]["plural"],
+                                                  *crd["spec"]["names"]["shortNames"])}
+    categories = {c for crd in CRDS.values() for c in crd["spec"]["names"]["categories"]}
+    assert not categories & names
 
 
 def test_scopes() -> None:
