@@ -8,7 +8,7 @@ OPERATOR ?= cluster
 
 BINARY_SETS := run test bench interop chaos e2e
 
-.PHONY: e2e-multinode run test unit lint manifests binaries $(addprefix binaries-,$(BINARY_SETS)) native prereqs e2e bench fuzz \
+.PHONY: conformance e2e-multinode run test unit lint manifests binaries $(addprefix binaries-,$(BINARY_SETS)) native prereqs e2e bench fuzz \
         chaos interop clean help
 
 help:
@@ -19,6 +19,7 @@ help:
 	@echo "make manifests  regenerate manifests/crd from tailnet_operator/api"
 	@echo "make binaries   build and cache every pinned binary (make binaries-run, -test, ...: one command's set)"
 	@echo "make e2e        the end-to-end suite against a kind cluster (needs Docker)"
+	@echo "make conformance the Gateway API's conformance suite, every declared feature, on the local node (report: docs/conformance/)"
 	@echo "make fuzz       the fuzz targets at length: 10^6 inputs per Rust target, hypothesis at 2000 examples per property"
 	@echo "make chaos      kills (operator leader, apiserver, etcd, Headscale, an agent, DERP) for CHAOS_ROUNDS rounds; CHAOS_SEED repeats one"
 	@echo "make bench      egress (agent vs tailscaled, loopback and in-cluster); ingress vs tailscale serve; the cost of an HTTPRoute's rules; operator failover; runtime vs kopf vs controller-runtime; big cluster; policy; agent disruptions under load; the ingress name's hand-over between two nodes; the agent at 200 and 1,000 peers (docs/benchmarks.md)"
@@ -102,6 +103,13 @@ MULTINODE_TESTS = test_egress_with_two_replicas_loses_nothing_when_a_node_is_dra
 e2e-multinode: $(VENV)/.native
 	@$(PYTHON) -m hack.binaries build --set e2e
 	$(PY) -m hack.kind e2e -k "$(MULTINODE_TESTS)" $(PYTEST_ARGS)
+
+# The Gateway API's conformance suite (GATEWAY-HTTP profile) with every feature the tailnet
+# GatewayClass declares, against the local node (make test runs its core features); the suite's
+# ConformanceReport is written to docs/conformance/.
+conformance: $(VENV)/.native
+	@$(PYTHON) -m hack.binaries build --set test
+	TAILNET_CONFORMANCE=full $(PY) -m pytest --tiers node e2e/test_gateway_conformance.py $(PYTEST_ARGS)
 
 # The fuzz targets at length (`make test` runs each briefly). FUZZ_CASES inputs per Rust target.
 FUZZ_CASES ?= 1000000
