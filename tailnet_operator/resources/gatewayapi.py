@@ -443,50 +443,72 @@ class _Attachment:
     listeners: list[Listener]
 
 
+@dataclass
+class _Attached:
+    """What :func:`_attach` found: the routes to serve on which listeners, each route's parent
+    entries, and each listener's attached routes as the specification counts them (by its
+    ``allowedRoutes`` and the routes' ``parentRefs`` and hostnames alone: a listener that is not
+    served, or a route that is not, still counts)."""
+
+    attachments: list[_Attachment]
+    parents: dict[tuple[str, str], list[ParentResult]]
+    counts: dict[str, int]
+
+
 def _attach(gateway: GatewayObject, routes: list[HTTPRouteObject], served: list[Listener],
-            labels: NamespaceLabels) -> tuple[list[_Attachment], dict[tuple[str, str], list[ParentResult]]]:
-    """Which served listeners each route attaches to, and each of its parentRefs' Accepted condition
-    (ResolvedRefs is filled in by the rules' translation)."""
+            labels: NamespaceLabels) -> _Attached:
+    """Which served listeners each route attaches to, each of its parentRefs' Accepted condition
+    (ResolvedRefs is filled in by the rules' translation), and each listener's count."""
     attachments: list[_Attachment] = []
     parents: dict[tuple[str, str], list[ParentResult]] = {}
+    counts = {ls.name: 0 for ls in gateway.spec.listeners}
     for route in routes:
         attached: list[Listener] = []
+        counted: set[str] = set()
         for ref in route.spec.parent_refs:
             if not _names_gateway(ref, route, gateway):
                 continue
-            named = [ls for ls in gateway.spec.listeners
-                     if (ref.section_name in (None, ls.name)) and (ref.port in (None, ls.port))]
-            if not named:
-                on_port = f" on port {ref.port}" if ref.port else ""
-                accepted = _condition("Accepted", False, "NoMatchingParent",
-                                      f"the Gateway has no listener {ref.section_name or ''}{on_port}")
-            elif not (admitting := [ls for ls in named if _admits(ls, route, gateway, labels)]):
-                accepted = _condition("Accepted", False, "NotAllowedByListeners", (
-                    f"no listener named admits HTTPRoutes of namespace {route.metadata.namespace} "
-                    "(allowedRoutes)"))
-            elif not (matching := [ls for ls in admitting if hostnames_intersect(ls.hostname, route.spec.hostnames)]):
-                accepted = _condition("Accepted", False, "NoMatchingListenerHostname", (
-                    f"no listener's hostname matches the route's hostnames {', '.join(route.spec.hostnames)}"))
-            elif route.metadata.namespace != gateway.namespace:
-                accepted = _condition("Accepted", False, "NotAllowedByListeners", (
-                    f"routes of namespace {route.metadata.namespace} are not served yet: the tailnet node reaches "
-                    f"the Services of the Gateway's namespace {gateway.namespace} only; put the route there"))
-            elif not (usable := [ls for ls in matching if ls in served]):
-                accepted = _condition("Accepted", False, "NotAllowedByListeners", (
-                    "the listeners the route names are not served (see the Gateway's listener status)"))
-            else:
-                attached.extend(ls for ls in usable if ls not in attached)
-                wild = [h for h in route.spec.hostnames if h.startswith("*.")]
-                note = (f"; wildcard hostnames {', '.join(wild)} are not served (the tailnet node picks a host by "
-                        "its exact name)") if wild else ""
-                accepted = _condition("Accepted", True, "Accepted", f"attached to {', '.join(ls.name for ls in usable)}"
-                                      + note)
+            accepted, matching, usable = _parent(ref, route, gateway, served, labels)
+            counted.update(ls.name for ls in matching)
+            attached.extend(ls for ls in usable if ls not in attached)
             parents.setdefault(route.key, []).append(ParentResult(
                 ref.to_json(route.metadata.namespace), accepted,
                 _condition("ResolvedRefs", True, "ResolvedRefs", "every backend resolved")))
         if attached:
             attachments.append(_Attachment(route, attached))
-    return attachments, parents
+        for name in counted:
+            counts[name] += 1
+    return _Attached(attachments, parents, counts)
+
+
+def _parent(ref: ParentRef, route: HTTPRouteObject, gateway: GatewayObject, served: list[Listener],
+            labels: NamespaceLabels) -> tuple[Condition, list[Listener], list[Listener]]:
+    """One parentRef naming the Gateway: its Accepted condition, the listeners the route is
+    attached to through it (as ``attachedRoutes`` counts), and those of them that serve it."""
+    named = [ls for ls in gateway.spec.listeners
+             if (ref.section_name in (None, ls.name)) and (ref.port in (None, ls.port))]
+    if not named:
+        on_port = f" on port {ref.port}" if ref.port else ""
+        return _condition("Accepted", False, "NoMatchingParent",
+                          f"the Gateway has no listener {ref.section_name or ''}{on_port}"), [], []
+    if not (admitting := [ls for ls in named if _admits(ls, route, gateway, labels)]):
+        return _condition("Accepted", False, "NotAllowedByListeners", (
+            f"no listener named admits HTTPRoutes of namespace {route.metadata.namespace} (allowedRoutes)")), [], []
+    if not (matching := [ls for ls in admitting if hostnames_intersect(ls.hostname, route.spec.hostnames)]):
+        return _condition("Accepted", False, "NoMatchingListenerHostname", (
+            f"no listener's hostname matches the route's hostnames {', '.join(route.spec.hostnames)}")), [], []
+    if route.metadata.namespace != gateway.namespace:
+        return _condition("Accepted", False, "NotAllowedByListeners", (
+            f"routes of namespace {route.metadata.namespace} are not served yet: the tailnet node reaches the "
+            f"Services of the Gateway's namespace {gateway.namespace} only; put the route there")), matching, []
+    if not (usable := [ls for ls in matching if ls in served]):
+        return _condition("Accepted", False, "NotAllowedByListeners", (
+            "the listeners the route names are not served (see the Gateway's listener status)")), matching, []
+    wild = [h for h in route.spec.hostnames if h.startswith("*.")]
+    note = (f"; wildcard hostnames {', '.join(wild)} are not served (the tailnet node picks a host by its exact "
+            "name)") if wild else ""
+    return _condition("Accepted", True, "Accepted", f"attached to {', '.join(ls.name for ls in usable)}" + note), \
+        matching, usable
 
 
 # -- rules -----------------------------------------------------------------------------------------
@@ -663,7 +685,10 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
         else:
             result.conditions += [_condition("Accepted", True, "Accepted", "accepted; not served until its "
                                              "references resolve"), problem]
-    attachments, parents = _attach(gateway, ordered, served, labels)
+    attached = _attach(gateway, ordered, served, labels)
+    attachments, parents = attached.attachments, attached.parents
+    for name, count in attached.counts.items():
+        listeners[name].attached_routes = count
     hosts: dict[int, dict[str, dict[str, Any]]] = {}
     for attachment in attachments:
         route = attachment.route
@@ -681,7 +706,6 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
             if unresolved is not None:
                 parent.resolved_refs = unresolved
         for listener in attachment.listeners:
-            listeners[listener.name].attached_routes += 1
             refs = (listener.tls or _TLS()).certificate_refs
             tls = {"tls": {"secretName": refs[0].name}} if listener.protocol == "HTTPS" else {}
             for name in _served_names(listener, [route]):

@@ -126,7 +126,8 @@ def test_attachment_follows_section_name_port_and_allowed_routes() -> None:
     hosts = agent_hosts(result)
     assert [name for name, h in sorted(hosts.items()) if h.routes] == ["a.example.test"]
     assert sorted(hosts) == ["a.example.test", "b.example.test", "c.example.test"]  # b, c: 404 until routed
-    assert {ls.name: ls.attached_routes for ls in result.listeners} == {"same": 1, "all": 0, "picked": 0}
+    # Attached as the specification counts (allowedRoutes, parentRefs), though not served.
+    assert {ls.name: ls.attached_routes for ls in result.listeners} == {"same": 1, "all": 1, "picked": 1}
     assert result.parents[(NS, "missing")][0].accepted.reason == "NoMatchingParent"
     # Admitted by allowedRoutes, but not served: the node would look their backends up in the
     # Gateway's namespace, reaching a Service of the same name there.
@@ -180,13 +181,16 @@ def test_listeners_of_one_port_with_two_protocols_are_both_refused() -> None:
     (https("far", tls={"certificateRefs": [{"name": "edge-tls", "namespace": "vault"}]}), "ResolvedRefs",
      "RefNotPermitted"),
 ])
-def test_a_listener_that_cannot_be_served_says_why_and_takes_no_route(listener: dict[str, Any], condition: str,
+def test_a_listener_that_cannot_be_served_says_why_and_serves_nothing(listener: dict[str, Any], condition: str,
                                                                        reason: str) -> None:
     result = plan(gateway(listener, https("good", "ok.example.test")), route("r"))
     bad = next(ls for ls in result.listeners if ls.name == listener["name"])
     failed = next(c for c in bad.conditions if c.type == condition)
     assert (failed.status, failed.reason) == (False, reason) and failed.message
-    assert bad.attached_routes == 0 and sorted(agent_hosts(result)) == ["ok.example.test"]
+    assert sorted(agent_hosts(result)) == ["ok.example.test"]
+    # The route still counts as attached to it: the specification counts by allowedRoutes and
+    # parentRefs alone, whatever the listener's or the route's conditions.
+    assert bad.attached_routes == 1
 
 
 def test_backends_that_do_not_resolve_say_so_and_take_no_requests() -> None:
