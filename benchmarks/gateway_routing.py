@@ -234,10 +234,12 @@ async def live_claims(proxy: int, agent_ip: str) -> list[str]:
 
 
 async def until_direct(proxy: int, agent_ip: str, metrics_url: str, timeout: float = 30.0) -> None:
-    """Plain-row requests until the agent's metrics show WireGuard going both ways over UDP."""
+    """Plain-row requests until the agent's metrics show WireGuard going both ways over UDP (a
+    refused connect is retried: the laptop's netmap and the agent's listeners settle first)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        await answer(paths.socks5_dialer("127.0.0.1", proxy, agent_ip, PLAIN_PORT), PLAIN_HOST, "/")
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await answer(paths.socks5_dialer("127.0.0.1", proxy, agent_ip, PLAIN_PORT), PLAIN_HOST, "/")
         udp = await asyncio.to_thread(agent_udp, metrics_url)
         if udp.packets_out and udp.packets_in:
             return
