@@ -295,6 +295,7 @@ async def test_cert_manager_issues_the_hosts_certificate_from_a_ca_cluster_issue
 def _joined(hostname: str, workdir: Path, headscale: Headscale, environment: Environment, key: str) -> TailscaleNode:
     """A tailscaled joined with ``key`` under ``hostname``, in its own state directory: two of
     them may carry one hostname, as an agent pod and its replacement do."""
+    environment.guard_tailnet()
     node = TailscaleNode(hostname, workdir, headscale=headscale, log_dir=environment.log_dir,
                          run_id=environment.run_id)
     try:

@@ -142,3 +142,24 @@ def test_site_hosts_that_start_from_one_subnet_each_claim_their_own(tmp_path: Pa
     finally:
         for host in hosts:
             host.destroy()
+
+
+def test_a_tailnet_address_no_peer_has_is_never_dialled_through_this_machines_network(
+    headscale: Headscale, tailscale_nodes: TailscaleFactory
+) -> None:
+    """A userspace tailscaled proxies an address outside its netmap through the host's network: a
+    test that asks a laptop for a node that has not joined yet would send that packet out of the
+    machine. The environment's guard (an unreachable route over the tailnet's ranges) makes the
+    laptop refuse it here instead."""
+    import os
+
+    from hack.localenv.tailnet_guard import TAILNET_RANGES, route_present
+
+    if os.geteuid() != 0:
+        pytest.skip("the guard's route needs root")
+    user = headscale.create_user("guard-test")
+    laptop = tailscale_nodes("guard-laptop", headscale, authkey=headscale.create_preauth_key(user_id=user["id"]))
+    assert all(route_present(cidr) for cidr in TAILNET_RANGES)
+    with pytest.raises(OSError) as refused:  # urllib's HTTPError is an OSError: the proxy's 502
+        _get_via(laptop.http_proxy, "http://100.127.255.254:80/never", timeout=10)
+    assert "502" in str(refused.value) or "unreachable" in str(refused.value).lower(), refused.value

@@ -31,6 +31,7 @@ from .headscale import Headscale, HeadscaleError
 from .metallb import MetalLB
 from .netns import ROUTER_UID, SiteHost, netns_available
 from .node import Cluster
+from .tailnet_guard import TailnetGuard
 from .tailscale import TailscaleNode
 
 __all__ = [
@@ -69,6 +70,7 @@ class Environment:
         self.root.chmod(0o755)  # site routers run as another user and read their files here
         self._owned: list[_Stoppable | SiteHost] = []
         self._names = itertools.count(1)
+        self._guard: TailnetGuard | None = None
 
     def control_plane(self) -> ControlPlane:
         index = next(self._names)
@@ -95,6 +97,7 @@ class Environment:
         ``site_router=True`` runs it as the user that alone can reach the site hosts' LANs;
         ``env`` adds environment variables (e.g. ``TS_DEBUG_ALWAYS_USE_DERP=true``).
         """
+        self.guard_tailnet()
         node = TailscaleNode(hostname, self._dir(f"tailscale-{hostname}"), headscale=headscale,
                              log_dir=self.log_dir, run_id=self.run_id,
                              user=ROUTER_UID if site_router else None, env=env)
@@ -103,6 +106,13 @@ class Environment:
         if authkey is not None:
             node.up(authkey, advertise_routes=advertise_routes, accept_routes=accept_routes)
         return node
+
+    def guard_tailnet(self) -> None:
+        """Before a tailscaled starts: no tailnet address is dialled through this machine's network
+        (:mod:`.tailnet_guard`), until :meth:`close`."""
+        if self._guard is None:
+            self._guard = TailnetGuard().start()
+            self._owned.append(self._guard)
 
     def cert_manager(self, kubeconfig: Path, *, cluster_namespace: str) -> CertManager:
         """cert-manager's controllers against the apiserver of ``kubeconfig`` (CRDs installed by the caller)."""
