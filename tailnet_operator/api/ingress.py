@@ -16,6 +16,7 @@ from tailnet_agent.contract.exposes import (
     reserved_header,
 )
 from tailnet_operator.api.common import (
+    ANY_HOST,
     DNS_SUBDOMAIN_PATTERN,
     ApiModel,
     BoundedString,
@@ -24,6 +25,7 @@ from tailnet_operator.api.common import (
     DNSLabel,
     DNSName,
     Generation,
+    HostName,
     IPAddress,
     LocalSecretKeyRef,
     ObjectMeta,
@@ -255,7 +257,12 @@ class HostPath(ApiModel):
 class VirtualHost(ApiModel):
     """A name an http expose answers to (matched by SNI and Host)."""
 
-    name: DNSName = Field(description="Fully qualified DNS name, e.g. grafana.apps.example.internal.")
+    model_config = ConfigDict(json_schema_extra=validations(
+        cel("self.name != '*' || !has(self.alias)", "the host * (any host) takes no alias", ".alias")))
+
+    name: HostName = Field(description=(
+        "Fully qualified DNS name, e.g. grafana.apps.example.internal; or * in a plaintext expose: any Host no "
+        "other host of the port names (no DNS name, no alias)."))
     alias: DNSLabel | None = Field(
         default=None, description="Optional short name under the same zones, e.g. grafana."
     )
@@ -276,6 +283,12 @@ class VirtualHost(ApiModel):
             "404 Not Found (NotFound). Defaults to Backend."
         ),
     )
+
+    @model_validator(mode="after")
+    def _any_host(self) -> Self:
+        if self.name == ANY_HOST and self.alias is not None:
+            raise ValueError("alias: the host * (any host) takes no alias")
+        return self
 
 
 class Backend(ApiModel):
@@ -335,6 +348,11 @@ _EXPOSE_RULES = (
         ".plaintext",
     ),
     cel(
+        "!has(self.hosts) || (has(self.plaintext) && self.plaintext) || self.hosts.all(h, h.name != '*')",
+        "the host * (any host) goes with a plaintext expose only: TLS picks a host by its exact name",
+        ".hosts",
+    ),
+    cel(
         "self.mode == 'http' || (self.backend.scheme == 'http' && !has(self.backend.caSecretRef)"
         " && self.backend.protocol == 'http1')",
         "backend.scheme https, backend.caSecretRef and backend.protocol h2 need mode http",
@@ -382,6 +400,9 @@ class Expose(ApiModel):
             raise ValueError("plaintext: plaintext goes with mode http")
         if any((h.tls is None) != self.plaintext for h in self.hosts or []):
             raise ValueError("hosts: each host of an http expose needs tls, and a plaintext expose's hosts take none")
+        if not self.plaintext and any(h.name == ANY_HOST for h in self.hosts or []):
+            raise ValueError("hosts: the host * (any host) goes with a plaintext expose only: TLS picks a host by "
+                             "its exact name")
         if self.mode == "tcp" and (self.backend.scheme != "http" or self.backend.ca_secret_ref is not None
                                    or self.backend.protocol != "http1"):
             raise ValueError(
@@ -417,8 +438,9 @@ class TailnetIngressSpec(ApiModel):
             ),
             cel(
                 "self.exposes.all(e, !has(e.hosts) || e.hosts.all(h, self.exposes.all(f, e.name == f.name"
-                " || !has(f.hosts) || f.hosts.all(g, g.name != h.name))))",
-                "a host name may appear in only one expose",
+                " || !has(f.hosts) || f.hosts.all(g, g.name != h.name)"
+                " || (e.port != f.port && ((has(e.plaintext) && e.plaintext) || (has(f.plaintext) && f.plaintext))))))",
+                "a host name may appear in only one expose of a port, and in only one TLS expose",
                 ".exposes",
             ),
             cel(
@@ -493,8 +515,10 @@ class TailnetIngressSpec(ApiModel):
                     )
         if any(e.port == f.port and e.plaintext != f.plaintext for e in self.exposes for f in self.exposes):
             raise ValueError("exposes: the http exposes of one port are all plaintext or all TLS")
-        if dups := duplicates([h.name for e in self.exposes for h in e.hosts or []]):
-            raise ValueError(f"exposes: a host name may appear in only one expose: {dups}")
+        if dups := duplicates([*(f"{h.name} (port {e.port})" for e in self.exposes for h in e.hosts or []),
+                               *(h.name for e in self.exposes if not e.plaintext for h in e.hosts or [])]):
+            raise ValueError(f"exposes: a host name may appear in only one expose of a port, and in only one TLS "
+                             f"expose: {dups}")
         if self.replicas > 1 and self.shared_address is None:
             raise ValueError("replicas: replicas above 1 need a sharedAddress: clients reach the replicas at "
                              "that address, since a MagicDNS name belongs to one node")

@@ -43,6 +43,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tailnet_operator.api.common import ANY_HOST
 from tailnet_operator.api.ingress import EXPOSES_MAX, HOSTS_MAX, PATHS_MAX, HostPath, TailnetIngress
 from tailnet_operator.names import MANAGED_BY, TAILNET_LABEL
 
@@ -391,12 +392,17 @@ def hostnames_intersect(listener: str | None, route: Iterable[str]) -> bool:
 
 
 def _served_names(listener: Listener, routes: list[HTTPRouteObject]) -> list[str]:
-    """The exact names a listener serves: its own exact hostname, else the exact route hostnames
-    it covers (all of them when it has no hostname)."""
+    """The names a listener serves: its own exact hostname, else the exact route hostnames it
+    covers (all of them when it has no hostname); and an HTTP listener without a hostname serves a
+    route without hostnames as :data:`~tailnet_operator.api.common.ANY_HOST`, which the agent
+    answers for any Host no other host of the port names (TLS picks a host by its exact name, so
+    an HTTPS listener cannot)."""
     own = (listener.hostname or "").lower()
     if own and not own.startswith("*."):
         return [own]
     names = [h.lower() for r in routes for h in r.spec.hostnames if not h.startswith("*.")]
+    if not own and listener.protocol == "HTTP" and any(not r.spec.hostnames for r in routes):
+        names.append(ANY_HOST)
     return list(dict.fromkeys(n for n in names if not own or _covers(own, n)))
 
 
@@ -709,6 +715,8 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
             refs = (listener.tls or _TLS()).certificate_refs
             tls = {"tls": {"secretName": refs[0].name}} if listener.protocol == "HTTPS" else {}
             for name in _served_names(listener, [route]):
+                if name == ANY_HOST and route.spec.hostnames:
+                    continue
                 if route.spec.hostnames and not any(_covers(h.lower(), name) for h in route.spec.hostnames):
                     continue
                 host = hosts.setdefault(listener.port, {}).setdefault(
@@ -766,7 +774,7 @@ def _add_unrouted(hosts: dict[int, dict[str, dict[str, Any]]], served: list[List
         if any(h["paths"] for h in hosts.get(listener.port, {}).values()):
             continue
         own = (listener.hostname or "").lower()
-        name = own if own and not own.startswith("*.") else UNROUTED_HOST
+        name = own if own and not own.startswith("*.") else ANY_HOST if listener.protocol == "HTTP" else UNROUTED_HOST
         refs = (listener.tls or _TLS()).certificate_refs
         tls = {"tls": {"secretName": refs[0].name}} if listener.protocol == "HTTPS" else {}
         hosts.setdefault(listener.port, {}).setdefault(

@@ -21,6 +21,7 @@ from typing import Any
 from tailnet_agent.contract import environment as env_names
 from tailnet_agent.contract import exposes as agent_exposes
 from tailnet_operator import names
+from tailnet_operator.api.common import ANY_HOST
 from tailnet_operator.api.ingress import (
     Expose,
     HeaderEdits,
@@ -187,7 +188,8 @@ def dns_names(ingress: TailnetIngress, zones: list[str]) -> list[str]:
     host's name and its alias under each zone; in that order, each once."""
     names = [n for n in [node_dns_name(ingress)] if n]
     for host in _hosts(ingress):
-        names += [host.name.lower().rstrip("."), *alias_names(host, zones)]
+        if host.name != ANY_HOST:  # any Host: no name of its own
+            names += [host.name.lower().rstrip("."), *alias_names(host, zones)]
     return list(dict.fromkeys(names))
 
 

@@ -159,9 +159,24 @@ def test_a_gateway_without_routes_listens_on_each_served_port_and_answers_404() 
     assert result.accepted.status and result.ingress is not None
     exposes = {e.port: e for e in parse_exposes(build.exposes_document(result.ingress, []))}
     assert sorted(exposes) == [80, 443]  # the listener whose Secret is missing is not served
-    assert [(h.name, h.routes, h.fallback) for h in exposes[80].hosts] == [(gw.UNROUTED_HOST, (), False)]
+    assert [(h.name, h.routes, h.fallback) for h in exposes[80].hosts] == [("*", (), False)]
     assert [(h.name, h.routes, h.fallback) for h in exposes[443].hosts] == [("t.example.test", (), False)]
     assert exposes[443].hosts[0].cert_file
+
+
+def test_an_http_listener_without_a_hostname_serves_a_route_without_hostnames_for_any_host() -> None:
+    """The Gateway API's "no hostname on either side matches any": the agent's host ``*``, which
+    answers every Host no other host of the port names (plaintext only: TLS picks by exact name)."""
+    result = plan(gateway({"name": "plain", "port": 80, "protocol": "HTTP"}, https("tls", port=8443)),
+                  route("anyhost"), route("named", hostnames=("a.example.test",)))
+    exposes = {e.port: e for e in parse_exposes(build.exposes_document(result.ingress or _no(result), []))}
+    hosts = {h.name: h for h in exposes[80].hosts}
+    assert sorted(hosts) == ["*", "a.example.test"] and hosts["*"].routes and hosts["a.example.test"].routes
+    assert [h.name for h in exposes[8443].hosts] == ["a.example.test"]  # TLS: the exact name only
+
+
+def _no(result: gw.GatewayPlan) -> Any:
+    raise AssertionError(result.accepted)
 
 
 def test_listeners_of_one_port_with_two_protocols_are_both_refused() -> None:

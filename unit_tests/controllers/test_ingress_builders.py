@@ -142,6 +142,23 @@ def test_a_plaintext_expose_reaches_the_agent_without_certificates() -> None:
     assert build.tls_secret_names(obj) == build.tls_secret_names(ingress([WEB]))
 
 
+def test_the_host_star_answers_any_host_of_a_plaintext_expose_and_has_no_name_in_dns() -> None:
+    """A Gateway API listener without a hostname, and routes without one, answer every Host."""
+    plain = {"name": "plain", "mode": "http", "plaintext": True, "port": 80,
+             "backend": {"service": "web", "port": 8080},
+             "hosts": [{"name": "plain.apps.example.internal"}, {"name": "*"}]}
+    obj = ingress([plain])
+    [web] = parse_exposes(build.exposes_document(obj, ZONES))
+    assert [h.name for h in web.hosts] == ["plain.apps.example.internal", "*"]
+    assert "*" not in build.dns_names(obj, ZONES)
+    with pytest.raises(ValidationError, match=r"the host \* \(any host\) goes with a plaintext expose only"):
+        ingress([{**WEB, "hosts": [{"name": "*", "tls": {"secretName": "web-tls"}}]}])
+    with pytest.raises(ValidationError, match="takes no alias"):
+        ingress([{**plain, "hosts": [{"name": "*", "alias": "web"}]}])
+    with pytest.raises(ValidationError):
+        ingress([{**plain, "hosts": [{"name": "*.apps.example.internal"}]}])
+
+
 def test_the_http_exposes_of_a_port_are_all_plaintext_or_all_tls() -> None:
     plain = {"name": "plain", "mode": "http", "plaintext": True, "port": 443,
              "backend": {"service": "web", "port": 8080}, "hosts": [{"name": "plain.apps.example.internal"}]}
