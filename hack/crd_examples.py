@@ -218,6 +218,11 @@ INVALID_EXAMPLES: tuple[InvalidExample, ...] = (
                    _set("spec.exposes.1.plaintext", True)),
     InvalidExample("in-host-no-tls", "TailnetIngress", "spec.exposes[0].hosts",
                    _delete("spec.exposes.0.hosts.0.tls")),
+    InvalidExample("in-any-host-tls", "TailnetIngress", "spec.exposes[0].hosts",
+                   _set("spec.exposes.0.hosts.0.name", "*")),
+    InvalidExample("in-any-host-alias", "TailnetIngress", "spec.exposes[0].hosts[0].alias",
+                   _both(_set("spec.exposes.0.hosts", [{"name": "*", "alias": "web"}]),
+                         _set("spec.exposes.0.plaintext", True))),
     InvalidExample("in-path-status", "TailnetIngress", "spec.exposes[0].hosts[0].paths[0].redirect.statusCode",
                    _set("spec.exposes.0.hosts.0.paths", [{"path": "/", "redirect": {"statusCode": 200}}])),
     # TailnetSite
