@@ -16,8 +16,9 @@ import contextlib
 from typing import Any, Protocol
 
 from tailnet_operator.api.tailnet import Tailnet
-from tailnet_operator.names import TAILNET_LABEL
-from tailnet_operator.runtime import SECRET, Request, Resource, Result, Writer, managed_paths
+from tailnet_operator.names import TAILNET_LABEL, auth_key_secret_name
+from tailnet_operator.resources import ingress as ingress_build
+from tailnet_operator.runtime import CONFIG_MAP, SECRET, Request, Resource, Result, Writer, managed_paths
 from tailnet_operator.runtime.errors import Forbidden, NotFound
 from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY, SERVICE
 from tailnet_operator.types import JSON
@@ -25,14 +26,22 @@ from tailnet_operator.types import JSON
 from . import finalizer
 from .access import Deps, NoAccess
 from .applier import Applier, Desired, owned_by
+from .kinds import TAILNET_INGRESS
 from .pipeline import NotReady, TaggedNode, TaggedNodeReconciler
 from .preauth import AuthKey
 
-__all__ = ["LISTED_KINDS", "SKIP_HINT", "Classed", "ClassedReconciler"]
+__all__ = ["LISTED_KINDS", "SKIP_HINT", "Classed", "ClassedReconciler", "shape_objects"]
 
 LISTED_KINDS = (DEPLOYMENT, SERVICE, NETWORK_POLICY)
 """What a served object owns in its namespace and the cache lists there: pruned when its class goes."""
 SKIP_HINT = "expire it by hand (headscale preauthkeys expire), or let the orphan sweep do it"
+
+
+def shape_objects(shape_name: str) -> list[tuple[Resource, str]]:
+    """:meth:`Classed.named_objects` of a classed object whose TailnetIngress shape is ``shape_name``:
+    the agent's key Secret and its exposes ConfigMap."""
+    return [(SECRET, auth_key_secret_name(TAILNET_INGRESS.kind, shape_name)),
+            (CONFIG_MAP, ingress_build.config_map_name_of(shape_name))]
 
 
 class Classed(Protocol):

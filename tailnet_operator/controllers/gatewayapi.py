@@ -38,12 +38,9 @@ import structlog
 from pydantic import ValidationError
 
 from tailnet_operator.api.ingress import TailnetIngress
-from tailnet_operator.names import auth_key_secret_name
 from tailnet_operator.resources import gatewayapi as gw
 from tailnet_operator.resources import ingress as build
 from tailnet_operator.runtime import (
-    CONFIG_MAP,
-    SECRET,
     Clock,
     Reader,
     Request,
@@ -56,12 +53,12 @@ from tailnet_operator.types import JSON
 
 from . import conditions
 from .access import Deps
-from .classed import ClassedReconciler
+from .classed import ClassedReconciler, shape_objects
 from .conditions import Cond, rfc3339
 from .egress_status import AgentStatusReader, HttpAgentStatus
 from .gatewayapi_plans import Plans, parent_index
 from .ingress import IngressNode, IngressSettings
-from .kinds import API_GATEWAY, GATEWAY_CLASS, HTTP_ROUTE, TAILNET, TAILNET_INGRESS
+from .kinds import API_GATEWAY, GATEWAY_CLASS, HTTP_ROUTE, TAILNET
 from .loadbalancer import ServiceStatus
 from .pipeline import Outcome, Run
 from .shaped import ShapedNode
@@ -284,9 +281,7 @@ class Gateways:
         return gw.tailnet_of(obj, self.reader.list(GATEWAY_CLASS))
 
     def named_objects(self, obj: JSON) -> list[tuple[Resource, str]]:
-        name = str(obj["metadata"]["name"])
-        return [(SECRET, auth_key_secret_name(TAILNET_INGRESS.kind, gw.object_name_of(name))),
-                (CONFIG_MAP, gw.config_map_name_of(name))]
+        return shape_objects(gw.object_name_of(str(obj["metadata"]["name"])))
 
 
 # -- the class --------------------------------------------------------------------------------------

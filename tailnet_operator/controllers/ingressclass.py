@@ -26,18 +26,17 @@ from collections.abc import Callable
 import structlog
 
 from tailnet_operator.api.ingress import TailnetIngress
-from tailnet_operator.names import auth_key_secret_name
 from tailnet_operator.resources import ingress as build
 from tailnet_operator.resources import ingressclass as ic
-from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Reader, Request, Resource, Writer
+from tailnet_operator.runtime import SERVICE, Reader, Request, Resource, Writer
 from tailnet_operator.types import JSON
 
 from .access import Deps
-from .classed import ClassedReconciler
+from .classed import ClassedReconciler, shape_objects
 from .conditions import Cond
 from .egress_status import AgentStatusReader, HttpAgentStatus
 from .ingress import IngressNode, IngressSettings
-from .kinds import INGRESS, INGRESS_CLASS, TAILNET_INGRESS
+from .kinds import INGRESS, INGRESS_CLASS
 from .loadbalancer import ServiceStatus
 from .pipeline import Outcome, Run
 from .policy import ingresses_of_classes
@@ -100,9 +99,7 @@ class IngressClasses:
         return ic.tailnet_of(obj, self.reader.list(INGRESS_CLASS))
 
     def named_objects(self, obj: JSON) -> list[tuple[Resource, str]]:
-        name = str(obj["metadata"]["name"])
-        return [(SECRET, auth_key_secret_name(TAILNET_INGRESS.kind, ic.object_name_of(name))),
-                (CONFIG_MAP, ic.config_map_name_of(name))]
+        return shape_objects(ic.object_name_of(str(obj["metadata"]["name"])))
 
 
 # -- the status an Ingress can hold -----------------------------------------------------------------

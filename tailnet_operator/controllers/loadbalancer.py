@@ -29,21 +29,19 @@ import structlog
 
 from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.headscale import Node
-from tailnet_operator.names import auth_key_secret_name
 from tailnet_operator.resources import ingress as build
 from tailnet_operator.resources import loadbalancer as lb
-from tailnet_operator.runtime import CONFIG_MAP, SECRET, SERVICE, Reader, Request, Resource, Writer
+from tailnet_operator.runtime import SECRET, SERVICE, Reader, Request, Resource, Writer
 from tailnet_operator.types import JSON
 
 from . import conditions
 from .access import Deps
-from .classed import ClassedReconciler
+from .classed import ClassedReconciler, shape_objects
 from .conditions import Cond
 from .egress_status import AgentStatusReader, HttpAgentStatus
 from .ingress import IngressNode, IngressSettings
 from .ingress_status import own_nodes
 from .keyrecord import NODE_IDS
-from .kinds import TAILNET_INGRESS
 from .pipeline import Outcome, Run
 from .policy import TAILNET_INDEX
 from .preauth import AuthKey
@@ -238,9 +236,7 @@ class LoadBalancedServices:
 
     def named_objects(self, obj: JSON) -> list[tuple[Resource, str]]:
         """The agent's key Secret and exposes ConfigMap of a Service, by its name alone."""
-        stem = lb.object_name_of(str(obj["metadata"]["name"]))
-        return [(SECRET, auth_key_secret_name(TAILNET_INGRESS.kind, stem)),
-                (CONFIG_MAP, lb.config_map_name_of(str(obj["metadata"]["name"])))]
+        return shape_objects(lb.object_name_of(str(obj["metadata"]["name"])))
 
 
 LoadBalancerReconciler = ClassedReconciler

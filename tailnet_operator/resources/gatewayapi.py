@@ -61,7 +61,6 @@ __all__ = [
     "ServedGateway",
     "as_ingress",
     "class_conditions",
-    "config_map_name_of",
     "gateway_status",
     "hostnames_intersect",
     "names_gateway",
@@ -291,9 +290,6 @@ def object_name_of(gateway_name: str) -> str:
     return f"{gateway_name}{NAME_SUFFIX}"
 
 
-def config_map_name_of(gateway_name: str) -> str:
-    """The exposes ConfigMap of the shape, from the Gateway's name alone."""
-    return f"{object_name_of(gateway_name)}-ingress-config"
 
 
 def gateway_name_problem(name: str) -> tuple[str, str] | None:

@@ -55,6 +55,7 @@ __all__ = [
     "certificate_name",
     "config_map",
     "config_map_name",
+    "config_map_name_of",
     "deployment",
     "dns_names",
     "exposes_document",
@@ -96,7 +97,13 @@ def agent_name(ingress: TailnetIngress) -> str:
 
 
 def config_map_name(ingress: TailnetIngress) -> str:
-    return f"{_name(ingress)}-ingress-config"
+    return config_map_name_of(_name(ingress))
+
+
+def config_map_name_of(ingress_name: str) -> str:
+    """The exposes ConfigMap of the TailnetIngress ``ingress_name`` (or of a front door's shape, by
+    its name alone: found again when the object no longer parses as one its class serves)."""
+    return f"{ingress_name}-ingress-config"
 
 
 RECORD_NAMESPACE_LABEL = "tailnet.dev/ingress-namespace"

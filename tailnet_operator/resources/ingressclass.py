@@ -56,7 +56,6 @@ __all__ = [
     "Problem",
     "as_ingress",
     "class_of",
-    "config_map_name_of",
     "ingress_status",
     "object_name_of",
     "ports_of",
@@ -208,9 +207,6 @@ def object_name_of(ingress_name: str) -> str:
     return f"{ingress_name}{NAME_SUFFIX}"
 
 
-def config_map_name_of(ingress_name: str) -> str:
-    """The exposes ConfigMap of the shape, by the Ingress's name alone."""
-    return f"{object_name_of(ingress_name)}-ingress-config"
 
 
 def _backend(backend: IngressBackend, where: str, ingress: IngressObject, port_of: PortOf) -> dict[str, Any]:

@@ -38,7 +38,6 @@ __all__ = [
     "LoadBalancerService",
     "annotated_view",
     "as_ingress",
-    "config_map_name_of",
     "default_hostname",
     "load_balancer_class",
     "load_balancer_status",
@@ -180,10 +179,6 @@ def object_name_of(service_name: str) -> str:
     return f"{service_name}{NAME_SUFFIX}"
 
 
-def config_map_name_of(service_name: str) -> str:
-    """The exposes ConfigMap :func:`.ingress.config_map_name` gives the shape, from the Service's
-    name alone: found again by name when the Service no longer parses as one the class serves."""
-    return f"{object_name_of(service_name)}-ingress-config"
 
 
 def problem(service: LoadBalancerService) -> tuple[str, str] | None:

@@ -89,7 +89,7 @@ def test_tcp_ports_become_tcp_exposes_to_the_service_itself() -> None:
     assert (https.name, https.port, https.backend.port) == ("https", 443, 443)
     assert [p.describe() for p in lb.skipped_ports(svc)] == ["UDP port dns 53"]
     assert build.agent_name(ingress) == "web-lb-ingress-agent"
-    assert build.config_map_name(ingress) == lb.config_map_name_of("web")  # found again by name alone
+    assert build.config_map_name(ingress) == build.config_map_name_of(lb.object_name_of("web"))  # by name alone
 
 
 def test_an_unnamed_port_is_named_by_its_number() -> None:
