@@ -51,7 +51,7 @@ from tailnet_operator.runtime import (
 )
 from tailnet_operator.types import JSON
 
-from . import conditions
+from . import conditions, periods
 from .access import Deps
 from .classed import ClassedReconciler, shape_objects
 from .conditions import Cond, rfc3339
@@ -60,13 +60,13 @@ from .gatewayapi_plans import Plans, parent_index
 from .ingress import IngressNode, IngressSettings
 from .kinds import API_GATEWAY, GATEWAY_CLASS, HTTP_ROUTE, TAILNET
 from .loadbalancer import ServiceStatus
-from .pipeline import Outcome, Run
+from .pipeline import NotReady, Outcome, Run
 from .shaped import ShapedNode
 from .status import StatusWriter
 
 __all__ = ["CLASS_FIELD_MANAGER", "CONDITION_TYPES", "FIELD_MANAGER", "GatewayClassReconciler", "GatewayNode",
            "GatewayStatus", "Gateways", "classes_of_tailnet", "gatewayapi_reconciler", "gateways_near",
-           "gateways_of_class", "gateways_of_route", "gateways_of_tailnet"]
+           "gateways_of_class", "gateways_of_route", "gateways_of_tailnet", "gateways_using_secret"]
 
 log = structlog.get_logger("controllers.gatewayapi")
 
@@ -117,6 +117,17 @@ def gateways_of_tailnet(reader: Reader) -> Callable[[JSON], list[Request]]:
 def gateways_near(reader: Reader) -> Callable[[JSON], list[Request]]:
     """A mapper from a Service to the Gateways of its namespace (a backend appearing or going)."""
     return lambda obj: _requests(reader.list(API_GATEWAY, obj["metadata"].get("namespace")))
+
+
+def gateways_using_secret(reader: Reader) -> Callable[[JSON], list[Request]]:
+    """A mapper from a Secret to the Gateways of its namespace whose listeners name it as a
+    certificate (it appearing, changing or going)."""
+    def mapper(obj: JSON) -> list[Request]:
+        meta = obj["metadata"]
+        key = (meta.get("namespace") or "", meta["name"])
+        return _requests([g for g in reader.list(API_GATEWAY, key[0]) if key in gw.certificate_secrets(g)])
+
+    return mapper
 
 
 def classes_of_tailnet(reader: Reader) -> Callable[[JSON], list[Request]]:
@@ -230,10 +241,13 @@ class GatewayNode(ShapedNode[gw.ServedGateway]):
     def spec_problem(self, run: Run[gw.ServedGateway]) -> tuple[str, str] | None:
         if (found := gw.gateway_name_problem(run.cr.name)) is not None:
             return found
-        try:
-            self.shape_of(run.cr)
-        except Problem as problem:
-            return problem.reason, problem.message
+        plan = self.plans.plan(run.cr)
+        if plan.ingress is None and plan.unresolved:
+            # Refused for want of a Secret, not for its spec: looked for again (periods.REFERENCE_RETRY).
+            raise NotReady("False", plan.accepted.reason, plan.accepted.message,
+                           requeue_after=periods.REFERENCE_RETRY)
+        if plan.ingress is None:
+            return plan.accepted.reason, plan.accepted.message
         return None
 
     def tailnet_name(self, cr: gw.ServedGateway) -> str:

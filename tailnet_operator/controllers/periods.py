@@ -19,6 +19,7 @@ __all__ = [
     "GATEWAY_SETTLING",
     "HEADSCALE_RETRY",
     "POLICY_RESYNC",
+    "REFERENCE_RETRY",
     "SWEEP_EVERY",
     "SWEEP_RETRY",
     "TAILNET_RESYNC",
@@ -37,6 +38,11 @@ GATEWAY_REGISTER_WAIT = 2.0
 GATEWAY_SETTLING = 5.0
 """A gateway whose routes are not all advertised and approved looks again this soon: approval comes
 from the Policy reconciler or a person, neither of which the gateway watches."""
+
+REFERENCE_RETRY = 10.0
+"""An object refused only because an object it names (a Gateway listener's certificate Secret) is
+missing looks again this soon: a Secret outside the namespaces the cache watches is fetched when
+read, never watched, so its creation brings no event until something reads it again."""
 
 POLICY_RESYNC = 30.0
 """Routers advertise on their own schedule; site status and approvals are refreshed this often."""

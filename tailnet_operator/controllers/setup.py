@@ -64,6 +64,7 @@ from .gatewayapi import (
     gateways_of_class,
     gateways_of_route,
     gateways_of_tailnet,
+    gateways_using_secret,
 )
 from .gatewayapi_plans import PARENT_INDEX, parent_index
 from .ingress import FIELD_MANAGER as INGRESS_FIELD_MANAGER
@@ -449,6 +450,7 @@ def _add_gatewayapi(manager: Manager, reconciler: ClassedReconciler) -> ClassedR
      .watches(HTTP_ROUTE, gateways_of_route, ROUTE_SERVED_CHANGED)
      .watches(GATEWAY_CLASS, gateways_of_class(cache), GenerationChanged())
      .watches(SERVICE, gateways_near(cache), FieldChanged("spec", "ports"))
+     .watches(SECRET, gateways_using_secret(cache))
      .watches(TAILNET, gateways_of_tailnet(cache), TAILNET_ACCESS_CHANGED))
     return reconciler
 

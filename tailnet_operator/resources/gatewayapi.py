@@ -60,6 +60,7 @@ __all__ = [
     "ParentResult",
     "ServedGateway",
     "as_ingress",
+    "certificate_secrets",
     "class_conditions",
     "gateway_status",
     "hostnames_intersect",
@@ -101,6 +102,16 @@ def tailnet_of(gateway: Mapping[str, Any], classes: Iterable[Mapping[str, Any]])
     name = (gateway.get("spec") or {}).get("gatewayClassName")
     found = next((c for c in classes if (c.get("metadata") or {}).get("name") == name), None)
     return tailnet_of_class(found) if name else None
+
+
+def certificate_secrets(gateway: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """The Secrets (namespace, name) a Gateway's listeners name as certificates, as stored (no
+    validation: a mapper reads it)."""
+    namespace = (gateway.get("metadata") or {}).get("namespace") or ""
+    return {(ref.get("namespace") or namespace, ref["name"])
+            for listener in (gateway.get("spec") or {}).get("listeners") or []
+            for ref in ((listener.get("tls") or {}).get("certificateRefs") or [])
+            if (ref.get("group") or "", ref.get("kind") or "Secret") == ("", "Secret") and ref.get("name")}
 
 
 SUPPORTED_FEATURES = ("Gateway", "HTTPRoute", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching",
@@ -358,6 +369,12 @@ class GatewayPlan:
     accepted: Condition
     listeners: list[ListenerResult]
     parents: dict[tuple[str, str], list[ParentResult]]
+
+    @property
+    def unresolved(self) -> bool:
+        """Whether a listener waits for an object it names (its certificate's Secret): the plan can
+        change with no change to the Gateway."""
+        return any(c.type == "ResolvedRefs" and not c.status for ls in self.listeners for c in ls.conditions)
 
 
 ServiceExists = Callable[[str, str], bool]

@@ -15,6 +15,7 @@ from tailnet_operator.controllers.gatewayapi import (
     FIELD_MANAGER,
     GatewayClassReconciler,
     gatewayapi_reconciler,
+    gateways_using_secret,
 )
 from tailnet_operator.controllers.ingress import IngressSettings
 from tailnet_operator.controllers.kinds import API_GATEWAY, GATEWAY_CLASS, HTTP_ROUTE, TAILNET
@@ -191,6 +192,31 @@ async def test_a_gateway_none_of_whose_listeners_can_be_served_has_no_node() -> 
     [listener] = found["status"]["listeners"]
     assert ("Accepted", "False", "UnsupportedProtocol") in [(c["type"], c["status"], c["reason"])
                                                            for c in listener["conditions"]]
+
+
+async def test_a_gateway_waiting_for_its_certificate_is_served_once_the_secret_appears() -> None:
+    """The Gateway API's conformance suite creates a listener's certificate after its Gateway. The
+    Secret of a tenant namespace is fetched, not watched: the Gateway is looked at again."""
+    world = await world_with_tailnet()
+    gateway = copy.deepcopy(world.add_gateway())
+    gateway["spec"]["listeners"] = [{"name": "web", "port": 443, "protocol": "HTTPS", "hostname": "shop.example.test",
+                                     "tls": {"certificateRefs": [{"name": "shop-cert"}]}}]
+    world.kube.update(API_GATEWAY, gateway)
+
+    result = await world.reconcile()
+
+    found = world.get(API_GATEWAY, "edge")
+    assert _conditions(found)["Accepted"] == ("False", "ListenersNotValid")
+    assert result.requeue_after is not None, "a missing Secret is looked for again"
+    secret = world.kube.add(SECRET, {"metadata": {"name": "shop-cert", "namespace": TENANT},
+                                     "type": "kubernetes.io/tls", "data": {"tls.crt": "", "tls.key": ""}})
+    assert gateways_using_secret(world.kube)(secret) == [Request(TENANT, "edge")]
+    assert gateways_using_secret(world.kube)({"metadata": {"name": "other", "namespace": TENANT}}) == []
+
+    await world.reconcile()
+
+    assert _conditions(world.get(API_GATEWAY, "edge"))["Accepted"] == ("True", "Accepted")
+    assert world.kube.get(DEPLOYMENT, AGENT, TENANT) is not None
 
 
 async def test_a_gateway_of_another_class_is_never_written_to() -> None:
