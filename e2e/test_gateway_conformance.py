@@ -55,6 +55,9 @@ CORE_FEATURES = ("Gateway", "HTTPRoute")
 FULL_ENV = "TAILNET_CONFORMANCE"
 """``full`` (make conformance): every feature the class declares, the report kept under docs/;
 ``core``: the core features only, as make test will once they pass."""
+ONLY_ENV = "TAILNET_CONFORMANCE_ONLY"
+"""A regular expression of the suite's test names (``HTTPRouteWeight|HTTPRouteMatching``): run
+those alone, to look at a failure again without the rest of the suite."""
 FULL_REPORT = ROOT / "docs" / "conformance" / f"gateway-api-v{versions.GATEWAY_API}-report.yaml"
 
 
@@ -143,6 +146,8 @@ def run_suite(world: Conformance, report: Path, *, features: tuple[str, ...] | N
                f"--tailnet-proxy=127.0.0.1:{world.laptop.http_proxy_port}", "-test.v", "-test.timeout=55m", *extra]
     if features is not None:
         command.append(f"--supported-features={','.join(features)}")
+    if only := os.environ.get(ONLY_ENV):
+        command.append(f"-test.run=TestGatewayAPIConformance/({only})$")
     env = {**os.environ, "KUBECONFIG": str(world.cluster.kubeconfig)}
     with log.open("wb") as out:
         subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT, check=False, timeout=3500)
