@@ -256,7 +256,7 @@ INVALID_EXAMPLES: tuple[InvalidExample, ...] = (
         "gw-lb-overlap",
         "TailnetGateway",
         "spec.advertiseLoadBalancerRange",
-        _set("spec.advertiseLoadBalancerRange", "192.168.10.128/25"),
+        _set("spec.advertiseLoadBalancerRange", "198.18.10.128/25"),
     ),
     InvalidExample(
         "gw-policy", "TailnetGateway", "spec.deletionPolicy", _set("spec.deletionPolicy", "Orphan")

@@ -169,7 +169,7 @@ def test_adapters_read_the_samples() -> None:
 
     assert ingress_input(ingress) == IngressInput("tag:ingress-observability", (443, 9095))
     assert site_input(site) == SiteInput(
-        "branch1", "tag:site-branch1", ("192.168.50.0/24", "10.20.0.0/28", "192.168.60.5/32")
+        "branch1", "tag:site-branch1", ("198.18.50.0/24", "198.18.20.0/28", "198.18.60.5/32")
     )
     # siteRoutes are approved through TailnetSites; the gateway itself gets its LoadBalancer range.
     assert gateway_input(gateway) == GatewayInput("tag:gateway-cluster1", ("10.250.0.0/24",))
@@ -182,14 +182,14 @@ def test_adapters_read_the_samples() -> None:
         "tag:site-branch1",
     )
     assert derived.routes == (
-        RouteApproval("10.20.0.0/28", ("tag:site-branch1",)),
         RouteApproval("10.250.0.0/24", ("tag:gateway-cluster1",)),
-        RouteApproval("192.168.50.0/24", ("tag:site-branch1",)),
-        RouteApproval("192.168.50.10/32", ("tag:gateway-cluster1",)),
-        RouteApproval("192.168.60.5/32", ("tag:site-branch1",)),
+        RouteApproval("198.18.20.0/28", ("tag:site-branch1",)),
+        RouteApproval("198.18.50.0/24", ("tag:site-branch1",)),
+        RouteApproval("198.18.50.10/32", ("tag:gateway-cluster1",)),
+        RouteApproval("198.18.60.5/32", ("tag:site-branch1",)),
     )
     assert derived.grants == (
-        Grant(("tag:egress-branch1",), ("192.168.50.10",), ("tcp:5432",)),
+        Grant(("tag:egress-branch1",), ("198.18.50.10",), ("tcp:5432",)),
         Grant(("tag:egress-branch1",), ("ledger.tailnet.example.internal",), ("tcp:443",)),
     )
 
