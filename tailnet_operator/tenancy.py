@@ -48,6 +48,7 @@ __all__ = [
     "policy_reserved_tags",
     "shared_address_holders",
     "shared_routes",
+    "shares_tag",
     "tag_allowed",
     "taken",
 ]
@@ -80,6 +81,20 @@ def in_zone(name: str, zone: str) -> bool:
 
 def _entries(tailnet: Tailnet, namespace: str) -> list[TailnetTenant]:
     return [t for t in tailnet.spec.tenants or [] if namespace in t.namespaces]
+
+
+def shares_tag(tailnet: Tailnet, owner: str, namespace: str, tag: str) -> bool:
+    """Whether ``namespace`` may put its Services behind the node of ``owner``'s namespace, which
+    uses ``tag`` (an HTTPRoute of one namespace on a Gateway of another): it may use the tag
+    itself. A prefix counts only when the owner also has the tag by a prefix only: then the owner's
+    own judgment proved the tag reserved by nothing, which this function cannot see."""
+    if namespace == owner:
+        return True
+    mine = [p for entry in _entries(tailnet, namespace) for p in entry.tags]
+    if tag in mine:
+        return True
+    theirs = [p for entry in _entries(tailnet, owner) for p in entry.tags]
+    return tag not in theirs and any(tag_allowed(p, tag) for p in mine)
 
 
 def judge(ingress: TailnetIngress, tailnet: Tailnet, *, reserved: Iterable[str],

@@ -21,6 +21,7 @@ from tailnet_operator.tenancy import (
     policy_reserved_tags,
     shared_address_holders,
     shared_routes,
+    shares_tag,
     tag_allowed,
     taken,
 )
@@ -202,3 +203,15 @@ def test_a_granted_shared_route_reserves_nothing_and_an_ungranted_one_still_does
     assert routes == {"198.18.5.10/32": {"tag:shop-web"}}
     assert policy_reserved_tags(policy, shared=routes) == {"tag:shop-db"}
     assert policy_reserved_tags(policy) == {"tag:shop-web", "tag:shop-db"}
+
+
+def test_a_namespace_shares_a_gateways_tag_only_as_it_could_use_it_itself() -> None:
+    """An HTTPRoute of another namespace puts that namespace's Services behind the Gateway's node."""
+    net = tailnet({"namespaces": ["shop"], "tags": ["tag:shop-*", "tag:edge"]},
+                  {"namespaces": ["web"], "tags": ["tag:shop-*"]},
+                  {"namespaces": ["named"], "tags": ["tag:edge"]})
+    assert shares_tag(net, "shop", "shop", "tag:anything")  # its own namespace: judged with the Gateway
+    assert shares_tag(net, "shop", "web", "tag:shop-web")   # both by prefix: the Gateway proved it unreserved
+    assert not shares_tag(net, "shop", "web", "tag:edge")   # the owner has it by name: so must the route's
+    assert shares_tag(net, "shop", "named", "tag:edge")
+    assert not shares_tag(net, "shop", "stranger", "tag:shop-web")

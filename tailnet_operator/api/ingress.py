@@ -7,6 +7,7 @@ import re
 from typing import Annotated, Literal, Self
 
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, WithJsonSchema, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from tailnet_agent.contract.addresses import shared_address_problem
 from tailnet_agent.contract.exposes import (
@@ -103,6 +104,10 @@ class PathBackend(ApiModel):
 
     service: DNS1035Label = Field(description="Name of a Service in this namespace.")
     port: Port = Field(description="Port of the Service.")
+    namespace: SkipJsonSchema[DNSLabel | None] = None
+    """The Service's namespace when not the ingress's: set only by a Gateway's translation (an
+    HTTPRoute of another namespace, or a backendRef a ReferenceGrant permits). Not in the CRD's
+    schema, so kube-apiserver prunes it from every TailnetIngress a tenant writes."""
 
 
 HttpMethod = Literal["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"]

@@ -64,9 +64,23 @@ from .pipeline import NotReady, Outcome, Run
 from .shaped import ShapedNode
 from .status import StatusWriter
 
-__all__ = ["CLASS_FIELD_MANAGER", "CONDITION_TYPES", "FIELD_MANAGER", "GatewayClassReconciler", "GatewayNode",
-           "GatewayStatus", "Gateways", "classes_of_tailnet", "gatewayapi_reconciler", "gateways_near",
-           "gateways_of_class", "gateways_of_route", "gateways_of_tailnet", "gateways_using_secret"]
+__all__ = [
+    "CLASS_FIELD_MANAGER",
+    "CONDITION_TYPES",
+    "FIELD_MANAGER",
+    "GatewayClassReconciler",
+    "GatewayNode",
+    "GatewayStatus",
+    "Gateways",
+    "classes_of_tailnet",
+    "every_gateway",
+    "gatewayapi_reconciler",
+    "gateways_near",
+    "gateways_of_class",
+    "gateways_of_route",
+    "gateways_of_tailnet",
+    "gateways_using_secret",
+]
 
 log = structlog.get_logger("controllers.gatewayapi")
 
@@ -117,6 +131,12 @@ def gateways_of_tailnet(reader: Reader) -> Callable[[JSON], list[Request]]:
 def gateways_near(reader: Reader) -> Callable[[JSON], list[Request]]:
     """A mapper from a Service to the Gateways of its namespace (a backend appearing or going)."""
     return lambda obj: _requests(reader.list(API_GATEWAY, obj["metadata"].get("namespace")))
+
+
+def every_gateway(reader: Reader) -> Callable[[JSON], list[Request]]:
+    """A mapper to every Gateway: for what any route of any Gateway may depend on (a
+    ReferenceGrant, a namespace's labels). Gateways are few; a grant or a relabel is rare."""
+    return lambda _: _requests(reader.list(API_GATEWAY))
 
 
 def gateways_using_secret(reader: Reader) -> Callable[[JSON], list[Request]]:

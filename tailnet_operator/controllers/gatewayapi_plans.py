@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
+from tailnet_operator import tenancy
+from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.resources import gatewayapi as gw
-from tailnet_operator.runtime import SECRET, SERVICE, Reader
+from tailnet_operator.runtime import NAMESPACE, SECRET, SERVICE, Reader
 from tailnet_operator.types import JSON
 
-from .kinds import API_GATEWAY, GATEWAY_CLASS, HTTP_ROUTE
+from .kinds import API_GATEWAY, GATEWAY_CLASS, HTTP_ROUTE, REFERENCE_GRANT, TAILNET
 
 __all__ = ["PARENT_INDEX", "Plans", "parent_index"]
 
@@ -50,12 +52,30 @@ class Plans:
             except ValidationError:
                 continue  # not one kube-apiserver's schema admits: nothing of it is served
         reader = self.reader
+        tailnet = self.tailnet({"spec": {"gatewayClassName": served.spec.gateway_class_name}})
         return gw.as_ingress(
-            served.gateway, routes, self.tailnet({"spec": {"gatewayClassName": served.spec.gateway_class_name}}),
-            tag=served.tag, hostname=served.hostname,
+            served.gateway, routes, tailnet, tag=served.tag, hostname=served.hostname,
             services=lambda ns, name: reader.get(SERVICE, name, ns) is not None,
             secrets=lambda ns, name: reader.get(SECRET, name, ns) is not None,
-            labels=lambda ns: None)
+            labels=self.labels, shares=self._sharing(tailnet, served),
+            granted=lambda fk, fns, tk, tns, tn: gw.reference_granted(reader.list(REFERENCE_GRANT, tns),
+                                                                        fk, fns, tk, tns, tn))
+
+    def labels(self, namespace: str) -> dict[str, str] | None:
+        """A namespace's labels (None for one not known)."""
+        found = self.reader.get(NAMESPACE, namespace)
+        return None if found is None else dict(found["metadata"].get("labels") or {})
+
+    def _sharing(self, tailnet: str, served: gw.ServedGateway) -> gw.SharesTag:
+        """Whether the Tailnet's tenancy lets a route's namespace use the Gateway's tag."""
+        stored = self.reader.get(TAILNET, tailnet) if tailnet else None
+        try:
+            model = Tailnet.model_validate(stored) if stored is not None else None
+        except ValidationError:
+            model = None
+        if model is None:
+            return lambda _: False
+        return lambda namespace: tenancy.shares_tag(model, served.namespace, namespace, served.tag)
 
     def served(self, tailnet: str) -> list[gw.GatewayPlan]:
         """The plans of the Gateways of ``tailnet``'s classes that have something to serve (not

@@ -33,7 +33,9 @@ GATEWAY_CLASS = Resource("gateway.networking.k8s.io", "v1", "gatewayclasses", "G
 so the cache tolerates their absence (:meth:`~tailnet_operator.runtime.SharedCache.tolerate_absent`)."""
 API_GATEWAY = Resource("gateway.networking.k8s.io", "v1", "gateways", "Gateway")
 HTTP_ROUTE = Resource("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute")
-GATEWAY_API_KINDS = (GATEWAY_CLASS, API_GATEWAY, HTTP_ROUTE)
+REFERENCE_GRANT = Resource("gateway.networking.k8s.io", "v1beta1", "referencegrants", "ReferenceGrant")
+"""v1beta1: served by every Gateway API release since 0.6 (v1 since 1.5)."""
+GATEWAY_API_KINDS = (GATEWAY_CLASS, API_GATEWAY, HTTP_ROUTE, REFERENCE_GRANT)
 
 MODELS: dict[type[BaseModel], Resource] = {
     Tailnet: TAILNET,

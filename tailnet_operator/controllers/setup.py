@@ -16,6 +16,7 @@ from tailnet_operator.resources.ingressclass import tailnet_of as ingress_tailne
 from tailnet_operator.resources.ingressclass import tailnet_of_class
 from tailnet_operator.runtime import (
     CONFIG_MAP,
+    NAMESPACE,
     SECRET,
     Clock,
     EventRecorder,
@@ -59,6 +60,7 @@ from .gatewayapi import FIELD_MANAGER as GATEWAYAPI_FIELD_MANAGER
 from .gatewayapi import (
     GatewayClassReconciler,
     classes_of_tailnet,
+    every_gateway,
     gatewayapi_reconciler,
     gateways_near,
     gateways_of_class,
@@ -80,6 +82,7 @@ from .kinds import (
     INGRESS,
     INGRESS_CLASS,
     MODELS,
+    REFERENCE_GRANT,
     TAILNET,
     TAILNET_EGRESS,
     TAILNET_GATEWAY,
@@ -451,6 +454,8 @@ def _add_gatewayapi(manager: Manager, reconciler: ClassedReconciler) -> ClassedR
      .watches(GATEWAY_CLASS, gateways_of_class(cache), GenerationChanged())
      .watches(SERVICE, gateways_near(cache), FieldChanged("spec", "ports"))
      .watches(SECRET, gateways_using_secret(cache))
+     .watches(REFERENCE_GRANT, every_gateway(cache))
+     .watches(NAMESPACE, every_gateway(cache), FieldChanged("metadata", "labels"))
      .watches(TAILNET, gateways_of_tailnet(cache), TAILNET_ACCESS_CHANGED))
     return reconciler
 

@@ -27,9 +27,12 @@ Such a Gateway becomes one tailnet node, as a TailnetIngress (:func:`as_ingress`
   ``Prefix``; ``RegularExpression`` matches are refused (``UnsupportedValue``). The filters
   ``RequestHeaderModifier``, ``ResponseHeaderModifier``, ``RequestRedirect`` and ``URLRewrite``
   are served; any other refuses the route (``UnsupportedValue``);
-* backends are Services of the route's namespace, by ``port``, with their weights; a reference
-  to another namespace is ``RefNotPermitted`` until ReferenceGrants are read, another kind is
-  ``InvalidKind``, a Service that does not exist is ``BackendNotFound``. A rule whose backends
+* a route of another namespace than the Gateway's attaches only when the Tailnet's tenancy lets
+  its namespace use the Gateway's tag (:func:`tailnet_operator.tenancy.shares_tag`): its Services
+  go on the tailnet under that tag;
+* backends are Services, by ``port``, with their weights: of the route's namespace, or of another
+  one whose ReferenceGrant lets the route's namespace refer to them (else ``RefNotPermitted``);
+  another kind is ``InvalidKind``, a Service that does not exist is ``BackendNotFound``. A rule whose backends
   all fail, or that has none and no redirect, is served with weight 0 (500), as the
   specification says;
 * a request no path of its host matches gets 404.
@@ -68,6 +71,7 @@ __all__ = [
     "object_name_of",
     "record_metadata",
     "record_name",
+    "reference_granted",
     "route_parents",
     "sweep_view",
     "tailnet_of",
@@ -381,6 +385,38 @@ ServiceExists = Callable[[str, str], bool]
 """Whether a Service (namespace, name) exists."""
 NamespaceLabels = Callable[[str], Mapping[str, str] | None]
 """A namespace's labels; None when the namespace is not known."""
+SharesTag = Callable[[str], bool]
+"""Whether the Tailnet's tenancy lets a namespace put its Services behind the Gateway's node
+(:func:`tailnet_operator.tenancy.shares_tag`)."""
+Granted = Callable[[str, str, str, str, str], bool]
+"""Whether a ReferenceGrant lets objects of a kind (``HTTPRoute``, ``Gateway``) of a namespace
+refer to an object (kind, namespace, name): ``granted(from_kind, from_ns, to_kind, to_ns, to_name)``."""
+
+
+def reference_granted(grants: Iterable[Mapping[str, Any]], from_kind: str, from_namespace: str, to_kind: str,
+                      to_namespace: str, to_name: str) -> bool:
+    """Whether one of ``grants`` (ReferenceGrants as stored) in ``to_namespace`` lets objects of
+    ``from_kind`` (of the Gateway API's group) in ``from_namespace`` refer to the core object
+    ``to_kind`` ``to_name`` (a grant's ``to`` without a name covers every object of the kind)."""
+    for grant in grants:
+        if (grant.get("metadata") or {}).get("namespace") != to_namespace:
+            continue
+        spec = grant.get("spec") or {}
+        if not any((f.get("group"), f.get("kind"), f.get("namespace")) == (GROUP, from_kind, from_namespace)
+                   for f in spec.get("from") or []):
+            continue
+        if any((t.get("group") or "", t.get("kind")) == ("", to_kind) and t.get("name") in (None, "", to_name)
+               for t in spec.get("to") or []):
+            return True
+    return False
+
+
+def _nobody(_: str) -> bool:
+    return False
+
+
+def _nothing(*_: str) -> bool:
+    return False
 
 
 # -- hostnames ------------------------------------------------------------------------------------
@@ -475,7 +511,7 @@ class _Attached:
 
 
 def _attach(gateway: GatewayObject, routes: list[HTTPRouteObject], served: list[Listener],
-            labels: NamespaceLabels) -> _Attached:
+            labels: NamespaceLabels, shares: SharesTag) -> _Attached:
     """Which served listeners each route attaches to, each of its parentRefs' Accepted condition
     (ResolvedRefs is filled in by the rules' translation), and each listener's count."""
     attachments: list[_Attachment] = []
@@ -487,7 +523,7 @@ def _attach(gateway: GatewayObject, routes: list[HTTPRouteObject], served: list[
         for ref in route.spec.parent_refs:
             if not _names_gateway(ref, route, gateway):
                 continue
-            accepted, matching, usable = _parent(ref, route, gateway, served, labels)
+            accepted, matching, usable = _parent(ref, route, gateway, served, labels, shares)
             counted.update(ls.name for ls in matching)
             attached.extend(ls for ls in usable if ls not in attached)
             parents.setdefault(route.key, []).append(ParentResult(
@@ -501,7 +537,7 @@ def _attach(gateway: GatewayObject, routes: list[HTTPRouteObject], served: list[
 
 
 def _parent(ref: ParentRef, route: HTTPRouteObject, gateway: GatewayObject, served: list[Listener],
-            labels: NamespaceLabels) -> tuple[Condition, list[Listener], list[Listener]]:
+            labels: NamespaceLabels, shares: SharesTag) -> tuple[Condition, list[Listener], list[Listener]]:
     """One parentRef naming the Gateway: its Accepted condition, the listeners the route is
     attached to through it (as ``attachedRoutes`` counts), and those of them that serve it."""
     named = [ls for ls in gateway.spec.listeners
@@ -516,10 +552,11 @@ def _parent(ref: ParentRef, route: HTTPRouteObject, gateway: GatewayObject, serv
     if not (matching := [ls for ls in admitting if hostnames_intersect(ls.hostname, route.spec.hostnames)]):
         return _condition("Accepted", False, "NoMatchingListenerHostname", (
             f"no listener's hostname matches the route's hostnames {', '.join(route.spec.hostnames)}")), [], []
-    if route.metadata.namespace != gateway.namespace:
+    if route.metadata.namespace != gateway.namespace and not shares(route.metadata.namespace):
         return _condition("Accepted", False, "NotAllowedByListeners", (
-            f"routes of namespace {route.metadata.namespace} are not served yet: the tailnet node reaches the "
-            f"Services of the Gateway's namespace {gateway.namespace} only; put the route there")), matching, []
+            f"namespace {route.metadata.namespace} may not use the tag of the Gateway's node on its Tailnet "
+            "(spec.tenants): a route puts its namespace's Services on the tailnet under that tag, so the "
+            "Tailnet's admin must let the namespace use it too")), matching, []
     if not (usable := [ls for ls in matching if ls in served]):
         return _condition("Accepted", False, "NotAllowedByListeners", (
             "the listeners the route names are not served (see the Gateway's listener status)")), matching, []
@@ -584,34 +621,48 @@ def _match(match: RouteMatch, where: str) -> dict[str, Any]:
     return out
 
 
-def _backends(rule: RouteRule, route: HTTPRouteObject, where: str, exists: ServiceExists
+@dataclass(frozen=True)
+class _Backends:
+    """What a rule's backendRefs are resolved against: the Gateway's namespace (where the node
+    runs), whether Services exist, and the ReferenceGrants."""
+
+    home: str
+    exists: ServiceExists
+    granted: Granted
+
+
+def _backends(rule: RouteRule, route: HTTPRouteObject, where: str, lookup: _Backends
               ) -> tuple[list[dict[str, Any]], Condition | None]:
     """The rule's backends with their weights (a failing one kept at weight 0), and the
-    ResolvedRefs failure of the first that fails."""
+    ResolvedRefs failure of the first that fails. A Service of another namespace than the route's
+    needs a ReferenceGrant there; one of another namespace than the Gateway's carries it."""
     out: list[dict[str, Any]] = []
     failed: Condition | None = None
     ns = route.metadata.namespace
     for k, ref in enumerate(rule.backend_refs):
         at = f"{where}.backendRefs[{k}]"
         problem: Condition | None = None
+        target = ref.namespace or ns
         if (ref.group, ref.kind) != ("", "Service"):
             problem = _condition("ResolvedRefs", False, "InvalidKind", f"{at}: {ref.kind} is not a Service")
-        elif (ref.namespace or ns) != ns:
+        elif target != ns and not lookup.granted("HTTPRoute", ns, "Service", target, ref.name):
             problem = _condition("ResolvedRefs", False, "RefNotPermitted", (
-                f"{at}: Service {ref.namespace}/{ref.name} is in another namespace, and ReferenceGrants are not "
-                "read yet: put the route in the Service's namespace"))
+                f"{at}: Service {target}/{ref.name} is in another namespace, and no ReferenceGrant there lets "
+                f"HTTPRoutes of namespace {ns} refer to it"))
         elif ref.port is None:
             problem = _condition("ResolvedRefs", False, "UnsupportedValue", f"{at}: a Service needs a port")
-        elif not exists(ns, ref.name):
-            problem = _condition("ResolvedRefs", False, "BackendNotFound", f"{at}: Service {ns}/{ref.name} not found")
+        elif not lookup.exists(target, ref.name):
+            problem = _condition("ResolvedRefs", False, "BackendNotFound",
+                                 f"{at}: Service {target}/{ref.name} not found")
         if problem is not None:
             failed = failed or problem
         if ref.port is not None and ref.kind == "Service":
-            out.append({"service": ref.name, "port": ref.port, "weight": 0 if problem else ref.weight})
+            away = {"namespace": target} if target != lookup.home else {}
+            out.append({"service": ref.name, "port": ref.port, **away, "weight": 0 if problem else ref.weight})
     return out, failed
 
 
-def _paths_of(route: HTTPRouteObject, exists: ServiceExists) -> tuple[list[dict[str, Any]], Condition | None]:
+def _paths_of(route: HTTPRouteObject, lookup: _Backends) -> tuple[list[dict[str, Any]], Condition | None]:
     """Every path of a route (a rule's matches, each with the rule's filters and backends) and the
     ResolvedRefs failure, if any; raises :class:`RouteProblem` for what cannot be served at all."""
     paths: list[dict[str, Any]] = []
@@ -619,13 +670,13 @@ def _paths_of(route: HTTPRouteObject, exists: ServiceExists) -> tuple[list[dict[
     for i, rule in enumerate(route.spec.rules):
         where = f"spec.rules[{i}]"
         filters = dict(_filter(f, f"{where}.filters[{j}]") for j, f in enumerate(rule.filters))
-        backends, problem = _backends(rule, route, where, exists)
+        backends, problem = _backends(rule, route, where, lookup)
         failed = failed or problem
         target: dict[str, Any]
         if "redirect" in filters:
             target = {}
         elif len(backends) == 1 and backends[0]["weight"] > 0:
-            target = {"backend": {"service": backends[0]["service"], "port": backends[0]["port"]}}
+            target = {"backend": {k: v for k, v in backends[0].items() if k != "weight"}}
         elif backends:
             target = {"backends": backends}
         else:
@@ -646,7 +697,8 @@ def _paths_of(route: HTTPRouteObject, exists: ServiceExists) -> tuple[list[dict[
 # -- the Gateway ---------------------------------------------------------------------------------
 
 
-def _listener_problem(listener: Listener, gateway: GatewayObject, secret_exists: ServiceExists) -> Condition | None:
+def _listener_problem(listener: Listener, gateway: GatewayObject, secret_exists: ServiceExists,
+                      granted: Granted) -> Condition | None:
     if listener.protocol not in ("HTTP", "HTTPS"):
         return _condition("Accepted", False, "UnsupportedProtocol", (
             f"listener {listener.name}: {listener.protocol} is not served yet; the tailnet node serves HTTP and "
@@ -671,9 +723,14 @@ def _listener_problem(listener: Listener, gateway: GatewayObject, secret_exists:
         return _condition("ResolvedRefs", False, "InvalidCertificateRef", f"listener {listener.name}: "
                           f"{ref.kind} is not a Secret")
     if (ref.namespace or gateway.namespace) != gateway.namespace:
-        return _condition("ResolvedRefs", False, "RefNotPermitted", (
-            f"listener {listener.name}: Secret {ref.namespace}/{ref.name} is in another namespace, and "
-            "ReferenceGrants are not read yet"))
+        if not granted("Gateway", gateway.namespace, "Secret", str(ref.namespace), ref.name):
+            return _condition("ResolvedRefs", False, "RefNotPermitted", (
+                f"listener {listener.name}: Secret {ref.namespace}/{ref.name} is in another namespace, and no "
+                f"ReferenceGrant there lets Gateways of namespace {gateway.namespace} refer to it"))
+        return _condition("ResolvedRefs", False, "InvalidCertificateRef", (
+            f"listener {listener.name}: Secret {ref.namespace}/{ref.name} is in another namespace: the "
+            "node's pod mounts Secrets of its own namespace only, so a ReferenceGrant does not make it "
+            f"servable yet; put the certificate in namespace {gateway.namespace}"))
     if not secret_exists(gateway.namespace, ref.name):
         return _condition("ResolvedRefs", False, "InvalidCertificateRef", (
             f"listener {listener.name}: Secret {gateway.namespace}/{ref.name} not found"))
@@ -686,14 +743,15 @@ def _route_order(route: HTTPRouteObject) -> tuple[str, str, str]:
 
 def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailnet: str, *, tag: str,
                hostname: str, services: ServiceExists, secrets: ServiceExists,
-               labels: NamespaceLabels) -> GatewayPlan:
+               labels: NamespaceLabels, shares: SharesTag = _nobody, granted: Granted = _nothing) -> GatewayPlan:
     """The TailnetIngress shape of ``gateway`` on ``tailnet`` with the HTTPRoutes that name it
-    (module docstring), and what its listeners' and routes' status must say."""
+    (module docstring), and what its listeners' and routes' status must say. By default no route
+    of another namespace attaches (``shares``) and no ReferenceGrant permits (``granted``)."""
     ordered = sorted(routes, key=_route_order)
     listeners = {ls.name: ListenerResult(ls.name) for ls in gateway.spec.listeners}
     served: list[Listener] = []
     for listener in gateway.spec.listeners:
-        problem = _listener_problem(listener, gateway, secrets)
+        problem = _listener_problem(listener, gateway, secrets, granted)
         result = listeners[listener.name]
         if problem is None:
             served.append(listener)
@@ -704,7 +762,7 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
         else:
             result.conditions += [_condition("Accepted", True, "Accepted", "accepted; not served until its "
                                              "references resolve"), problem]
-    attached = _attach(gateway, ordered, served, labels)
+    attached = _attach(gateway, ordered, served, labels, shares)
     attachments, parents = attached.attachments, attached.parents
     for name, count in attached.counts.items():
         listeners[name].attached_routes = count
@@ -712,7 +770,7 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
     for attachment in attachments:
         route = attachment.route
         try:
-            paths, unresolved = _paths_of(route, services)
+            paths, unresolved = _paths_of(route, _Backends(gateway.namespace, services, granted))
         except RouteProblem as exc:
             for parent in parents[route.key]:
                 if parent.accepted.status:

@@ -224,7 +224,8 @@ def _agent_expose(ingress: TailnetIngress, expose: Expose, zones: list[str]) -> 
                                     protocol=expose.backend.protocol, ca_file=ca_file)
 
     def to(service: PathBackend) -> agent_exposes.Backend:
-        return dataclasses.replace(backend, host=f"{service.service}.{_namespace(ingress)}.svc", port=service.port)
+        namespace = service.namespace or _namespace(ingress)
+        return dataclasses.replace(backend, host=f"{service.service}.{namespace}.svc", port=service.port)
 
     def route(path: HostPath) -> agent_exposes.Route:
         return agent_exposes.Route(

@@ -42,10 +42,12 @@ def route(name: str, *rules: dict[str, Any], hostnames: tuple[str, ...] = (), na
 
 def plan(g: gw.GatewayObject, *routes: gw.HTTPRouteObject, services: frozenset[str] = frozenset({"web", "api",
                                                                                                   "canary"}),
-         labels: dict[str, dict[str, str]] | None = None) -> gw.GatewayPlan:
+         labels: dict[str, dict[str, str]] | None = None, tenants: frozenset[str] = frozenset(),
+         grants: tuple[dict[str, Any], ...] = ()) -> gw.GatewayPlan:
     return gw.as_ingress(g, routes, "corp", tag="tag:edge", hostname="edge",
                          services=lambda ns, name: name in services, secrets=lambda ns, name: name == "edge-tls",
-                         labels=lambda ns: (labels or {}).get(ns))
+                         labels=lambda ns: (labels or {}).get(ns), shares=lambda ns: ns in tenants,
+                         granted=lambda *ref: gw.reference_granted(grants, *ref))
 
 
 def agent_hosts(result: gw.GatewayPlan) -> dict[str, Any]:
@@ -129,12 +131,17 @@ def test_attachment_follows_section_name_port_and_allowed_routes() -> None:
     # Attached as the specification counts (allowedRoutes, parentRefs), though not served.
     assert {ls.name: ls.attached_routes for ls in result.listeners} == {"same": 1, "all": 1, "picked": 1}
     assert result.parents[(NS, "missing")][0].accepted.reason == "NoMatchingParent"
-    # Admitted by allowedRoutes, but not served: the node would look their backends up in the
-    # Gateway's namespace, reaching a Service of the same name there.
+    # Admitted by allowedRoutes, but not served: their namespaces may not use the Gateway's tag.
     for key in (("web", "away"), ("team", "picked")):
         [parent] = result.parents[key]
         assert (parent.accepted.status, parent.accepted.reason) == (False, "NotAllowedByListeners")
-        assert "reaches the Services of the Gateway's namespace shop only" in parent.accepted.message
+        assert f"namespace {key[0]} may not use the tag of the Gateway's node" in parent.accepted.message
+    # Once the tenancy lets them, they are served, each to the Services of its own namespace.
+    shared = plan(g, here, away, picked, services=frozenset({"web"}), labels={"team": {"team": "shop"}},
+                  tenants=frozenset({"web", "team"}))
+    routed = {name: [r.backend.host for r in h.routes if r.backend] for name, h in agent_hosts(shared).items()}
+    assert routed == {"a.example.test": ["web.shop.svc"], "b.example.test": ["web.web.svc"],
+                      "c.example.test": ["web.team.svc"]}
     stranger = plan(g, route("stranger", namespace="other", parents=({"name": "edge", "namespace": NS,
                                                                       "sectionName": "same"},)))
     assert stranger.parents[("other", "stranger")][0].accepted.reason == "NotAllowedByListeners"
@@ -290,3 +297,41 @@ def test_a_routes_parents_keep_other_controllers_entries_and_replace_ours() -> N
     assert mine["controllerName"] == gw.CONTROLLER and mine["parentRef"] == ours.parent
     accepted = next(c for c in mine["conditions"] if c["type"] == "Accepted")
     assert accepted["lastTransitionTime"] == NOW and accepted["observedGeneration"] == 3
+
+
+def _grant(namespace: str, *, from_namespace: str = NS, kind: str = "HTTPRoute", to_kind: str = "Service",
+           name: str | None = None) -> dict[str, Any]:
+    to = {"group": "", "kind": to_kind, **({"name": name} if name else {})}
+    return {"metadata": {"name": "g", "namespace": namespace},
+            "spec": {"from": [{"group": gw.GROUP, "kind": kind, "namespace": from_namespace}], "to": [to]}}
+
+
+def test_a_backend_of_another_namespace_is_served_only_under_its_reference_grant() -> None:
+    rule = {"backendRefs": [{"name": "db-api", "namespace": "data", "port": 80}]}
+    g = gateway(https("web", "a.example.test"))
+    refused = plan(g, route("r", rule), services=frozenset({"db-api"}))
+    [parent] = refused.parents[(NS, "r")]
+    assert (parent.resolved_refs.status, parent.resolved_refs.reason) == (False, "RefNotPermitted")
+    # A grant of another kind, of another namespace or for another Service permits nothing.
+    for wrong in (_grant("data", kind="Gateway"), _grant("data", from_namespace="web"), _grant("other"),
+                  _grant("data", name="other-api"), _grant("data", to_kind="Secret")):
+        [parent] = plan(g, route("r", rule), services=frozenset({"db-api"}), grants=(wrong,)).parents[(NS, "r")]
+        assert parent.resolved_refs.reason == "RefNotPermitted", wrong
+    for grant in (_grant("data"), _grant("data", name="db-api")):
+        served = plan(g, route("r", rule), services=frozenset({"db-api"}), grants=(grant,))
+        [parent] = served.parents[(NS, "r")]
+        assert parent.resolved_refs.status, parent.resolved_refs
+        [host] = agent_hosts(served).values()
+        assert [r.backend.host for r in host.routes if r.backend] == ["db-api.data.svc"]
+
+
+def test_a_certificate_of_another_namespace_says_whether_a_grant_permits_it() -> None:
+    listener = https("web", "a.example.test")
+    listener["tls"]["certificateRefs"][0]["namespace"] = "certs"
+    no_grant = plan(gateway(listener))
+    [condition] = [c for c in no_grant.listeners[0].conditions if c.type == "ResolvedRefs"]
+    assert (condition.status, condition.reason) == (False, "RefNotPermitted")
+    granted = plan(gateway(listener), grants=(_grant("certs", kind="Gateway", to_kind="Secret"),))
+    [condition] = [c for c in granted.listeners[0].conditions if c.type == "ResolvedRefs"]
+    assert (condition.status, condition.reason) == (False, "InvalidCertificateRef")
+    assert "mounts Secrets of its own namespace only" in condition.message
