@@ -61,13 +61,15 @@ def sample(registry: CollectorRegistry, metric: str, **labels: str) -> float:
 
 @asynccontextmanager
 async def running_manager(kubeconfig: Path, *, registry: CollectorRegistry | None = None, workers: int = 2,
-                          namespace: str | None = None) -> AsyncIterator[tuple[Manager, WidgetReconciler]]:
+                          namespace: str | None = None,
+                          ignore_own_writes: bool = False) -> AsyncIterator[tuple[Manager, WidgetReconciler]]:
     from tailnet_operator.runtime.controller import ControllerOptions
 
     manager = Manager(rest_config.load(kubeconfig), ManagerOptions(graceful_shutdown_timeout=5),
                       registry=registry or CollectorRegistry())
     reconciler = WidgetReconciler(manager.cache, manager.writer())
-    (manager.controller("widget", reconciler, options=ControllerOptions(workers=workers))
+    options = ControllerOptions(workers=workers, ignore_own_writes=ignore_own_writes)
+    (manager.controller("widget", reconciler, options=options)
      .for_(WIDGET, namespace=namespace).owns(CONFIG_MAP, namespace=namespace))
     task = asyncio.create_task(manager.run())
     try:
@@ -183,6 +185,46 @@ async def test_a_spec_change_costs_exactly_two_writes_and_a_repeat_reconcile_non
         await eventually(lambda: reconciler.calls[Request(namespace, "counted")] > calls, what="a repeat reconcile")
         await quiet(manager, reconciler, admin, namespace, ["counted"])
         assert writes(registry) == before, "reconciling an object already as desired writes nothing"
+
+
+def settled(admin: Client, namespace: str, name: str, value: str) -> Callable[[], Awaitable[bool]]:
+    """The Widget's status has seen its generation and its ConfigMap holds ``value``."""
+    async def check() -> bool:
+        obj = await admin.get(WIDGET, name, namespace)
+        return (obj.get("status", {}).get("observedGeneration") == obj["metadata"]["generation"]
+                and await config_map_value(admin, namespace, name) == value)
+
+    return check
+
+
+async def test_with_ignore_own_writes_a_change_costs_one_reconcile_and_a_change_by_another_writer_still_wakes_it(
+    control_plane: ControlPlane, admin: Client, namespace: str
+) -> None:
+    """The answers of the reconcile's ConfigMap and status writes queue nothing (without the
+    option each queued one more reconcile, which wrote nothing); a label another writer sets, which
+    leaves the generation alone, still wakes the Widget, and so does its ConfigMap deleted."""
+    registry = CollectorRegistry()
+    request = Request(namespace, "own")
+    async with running_manager(control_plane.kubeconfig, registry=registry, namespace=namespace,
+                               ignore_own_writes=True) as (manager, reconciler):
+        await admin.create(WIDGET, widget("own", namespace, "one"))
+        await eventually(settled(admin, namespace, "own", "one"), what="created and settled")
+        await quiet(manager, reconciler, admin, namespace, ["own"])
+        assert (reconciler.calls[request], writes(registry)) == (1, 2), "one reconcile, two writes"
+
+        for step, value in enumerate(("two", "three"), start=1):
+            await admin.merge_patch(WIDGET, "own", {"spec": {"value": value}}, namespace)
+            await eventually(settled(admin, namespace, "own", value), what=f"the change to {value}")
+            await quiet(manager, reconciler, admin, namespace, ["own"])
+            assert (reconciler.calls[request], writes(registry)) == (1 + step, 2 + 2 * step)
+
+        await admin.merge_patch(WIDGET, "own", {"metadata": {"labels": {"team": "a"}}}, namespace)
+        await eventually(lambda: reconciler.calls[request] == 4, what="the label change to wake the Widget")
+        await admin.delete(CONFIG_MAP, "own-data", namespace)
+        await eventually(value_is(admin, namespace, "own", "three"), what="the deleted ConfigMap recreated")
+        await quiet(manager, reconciler, admin, namespace, ["own"])
+        assert reconciler.calls[request] == 5
+        assert manager.controllers[0].own_writes_dropped == 4, "creation, two changes, the ConfigMap recreated"
 
 
 # -- outages -----------------------------------------------------------------------------------

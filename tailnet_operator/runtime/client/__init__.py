@@ -25,6 +25,7 @@ from tailnet_operator.types import JSON
 from ..errors import Gone, KubeError, TransportError, from_status
 from ..kinds import Resource
 from .config import RestConfig
+from .ownwrite import OwnWrite, record
 
 DEFAULT_TIMEOUT = 30.0
 """Seconds a non-watch request may take from start to end."""
@@ -108,8 +109,11 @@ class Client:
         """Call ``observer(resource, stored)`` after every successful write that returns the object."""
         self._observers.append(observer)
 
-    def _stored(self, resource: Resource, result: JSON) -> JSON:
+    def _stored(self, resource: Resource, result: JSON, sent: JSON) -> JSON:
+        """Record the write (:func:`.ownwrite.record`: a controller tells the events of its own
+        writes from others' by it), then tell the observers of ``result``."""
         if result.get("metadata", {}).get("resourceVersion"):
+            record(OwnWrite(resource, sent, result))
             for observer in self._observers:
                 observer(resource, result)
         return result
@@ -204,12 +208,14 @@ class Client:
     # -- writes -----------------------------------------------------------------------------
 
     async def create(self, resource: Resource, body: JSON, namespace: str | None = None) -> JSON:
-        return self._stored(resource, await self.request("POST", resource.path(namespace or _ns(body)), body=body))
+        return self._stored(resource, await self.request("POST", resource.path(namespace or _ns(body)), body=body),
+                            body)
 
     async def replace(self, resource: Resource, body: JSON, *, subresource: str | None = None) -> JSON:
         """PUT the whole object; ``metadata.resourceVersion`` in ``body`` makes it conditional."""
         namespace, name = _ns(body), body["metadata"]["name"]
-        return self._stored(resource, await self.request("PUT", resource.path(namespace, name, subresource), body=body))
+        return self._stored(resource, await self.request("PUT", resource.path(namespace, name, subresource), body=body),
+                            body)
 
     async def apply(self, resource: Resource, body: JSON, *, subresource: str | None = None,
                     force: bool = True, field_manager: str | None = None) -> JSON:
@@ -225,7 +231,7 @@ class Client:
         if force:
             params["force"] = "true"
         return self._stored(resource, await self.request("PATCH", path, body=body, params=params,
-                                                         content_type=APPLY_CONTENT_TYPE))
+                                                         content_type=APPLY_CONTENT_TYPE), body)
 
     async def apply_status(self, resource: Resource, body: JSON, *, field_manager: str | None = None) -> JSON:
         return await self.apply(resource, body, subresource="status", field_manager=field_manager)
@@ -233,7 +239,7 @@ class Client:
     async def merge_patch(self, resource: Resource, name: str, patch: JSON, namespace: str | None = None,
                           *, subresource: str | None = None) -> JSON:
         return self._stored(resource, await self.request("PATCH", resource.path(namespace, name, subresource),
-                                                         body=patch, content_type=MERGE_PATCH_CONTENT_TYPE))
+                                                         body=patch, content_type=MERGE_PATCH_CONTENT_TYPE), patch)
 
     async def delete(self, resource: Resource, name: str, namespace: str | None = None, *,
                      uid: str | None = None, resource_version: str | None = None,

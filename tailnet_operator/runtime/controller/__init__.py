@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
@@ -27,6 +27,7 @@ from tailnet_operator.types import JSON
 
 from ..cache import NotYetCached, SharedCache
 from ..cache.informer import DeletedFinalStateUnknown
+from ..client.ownwrite import OwnWrite, explains, recording
 from ..clock import Clock, RealClock
 from ..errors import KubeError
 from ..kinds import Resource
@@ -112,31 +113,52 @@ class Watch:
     labels: Mapping[str, str] | None = None
 
 
-class _Handler:
-    """Informer event handler: filter with predicates, map to requests, enqueue."""
+Hold = Callable[[Request, Resource, "JSON | None", JSON], bool]
+"""Takes the change ``old`` -> ``new`` of a request being reconciled, to judge when the reconcile
+ends (True), or leaves it to be queued now (False)."""
 
-    def __init__(self, watch: Watch, enqueue: Callable[[Request], None]) -> None:
+
+class _Handler:
+    """Informer event handler: filter with predicates, map to requests, enqueue (or ``hold`` the
+    change for a request being reconciled: see ``ControllerOptions.ignore_own_writes``)."""
+
+    def __init__(self, watch: Watch, enqueue: Callable[[Request], None], hold: Hold | None = None) -> None:
         self._watch = watch
         self._enqueue = enqueue
+        self._hold = hold
 
     def on_add(self, obj: JSON) -> None:
         if all(p.create(obj) for p in self._watch.predicates):
-            self._map(obj)
+            self._map(obj, None, obj)
 
     def on_update(self, old: JSON, new: JSON) -> None:
         if all(p.update(old, new) for p in self._watch.predicates):
-            self._map(new)
+            self._map(new, old, new)
             if self._watch.mapper is not self_mapper:
-                self._map(old)  # an owner or mapping that changed still hears about the old one
+                self._map(old, old, new)  # an owner or mapping that changed still hears about the old one
 
     def on_delete(self, obj: JSON | DeletedFinalStateUnknown) -> None:
         final = obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj
         if all(p.delete(final) for p in self._watch.predicates):
-            self._map(final)
+            for request in self._watch.mapper(final):
+                self._enqueue(request)
 
-    def _map(self, obj: JSON) -> None:
+    def _map(self, obj: JSON, old: JSON | None, new: JSON) -> None:
         for request in self._watch.mapper(obj):
-            self._enqueue(request)
+            if self._hold is None or not self._hold(request, self._watch.resource, old, new):
+                self._enqueue(request)
+
+
+@dataclass
+class _Running:
+    """One reconcile in progress: the writes it made, and the changes to its objects seen meanwhile."""
+
+    writes: list[OwnWrite] = field(default_factory=list)
+    held: list[tuple[Resource, JSON | None, JSON]] = field(default_factory=list)
+
+    def unexplained(self) -> int:
+        """How many held changes its own writes do not explain."""
+        return sum(not explains(self.writes, *change) for change in self.held)
 
 
 DEFAULT_WORKERS = 4
@@ -152,6 +174,16 @@ class ControllerOptions:
     """Concurrent reconciles (MaxConcurrentReconciles). Default 4 (:data:`DEFAULT_WORKERS`)."""
     reconcile_timeout: float = 0.0
     """Seconds one reconcile may run before it is cancelled and counted as a timeout; 0: no limit."""
+    ignore_own_writes: bool = False
+    """Do not queue a request again for the events of the writes its own reconcile made (the
+    answer, or the watch event of the same resourceVersion, whichever reaches the cache first).
+    A change to one of the request's objects seen while it is reconciled is held until the
+    reconcile ends, and queues it then unless a write of that reconcile stored it and it changes
+    nothing that write did not send (:func:`..client.ownwrite.only_written`): a change someone
+    else made meanwhile still queues it, as does every deletion. A reconcile woken by its own
+    writes alone would find them done and write nothing. Off by default: a reconciler that makes
+    one step per pass and relies on its write to wake it for the next (adds a finalizer and
+    returns) must return ``Result(requeue=True)`` instead before it turns this on."""
 
 
 class Controller:
@@ -183,6 +215,10 @@ class Controller:
         self._active = 0
         self._stopping = False
         self._for: Resource | None = None
+        self._running: dict[Request, _Running] = {}
+        self.own_writes_dropped = 0
+        """Reconciles not queued again because every change seen during them was their own
+        writes (``ignore_own_writes``)."""
 
     # -- building ------------------------------------------------------------------------------
 
@@ -220,7 +256,7 @@ class Controller:
             raise TypeError(f"controller {self.name}: watches({resource}, ...): the mapper must be a function "
                             f"of the object returning Requests, not {mapper!r}")
         watch = Watch(resource, mapper, predicates, namespace, labels)
-        self._cache.add_handler(resource, _Handler(watch, self.queue.add), namespace, labels=labels)
+        self._cache.add_handler(resource, _Handler(watch, self.queue.add, self._hold), namespace, labels=labels)
         return self
 
     # -- running -------------------------------------------------------------------------------
@@ -297,7 +333,33 @@ class Controller:
                     self._metrics.reconciled(self.name, outcome, self._clock.now() - started,
                                              at=self._clock.utcnow().timestamp())
 
+    def _hold(self, request: Request, resource: Resource, old: JSON | None, new: JSON) -> bool:
+        """Keep a change of ``request``'s objects until its reconcile in progress ends (False when
+        none is, or ``ignore_own_writes`` is off: then it is queued now)."""
+        running = self._running.get(request)
+        if running is None:
+            return False
+        running.held.append((resource, old, new))
+        return True
+
     async def _reconcile(self, request: Request) -> Result:
+        """Run the reconciler; with ``ignore_own_writes``, record its writes and queue the request
+        again at the end only for a change they do not explain. The queue holds the request as
+        being processed until the worker is done, so that add marks it to run once more."""
+        if not self.options.ignore_own_writes:
+            return await self._run_reconciler(request)
+        running = self._running[request] = _Running()
+        try:
+            with recording(running.writes):
+                return await self._run_reconciler(request)
+        finally:
+            del self._running[request]
+            if running.unexplained():
+                self.queue.add(request)
+            elif running.held:
+                self.own_writes_dropped += 1
+
+    async def _run_reconciler(self, request: Request) -> Result:
         if self.options.reconcile_timeout > 0:
             async with asyncio.timeout(self.options.reconcile_timeout):
                 return await self.reconciler.reconcile(request)
