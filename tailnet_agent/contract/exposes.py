@@ -46,15 +46,38 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .environment import EXPOSES_FILE
 from .errors import ConfigError
 from .targets import PortMapping
 
-__all__ = ["ANY_HOST", "EXACT", "H2", "HTTP", "HTTP1", "PREFIX", "REPLACE_FULL_PATH", "REPLACE_PREFIX_MATCH", "TCP",
-           "Backend", "Expose", "HeaderEdits", "Match", "PathChange", "Redirect", "Rewrite", "Route", "VirtualHost",
-           "WeightedBackend", "exposes_document", "identity_named", "parse_exposes", "reserved_header"]
+__all__ = [
+    "ANY_HOST",
+    "EXACT",
+    "H2",
+    "HTTP",
+    "HTTP1",
+    "PREFIX",
+    "REPLACE_FULL_PATH",
+    "REPLACE_PREFIX_MATCH",
+    "TCP",
+    "Backend",
+    "Expose",
+    "HeaderEdits",
+    "Match",
+    "PathChange",
+    "Redirect",
+    "Rewrite",
+    "Route",
+    "VirtualHost",
+    "WeightedBackend",
+    "closest",
+    "exposes_document",
+    "identity_named",
+    "parse_exposes",
+    "reserved_header",
+]
 
 NAME = EXPOSES_FILE
 TCP = "tcp"
@@ -282,6 +305,18 @@ class VirtualHost:
         """What SNI and Host may say for this host."""
         return tuple(dict.fromkeys(n for n in (self.name, self.alias, *self.aliases) if n))
 
+    def match(self, name: str) -> tuple[int, int] | None:
+        """How closely this host answers to ``name`` (lower-case, no trailing dot), higher is
+        closer: one of its names exactly; a ``*.`` name covering it (one or more labels before the
+        suffix, the longer suffix closer); ``*``, any name. None when it does not answer."""
+        if name in self.names:
+            return (3, 0)
+        if self.name == ANY_HOST:
+            return (1, 0)
+        if self.name.startswith("*.") and name.endswith(self.name[1:]) and len(name) > len(self.name) - 1:
+            return (2, len(self.name))
+        return None
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
         if self.cert_file:
@@ -374,7 +409,22 @@ def _backend(raw: Any, where: str, mode: str) -> Backend:
 
 
 ANY_HOST = "*"
-"""A plaintext expose's host that answers to any Host no other host of the port names."""
+"""A host that answers to any name no other host of the port answers to (:meth:`VirtualHost.match`)."""
+
+
+T = TypeVar("T")
+
+
+def closest(candidates: Iterable[tuple[T, VirtualHost]], name: str) -> tuple[T, VirtualHost] | None:
+    """The first of ``candidates`` (what serves it, a host) whose host answers to ``name`` most
+    closely (:meth:`VirtualHost.match`): an exact name before a ``*.`` name, before ``*``."""
+    best: tuple[T, VirtualHost] | None = None
+    rank: tuple[int, int] | None = None
+    for candidate in candidates:
+        found = candidate[1].match(name)
+        if found is not None and (rank is None or found > rank):
+            best, rank = candidate, found
+    return best
 
 
 def _host(raw: Any, where: str, *, plaintext: bool = False) -> VirtualHost:
@@ -390,9 +440,6 @@ def _host(raw: Any, where: str, *, plaintext: bool = False) -> VirtualHost:
         if "tls" in item:
             raise ConfigError(f"{NAME}: {where}: a plaintext expose's host takes no tls")
     else:
-        if name == ANY_HOST:
-            raise ConfigError(f"{NAME}: {where}.name: {ANY_HOST} (any host) goes with a plaintext expose only: "
-                              "TLS picks a host by its exact name")
         tls = _object(item.get("tls"), f"{where}.tls")
         cert, key = _text(tls, "certFile", f"{where}.tls") or "", _text(tls, "keyFile", f"{where}.tls") or ""
     raw_routes = item.get("routes", [])

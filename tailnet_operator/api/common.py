@@ -228,9 +228,10 @@ DNSLabel = Annotated[str, StringConstraints(pattern=DNS_LABEL_PATTERN, max_lengt
 DNS1035Label = Annotated[str, StringConstraints(pattern=DNS1035_LABEL_PATTERN, max_length=63)]
 DNSName = Annotated[str, StringConstraints(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)]
 ANY_HOST = "*"
-"""The host name of a plaintext http expose that answers to any Host no other host of its port names."""
-HostName = Annotated[str, StringConstraints(pattern=r"^\*$|" + DNS_SUBDOMAIN_PATTERN, max_length=253)]
-"""A host's DNS name, or :data:`ANY_HOST`."""
+"""The host name of an http expose that answers to any name no other host of its port answers to."""
+HostName = Annotated[str, StringConstraints(pattern=r"^\*$|^\*\." + DNS_SUBDOMAIN_PATTERN[1:] + "|"
+                                            + DNS_SUBDOMAIN_PATTERN, max_length=253)]
+"""A host's DNS name, every name under one (``*.`` and the name), or :data:`ANY_HOST`."""
 SecretKey = Annotated[str, StringConstraints(pattern=SECRET_KEY_PATTERN, max_length=253)]
 HttpURL = Annotated[
     str,

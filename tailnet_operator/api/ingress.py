@@ -263,11 +263,13 @@ class VirtualHost(ApiModel):
     """A name an http expose answers to (matched by SNI and Host)."""
 
     model_config = ConfigDict(json_schema_extra=validations(
-        cel("self.name != '*' || !has(self.alias)", "the host * (any host) takes no alias", ".alias")))
+        cel("!self.name.startsWith('*') || !has(self.alias)",
+            "a wildcard host (* or *.name) has no DNS name, so it takes no alias", ".alias")))
 
     name: HostName = Field(description=(
-        "Fully qualified DNS name, e.g. grafana.apps.example.internal; or * in a plaintext expose: any Host no "
-        "other host of the port names (no DNS name, no alias)."))
+        "Fully qualified DNS name, e.g. grafana.apps.example.internal; *. and a name, every name under it "
+        "(*.apps.example.internal); or *, any name. SNI and Host pick the closest host of the port: an exact "
+        "name, then the longest *. name, then *. A wildcard host gets no DNS name and no alias."))
     alias: DNSLabel | None = Field(
         default=None, description="Optional short name under the same zones, e.g. grafana."
     )
@@ -291,8 +293,8 @@ class VirtualHost(ApiModel):
 
     @model_validator(mode="after")
     def _any_host(self) -> Self:
-        if self.name == ANY_HOST and self.alias is not None:
-            raise ValueError("alias: the host * (any host) takes no alias")
+        if self.name.startswith(ANY_HOST) and self.alias is not None:
+            raise ValueError("alias: a wildcard host (* or *.name) has no DNS name, so it takes no alias")
         return self
 
 
@@ -353,11 +355,6 @@ _EXPOSE_RULES = (
         ".plaintext",
     ),
     cel(
-        "!has(self.hosts) || (has(self.plaintext) && self.plaintext) || self.hosts.all(h, h.name != '*')",
-        "the host * (any host) goes with a plaintext expose only: TLS picks a host by its exact name",
-        ".hosts",
-    ),
-    cel(
         "self.mode == 'http' || (self.backend.scheme == 'http' && !has(self.backend.caSecretRef)"
         " && self.backend.protocol == 'http1')",
         "backend.scheme https, backend.caSecretRef and backend.protocol h2 need mode http",
@@ -405,9 +402,6 @@ class Expose(ApiModel):
             raise ValueError("plaintext: plaintext goes with mode http")
         if any((h.tls is None) != self.plaintext for h in self.hosts or []):
             raise ValueError("hosts: each host of an http expose needs tls, and a plaintext expose's hosts take none")
-        if not self.plaintext and any(h.name == ANY_HOST for h in self.hosts or []):
-            raise ValueError("hosts: the host * (any host) goes with a plaintext expose only: TLS picks a host by "
-                             "its exact name")
         if self.mode == "tcp" and (self.backend.scheme != "http" or self.backend.ca_secret_ref is not None
                                    or self.backend.protocol != "http1"):
             raise ValueError(

@@ -441,18 +441,25 @@ def hostnames_intersect(listener: str | None, route: Iterable[str]) -> bool:
 
 
 def _served_names(listener: Listener, routes: list[HTTPRouteObject]) -> list[str]:
-    """The names a listener serves: its own exact hostname, else the exact route hostnames it
-    covers (all of them when it has no hostname); and an HTTP listener without a hostname serves a
-    route without hostnames as :data:`~tailnet_operator.api.common.ANY_HOST`, which the agent
-    answers for any Host no other host of the port names (TLS picks a host by its exact name, so
-    an HTTPS listener cannot)."""
+    """The hosts a listener serves for ``routes``: its own exact hostname; else each route hostname
+    where the two intersect, the narrower of the two (``*.a.example`` of a listener
+    ``*.example`` and a route ``*.a.example``); a route without hostnames is served as the
+    listener's own hostname, or :data:`~tailnet_operator.api.common.ANY_HOST` without one. The
+    agent answers a name with the closest host of the port: exact, then the longest ``*.`` name,
+    then ``*``."""
     own = (listener.hostname or "").lower()
     if own and not own.startswith("*."):
         return [own]
-    names = [h.lower() for r in routes for h in r.spec.hostnames if not h.startswith("*.")]
-    if not own and listener.protocol == "HTTP" and any(not r.spec.hostnames for r in routes):
-        names.append(ANY_HOST)
-    return list(dict.fromkeys(n for n in names if not own or _covers(own, n)))
+    names = []
+    for route in routes:
+        for name in (h.lower() for h in route.spec.hostnames):
+            if not own or _covers(own, name):
+                names.append(name)
+            elif _covers(name, own):
+                names.append(own)
+        if not route.spec.hostnames:
+            names.append(own or ANY_HOST)
+    return list(dict.fromkeys(names))
 
 
 # -- attachment ----------------------------------------------------------------------------------
@@ -560,10 +567,7 @@ def _parent(ref: ParentRef, route: HTTPRouteObject, gateway: GatewayObject, serv
     if not (usable := [ls for ls in matching if ls in served]):
         return _condition("Accepted", False, "NotAllowedByListeners", (
             "the listeners the route names are not served (see the Gateway's listener status)")), matching, []
-    wild = [h for h in route.spec.hostnames if h.startswith("*.")]
-    note = (f"; wildcard hostnames {', '.join(wild)} are not served (the tailnet node picks a host by its exact "
-            "name)") if wild else ""
-    return _condition("Accepted", True, "Accepted", f"attached to {', '.join(ls.name for ls in usable)}" + note), \
+    return _condition("Accepted", True, "Accepted", f"attached to {', '.join(ls.name for ls in usable)}"), \
         matching, usable
 
 
@@ -793,10 +797,10 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
                 host = hosts.setdefault(listener.port, {}).setdefault(
                     name, {"name": name, **tls, "paths": [], "unmatchedPaths": "NotFound"})
                 host["paths"].extend(paths)
-    _add_unrouted(hosts, served)
+    _add_listener_hosts(hosts, served)
     exposes: list[dict[str, Any]] = []
     for port, by_name in sorted(hosts.items()):
-        entries = [h for h in by_name.values() if h["paths"]] or list(by_name.values())
+        entries = list(by_name.values())
         for h in entries:
             if len(h["paths"]) > PATHS_MAX:
                 return _refused(listeners, parents, "TooManyPaths", (
@@ -832,20 +836,13 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
                        list(listeners.values()), parents)
 
 
-UNROUTED_HOST = "unrouted.invalid"
-"""The host of a served listener with neither a hostname nor a route: a name no request carries
-(``.invalid`` never resolves), only so that the node listens on the port."""
-
-
-def _add_unrouted(hosts: dict[int, dict[str, dict[str, Any]]], served: list[Listener]) -> None:
-    """A host for each served listener whose port no route serves yet: its own exact hostname (else
-    :data:`UNROUTED_HOST`) with no paths and no fallback, so the node listens there (the Gateway is
-    Programmed, with an address, before its first route) and answers every request with 404."""
+def _add_listener_hosts(hosts: dict[int, dict[str, dict[str, Any]]], served: list[Listener]) -> None:
+    """Each served listener's own host (its hostname, else ``*``) when no route made it, with no
+    paths and no fallback: the node listens on the port before the first route (the Gateway is
+    Programmed, with an address), and a name the listener covers that no route serves gets 404
+    (over TLS, after a handshake with the listener's certificate)."""
     for listener in served:
-        if any(h["paths"] for h in hosts.get(listener.port, {}).values()):
-            continue
-        own = (listener.hostname or "").lower()
-        name = own if own and not own.startswith("*.") else ANY_HOST if listener.protocol == "HTTP" else UNROUTED_HOST
+        name = (listener.hostname or "").lower() or ANY_HOST
         refs = (listener.tls or _TLS()).certificate_refs
         tls = {"tls": {"secretName": refs[0].name}} if listener.protocol == "HTTPS" else {}
         hosts.setdefault(listener.port, {}).setdefault(

@@ -195,7 +195,7 @@ def dns_names(ingress: TailnetIngress, zones: list[str]) -> list[str]:
     host's name and its alias under each zone; in that order, each once."""
     names = [n for n in [node_dns_name(ingress)] if n]
     for host in _hosts(ingress):
-        if host.name != ANY_HOST:  # any Host: no name of its own
+        if not host.name.startswith(ANY_HOST):  # a wildcard host: no name of its own
             names += [host.name.lower().rstrip("."), *alias_names(host, zones)]
     return list(dict.fromkeys(names))
 

@@ -19,6 +19,7 @@ from tailnet_agent.contract.exposes import (
     Route,
     VirtualHost,
     WeightedBackend,
+    closest,
     exposes_document,
     parse_exposes,
 )
@@ -228,9 +229,6 @@ def test_a_plaintext_expose_has_hosts_without_tls_and_may_answer_any_host() -> N
 @pytest.mark.parametrize(("text", "error"), [
     (_one(mode="http", plaintext=True, hosts=[{"name": "a", "tls": TLS}]),
      "TAILNET_EXPOSES_FILE: [0] (web).hosts[0]: a plaintext expose's host takes no tls"),
-    (_one(mode="http", hosts=[{"name": "*", "tls": TLS}]),
-     "TAILNET_EXPOSES_FILE: [0] (web).hosts[0].name: * (any host) goes with a plaintext expose only: TLS picks a "
-     "host by its exact name"),
     (_one(plaintext=True), "TAILNET_EXPOSES_FILE: [0] (web).plaintext must be true or false, and goes with mode http"),
     (json.dumps([_http("a", 1, "x"), {"name": "b", "port": 1, "mode": "http", "plaintext": True,
                                       "backend": {"host": "h", "port": 3}, "hosts": [{"name": "y"}]}]),
@@ -241,3 +239,24 @@ def test_a_plaintext_expose_is_refused_by_name(text: str, error: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_exposes(text)
     assert str(info.value) == error
+
+
+def test_the_closest_host_answers_an_exact_name_then_the_longest_wildcard_then_any() -> None:
+    hosts = [("any", VirtualHost(name="*")), ("wide", VirtualHost(name="*.example.test")),
+             ("narrow", VirtualHost(name="*.shop.example.test")),
+             ("exact", VirtualHost(name="shop.example.test", aliases=("alias.example.test",)))]
+    picked = {name: (found[0] if (found := closest(hosts, name)) else None)
+              for name in ("shop.example.test", "alias.example.test", "a.shop.example.test",
+                           "a.b.shop.example.test", "other.example.test", "example.test", "elsewhere.test")}
+    assert picked == {"shop.example.test": "exact", "alias.example.test": "exact", "a.shop.example.test": "narrow",
+                      "a.b.shop.example.test": "narrow", "other.example.test": "wide", "example.test": "any",
+                      "elsewhere.test": "any"}
+    assert closest(hosts[1:2], "example.test") is None, "a wildcard covers one or more labels, not its suffix"
+    assert closest(hosts[1:3] + hosts[1:2], "x.example.test") == hosts[1], "the first of equals"
+
+
+def test_a_tls_expose_may_have_wildcard_and_any_hosts() -> None:
+    web = Expose(name="web", port=443, mode="http", backend=Backend(host="web", port=8080),
+                 hosts=(VirtualHost(name="*.example.test", cert_file="w.crt", key_file="w.key"),
+                        VirtualHost(name="*", cert_file="a.crt", key_file="a.key", fallback=False)))
+    assert parse_exposes(exposes_document([web])) == (web,)

@@ -96,12 +96,15 @@ def test_an_https_listener_serves_its_routes_rules_as_paths_with_matches_weights
     assert parent.parent == {"group": gw.GROUP, "kind": "Gateway", "namespace": NS, "name": "edge"}
 
 
-def test_a_wildcard_listener_serves_the_exact_hostnames_of_its_routes() -> None:
+def test_a_wildcard_listener_serves_its_routes_hostnames_where_they_intersect() -> None:
     result = plan(gateway(https("web", "*.example.test")),
                   route("a", hostnames=("a.example.test", "*.example.test")), route("b", hostnames=("b.example.test",)),
+                  route("narrow", hostnames=("*.n.example.test", "*.test")),
                   route("other", hostnames=("x.elsewhere.test",)))
-    assert sorted(agent_hosts(result)) == ["a.example.test", "b.example.test"]
-    assert "wildcard hostnames *.example.test are not served" in result.parents[(NS, "a")][0].accepted.message
+    hosts = agent_hosts(result)
+    assert sorted(hosts) == ["*.example.test", "*.n.example.test", "a.example.test", "b.example.test"]
+    # The route *.test intersects the listener as the listener's own *.example.test.
+    assert [len(hosts[name].routes) for name in sorted(hosts)] == [2, 1, 1, 1]
     other = result.parents[(NS, "other")][0].accepted
     assert (other.status, other.reason) == (False, "NoMatchingListenerHostname")
 
@@ -111,7 +114,7 @@ def test_routes_are_ordered_oldest_first_then_by_namespace_and_name() -> None:
                   hostnames=("s.example.test",), created="2026-02-01T00:00:00Z")
     old = route("z-old", {"matches": [{"path": {"value": "/"}}], "backendRefs": [{"name": "web", "port": 1}]},
                 hostnames=("s.example.test",), created="2026-01-01T00:00:00Z")
-    [host] = agent_hosts(plan(gateway(https("web")), young, old)).values()
+    host = agent_hosts(plan(gateway(https("web")), young, old))["s.example.test"]
     assert [r.backend.host for r in host.routes if r.backend] == ["web.shop.svc", "canary.shop.svc"]
 
 
@@ -173,13 +176,14 @@ def test_a_gateway_without_routes_listens_on_each_served_port_and_answers_404() 
 
 def test_an_http_listener_without_a_hostname_serves_a_route_without_hostnames_for_any_host() -> None:
     """The Gateway API's "no hostname on either side matches any": the agent's host ``*``, which
-    answers every Host no other host of the port names (plaintext only: TLS picks by exact name)."""
+    answers every name no other host of the port answers to, over TLS with the listener's certificate."""
     result = plan(gateway({"name": "plain", "port": 80, "protocol": "HTTP"}, https("tls", port=8443)),
                   route("anyhost"), route("named", hostnames=("a.example.test",)))
     exposes = {e.port: e for e in parse_exposes(build.exposes_document(result.ingress or _no(result), []))}
     hosts = {h.name: h for h in exposes[80].hosts}
     assert sorted(hosts) == ["*", "a.example.test"] and hosts["*"].routes and hosts["a.example.test"].routes
-    assert [h.name for h in exposes[8443].hosts] == ["a.example.test"]  # TLS: the exact name only
+    tls = {h.name: h for h in exposes[8443].hosts}
+    assert sorted(tls) == ["*", "a.example.test"] and tls["*"].routes and tls["*"].cert_file
 
 
 def _no(result: gw.GatewayPlan) -> Any:

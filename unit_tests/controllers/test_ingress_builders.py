@@ -142,21 +142,23 @@ def test_a_plaintext_expose_reaches_the_agent_without_certificates() -> None:
     assert build.tls_secret_names(obj) == build.tls_secret_names(ingress([WEB]))
 
 
-def test_the_host_star_answers_any_host_of_a_plaintext_expose_and_has_no_name_in_dns() -> None:
-    """A Gateway API listener without a hostname, and routes without one, answer every Host."""
+def test_wildcard_hosts_answer_names_no_exact_host_answers_and_have_no_name_in_dns() -> None:
+    """A Gateway API listener without a hostname or with a wildcard one, and routes without one."""
     plain = {"name": "plain", "mode": "http", "plaintext": True, "port": 80,
              "backend": {"service": "web", "port": 8080},
-             "hosts": [{"name": "plain.apps.example.internal"}, {"name": "*"}]}
-    obj = ingress([plain])
-    [web] = parse_exposes(build.exposes_document(obj, ZONES))
-    assert [h.name for h in web.hosts] == ["plain.apps.example.internal", "*"]
-    assert "*" not in build.dns_names(obj, ZONES)
-    with pytest.raises(ValidationError, match=r"the host \* \(any host\) goes with a plaintext expose only"):
-        ingress([{**WEB, "hosts": [{"name": "*", "tls": {"secretName": "web-tls"}}]}])
-    with pytest.raises(ValidationError, match="takes no alias"):
-        ingress([{**plain, "hosts": [{"name": "*", "alias": "web"}]}])
+             "hosts": [{"name": "plain.apps.example.internal"}, {"name": "*.apps.example.internal"}, {"name": "*"}]}
+    tls = {**WEB, "hosts": [{"name": "*", "tls": {"secretName": "any-tls"}},
+                            {"name": "*.web.example.internal", "tls": {"secretName": "web-tls"}}]}
+    obj = ingress([plain, tls])
+    web, secure = parse_exposes(build.exposes_document(obj, ZONES))
+    assert [h.name for h in web.hosts] == ["plain.apps.example.internal", "*.apps.example.internal", "*"]
+    assert [h.name for h in secure.hosts] == ["*", "*.web.example.internal"]
+    assert build.dns_names(obj, ZONES) == ["plain.apps.example.internal"]
+    for host in ({"name": "*", "alias": "web"}, {"name": "*.apps.example.internal", "alias": "web"}):
+        with pytest.raises(ValidationError, match="takes no alias"):
+            ingress([{**plain, "hosts": [host]}])
     with pytest.raises(ValidationError):
-        ingress([{**plain, "hosts": [{"name": "*.apps.example.internal"}]}])
+        ingress([{**plain, "hosts": [{"name": "*apps.example.internal"}]}])
 
 
 def test_the_http_exposes_of_a_port_are_all_plaintext_or_all_tls() -> None:

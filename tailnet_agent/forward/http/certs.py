@@ -35,7 +35,6 @@ class CertificateStore:
 
     def __init__(self, hosts: tuple[VirtualHost, ...]) -> None:
         self.hosts = hosts
-        self._by_name = {name: host for host in hosts for name in host.names}
         self._loaded = {host.name: _Loaded() for host in hosts}
         self.refresh()
 
@@ -73,10 +72,6 @@ class CertificateStore:
         self.refresh()
         return [{"name": h.name, "alias": h.alias, "error": self._loaded[h.name].error,
                  "notAfter": _iso(self._loaded[h.name].not_after)} for h in self.hosts]
-
-    def host(self, name: str) -> VirtualHost | None:
-        """The host that answers to ``name`` (lower-case, no trailing dot)."""
-        return self._by_name.get(name)
 
     def context(self, host: VirtualHost) -> ssl.SSLContext | None:
         """The host's TLS context; None while none could be loaded."""

@@ -34,8 +34,8 @@ def host_of(authority: str | None) -> str:
 
 
 def misdirected(host: VirtualHost, authority: str | None) -> bool:
-    """The request names another host than the one the TLS connection was made for."""
-    return host_of(authority) not in host.names
+    """The request names a host the one the TLS connection was made for does not answer to."""
+    return host.match(host_of(authority)) is None
 
 
 def misdirected_text(host: VirtualHost, authority: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
-from tailnet_agent.contract.exposes import ANY_HOST, VirtualHost
+from tailnet_agent.contract.exposes import VirtualHost, closest
 from tailnet_agent.health import AgentMetrics
 from tailnet_agent.limits import ConnectionGate, Limits
 
@@ -35,15 +35,9 @@ class PlainHttpPort(SharedPort):
         self.front = PlainHttp1(port, self.pick, limits=limits, metrics=metrics)
 
     def pick(self, name: str) -> tuple[Http1Server, VirtualHost] | None:
-        """The expose and host a request for the host ``name`` goes to (exact names first, then ``*``)."""
-        services = self.ordered()
-        for service in services:
-            if (host := next((h for h in service.expose.hosts if name in h.names), None)) is not None:
-                return service.http1, host
-        for service in services:
-            if (host := next((h for h in service.expose.hosts if h.name == ANY_HOST), None)) is not None:
-                return service.http1, host
-        return None
+        """The expose and host a request for the host ``name`` goes to: the closest host of the
+        port (an exact name, then ``*.`` names, then ``*``; :func:`closest`)."""
+        return closest(((service.http1, h) for service in self.ordered() for h in service.expose.hosts), name)
 
     async def drain(self) -> None:
         """Finish the requests in progress (their connections close after them), then end the rest."""

@@ -2,7 +2,8 @@
 
 Each accepted connection is held paused (:class:`~.handover.Held`) until :meth:`HttpPort._serve`
 runs ``loop.start_tls``: the SNI callback finds the host named in SNI among the hosts of every http
-expose on that port and switches to its certificate (an unknown name is refused with
+expose on that port, the closest (an exact name, then a ``*.`` name, then ``*``), and switches to
+its certificate (a name no host answers to is refused with
 ``unrecognized_name``; no SNI means the first host of the first of those exposes in the file). The
 host so chosen binds the connection to its expose (:class:`~.service.HttpService`).
 """
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
-from tailnet_agent.contract.exposes import VirtualHost
+from tailnet_agent.contract.exposes import VirtualHost, closest
 from tailnet_agent.limits import ConnectionGate
 
 from .certs import server_context
@@ -50,10 +51,7 @@ class HttpPort(SharedPort):
         if not server_name:
             return (services[0], services[0].expose.hosts[0]) if services else None
         name = server_name.lower().rstrip(".")
-        for service in services:
-            if (host := service.certs.host(name)) is not None:
-                return service, host
-        return None
+        return closest(((service, h) for service in services for h in service.expose.hosts), name)
 
     def sni(self, sslobj: ssl.SSLObject, server_name: str | None, _: ssl.SSLContext) -> int | None:
         """``sni_callback``: switch to the named host's context; remember host and expose on ``sslobj``."""
