@@ -199,6 +199,8 @@ async def test_http_expose_sni_certificates_h1_h2_421_and_rotation(
     ca = CertificateAuthority(tmp_path / "pki", "ingress")
     shop = ca.issue("shop", common_name="shop.example.test", hosts=("shop.example.test", "shop"))
     blog = ca.issue("blog", common_name="blog.example.test", hosts=("blog.example.test",))
+    wild = ca.issue("wild", common_name="*.shop.example.test", hosts=("*.shop.example.test",))
+    anyhost = ca.issue("any", common_name="any.example.test", hosts=("any.example.test",))
     app = web.Application()
     app.router.add_get("/{tail:.*}", whoami)
     runner = web.AppRunner(app, access_log=None)
@@ -209,7 +211,10 @@ async def test_http_expose_sni_certificates_h1_h2_421_and_rotation(
     expose = {"name": "web", "port": port, "mode": "http", "backend": {"host": "127.0.0.1", "port": backend_port},
               "hosts": [{"name": "shop.example.test", "alias": "shop",
                          "tls": {"certFile": str(shop.cert), "keyFile": str(shop.key)}},
-                        {"name": "blog.example.test", "tls": {"certFile": str(blog.cert), "keyFile": str(blog.key)}}]}
+                        {"name": "blog.example.test", "tls": {"certFile": str(blog.cert), "keyFile": str(blog.key)}},
+                        {"name": "*.shop.example.test", "tls": {"certFile": str(wild.cert), "keyFile": str(wild.key)}},
+                        {"name": "*", "fallback": False,
+                         "tls": {"certFile": str(anyhost.cert), "keyFile": str(anyhost.key)}}]}
     key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
     laptop = tailscale_nodes("ts-laptop-https", headscale, authkey=key)
     try:
@@ -227,6 +232,15 @@ async def test_http_expose_sni_certificates_h1_h2_421_and_rotation(
                     other = "blog.example.test" if sni != "blog.example.test" else "shop.example.test"
                     wrong = await ask(laptop, agent, port, ca.cert_path, sni, alpn=alpn, host=other)
                     assert wrong.status == 421, wrong
+            # A name no exact host answers: the longest *. host that covers it, then *.
+            for sni, names, status in (("a.shop.example.test", ["*.shop.example.test"], 200),
+                                       ("a.b.shop.example.test", ["*.shop.example.test"], 200),
+                                       ("elsewhere.test", ["any.example.test"], 404)):
+                answer = await ask(laptop, agent, port, ca.cert_path, sni, check_name=False)
+                assert (answer.status, dns_names(answer)) == (status, names), (sni, answer)
+            outside = await ask(laptop, agent, port, ca.cert_path, "a.shop.example.test", check_name=False,
+                                host="blog.example.test")
+            assert outside.status == 421, outside
 
             document = await agent.status()
             entry = document["exposes"][0]

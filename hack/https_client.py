@@ -29,8 +29,11 @@ class Answer:
     """HTTP/2: the response was one HEADERS frame with END_STREAM."""
 
 
-def client_context(ca: Path, alpn: str) -> ssl.SSLContext:
+def client_context(ca: Path, alpn: str, *, check_name: bool = True) -> ssl.SSLContext:
+    """Verifies the chain against ``ca``, and the name unless ``check_name`` is False (a test that
+    reads which certificate a name got, wildcards of several labels included)."""
     context = ssl.create_default_context(cafile=str(ca))
+    context.check_hostname = check_name
     context.set_alpn_protocols([alpn])
     return context
 
@@ -49,11 +52,12 @@ async def tunnel(proxy_port: int, ip: str, port: int) -> tuple[asyncio.StreamRea
 async def request(stream: tuple[asyncio.StreamReader, asyncio.StreamWriter], *, ca: Path, sni: str,
                   alpn: str = "http/1.1", host: str | None = None, method: str = "GET", path: str = "/",
                   body: bytes = b"", headers: tuple[tuple[str, str], ...] = (),
-                  trailers: tuple[tuple[str, str], ...] = ()) -> Answer:
-    """TLS to ``sni`` over ``stream`` (verified against ``ca``), then one request for ``host``
-    with extra ``headers`` and (HTTP/2 only, after the body) ``trailers``."""
+                  trailers: tuple[tuple[str, str], ...] = (), check_name: bool = True) -> Answer:
+    """TLS to ``sni`` over ``stream`` (verified against ``ca``; the name too, unless
+    ``check_name`` is False), then one request for ``host`` with extra ``headers`` and (HTTP/2
+    only, after the body) ``trailers``."""
     reader, writer = stream
-    await writer.start_tls(client_context(ca, alpn), server_hostname=sni)
+    await writer.start_tls(client_context(ca, alpn, check_name=check_name), server_hostname=sni)
     sslobj = writer.get_extra_info("ssl_object")
     certificate = sslobj.getpeercert(binary_form=True) or b""
     try:
