@@ -348,11 +348,12 @@ class Condition:
 
 @dataclass
 class ListenerResult:
-    """A listener's status: the routes attached and its conditions."""
+    """A listener's status: the routes attached, its conditions and the route kinds it takes."""
 
     name: str
     attached_routes: int = 0
     conditions: list[Condition] = field(default_factory=list)
+    supported_kinds: list[dict[str, str]] = field(default_factory=lambda: [{"group": GROUP, "kind": "HTTPRoute"}])
 
 
 @dataclass
@@ -470,9 +471,17 @@ def _names_gateway(ref: ParentRef, route: HTTPRouteObject, gateway: GatewayObjec
         (GROUP, "Gateway", gateway.name, gateway.namespace)
 
 
+def _route_kinds(listener: Listener) -> tuple[list[dict[str, str]], list[str]]:
+    """The route kinds a listener takes of those its ``allowedRoutes.kinds`` name (HTTPRoute
+    when it names none), and the names of those not served."""
+    named = listener.allowed_routes.kinds or [{"group": GROUP, "kind": "HTTPRoute"}]
+    served = [k for k in named if (k.get("group", GROUP), k.get("kind")) == (GROUP, "HTTPRoute")]
+    return ([{"group": GROUP, "kind": "HTTPRoute"}] if served else []), \
+        [str(k.get("kind")) for k in named if k not in served]
+
+
 def _admits(listener: Listener, route: HTTPRouteObject, gateway: GatewayObject, labels: NamespaceLabels) -> bool:
-    kinds = listener.allowed_routes.kinds
-    if kinds and not any(k.get("kind") == "HTTPRoute" and k.get("group", GROUP) == GROUP for k in kinds):
+    if not _route_kinds(listener)[0]:
         return False
     allowed = listener.allowed_routes.namespaces
     if allowed.from_ == "All":
@@ -713,6 +722,10 @@ def _listener_problem(listener: Listener, gateway: GatewayObject, secret_exists:
         return _condition("Accepted", False, "ProtocolConflict", (
             f"listener {listener.name}: listener {clash.name} is on port {listener.port} too, with {clash.protocol}; "
             "the listeners of one port are all HTTP or all HTTPS"))
+    if unserved := _route_kinds(listener)[1]:
+        return _condition("ResolvedRefs", False, "InvalidRouteKinds", (
+            f"listener {listener.name}: allowedRoutes.kinds names {', '.join(unserved)}; the tailnet node serves "
+            "HTTPRoute only"))
     if listener.protocol == "HTTP":
         return None
     tls = listener.tls or _TLS()
@@ -757,6 +770,7 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
     for listener in gateway.spec.listeners:
         problem = _listener_problem(listener, gateway, secrets, granted)
         result = listeners[listener.name]
+        result.supported_kinds = _route_kinds(listener)[0] if listener.protocol in ("HTTP", "HTTPS") else []
         if problem is None:
             served.append(listener)
             result.conditions += [_condition("Accepted", True, "Accepted", "served"),
@@ -832,8 +846,11 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
         where = ".".join(str(p) for p in error["loc"])
         return _refused(listeners, parents, "Invalid",
                         f"the Gateway cannot be served as a tailnet node: {where}: {error['msg']}")
-    return GatewayPlan(ingress, _condition("Accepted", True, "Accepted", "served as a tailnet node"),
-                       list(listeners.values()), parents)
+    invalid = [ls.name for ls in gateway.spec.listeners if ls not in served]
+    accepted = _condition("Accepted", True, "ListenersNotValid", (
+        f"served as a tailnet node without the listeners {', '.join(invalid)}: see their conditions")) if invalid \
+        else _condition("Accepted", True, "Accepted", "served as a tailnet node")
+    return GatewayPlan(ingress, accepted, list(listeners.values()), parents)
 
 
 def _add_listener_hosts(hosts: dict[int, dict[str, dict[str, Any]]], served: list[Listener]) -> None:
@@ -893,7 +910,7 @@ def gateway_status(plan: GatewayPlan, gateway: GatewayObject, node: Mapping[str,
                                         "served" if served and ready else "not served yet")
         listeners.append({
             "name": result.name, "attachedRoutes": result.attached_routes,
-            "supportedKinds": [{"group": GROUP, "kind": "HTTPRoute"}],
+            "supportedKinds": result.supported_kinds,
             "conditions": [_kept_time(was, _wire(c, generation, now))
                            for c in (*result.conditions, listener_programmed)]})
     out: dict[str, Any] = {"conditions": conditions, "listeners": listeners}

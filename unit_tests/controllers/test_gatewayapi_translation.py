@@ -268,7 +268,7 @@ def test_the_gateway_status_says_accepted_programmed_listeners_and_addresses() -
     node = {"name": "edge.tail.example.", "addresses": ["100.64.0.7", "fd7a:115c:a1e0::7"]}
     status = gw.gateway_status(result, g, node, ready=True, current=None, now=NOW)
     assert {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]} == {
-        "Accepted": ("True", "Accepted"), "Programmed": ("True", "Programmed")}
+        "Accepted": ("True", "ListenersNotValid"), "Programmed": ("True", "Programmed")}  # served without raw
     assert status["addresses"] == [{"type": "IPAddress", "value": "100.64.0.7"},
                                    {"type": "IPAddress", "value": "fd7a:115c:a1e0::7"},
                                    {"type": "Hostname", "value": "edge.tail.example"}]
@@ -277,6 +277,7 @@ def test_the_gateway_status_says_accepted_programmed_listeners_and_addresses() -
     assert {c["type"]: c["status"] for c in web["conditions"]} == {"Accepted": "True", "ResolvedRefs": "True",
                                                                    "Programmed": "True"}
     assert {c["type"]: c["reason"] for c in raw["conditions"]}["Accepted"] == "UnsupportedProtocol"
+    assert raw["supportedKinds"] == []
     assert {c["type"]: c["status"] for c in raw["conditions"]}["Programmed"] == "False"
 
     pending = gw.gateway_status(result, g, None, ready=False, current=status, now=LATER)
@@ -339,3 +340,20 @@ def test_a_certificate_of_another_namespace_says_whether_a_grant_permits_it() ->
     [condition] = [c for c in granted.listeners[0].conditions if c.type == "ResolvedRefs"]
     assert (condition.status, condition.reason) == (False, "InvalidCertificateRef")
     assert "mounts Secrets of its own namespace only" in condition.message
+
+
+def test_a_listener_naming_a_route_kind_not_served_says_so_and_lists_the_kinds_it_takes() -> None:
+    only = {"name": "only", "port": 80, "protocol": "HTTP", "allowedRoutes": {"kinds": [{"kind": "InvalidRoute"}]}}
+    mixed = {"name": "mixed", "port": 81, "protocol": "HTTP",
+             "allowedRoutes": {"kinds": [{"kind": "InvalidRoute"}, {"kind": "HTTPRoute"}]}}
+    fine = {"name": "fine", "port": 82, "protocol": "HTTP"}
+    result = plan(gateway(only, mixed, fine))
+    status = gw.gateway_status(result, gateway(only, mixed, fine), None, ready=False, current=None, now=NOW)
+    found = {ls["name"]: ls for ls in status["listeners"]}
+    assert [found[n]["supportedKinds"] for n in ("only", "mixed", "fine")] == [
+        [], [{"group": gw.GROUP, "kind": "HTTPRoute"}], [{"group": gw.GROUP, "kind": "HTTPRoute"}]]
+    for name in ("only", "mixed"):
+        resolved = next(c for c in found[name]["conditions"] if c["type"] == "ResolvedRefs")
+        assert (resolved["status"], resolved["reason"]) == ("False", "InvalidRouteKinds")
+        assert "InvalidRoute" in resolved["message"]
+    assert (result.accepted.status, result.accepted.reason) == (True, "ListenersNotValid")
