@@ -233,11 +233,11 @@ async def test_http_expose_sni_certificates_h1_h2_421_and_rotation(
                     wrong = await ask(laptop, agent, port, ca.cert_path, sni, alpn=alpn, host=other)
                     assert wrong.status == 421, wrong
             # A name no exact host answers: the longest *. host that covers it, then *.
-            for sni, names, status in (("a.shop.example.test", ["*.shop.example.test"], 200),
+            for sni, names, code in (("a.shop.example.test", ["*.shop.example.test"], 200),
                                        ("a.b.shop.example.test", ["*.shop.example.test"], 200),
                                        ("elsewhere.test", ["any.example.test"], 404)):
                 answer = await ask(laptop, agent, port, ca.cert_path, sni, check_name=False)
-                assert (answer.status, dns_names(answer)) == (status, names), (sni, answer)
+                assert (answer.status, dns_names(answer)) == (code, names), (sni, answer)
             outside = await ask(laptop, agent, port, ca.cert_path, "a.shop.example.test", check_name=False,
                                 host="blog.example.test")
             assert outside.status == 421, outside
