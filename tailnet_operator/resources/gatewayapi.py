@@ -785,21 +785,27 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
     for name, count in attached.counts.items():
         listeners[name].attached_routes = count
     hosts: dict[int, dict[str, dict[str, Any]]] = {}
-    for attachment in attachments:
-        route = attachment.route
+    lookup = _Backends(gateway.namespace, services, granted)
+    usable = {a.route.key: a for a in attachments}
+    for route in ordered:
+        if route.key not in parents:
+            continue
+        # Every route naming the Gateway has its backends resolved, served or not: its
+        # ResolvedRefs says so even while the listener it names waits for a certificate.
         try:
-            paths, unresolved = _paths_of(route, _Backends(gateway.namespace, services, granted))
+            paths, unresolved = _paths_of(route, lookup)
         except RouteProblem as exc:
             for parent in parents[route.key]:
-                if parent.accepted.status:
-                    if exc.condition == "Accepted":
-                        parent.accepted = _condition("Accepted", False, exc.reason, exc.message)
-                    else:
-                        parent.resolved_refs = _condition("ResolvedRefs", False, exc.reason, exc.message)
+                if exc.condition == "ResolvedRefs":
+                    parent.resolved_refs = _condition("ResolvedRefs", False, exc.reason, exc.message)
+                elif parent.accepted.status:
+                    parent.accepted = _condition("Accepted", False, exc.reason, exc.message)
             continue
         for parent in parents[route.key]:
             if unresolved is not None:
                 parent.resolved_refs = unresolved
+        if (attachment := usable.get(route.key)) is None:
+            continue
         for listener in attachment.listeners:
             refs = (listener.tls or _TLS()).certificate_refs
             tls = {"tls": {"secretName": refs[0].name}} if listener.protocol == "HTTPS" else {}

@@ -357,3 +357,15 @@ def test_a_listener_naming_a_route_kind_not_served_says_so_and_lists_the_kinds_i
         assert (resolved["status"], resolved["reason"]) == ("False", "InvalidRouteKinds")
         assert "InvalidRoute" in resolved["message"]
     assert (result.accepted.status, result.accepted.reason) == (True, "ListenersNotValid")
+
+
+def test_a_route_on_a_listener_waiting_for_its_certificate_is_counted_and_its_backends_resolved() -> None:
+    waiting = https("tls", secret="missing-tls")
+    result = plan(gateway(waiting), route("r", {"backendRefs": [{"name": "does-not-exist", "port": 8080}]}))
+    assert result.ingress is None
+    [listener] = result.listeners
+    assert listener.attached_routes == 1
+    assert {c.type: (c.status, c.reason) for c in listener.conditions}["ResolvedRefs"] == (
+        False, "InvalidCertificateRef")
+    [parent] = result.parents[(NS, "r")]
+    assert (parent.resolved_refs.status, parent.resolved_refs.reason) == (False, "BackendNotFound")
