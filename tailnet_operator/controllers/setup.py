@@ -19,11 +19,14 @@ from tailnet_operator.runtime import (
     NAMESPACE,
     SECRET,
     Clock,
+    Controller,
     EventRecorder,
     FieldChanged,
     GenerationChanged,
     Manager,
+    Predicate,
     Reader,
+    Reconciler,
     Request,
     Resource,
     SharedCache,
@@ -371,14 +374,19 @@ def _add_policy(manager: Manager, deps: Deps, namespace: str) -> PolicyReconcile
     return policy
 
 
+def _agent_controller(manager: Manager, name: str, reconciler: Reconciler, resource: Resource,
+                      predicate: Predicate, *, replicas: bool = False) -> Controller:
+    """The controller of a kind served by an agent: it owns the agent's Deployment, Service and
+    NetworkPolicy, and its PodDisruptionBudget for kinds with ``replicas``."""
+    controller = manager.controller(name, reconciler).for_(resource, predicate)
+    for kind in (DEPLOYMENT, SERVICE, NETWORK_POLICY, *((POD_DISRUPTION_BUDGET,) if replicas else ())):
+        controller = controller.owns(kind, labels=OWNED)
+    return controller
+
+
 def _add_egress(manager: Manager, egress: TaggedNodeReconciler[TailnetEgress],
                 namespace: str) -> TaggedNodeReconciler[TailnetEgress]:
-    (manager.controller("egress", egress)
-     .for_(TAILNET_EGRESS, GenerationChanged())
-     .owns(DEPLOYMENT, labels=OWNED)
-     .owns(SERVICE, labels=OWNED)
-     .owns(NETWORK_POLICY, labels=OWNED)
-     .owns(POD_DISRUPTION_BUDGET, labels=OWNED)
+    (_agent_controller(manager, "egress", egress, TAILNET_EGRESS, GenerationChanged(), replicas=True)
      .watches(TAILNET, _egresses_of_tailnet(manager.cache, namespace), TAILNET_ACCESS_CHANGED))
     return egress
 
@@ -386,12 +394,7 @@ def _add_egress(manager: Manager, egress: TaggedNodeReconciler[TailnetEgress],
 def _add_ingress(manager: Manager,
                  ingress: TaggedNodeReconciler[TailnetIngress]) -> TaggedNodeReconciler[TailnetIngress]:
     cache = manager.cache
-    (manager.controller("ingress", ingress)
-     .for_(TAILNET_INGRESS, GenerationChanged())
-     .owns(DEPLOYMENT, labels=OWNED)
-     .owns(SERVICE, labels=OWNED)
-     .owns(NETWORK_POLICY, labels=OWNED)
-     .owns(POD_DISRUPTION_BUDGET, labels=OWNED)
+    (_agent_controller(manager, "ingress", ingress, TAILNET_INGRESS, GenerationChanged(), replicas=True)
      .watches(SECRET, _ingresses_using_secret(cache))
      .watches(TAILNET, _of_tailnets(cache, TAILNET_INGRESS), TAILNET_ACCESS_CHANGED))
     return ingress
@@ -400,11 +403,7 @@ def _add_ingress(manager: Manager,
 def _add_loadbalancer(manager: Manager, loadbalancer: LoadBalancerReconciler) -> LoadBalancerReconciler:
     """Services are watched cluster-wide (the informer lists every Service: RBAC and the API offer no
     narrower filter), and only those of a tailnet class pass to the queue (:data:`.loadbalancer.CLASSED`)."""
-    (manager.controller("loadbalancer", loadbalancer)
-     .for_(SERVICE, CLASSED)
-     .owns(DEPLOYMENT, labels=OWNED)
-     .owns(SERVICE, labels=OWNED)
-     .owns(NETWORK_POLICY, labels=OWNED)
+    (_agent_controller(manager, "loadbalancer", loadbalancer, SERVICE, CLASSED)
      .watches(TAILNET, services_of_tailnet(manager.cache), TAILNET_ACCESS_CHANGED))
     return loadbalancer
 
@@ -425,11 +424,7 @@ def _add_ingressclass(manager: Manager, reconciler: ClassedReconciler) -> Classe
     """Ingresses and IngressClasses are watched cluster-wide; an Ingress of another class is read
     from the cache and left alone (:class:`.ingressclass.IngressClasses`)."""
     cache = manager.cache
-    (manager.controller("ingressclass", reconciler)
-     .for_(INGRESS, INGRESS_SERVED_CHANGED)
-     .owns(DEPLOYMENT, labels=OWNED)
-     .owns(SERVICE, labels=OWNED)
-     .owns(NETWORK_POLICY, labels=OWNED)
+    (_agent_controller(manager, "ingressclass", reconciler, INGRESS, INGRESS_SERVED_CHANGED)
      .watches(INGRESS_CLASS, ingresses_of_class(cache),
               any_of(GenerationChanged(), FieldChanged("metadata", "annotations")))
      .watches(SERVICE, _ingresses_near(cache), FieldChanged("spec", "ports"))
@@ -445,11 +440,7 @@ def _add_gatewayapi(manager: Manager, reconciler: ClassedReconciler) -> ClassedR
     """Gateways, GatewayClasses and HTTPRoutes are watched cluster-wide (once their CRDs are
     installed); a Gateway of another class is read from the cache and left alone."""
     cache = manager.cache
-    (manager.controller("gatewayapi", reconciler)
-     .for_(API_GATEWAY, INGRESS_SERVED_CHANGED)
-     .owns(DEPLOYMENT, labels=OWNED)
-     .owns(SERVICE, labels=OWNED)
-     .owns(NETWORK_POLICY, labels=OWNED)
+    (_agent_controller(manager, "gatewayapi", reconciler, API_GATEWAY, INGRESS_SERVED_CHANGED)
      .watches(HTTP_ROUTE, gateways_of_route, ROUTE_SERVED_CHANGED)
      .watches(GATEWAY_CLASS, gateways_of_class(cache), GenerationChanged())
      .watches(SERVICE, gateways_near(cache), FieldChanged("spec", "ports"))
