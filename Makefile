@@ -132,6 +132,7 @@ bench: $(VENV)/.native binaries-bench
 	$(PY) -m benchmarks.egress_incluster --json _artifacts/bench-egress-incluster.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.ingress_serve --json _artifacts/bench-ingress-serve.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.gateway_routing --json _artifacts/bench-gateway-routing.json --doc docs/benchmarks.md
+	$(PY) -m benchmarks.frontdoor_ready --json _artifacts/bench-frontdoor-ready.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.failover --json _artifacts/bench-failover.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.runtime --sizes 1000,5000,10000 --json _artifacts/bench-runtime.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.bigcluster --json _artifacts/bench-bigcluster.json --doc docs/benchmarks.md \
