@@ -87,14 +87,21 @@ def controller_runtime_binary() -> Path:
     return binary
 
 
-def controller_argv(impl: str, kubeconfig: Path, namespace: str) -> list[str]:
+DEFAULT_WORKERS = 32
+"""Every controller's concurrent reconciles: the floor's requests in flight (the runtime's
+``APISERVER_WORKERS``); 8 until 2026-12-07."""
+
+
+def controller_argv(impl: str, kubeconfig: Path, namespace: str, workers: int = DEFAULT_WORKERS) -> list[str]:
+    """How to start ``impl``'s controller with ``workers`` concurrent reconciles (kopf reads them
+    from ``WIDGET_WORKERS``, see :func:`controller_env`)."""
     if impl == "ours":
-        return [sys.executable, "-m", "benchmarks.runtime.ours", str(kubeconfig), namespace]
+        return [sys.executable, "-m", "benchmarks.runtime.ours", str(kubeconfig), namespace, str(workers)]
     if impl == "kopf":
         return [str(kopf_python()), "-m", "kopf", "run", "--standalone", "--namespace", namespace, "--quiet",
                 str(HERE / "kopf_widget.py")]
     if impl == "controller-runtime":
-        return [str(controller_runtime_binary()), "--workers=8", f"--namespace={namespace}",
+        return [str(controller_runtime_binary()), f"--workers={workers}", f"--namespace={namespace}",
                 f"--kubeconfig={kubeconfig}"]
     raise ValueError(impl)
 
@@ -171,7 +178,7 @@ async def churn(api: Api, convergence: Convergence, namespace: str, n: int, coun
 
 
 async def measure(impl: str, plane: ControlPlane, api: Api, n: int, rnd: int, *, churn_count: int, rate: float,
-                  idle: float, log_dir: Path) -> Run:
+                  idle: float, log_dir: Path, workers: int = DEFAULT_WORKERS) -> Run:
     namespace = f"{impl.replace('-', '')[:8]}-{n}-{rnd}-{uuid.uuid4().hex[:4]}"
     widgets = await harness.create_widgets(api, namespace, n)
     run = Run(impl, n, rnd)
@@ -189,9 +196,9 @@ async def measure(impl: str, plane: ControlPlane, api: Api, n: int, rnd: int, *,
 
     convergence = Convergence(api, namespace)
     await convergence.start()
-    argv = controller_argv(impl, plane.kubeconfig, namespace)
+    argv = controller_argv(impl, plane.kubeconfig, namespace, workers)
     log = open(log_dir / f"{namespace}.log", "wb")  # noqa: SIM115, ASYNC230
-    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "PYTHONPATH": str(ROOT), "WIDGET_WORKERS": str(workers)}
     start = time.monotonic()
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: ASYNC220
     try:
@@ -232,7 +239,7 @@ async def measure(impl: str, plane: ControlPlane, api: Api, n: int, rnd: int, *,
 
 
 async def run_all(sizes: list[int], rounds: int, impls: list[str], *, churn_count: int, rate: float,
-                  idle: float, large_rounds: int | None = None,
+                  idle: float, large_rounds: int | None = None, workers: int = DEFAULT_WORKERS,
                   progress: Path | None = None) -> tuple[list[Run], dict[str, str]]:
     for impl in impls:  # build and install before anything is timed
         if impl in ("kopf", "controller-runtime"):
@@ -251,7 +258,7 @@ async def run_all(sizes: list[int], rounds: int, impls: list[str], *, churn_coun
                     for impl in order:
                         run = await measure(impl, plane, api, n, rnd, churn_count=churn_count, rate=rate,
                                             idle=idle if rnd == 0 and n == sizes[0] else 0.0,
-                                            log_dir=log_dir)
+                                            log_dir=log_dir, workers=workers)
                         runs.append(run)
                         if progress is not None:  # what is measured so far survives an interrupted run
                             progress.parent.mkdir(parents=True, exist_ok=True)
@@ -330,7 +337,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def report(runs: list[Run], found: dict[str, str], *, rounds: int, churn_count: int, rate: float,
-           idle: float, conditions: str) -> str:
+           idle: float, conditions: str, workers: int = DEFAULT_WORKERS) -> str:
     table = summarize(runs)
     sizes = sorted({r.n for r in runs})
     impls = [i for i in IMPLEMENTATIONS if any(r.impl == i for r in runs)]
@@ -343,7 +350,9 @@ def report(runs: list[Run], found: dict[str, str], *, rounds: int, churn_count: 
         f"Medians of the rounds per N given in each table (each round runs every implementation in turn, in a "
         f"rotating order); churn is {churn_count} spec updates at {rate:.0f}/s on distinct Widgets; idle writes are "
         f"counted over {idle:.0f} s after the churn of the first round at the smallest N. Controllers run "
-        "8 workers; kopf runs standalone with posting off. Writes are the apiserver's counts of writes to Widgets and "
+        f"{workers} workers (the floor keeps 32 requests in flight); ours drops the events of its own writes "
+        "(`ignore_own_writes`), controller-runtime's For has GenerationChangedPredicate; kopf runs standalone with "
+        "posting off. Writes are the apiserver's counts of writes to Widgets and "
         "ConfigMaps (less the benchmark's own); controller CPU is user+system of its process from start to "
         "all converged.",
         "",
@@ -404,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-json", type=Path, default=None,
                         help="report the runs of an earlier --json file instead of measuring")
     parser.add_argument("--impls", default=",".join(IMPLEMENTATIONS))
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
+                        help=f"concurrent reconciles of every controller (default {DEFAULT_WORKERS})")
     parser.add_argument("--churn", type=int, default=500)
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--idle", type=float, default=60.0)
@@ -416,17 +427,19 @@ def main(argv: list[str] | None = None) -> int:
         saved = json.loads(args.from_json.read_text())
         runs, found = [Run(**r) for r in saved["runs"]], saved["versions"]
         conditions = saved.get("conditions", "Commit and load average not recorded.")
+        args.workers = saved.get("workers", DEFAULT_WORKERS)
     else:
         before = os.getloadavg()
         runs, found = asyncio.run(run_all(sizes, args.rounds, impls, churn_count=args.churn, rate=args.rate,
-                                          idle=args.idle, large_rounds=args.large_rounds, progress=args.json))
+                                          idle=args.idle, large_rounds=args.large_rounds, workers=args.workers,
+                                          progress=args.json))
         conditions = record.conditions(before)
     text = report(runs, found, rounds=args.rounds, churn_count=args.churn, rate=args.rate, idle=args.idle,
-                  conditions=conditions)
+                  conditions=conditions, workers=args.workers)
     print(text)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"versions": found, "conditions": conditions,
+        args.json.write_text(json.dumps({"versions": found, "conditions": conditions, "workers": args.workers,
                                          "runs": [asdict(r) for r in runs]}, indent=1))
     if args.doc:
         write_section(args.doc, BEGIN, END, text)

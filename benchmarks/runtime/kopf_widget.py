@@ -1,7 +1,8 @@
 """The Widget controller of the runtime benchmark on kopf, run in kopf's own virtualenv:
 ``kopf run --standalone --namespace NS benchmarks/runtime/kopf_widget.py`` with KUBECONFIG set.
 
-Idiomatic settings: posting of k8s Events off, standalone (no peering), 8 workers. kopf keeps
+Idiomatic settings: posting of k8s Events off, standalone (no peering), ``WIDGET_WORKERS`` workers
+(the benchmark's ``--workers``, 32 when unset). kopf keeps
 no cache of other kinds, so the ConfigMap is applied on every handling; kopf itself records the
 handled spec in an annotation (its diff base) next to the status the handler sets.
 """
@@ -50,7 +51,7 @@ def _ssl_context() -> ssl.SSLContext:
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.enabled = False
-    settings.execution.max_workers = 8
+    settings.execution.max_workers = int(os.environ.get("WIDGET_WORKERS", "32"))
     Api.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=_ssl_context()))
 
 

@@ -45,6 +45,7 @@ from .client.interfaces import ListerWatcher, Reader, Writer
 from .client.ssa import managed_paths, needs_apply
 from .clock import Clock, FakeClock, RealClock
 from .controller import (
+    APISERVER_WORKERS,
     DEFAULT_WORKERS,
     Controller,
     ControllerOptions,
@@ -76,6 +77,7 @@ from .objects import AlreadyOwned, owner_reference, set_controller_reference
 from .scheme import Scheme
 
 __all__ = [
+    "APISERVER_WORKERS",
     "CONFIG_MAP",
     "DEFAULT_WORKERS",
     "JSON",

@@ -165,6 +165,14 @@ DEFAULT_WORKERS = 4
 """Concurrent reconciles by default. The queue never hands one key to two workers, so more
 workers only let slow reconciles (a Headscale call) of different objects overlap."""
 
+APISERVER_WORKERS = 32
+"""Workers for a controller whose reconciles wait on kube-apiserver alone (cache reads, a few
+writes): a worker is a coroutine, so the limit is what the apiserver takes in flight. 32 is
+what the runtime benchmark's bare-client floor keeps in flight; at N = 1,000 Widgets (two
+writes each, one after the other) the cold start fell from 8 to 32 workers and no further
+at 64 (docs/benchmarks.md). Not the default: reconciles that call Headscale would load it
+eight times as much."""
+
 
 @dataclass
 class ControllerOptions:
@@ -412,6 +420,7 @@ def _expected(exc: Exception) -> bool:
 
 
 __all__ = [
+    "APISERVER_WORKERS",
     "DEFAULT_WORKERS",
     "Controller",
     "ControllerOptions",
