@@ -34,6 +34,7 @@ from e2e.cluster import (
     condition,
     get_json,
     kubectl,
+    operator_logs,
     remove_tailnet,
 )
 from e2e.conftest import TailscaleFactory
@@ -80,6 +81,7 @@ def _tenant_binding(namespace: str, operator_namespace: str) -> dict[str, Any]:
 class Conformance:
     cluster: ClusterUnderTest
     laptop: TailscaleNode
+    operator_namespace: str
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +124,7 @@ def conformance(cluster: ClusterUnderTest, installed_operator: str, cluster_head
                                      "Accepted") == "True", timeout=90, what="the tailnet GatewayClass Accepted")
         laptop = module_tailscale_nodes(f"conformance-laptop-{suffix}", cluster_headscale,
                                         authkey=cluster_headscale.create_preauth_key(tags=[LAPTOP_TAG]))
-        yield Conformance(cluster, laptop)
+        yield Conformance(cluster, laptop, ns)
     finally:
         for name in NAMESPACES:
             kubectl(cluster, "delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)
@@ -168,6 +170,8 @@ def test_the_conformance_suites_core_gateway_and_httproute_tests_pass(conformanc
     log = ROOT / "_artifacts" / f"gateway-conformance-{name}.log"
     report = run_suite(conformance, FULL_REPORT if full else ROOT / "_artifacts" / "gateway-conformance-core.yaml",
                        features=None if full else CORE_FEATURES, log=log)
+    (log.parent / f"gateway-conformance-{name}-operator.log").write_text(
+        operator_logs(conformance.cluster, conformance.operator_namespace, tail=-1))
     core = profile_result(report)["core"]
     assert core["result"] == "success", (
         f"core: {core.get('statistics')}; failed: {core.get('failedTests')}; skipped: {core.get('skippedTests')} "

@@ -56,7 +56,7 @@ class Plans:
         return gw.as_ingress(
             served.gateway, routes, tailnet, tag=served.tag, hostname=served.hostname,
             services=lambda ns, name: reader.get(SERVICE, name, ns) is not None,
-            secrets=lambda ns, name: reader.get(SECRET, name, ns) is not None,
+            certificates=lambda ns, name: gw.certificate_problem(reader.get(SECRET, name, ns)),
             labels=self.labels, shares=self._sharing(tailnet, served),
             granted=lambda fk, fns, tk, tns, tn: gw.reference_granted(reader.list(REFERENCE_GRANT, tns),
                                                                         fk, fns, tk, tns, tn))

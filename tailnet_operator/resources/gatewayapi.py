@@ -40,10 +40,15 @@ Such a Gateway becomes one tailnet node, as a TailnetIngress (:func:`as_ingress`
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tailnet_operator.api.common import ANY_HOST
@@ -63,6 +68,7 @@ __all__ = [
     "ParentResult",
     "ServedGateway",
     "as_ingress",
+    "certificate_problem",
     "certificate_secrets",
     "class_conditions",
     "gateway_status",
@@ -106,6 +112,34 @@ def tailnet_of(gateway: Mapping[str, Any], classes: Iterable[Mapping[str, Any]])
     name = (gateway.get("spec") or {}).get("gatewayClassName")
     found = next((c for c in classes if (c.get("metadata") or {}).get("name") == name), None)
     return tailnet_of_class(found) if name else None
+
+
+def certificate_problem(secret: Mapping[str, Any] | None) -> str | None:
+    """Why a Secret (as stored) cannot be a listener's certificate: missing, without ``tls.crt``
+    and ``tls.key``, not PEM, or a key that is not the certificate's; None when it can."""
+    if secret is None:
+        return "not found"
+    data = secret.get("data") or {}
+    try:
+        chain, key = (base64.b64decode(data.get(k) or "", validate=True) for k in ("tls.crt", "tls.key"))
+    except binascii.Error:
+        return "tls.crt or tls.key is not base64"
+    if not chain or not key:
+        return "no tls.crt and tls.key (a kubernetes.io/tls Secret is needed)"
+    try:
+        certificate = x509.load_pem_x509_certificate(chain)
+    except ValueError:
+        return "tls.crt is not a PEM certificate"
+    try:
+        private = serialization.load_pem_private_key(key, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        return "tls.key is not an unencrypted PEM private key"
+    if private.public_key().public_bytes(*_SPKI) != certificate.public_key().public_bytes(*_SPKI):
+        return "tls.key is not the key of the certificate in tls.crt"
+    return None
+
+
+_SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def certificate_secrets(gateway: Mapping[str, Any]) -> set[tuple[str, str]]:
@@ -386,6 +420,9 @@ ServiceExists = Callable[[str, str], bool]
 """Whether a Service (namespace, name) exists."""
 NamespaceLabels = Callable[[str], Mapping[str, str] | None]
 """A namespace's labels; None when the namespace is not known."""
+CertificateProblem = Callable[[str, str], str | None]
+"""What is wrong with a certificate Secret (namespace, name) for a listener: None when it holds a
+PEM certificate and its key (:func:`certificate_problem`), else why not ("not found", ...)."""
 SharesTag = Callable[[str], bool]
 """Whether the Tailnet's tenancy lets a namespace put its Services behind the Gateway's node
 (:func:`tailnet_operator.tenancy.shares_tag`)."""
@@ -710,7 +747,7 @@ def _paths_of(route: HTTPRouteObject, lookup: _Backends) -> tuple[list[dict[str,
 # -- the Gateway ---------------------------------------------------------------------------------
 
 
-def _listener_problem(listener: Listener, gateway: GatewayObject, secret_exists: ServiceExists,
+def _listener_problem(listener: Listener, gateway: GatewayObject, certificate: CertificateProblem,
                       granted: Granted) -> Condition | None:
     if listener.protocol not in ("HTTP", "HTTPS"):
         return _condition("Accepted", False, "UnsupportedProtocol", (
@@ -748,9 +785,9 @@ def _listener_problem(listener: Listener, gateway: GatewayObject, secret_exists:
             f"listener {listener.name}: Secret {ref.namespace}/{ref.name} is in another namespace: the "
             "node's pod mounts Secrets of its own namespace only, so a ReferenceGrant does not make it "
             f"servable yet; put the certificate in namespace {gateway.namespace}"))
-    if not secret_exists(gateway.namespace, ref.name):
+    if (problem := certificate(gateway.namespace, ref.name)) is not None:
         return _condition("ResolvedRefs", False, "InvalidCertificateRef", (
-            f"listener {listener.name}: Secret {gateway.namespace}/{ref.name} not found"))
+            f"listener {listener.name}: Secret {gateway.namespace}/{ref.name}: {problem}"))
     return None
 
 
@@ -759,7 +796,7 @@ def _route_order(route: HTTPRouteObject) -> tuple[str, str, str]:
 
 
 def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailnet: str, *, tag: str,
-               hostname: str, services: ServiceExists, secrets: ServiceExists,
+               hostname: str, services: ServiceExists, certificates: CertificateProblem,
                labels: NamespaceLabels, shares: SharesTag = _nobody, granted: Granted = _nothing) -> GatewayPlan:
     """The TailnetIngress shape of ``gateway`` on ``tailnet`` with the HTTPRoutes that name it
     (module docstring), and what its listeners' and routes' status must say. By default no route
@@ -768,7 +805,7 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
     listeners = {ls.name: ListenerResult(ls.name) for ls in gateway.spec.listeners}
     served: list[Listener] = []
     for listener in gateway.spec.listeners:
-        problem = _listener_problem(listener, gateway, secrets, granted)
+        problem = _listener_problem(listener, gateway, certificates, granted)
         result = listeners[listener.name]
         result.supported_kinds = _route_kinds(listener)[0] if listener.protocol in ("HTTP", "HTTPS") else []
         if problem is None:

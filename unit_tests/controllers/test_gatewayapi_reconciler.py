@@ -29,6 +29,7 @@ from tailnet_operator.runtime.kinds import DEPLOYMENT, NETWORK_POLICY
 from tailnet_operator.types import JSON
 
 from .harness import NAMESPACE, World
+from .test_gatewayapi_translation import tls_data
 from .test_ingress import FakeAgent
 
 TENANT = "shop"
@@ -209,7 +210,7 @@ async def test_a_gateway_waiting_for_its_certificate_is_served_once_the_secret_a
     assert _conditions(found)["Accepted"] == ("False", "ListenersNotValid")
     assert result.requeue_after is not None, "a missing Secret is looked for again"
     secret = world.kube.add(SECRET, {"metadata": {"name": "shop-cert", "namespace": TENANT},
-                                     "type": "kubernetes.io/tls", "data": {"tls.crt": "", "tls.key": ""}})
+                                     "type": "kubernetes.io/tls", "data": tls_data()})
     assert gateways_using_secret(world.kube)(secret) == [Request(TENANT, "edge")]
     assert gateways_using_secret(world.kube)({"metadata": {"name": "other", "namespace": TENANT}}) == []
 

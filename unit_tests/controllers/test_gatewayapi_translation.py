@@ -4,9 +4,15 @@ the statuses say."""
 
 from __future__ import annotations
 
+import base64
+import datetime
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from tailnet_agent.contract.exposes import parse_exposes
 from tailnet_operator.resources import gatewayapi as gw
@@ -45,7 +51,8 @@ def plan(g: gw.GatewayObject, *routes: gw.HTTPRouteObject, services: frozenset[s
          labels: dict[str, dict[str, str]] | None = None, tenants: frozenset[str] = frozenset(),
          grants: tuple[dict[str, Any], ...] = ()) -> gw.GatewayPlan:
     return gw.as_ingress(g, routes, "corp", tag="tag:edge", hostname="edge",
-                         services=lambda ns, name: name in services, secrets=lambda ns, name: name == "edge-tls",
+                         services=lambda ns, name: name in services,
+                         certificates=lambda ns, name: None if name == "edge-tls" else "not found",
                          labels=lambda ns: (labels or {}).get(ns), shares=lambda ns: ns in tenants,
                          granted=lambda *ref: gw.reference_granted(grants, *ref))
 
@@ -369,3 +376,35 @@ def test_a_route_on_a_listener_waiting_for_its_certificate_is_counted_and_its_ba
         False, "InvalidCertificateRef")
     [parent] = result.parents[(NS, "r")]
     assert (parent.resolved_refs.status, parent.resolved_refs.reason) == (False, "BackendNotFound")
+
+
+def tls_data(name: str = "edge.example.test", *, key_of: ec.EllipticCurvePrivateKey | None = None) -> dict[str, str]:
+    """A kubernetes.io/tls Secret's data: a self-signed certificate for ``name`` and a key (its own,
+    or ``key_of``)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .sign(key, hashes.SHA256()))
+    pem_key = (key_of or key).private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                            serialization.NoEncryption())
+    return {"tls.crt": base64.b64encode(cert.public_bytes(serialization.Encoding.PEM)).decode(),
+            "tls.key": base64.b64encode(pem_key).decode()}
+
+
+def test_a_certificate_secret_must_hold_a_pem_certificate_and_its_key() -> None:
+    hello = base64.b64encode(b"Hello world\n").decode()  # the conformance suite's malformed Secret
+    cases: dict[str, tuple[dict[str, Any] | None, str | None]] = {
+        "good": ({"data": tls_data()}, None),
+        "absent": (None, "not found"),
+        "empty": ({"data": {}}, "no tls.crt and tls.key"),
+        "malformed": ({"data": {"tls.crt": hello, "tls.key": hello}}, "tls.crt is not a PEM certificate"),
+        "bad key": ({"data": {**tls_data(), "tls.key": hello}}, "tls.key is not an unencrypted PEM private key"),
+        "other key": ({"data": tls_data(key_of=ec.generate_private_key(ec.SECP256R1()))},
+                      "tls.key is not the key of the certificate in tls.crt"),
+        "not base64": ({"data": {"tls.crt": "%%%", "tls.key": "%%%"}}, "not base64"),
+    }
+    for case, (secret, expected) in cases.items():
+        found = gw.certificate_problem(secret)
+        assert (found is None) if expected is None else (found is not None and expected in found), (case, found)
