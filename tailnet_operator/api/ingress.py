@@ -221,8 +221,9 @@ class HostPath(ApiModel):
         default="Prefix",
         description=(
             "Exact matches the whole path; Prefix matches by path element (/foo matches /foo and /foo/bar, "
-            "not /foobar). The longest matching path wins, Exact before Prefix of the same path, then a path "
-            "with a method, then the most headers, then the most query parameters, then the first listed. "
+            "not /foobar). The longest matching path by elements wins, Exact before Prefix of as many elements "
+            "(/foo/ has the elements of /foo), then the most characters, then a path with a method, then the "
+            "most headers, then the most query parameters, then the first listed. "
             "Defaults to Prefix."
         ),
     )

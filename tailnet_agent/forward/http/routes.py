@@ -121,8 +121,12 @@ def _route_elements(path: str) -> tuple[str, ...]:
     return tuple(elements(path))
 
 
-def _rank(route: Route) -> tuple[int, int, bool, bool, int, int]:
-    return (len(_route_elements(route.path)), len(route.path), route.type == EXACT, route.method is not None,
+def _rank(route: Route) -> tuple[int, bool, int, bool, int, int]:
+    """Higher wins among matching routes: more path elements; an Exact path (one that matches has
+    every element of the request, so no matching prefix has more, and a prefix ``/a/`` ties with
+    ``/a``); more characters; a method; more header, then query, matches. The Gateway API's order
+    and the Ingress API's."""
+    return (len(_route_elements(route.path)), route.type == EXACT, len(route.path), route.method is not None,
             len(route.headers), len(route.query))
 
 
