@@ -128,7 +128,7 @@ def gateway_plan(prefixes: list[str], *, hit: int, backend_port: int, closed_por
         "metadata": {"name": "routes", "namespace": NAMESPACE, "creationTimestamp": "2026-01-01T00:00:00Z"},
         "spec": {"parentRefs": [{"name": "routes"}], "hostnames": [ROUTED_HOST], "rules": rules}})
     plan = gw.as_ingress(gateway, [route], "bench", tag="tag:bench-agent", hostname=AGENT,
-                         services=lambda ns, name: True, certificates=lambda ns, name: "not found",
+                         services=lambda ns, name: {"spec": {}}, certificates=lambda ns, name: "not found",
                          labels=lambda ns: None)
     if plan.ingress is None:
         raise RuntimeError(f"as_ingress refuses it: {plan.accepted.reason}: {plan.accepted.message}")

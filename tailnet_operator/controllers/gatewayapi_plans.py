@@ -55,7 +55,7 @@ class Plans:
         tailnet = self.tailnet({"spec": {"gatewayClassName": served.spec.gateway_class_name}})
         return gw.as_ingress(
             served.gateway, routes, tailnet, tag=served.tag, hostname=served.hostname,
-            services=lambda ns, name: reader.get(SERVICE, name, ns) is not None,
+            services=lambda ns, name: reader.get(SERVICE, name, ns),
             certificates=lambda ns, name: gw.certificate_problem(reader.get(SECRET, name, ns)),
             labels=self.labels, shares=self._sharing(tailnet, served),
             granted=lambda fk, fns, tk, tns, tn: gw.reference_granted(reader.list(REFERENCE_GRANT, tns),

@@ -71,6 +71,7 @@ __all__ = [
     "certificate_problem",
     "certificate_secrets",
     "class_conditions",
+    "dial_port",
     "gateway_status",
     "hostnames_intersect",
     "names_gateway",
@@ -416,8 +417,25 @@ class GatewayPlan:
         return any(c.type == "ResolvedRefs" and not c.status for ls in self.listeners for c in ls.conditions)
 
 
-ServiceExists = Callable[[str, str], bool]
-"""Whether a Service (namespace, name) exists."""
+ServiceLookup = Callable[[str, str], Mapping[str, Any] | None]
+"""A Service (namespace, name) as stored; None when it does not exist."""
+
+
+def dial_port(service: Mapping[str, Any], port: int) -> int | str:
+    """The port the node dials for ``port`` of ``service``: that port through the Service's
+    virtual IP; for a headless Service (``clusterIP: None``, whose name resolves to its endpoints)
+    the port's ``targetPort``. A string says why it cannot be dialled."""
+    spec = service.get("spec") or {}
+    if spec.get("clusterIP") != "None":
+        return port
+    entry = next((p for p in spec.get("ports") or [] if p.get("port") == port), None)
+    if entry is None:
+        return f"the headless Service has no port {port}"
+    target = entry.get("targetPort", port)
+    if not isinstance(target, int):
+        return (f"the headless Service's port {port} names its targetPort {target!r}, which may differ from "
+                "endpoint to endpoint; give it a number")
+    return target
 NamespaceLabels = Callable[[str], Mapping[str, str] | None]
 """A namespace's labels; None when the namespace is not known."""
 CertificateProblem = Callable[[str, str], str | None]
@@ -677,7 +695,7 @@ class _Backends:
     runs), whether Services exist, and the ReferenceGrants."""
 
     home: str
-    exists: ServiceExists
+    services: ServiceLookup
     granted: Granted
 
 
@@ -701,14 +719,17 @@ def _backends(rule: RouteRule, route: HTTPRouteObject, where: str, lookup: _Back
                 f"HTTPRoutes of namespace {ns} refer to it"))
         elif ref.port is None:
             problem = _condition("ResolvedRefs", False, "UnsupportedValue", f"{at}: a Service needs a port")
-        elif not lookup.exists(target, ref.name):
+        elif (service := lookup.services(target, ref.name)) is None:
             problem = _condition("ResolvedRefs", False, "BackendNotFound",
                                  f"{at}: Service {target}/{ref.name} not found")
+        elif isinstance(dialled := dial_port(service, ref.port), str):
+            problem = _condition("ResolvedRefs", False, "UnsupportedValue", f"{at}: {dialled}")
         if problem is not None:
             failed = failed or problem
         if ref.port is not None and ref.kind == "Service":
             away = {"namespace": target} if target != lookup.home else {}
-            out.append({"service": ref.name, "port": ref.port, **away, "weight": 0 if problem else ref.weight})
+            port = dialled if problem is None and isinstance(dialled, int) else ref.port
+            out.append({"service": ref.name, "port": port, **away, "weight": 0 if problem else ref.weight})
     return out, failed
 
 
@@ -796,7 +817,7 @@ def _route_order(route: HTTPRouteObject) -> tuple[str, str, str]:
 
 
 def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailnet: str, *, tag: str,
-               hostname: str, services: ServiceExists, certificates: CertificateProblem,
+               hostname: str, services: ServiceLookup, certificates: CertificateProblem,
                labels: NamespaceLabels, shares: SharesTag = _nobody, granted: Granted = _nothing) -> GatewayPlan:
     """The TailnetIngress shape of ``gateway`` on ``tailnet`` with the HTTPRoutes that name it
     (module docstring), and what its listeners' and routes' status must say. By default no route

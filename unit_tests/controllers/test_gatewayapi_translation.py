@@ -51,7 +51,7 @@ def plan(g: gw.GatewayObject, *routes: gw.HTTPRouteObject, services: frozenset[s
          labels: dict[str, dict[str, str]] | None = None, tenants: frozenset[str] = frozenset(),
          grants: tuple[dict[str, Any], ...] = ()) -> gw.GatewayPlan:
     return gw.as_ingress(g, routes, "corp", tag="tag:edge", hostname="edge",
-                         services=lambda ns, name: name in services,
+                         services=lambda ns, name: ({"spec": {}} if name in services else None),
                          certificates=lambda ns, name: None if name == "edge-tls" else "not found",
                          labels=lambda ns: (labels or {}).get(ns), shares=lambda ns: ns in tenants,
                          granted=lambda *ref: gw.reference_granted(grants, *ref))
@@ -408,3 +408,23 @@ def test_a_certificate_secret_must_hold_a_pem_certificate_and_its_key() -> None:
     for case, (secret, expected) in cases.items():
         found = gw.certificate_problem(secret)
         assert (found is None) if expected is None else (found is not None and expected in found), (case, found)
+
+
+def test_a_headless_service_is_dialled_on_its_target_port() -> None:
+    """Its name resolves to the endpoints, which listen on the targetPort (HTTPRouteServiceTypes)."""
+    headless = {"spec": {"clusterIP": "None", "ports": [{"port": 8080, "targetPort": 3000},
+                                                        {"port": 8081, "targetPort": "named"}, {"port": 9090}]}}
+    assert [gw.dial_port(headless, p) for p in (8080, 9090)] == [3000, 9090]
+    assert gw.dial_port({"spec": {"clusterIP": "10.0.0.1", "ports": [{"port": 8080, "targetPort": 3000}]}},
+                        8080) == 8080
+    assert "names its targetPort 'named'" in str(gw.dial_port(headless, 8081))
+    assert "has no port 1" in str(gw.dial_port(headless, 1))
+    g = gateway(https("web", "a.example.test"))
+    routes = (route("r", {"backendRefs": [{"name": "db", "port": 8080}]}),
+              route("n", {"matches": [{"path": {"value": "/n"}}], "backendRefs": [{"name": "db", "port": 8081}]}))
+    result = gw.as_ingress(g, routes, "corp", tag="tag:edge", hostname="edge",
+                           services=lambda ns, name: headless, certificates=lambda ns, name: None,
+                           labels=lambda ns: None)
+    [host] = agent_hosts(result).values()
+    assert sorted((r.path, r.backend.port if r.backend else None) for r in host.routes) == [("/", 3000), ("/n", None)]
+    assert result.parents[(NS, "n")][0].resolved_refs.reason == "UnsupportedValue"
