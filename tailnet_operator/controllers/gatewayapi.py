@@ -41,6 +41,7 @@ from tailnet_operator.api.ingress import TailnetIngress
 from tailnet_operator.resources import gatewayapi as gw
 from tailnet_operator.resources import ingress as build
 from tailnet_operator.runtime import (
+    SECRET,
     Clock,
     Reader,
     Request,
@@ -53,6 +54,7 @@ from tailnet_operator.types import JSON
 
 from . import conditions, periods
 from .access import Deps
+from .applier import Desired
 from .classed import ClassedReconciler, shape_objects
 from .conditions import Cond, rfc3339
 from .egress_status import AgentStatusReader, HttpAgentStatus
@@ -61,6 +63,7 @@ from .ingress import IngressNode, IngressSettings
 from .kinds import API_GATEWAY, GATEWAY_CLASS, HTTP_ROUTE, TAILNET
 from .loadbalancer import ServiceStatus
 from .pipeline import NotReady, Outcome, Run
+from .preauth import AuthKey
 from .shaped import ShapedNode
 from .status import StatusWriter
 
@@ -273,6 +276,16 @@ class GatewayNode(ShapedNode[gw.ServedGateway]):
     def tailnet_name(self, cr: gw.ServedGateway) -> str:
         return self.plans.tailnet({"spec": {"gatewayClassName": cr.spec.gateway_class_name}})
 
+    def desired(self, run: Run[gw.ServedGateway], key: AuthKey) -> Desired:
+        """The ingress's agent objects, and a copy in the Gateway's namespace of each certificate of
+        another namespace a ReferenceGrant lets it use (the plan served it only if it is valid)."""
+        wanted = super().desired(run, key)
+        copies = [(SECRET, gw.certificate_copy(run.obj, str(run.tailnet.metadata.name), namespace, source))
+                  for namespace, name in gw.cross_namespace_certificates(run.obj)
+                  if (source := self.reader.get(SECRET, name, namespace)) is not None
+                  and gw.certificate_problem(source) is None]
+        return Desired.of(*wanted.wants, *copies, prune=wanted.prune)
+
     def tag(self, cr: gw.ServedGateway) -> str:
         return cr.tag
 
@@ -315,7 +328,9 @@ class Gateways:
         return gw.tailnet_of(obj, self.reader.list(GATEWAY_CLASS))
 
     def named_objects(self, obj: JSON) -> list[tuple[Resource, str]]:
-        return shape_objects(gw.object_name_of(str(obj["metadata"]["name"])))
+        name = str(obj["metadata"]["name"])
+        copies = [(SECRET, gw.certificate_copy_name(name, *ref)) for ref in gw.cross_namespace_certificates(obj)]
+        return [*shape_objects(gw.object_name_of(name)), *copies]
 
 
 # -- the class --------------------------------------------------------------------------------------

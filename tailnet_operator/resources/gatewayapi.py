@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,7 @@ from tailnet_operator.api.common import ANY_HOST
 from tailnet_operator.api.ingress import EXPOSES_MAX, HOSTS_MAX, PATHS_MAX, HostPath, TailnetIngress
 from tailnet_operator.names import MANAGED_BY, TAILNET_LABEL
 
+from . import owned_metadata
 from .loadbalancer import AnnotatedObject, annotated_view, name_problem
 
 __all__ = [
@@ -68,9 +70,12 @@ __all__ = [
     "ParentResult",
     "ServedGateway",
     "as_ingress",
+    "certificate_copy",
+    "certificate_copy_name",
     "certificate_problem",
     "certificate_secrets",
     "class_conditions",
+    "cross_namespace_certificates",
     "dial_port",
     "gateway_status",
     "hostnames_intersect",
@@ -338,6 +343,33 @@ def names_gateway(route: Mapping[str, Any], gateway: Mapping[str, Any]) -> bool:
 def object_name_of(gateway_name: str) -> str:
     """The name of the TailnetIngress shape, the stem of every object the Gateway owns."""
     return f"{gateway_name}{NAME_SUFFIX}"
+
+
+def certificate_copy_name(gateway_name: str, namespace: str, name: str) -> str:
+    """The Secret in the Gateway's namespace that holds a copy of the certificate Secret
+    ``namespace/name`` a ReferenceGrant lets the Gateway use (a pod mounts Secrets of its own
+    namespace only): the shape's name, ``-cert-`` and a digest of where it comes from."""
+    digest = hashlib.sha256(f"{namespace}/{name}".encode()).hexdigest()[:10]
+    return f"{object_name_of(gateway_name)}-cert-{digest}"
+
+
+def certificate_copy(owner: Mapping[str, Any], tailnet: str, namespace: str, source: Mapping[str, Any]
+                     ) -> dict[str, Any]:
+    """The copy (:func:`certificate_copy_name`) of ``source``, a certificate Secret of
+    ``namespace``: its ``tls.crt`` and ``tls.key`` only, owned by the Gateway."""
+    meta = owner["metadata"]
+    data = source.get("data") or {}
+    return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": owned_metadata(dict(owner), name=certificate_copy_name(meta["name"], namespace,
+                                                                               source["metadata"]["name"]),
+                                       namespace=meta["namespace"], tailnet=tailnet),
+            "data": {k: data[k] for k in ("tls.crt", "tls.key")}}
+
+
+def cross_namespace_certificates(gateway: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The certificate Secrets (namespace, name) of another namespace a Gateway (as stored) names."""
+    own = (gateway.get("metadata") or {}).get("namespace") or ""
+    return sorted(ref for ref in certificate_secrets(gateway) if ref[0] != own)
 
 
 
@@ -797,18 +829,14 @@ def _listener_problem(listener: Listener, gateway: GatewayObject, certificate: C
     if (ref.group, ref.kind) != ("", "Secret"):
         return _condition("ResolvedRefs", False, "InvalidCertificateRef", f"listener {listener.name}: "
                           f"{ref.kind} is not a Secret")
-    if (ref.namespace or gateway.namespace) != gateway.namespace:
-        if not granted("Gateway", gateway.namespace, "Secret", str(ref.namespace), ref.name):
-            return _condition("ResolvedRefs", False, "RefNotPermitted", (
-                f"listener {listener.name}: Secret {ref.namespace}/{ref.name} is in another namespace, and no "
-                f"ReferenceGrant there lets Gateways of namespace {gateway.namespace} refer to it"))
+    namespace = ref.namespace or gateway.namespace
+    if namespace != gateway.namespace and not granted("Gateway", gateway.namespace, "Secret", namespace, ref.name):
+        return _condition("ResolvedRefs", False, "RefNotPermitted", (
+            f"listener {listener.name}: Secret {namespace}/{ref.name} is in another namespace, and no "
+            f"ReferenceGrant there lets Gateways of namespace {gateway.namespace} refer to it"))
+    if (problem := certificate(namespace, ref.name)) is not None:
         return _condition("ResolvedRefs", False, "InvalidCertificateRef", (
-            f"listener {listener.name}: Secret {ref.namespace}/{ref.name} is in another namespace: the "
-            "node's pod mounts Secrets of its own namespace only, so a ReferenceGrant does not make it "
-            f"servable yet; put the certificate in namespace {gateway.namespace}"))
-    if (problem := certificate(gateway.namespace, ref.name)) is not None:
-        return _condition("ResolvedRefs", False, "InvalidCertificateRef", (
-            f"listener {listener.name}: Secret {gateway.namespace}/{ref.name}: {problem}"))
+            f"listener {listener.name}: Secret {namespace}/{ref.name}: {problem}"))
     return None
 
 
@@ -865,8 +893,7 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
         if (attachment := usable.get(route.key)) is None:
             continue
         for listener in attachment.listeners:
-            refs = (listener.tls or _TLS()).certificate_refs
-            tls = {"tls": {"secretName": refs[0].name}} if listener.protocol == "HTTPS" else {}
+            tls = _listener_tls(gateway, listener)
             for name in _served_names(listener, [route]):
                 if name == ANY_HOST and route.spec.hostnames:
                     continue
@@ -875,7 +902,7 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
                 host = hosts.setdefault(listener.port, {}).setdefault(
                     name, {"name": name, **tls, "paths": [], "unmatchedPaths": "NotFound"})
                 host["paths"].extend(paths)
-    _add_listener_hosts(hosts, served)
+    _add_listener_hosts(gateway, hosts, served)
     exposes: list[dict[str, Any]] = []
     for port, by_name in sorted(hosts.items()):
         entries = list(by_name.values())
@@ -917,15 +944,26 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
     return GatewayPlan(ingress, accepted, list(listeners.values()), parents)
 
 
-def _add_listener_hosts(hosts: dict[int, dict[str, dict[str, Any]]], served: list[Listener]) -> None:
+def _listener_tls(gateway: GatewayObject, listener: Listener) -> dict[str, Any]:
+    """The ``tls`` of a host an HTTPS listener serves: its first certificate's Secret, or that
+    Secret's copy in the Gateway's namespace (:func:`certificate_copy_name`); none over HTTP."""
+    if listener.protocol != "HTTPS":
+        return {}
+    ref = (listener.tls or _TLS()).certificate_refs[0]
+    namespace = ref.namespace or gateway.namespace
+    name = ref.name if namespace == gateway.namespace else certificate_copy_name(gateway.name, namespace, ref.name)
+    return {"tls": {"secretName": name}}
+
+
+def _add_listener_hosts(gateway: GatewayObject, hosts: dict[int, dict[str, dict[str, Any]]],
+                        served: list[Listener]) -> None:
     """Each served listener's own host (its hostname, else ``*``) when no route made it, with no
     paths and no fallback: the node listens on the port before the first route (the Gateway is
     Programmed, with an address), and a name the listener covers that no route serves gets 404
     (over TLS, after a handshake with the listener's certificate)."""
     for listener in served:
         name = (listener.hostname or "").lower() or ANY_HOST
-        refs = (listener.tls or _TLS()).certificate_refs
-        tls = {"tls": {"secretName": refs[0].name}} if listener.protocol == "HTTPS" else {}
+        tls = _listener_tls(gateway, listener)
         hosts.setdefault(listener.port, {}).setdefault(
             name, {"name": name, **tls, "paths": [], "unmatchedPaths": "NotFound"})
 

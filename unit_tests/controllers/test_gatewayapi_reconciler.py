@@ -14,11 +14,12 @@ from tailnet_operator.controllers.gatewayapi import (
     CLASS_FIELD_MANAGER,
     FIELD_MANAGER,
     GatewayClassReconciler,
+    Gateways,
     gatewayapi_reconciler,
     gateways_using_secret,
 )
 from tailnet_operator.controllers.ingress import IngressSettings
-from tailnet_operator.controllers.kinds import API_GATEWAY, GATEWAY_CLASS, HTTP_ROUTE, TAILNET
+from tailnet_operator.controllers.kinds import API_GATEWAY, GATEWAY_CLASS, HTTP_ROUTE, REFERENCE_GRANT, TAILNET
 from tailnet_operator.controllers.sweep import references_from
 from tailnet_operator.names import FINALIZER
 from tailnet_operator.resources import gatewayapi as gw
@@ -218,6 +219,32 @@ async def test_a_gateway_waiting_for_its_certificate_is_served_once_the_secret_a
 
     assert _conditions(world.get(API_GATEWAY, "edge"))["Accepted"] == ("True", "Accepted")
     assert world.kube.get(DEPLOYMENT, AGENT, TENANT) is not None
+
+
+async def test_a_certificate_of_another_namespace_granted_to_the_gateway_is_copied_beside_it() -> None:
+    world = await world_with_tailnet()
+    gateway = copy.deepcopy(world.add_gateway())
+    gateway["spec"]["listeners"] = [{"name": "web", "port": 443, "protocol": "HTTPS", "hostname": "shop.example.test",
+                                     "tls": {"certificateRefs": [{"name": "wild", "namespace": "certs"}]}}]
+    world.kube.update(API_GATEWAY, gateway)
+    data = tls_data()
+    world.kube.add(SECRET, {"metadata": {"name": "wild", "namespace": "certs"}, "type": "kubernetes.io/tls",
+                            "data": {**data, "extra": "bm90IGNvcGllZA=="}})
+    await world.reconcile()
+    assert _conditions(world.get(API_GATEWAY, "edge"))["Accepted"] == ("False", "ListenersNotValid")
+
+    world.kube.add(REFERENCE_GRANT, {"metadata": {"name": "to-shop", "namespace": "certs"}, "spec": {
+        "from": [{"group": gw.GROUP, "kind": "Gateway", "namespace": TENANT}],
+        "to": [{"group": "", "kind": "Secret", "name": "wild"}]}})
+    await world.reconcile()
+
+    name = gw.certificate_copy_name("edge", "certs", "wild")
+    copied = world.get(SECRET, name)
+    assert copied["data"] == data, "tls.crt and tls.key only"
+    [owner] = copied["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("Gateway", "edge")
+    assert _conditions(world.get(API_GATEWAY, "edge"))["Accepted"] == ("True", "Accepted")
+    assert (SECRET, name) in Gateways(world.kube).named_objects(world.get(API_GATEWAY, "edge"))
 
 
 async def test_a_gateway_of_another_class_is_never_written_to() -> None:

@@ -337,16 +337,19 @@ def test_a_backend_of_another_namespace_is_served_only_under_its_reference_grant
         assert [r.backend.host for r in host.routes if r.backend] == ["db-api.data.svc"]
 
 
-def test_a_certificate_of_another_namespace_says_whether_a_grant_permits_it() -> None:
+def test_a_certificate_of_another_namespace_is_served_as_a_copy_under_its_reference_grant() -> None:
     listener = https("web", "a.example.test")
     listener["tls"]["certificateRefs"][0]["namespace"] = "certs"
     no_grant = plan(gateway(listener))
     [condition] = [c for c in no_grant.listeners[0].conditions if c.type == "ResolvedRefs"]
     assert (condition.status, condition.reason) == (False, "RefNotPermitted")
+    assert no_grant.ingress is None
     granted = plan(gateway(listener), grants=(_grant("certs", kind="Gateway", to_kind="Secret"),))
     [condition] = [c for c in granted.listeners[0].conditions if c.type == "ResolvedRefs"]
-    assert (condition.status, condition.reason) == (False, "InvalidCertificateRef")
-    assert "mounts Secrets of its own namespace only" in condition.message
+    assert condition.status, condition
+    copy = gw.certificate_copy_name("edge", "certs", "edge-tls")
+    assert [h.cert_file.split("/")[-2] for h in agent_hosts(granted).values()] == [copy]
+    assert copy.startswith("edge-gw-cert-") and copy != gw.certificate_copy_name("edge", "other", "edge-tls")
 
 
 def test_a_listener_naming_a_route_kind_not_served_says_so_and_lists_the_kinds_it_takes() -> None:
