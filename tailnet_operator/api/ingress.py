@@ -44,7 +44,7 @@ from tailnet_operator.api.egress import MAX_REPLICAS, NodeStatus, PreAuthKeyStat
 # The cross-expose host-name rule is quadratic in both; these keep it within the CEL budget.
 EXPOSES_MAX = 8
 HOSTS_MAX = 4
-PATHS_MAX = 16
+PATHS_MAX = 32
 """Paths of one host (an Ingress rule's paths, those of its rules without a host included)."""
 PATH_MAX_LENGTH = 256
 DNS_TEMPLATE_PLACEHOLDERS = ("{hostname}", "{name}", "{namespace}")
