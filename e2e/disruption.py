@@ -192,8 +192,9 @@ class EgressLoad:
 # -- ingress: a laptop on the host ------------------------------------------------------------
 
 HUNG = "hung"
-"""An ingress request with no answer within the deadline: what a tailscaled laptop gives a connection
-it opens while it reconfigures WireGuard for a peer that joins or leaves (docs/decisions.md)."""
+"""An ingress request with no answer within the deadline: its SYN dropped, as the agent's TCP stack did
+to a SYN from a source port whose old connection it held in TIME-WAIT until it let such a SYN end the
+TIME-WAIT (docs/decisions.md, "No request hangs on a source port the agent closed first")."""
 
 
 CUT = ("IncompleteReadError", "ConnectionResetError", "wrong answer")

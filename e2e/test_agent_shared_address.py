@@ -7,9 +7,8 @@ primary) and moves it when that one goes. A replica told to stop withdraws its r
 accepting until Headscale has moved it, so the laptop's requests to the address, each a new
 connection every 20 ms, are never refused while the primary is replaced; the same load by
 MagicDNS name over a name hand-over (``test_agent_shutdown.py``) finds no node of the name for
-about a second. What the move and tailscaled add (a connection open at the instant the route moves
-is cut; one opened while tailscaled reconfigures for a peer that joins or leaves can hang,
-docs/decisions.md) is counted, not failed.
+about a second. What the move adds (a connection open at the instant the route moves is cut) is counted,
+not failed, and so is a request that hangs (docs/decisions.md).
 """
 
 from __future__ import annotations

@@ -186,8 +186,8 @@ async def test_a_name_handed_over_to_a_successor_loses_no_request_made_by_name(
     connection with a 2 s deadline, while the old agent is told to stop and its name moves to the
     successor (both renamed together, as the operator does: ``HeadscaleClient.rename_nodes``). Peers learn the
     rename from their own netmaps, later than the old node does: none of their requests may be
-    refused meanwhile. What Headscale and tailscaled add (no node of the name between the two
-    renames, a connection hung while tailscaled reconfigures) is counted, not failed."""
+    refused or hang past its deadline meanwhile. What Headscale adds (no node of the name between
+    the two renames, in one map update of the laptop's) is counted, not failed."""
     key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
     laptop = tailscale_nodes("ts-laptop-handover", headscale, authkey=key)
     server = await asyncio.start_server(hello, "127.0.0.1", 0)
@@ -212,6 +212,7 @@ async def test_a_name_handed_over_to_a_successor_loses_no_request_made_by_name(
 
         agents[0].process.send_signal(signal.SIGTERM)
         await eventually(lambda: _at(agents[0].health, 503), timeout=10, what="the old agent's /readyz 503")
+        renamed_at = asyncio.get_running_loop().time() - load.results[0][0]
         async with HeadscaleClient(headscale.url, headscale.api_key, ca_bundle=headscale.ca_bundle) as hs:
             renamed = await hs.rename_nodes([(old["id"], f"ingress-hand-old{old['id']}")], (new["id"], "ingress-hand"))
         assert [(n.id, n.given_name) for n in renamed] == [(old["id"], f"ingress-hand-old{old['id']}"),
@@ -221,11 +222,55 @@ async def test_a_name_handed_over_to_a_successor_loses_no_request_made_by_name(
         outcomes = load.stop()
         refused = {at: why for at, why in outcomes.items() if why not in (UNRESOLVED, UNANSWERED)}
         assert not refused, f"requests by name refused during the hand-over: {refused}"
+        hung = {at: why for at, why in outcomes.items() if why == UNANSWERED}
+        assert not hung, f"requests by name hung past {LOAD_DEADLINE} s (rename at {renamed_at:.2f} s): {hung}"
         print(f"\nof {load.sent()} requests by name, {sum(w == UNRESOLVED for w in outcomes.values())} found no node "
               "of that name between Headscale's two renames, and "
               f"{sum(w == UNANSWERED for w in outcomes.values())} went unanswered (docs/decisions.md)")
     finally:
         await tear_down(load, server, agents)
+
+
+PORT_REUSE_STREAMS, PORT_REUSE_REQUESTS = 3, 1000
+"""Streams of requests by name side by side, and requests each, in
+:func:`test_no_request_by_name_hangs_on_a_source_port_the_agent_closed_first`: three streams keep
+three times as many of the agent's connections in TIME-WAIT, where one stream of 1,000 hung 1 or 2."""
+
+
+async def test_no_request_by_name_hangs_on_a_source_port_the_agent_closed_first(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path) -> None:
+    """A backend that closes first (``hello``) leaves each of the agent's connections in TIME-WAIT
+    for 10 s, about 500 per stream of 50 requests a second, and the laptop's userspace tailscaled
+    picks each source port at random, so now and then it dials from the port of one of them. The
+    agent's TCP stack gave that SYN to the socket in TIME-WAIT, which dropped it and each
+    retransmission (1 s, 3 s) until TIME-WAIT ran out: the request hung past its 2 s deadline,
+    with no hand-over or peer change at all (docs/decisions.md, issue 24). None may."""
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    laptop = tailscale_nodes("ts-laptop-reuse", headscale, authkey=key)
+    server = await asyncio.start_server(hello, "127.0.0.1", 0)
+    backend, listen = server.sockets[0].getsockname()[1], free_port()
+    agents = [await IngressProcess.start(tmp_path, headscale, key, "ingress-reuse", listen, backend)]
+    loads: list[Load] = []
+    try:
+        await eventually(lambda: _up(agents[0].process, agents[0].health), timeout=60, what="the agent ready")
+        assert agents[0].process.returncode is None, agents[0].log.read_text()
+        await wait_peer_sees(laptop, "ingress-reuse")
+        loads = [Load(laptop, f"ingress-reuse.{MAGIC_DOMAIN}", listen) for _ in range(PORT_REUSE_STREAMS)]
+        await eventually(lambda: all(load.streak() >= 10 for load in loads), timeout=30,
+                         what="the loads answered by name")
+        marked = [(load, load.sent()) for load in loads]
+        await eventually(lambda: all(load.sent() - mark >= PORT_REUSE_REQUESTS for load, mark in marked),
+                         timeout=180, what=f"{PORT_REUSE_REQUESTS} requests by name in each stream")
+        first = min(load.results[mark][0] for load, mark in marked)
+        failed = sorted((round(at - first, 2), why) for load, mark in marked
+                        for at, why in load.results[mark:] if why is not None)
+        sent = sum(load.sent() - mark for load, mark in marked)
+        print(f"\nof {sent} requests by name to one agent in {len(loads)} streams, {len(failed)} failed")
+        assert not failed, f"of {sent} requests by name (seconds after the first, why): {failed}"
+    finally:
+        for load in loads[1:]:
+            load.stop()
+        await tear_down(loads[0] if loads else None, server, agents)
 
 
 async def tear_down(load: Load | None, server: asyncio.Server, agents: list[IngressProcess]) -> None:
@@ -246,9 +291,9 @@ UNRESOLVED = "no node of that name"
 """Why a request failed when the laptop's tailscaled found no node of the name (its dialer then asks
 the host's resolver, which knows nothing of the tailnet)."""
 UNANSWERED = "no answer within the deadline"
-"""A request that hung: tailscaled reconfigures WireGuard each time a peer joins or leaves and a
-connection it opens meanwhile can hang for seconds, between two tailscaled nodes as much as towards
-the agent (docs/decisions.md); the old node refusing would be ``refused``, not this."""
+"""A request that hung: its SYN was dropped (before the fix, by a socket of the agent's in TIME-WAIT
+on the same source port: :func:`test_no_request_by_name_hangs_on_a_source_port_the_agent_closed_first`);
+the old node refusing would be ``refused``, not this."""
 
 
 class Load:

@@ -1000,6 +1000,101 @@ mod tests {
         );
     }
 
+    /// Steps until A's dial `ha` is connected and B accepted it; the virtual time it took.
+    fn until_accepted(a: &mut DataPlane, b: &mut DataPlane, ha: u64, mut now: f64, limit: f64) -> (Option<u64>, f64) {
+        let started = now;
+        let (mut ev, mut accepted, mut connected) = (Vec::new(), None, false);
+        while now - started < limit && !(connected && accepted.is_some()) {
+            now += 0.001;
+            step(a, b, now, &mut ev);
+            for (side, e) in ev.drain(..) {
+                match (side, e) {
+                    ('b', Event::Tcp(TcpEvent::Accepted { handle, .. })) => accepted = Some(handle),
+                    ('a', Event::Tcp(TcpEvent::Connected(h))) if h == ha => connected = true,
+                    (_, Event::Tcp(TcpEvent::DialFailed { reason, .. })) => panic!("dial failed: {reason}"),
+                    _ => {}
+                }
+            }
+        }
+        (accepted.filter(|_| connected), now - started)
+    }
+
+    /// Steps `seconds` of virtual time, 1 ms at a time; returns the events.
+    fn run(a: &mut DataPlane, b: &mut DataPlane, now: &mut f64, seconds: f64) -> Vec<(char, Event)> {
+        let (mut ev, end) = (Vec::new(), *now + seconds);
+        while *now < end {
+            *now += 0.001;
+            step(a, b, *now, &mut ev);
+        }
+        ev
+    }
+
+    /// B (the agent, in front of a backend that closes first) closes a connection first, so its
+    /// socket stays in TIME-WAIT for 10 s; A (a tailscaled laptop's netstack picks source ports
+    /// at random) dials again from the same port. smoltcp gave that SYN to the TIME-WAIT socket,
+    /// which drops a segment without an ACK, so the dial and its retransmissions were lost until
+    /// TIME-WAIT ran out: requests hung past their deadline about once every few hundred. The
+    /// new connection must be accepted at once.
+    #[test]
+    fn a_dial_reusing_the_port_of_a_connection_b_closed_first_is_accepted_at_once() {
+        let (mut a, mut b) = pair();
+        let (ha, hb, mut now) = connected(&mut a, &mut b);
+        let port = a.stack().endpoints(ha).unwrap().0.unwrap().port();
+        assert_eq!(b.stack().send(hb, b"hello").unwrap(), 5);
+        b.stack().close(hb);
+        run(&mut a, &mut b, &mut now, 0.2);
+        assert_eq!(a.stack().recv(ha, 100).unwrap(), b"hello");
+        assert_eq!(a.stack().state_of(ha), Some(smoltcp::socket::tcp::State::CloseWait));
+        a.stack().close(ha);
+        run(&mut a, &mut b, &mut now, 0.5);
+
+        a.stack().set_next_port(port);
+        let again = a.tcp_connect(format!("{B_IP}:80").parse().unwrap(), 30.0);
+        assert_eq!(
+            a.stack().endpoints(again).unwrap().0.unwrap().port(),
+            port,
+            "not the same port"
+        );
+        let (accepted, took) = until_accepted(&mut a, &mut b, again, now, 12.0);
+        assert!(accepted.is_some(), "the dial from the reused port was never accepted");
+        assert!(
+            took < 0.1,
+            "the dial from the reused port took {took:.3} s (TIME-WAIT lasts 10 s)"
+        );
+    }
+
+    /// The same with B's side of the old connection still open in the application: B half-closed,
+    /// A answered with data and FIN, and B has not read it (its socket in TIME-WAIT, the bytes
+    /// unread). The new dial is accepted at once and B still reads every byte, then the EOF.
+    #[test]
+    fn a_reused_port_takes_the_time_wait_socket_of_an_unread_connection_and_keeps_its_bytes() {
+        let (mut a, mut b) = pair();
+        let (ha, hb, mut now) = connected(&mut a, &mut b);
+        let port = a.stack().endpoints(ha).unwrap().0.unwrap().port();
+        b.stack().shutdown_write(hb).unwrap();
+        run(&mut a, &mut b, &mut now, 0.2);
+        assert_eq!(a.stack().send(ha, b"unread reply").unwrap(), 12);
+        a.stack().close(ha);
+        run(&mut a, &mut b, &mut now, 0.5);
+        assert_eq!(b.stack().state_of(hb), Some(smoltcp::socket::tcp::State::TimeWait));
+
+        a.stack().set_next_port(port);
+        let again = a.tcp_connect(format!("{B_IP}:80").parse().unwrap(), 30.0);
+        let (accepted, took) = until_accepted(&mut a, &mut b, again, now, 12.0);
+        assert!(
+            accepted.is_some() && took < 0.1,
+            "the dial from the reused port took {took:.3} s"
+        );
+        assert_eq!(b.stack().recv(hb, 100).unwrap(), b"unread reply");
+        let events = run(&mut a, &mut b, &mut now, 0.1);
+        assert!(
+            events
+                .iter()
+                .any(|(side, e)| *side == 'b' && matches!(e, Event::Tcp(TcpEvent::PeerClosed(h)) if *h == hb)),
+            "no EOF after the held bytes"
+        );
+    }
+
     /// B reads 2 kB a second; A queues 600 kB and closes (releases its handle) once the last
     /// byte is queued, with about 500 kB (its send buffer and B's receive buffer) still to go,
     /// so 60 s after the close A still holds unsent bytes: the stack used to drop such a

@@ -368,6 +368,12 @@ impl Stack {
             .collect()
     }
 
+    /// The port the next dial tries first (tests: a dial that reuses an earlier one's port).
+    #[cfg(test)]
+    pub(crate) fn set_next_port(&mut self, port: u16) {
+        self.next_port = port;
+    }
+
     fn ephemeral_port(&mut self) -> Option<u16> {
         let used = self.ports_in_use();
         let span = u32::from(u16::MAX - EPHEMERAL_FIRST) + 1;
@@ -459,6 +465,8 @@ impl Stack {
             return SynDisposition::Feed;
         };
         let remote = IpEndpoint::new(IpAddress::from(info.src), info.src_port);
+        let local = IpEndpoint::new(IpAddress::from(info.dst), info.dst_port);
+        self.end_time_wait(local, remote);
         let listener = &self.listeners[&lid];
         let retransmit = listener.half_open.iter().any(|&h| {
             let s = self.sockets.get::<tcp::Socket>(h);
@@ -480,6 +488,62 @@ impl Stack {
             l.half_open.push(handle);
         }
         SynDisposition::Feed
+    }
+
+    /// A SYN has come for `local`/`remote` while a socket of an earlier connection between them
+    /// is in TIME-WAIT: the peer reuses a source port this stack closed first (a backend that
+    /// closes first makes every accepted connection end here, for 10 s). smoltcp hands the SYN to
+    /// the first socket whose 4-tuple matches and a socket in TIME-WAIT drops a segment without
+    /// an ACK, so the peer's SYN and its retransmissions (1 s, 3 s: a userspace tailscaled's
+    /// netstack picks its ports at random) were lost until TIME-WAIT ran out: a new connection
+    /// hung for seconds about once every few hundred at 50 a second.
+    ///
+    /// The old connection is over on both sides (its FINs were exchanged and acknowledged; a
+    /// socket still holding unread bytes keeps them in its `Conn`), so, as RFC 1122 4.2.2.13 and
+    /// RFC 6191 let a TIME-WAIT accept a new SYN, the socket is dropped without a segment and the
+    /// listener takes the SYN. What TIME-WAIT guards against, a delayed duplicate of the old
+    /// connection, cannot be told apart by sequence number here, but cannot reach us through
+    /// WireGuard's replay window either, and a delayed old SYN cannot arrive after that
+    /// connection's FINs.
+    fn end_time_wait(&mut self, local: IpEndpoint, remote: IpEndpoint) {
+        let matches = |s: &tcp::Socket| {
+            s.state() == tcp::State::TimeWait
+                && s.local_endpoint() == Some(local)
+                && s.remote_endpoint() == Some(remote)
+        };
+        if let Some(i) = self
+            .orphans
+            .iter()
+            .position(|o| matches(self.sockets.get::<tcp::Socket>(o.socket)))
+        {
+            let orphan = self.orphans.swap_remove(i);
+            self.sockets.remove(orphan.socket);
+            return;
+        }
+        let held = self
+            .conns
+            .values()
+            .find(|c| matches(self.sockets.get::<tcp::Socket>(c.socket)))
+            .map(|c| c.socket);
+        if let Some(old) = held {
+            // A connection whose reader has not taken everything yet: its bytes are in `held`
+            // and its FIN in `fin_seen`; it goes on with a socket that never opens.
+            let fresh = self.sockets.add(self.new_socket());
+            let s = self.sockets.get_mut::<tcp::Socket>(old);
+            if let Some(conn) = self.conns.values_mut().find(|c| c.socket == old) {
+                let held = &mut conn.held;
+                while s
+                    .recv(|b| {
+                        held.extend(b.iter());
+                        (b.len(), b.len())
+                    })
+                    .is_ok_and(|n| n > 0)
+                {}
+                conn.fin_seen = true;
+                conn.socket = fresh;
+            }
+            self.sockets.remove(old);
+        }
     }
 
     /// Feeds one inbound IP packet to smoltcp right away.
