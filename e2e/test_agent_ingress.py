@@ -414,3 +414,47 @@ async def test_a_tcp_expose_answers_on_the_nodes_ipv6_address(
             writer.close()
     finally:
         server.close()
+
+
+async def test_tls_hosts_of_one_port_split_over_two_exposes_by_a_reload_keep_answering(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path) -> None:
+    """A Gateway's fifth host on a port makes the operator write a second expose on that port
+    (four hosts per expose): the agent moves the hosts without stopping (the conformance suite's
+    HTTPS listener test adds a route to a Gateway of four listeners on port 443)."""
+    ca = CertificateAuthority(tmp_path / "pki", "ingress")
+    cert = ca.issue("all", common_name="a.example.test", hosts=("a.example.test", "b.example.test", "c.example.test",
+                                                              "*.w.example.test", "e.example.test"))
+    tls = {"certFile": str(cert.cert), "keyFile": str(cert.key)}
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", whoami)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    backend_port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", backend_port).start()
+    port = free_port()
+    backend = {"host": "127.0.0.1", "port": backend_port}
+
+    def expose(name: str, *hosts: str) -> dict[str, Any]:
+        return {"name": name, "port": port, "mode": "http", "backend": backend,
+                "hosts": [{"name": h, "tls": tls, **({"fallback": False} if h == "*" else {})} for h in hosts]}
+
+    first = [expose("https-0", "*", "a.example.test", "*.w.example.test", "b.example.test")]
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    laptop = tailscale_nodes("ts-laptop-split", headscale, authkey=key)
+    try:
+        async with ingress_agent(headscale, "ingress-split", key, tmp_path, first) as agent:
+            await wait_peer_sees(laptop, "ingress-split")
+            address = agent.ip
+            assert (await ask(laptop, agent, port, ca.cert_path, "a.example.test")).status == 200
+            write_like_kubelet(tmp_path, json.dumps([
+                expose("https-0", "*", "a.example.test", "*.w.example.test", "b.example.test"),
+                expose("https-1", "e.example.test")]))
+            await eventually(lambda: agent.ingress.forwarder.is_listening("https-1"), timeout=10,
+                             what="the second expose on the port")
+            for sni, code in (("a.example.test", 200), ("e.example.test", 200), ("x.w.example.test", 200),
+                              ("elsewhere.test", 404)):
+                answer = await ask(laptop, agent, port, ca.cert_path, sni, check_name=False)
+                assert answer.status == code, (sni, answer)
+            assert agent.ip == address and agent.node.ready
+    finally:
+        await runner.cleanup()
