@@ -52,7 +52,7 @@ NAMESPACES = ("gateway-conformance-infra", "gateway-conformance-app-backend", "g
 TAG = "tag:k8s"
 """The tag of a Gateway without the ``tailnet.dev/tag`` annotation: every Gateway of the suite."""
 LAPTOP_TAG = "tag:conformance-laptop"
-CORE_FEATURES = ("Gateway", "HTTPRoute")
+CORE_FEATURES = ("Gateway", "HTTPRoute", "ReferenceGrant")
 FULL_ENV = "TAILNET_CONFORMANCE"
 """``full`` (make conformance): every feature the class declares, the report kept under docs/;
 ``core``: the core features only, as make test will once they pass."""
