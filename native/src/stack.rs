@@ -527,8 +527,11 @@ impl Stack {
             .map(|c| c.socket);
         if let Some(old) = held {
             // A connection whose reader has not taken everything yet: its bytes are in `held`
-            // and its FIN in `fin_seen`; it goes on with a socket that never opens.
-            let fresh = self.sockets.add(self.new_socket());
+            // and its FIN in `fin_seen`; it goes on with a socket that never opens (no buffers).
+            let fresh = self.sockets.add(tcp::Socket::new(
+                tcp::SocketBuffer::new(Vec::new()),
+                tcp::SocketBuffer::new(Vec::new()),
+            ));
             let s = self.sockets.get_mut::<tcp::Socket>(old);
             if let Some(conn) = self.conns.values_mut().find(|c| c.socket == old) {
                 let held = &mut conn.held;
