@@ -76,12 +76,13 @@ __all__ = [
     "GatewayStatus",
     "Gateways",
     "classes_of_tailnet",
-    "every_gateway",
     "gatewayapi_reconciler",
     "gateways_near",
     "gateways_of_class",
+    "gateways_of_grant",
     "gateways_of_route",
     "gateways_of_tailnet",
+    "gateways_selecting_namespaces",
     "gateways_using_secret",
 ]
 
@@ -136,10 +137,32 @@ def gateways_near(reader: Reader) -> Callable[[JSON], list[Request]]:
     return lambda obj: _requests(reader.list(API_GATEWAY, obj["metadata"].get("namespace")))
 
 
-def every_gateway(reader: Reader) -> Callable[[JSON], list[Request]]:
-    """A mapper to every Gateway: for what any route of any Gateway may depend on (a
-    ReferenceGrant, a namespace's labels). Gateways are few; a grant or a relabel is rare."""
-    return lambda _: _requests(reader.list(API_GATEWAY))
+def gateways_of_grant(reader: Reader) -> Callable[[JSON], list[Request]]:
+    """A mapper from a ReferenceGrant to the Gateways it may concern: those of the namespaces it
+    lets Gateways refer from (a certificate), and those the HTTPRoutes of the namespaces it lets
+    routes refer from name (a backend)."""
+    def mapper(obj: JSON) -> list[Request]:
+        found: set[tuple[str, str]] = set()
+        for entry in (obj.get("spec") or {}).get("from") or []:
+            namespace = str(entry.get("namespace") or "")
+            if entry.get("kind") == "Gateway":
+                found |= {(namespace, g["metadata"]["name"]) for g in reader.list(API_GATEWAY, namespace)}
+            elif entry.get("kind") == "HTTPRoute":
+                for route in reader.list(HTTP_ROUTE, namespace):
+                    found |= {(key.split("/", 1)[0], key.split("/", 1)[1]) for key in parent_index(route)}
+        return [Request(ns, name) for ns, name in sorted(found)]
+
+    return mapper
+
+
+def gateways_selecting_namespaces(reader: Reader) -> Callable[[JSON], list[Request]]:
+    """A mapper from a Namespace (its labels changed) to the Gateways with a listener that
+    admits routes by a namespace selector."""
+    def selects(gateway: JSON) -> bool:
+        return any(((ls.get("allowedRoutes") or {}).get("namespaces") or {}).get("from") == "Selector"
+                   for ls in (gateway.get("spec") or {}).get("listeners") or [])
+
+    return lambda _: _requests([g for g in reader.list(API_GATEWAY) if selects(g)])
 
 
 def gateways_using_secret(reader: Reader) -> Callable[[JSON], list[Request]]:

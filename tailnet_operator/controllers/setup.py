@@ -63,12 +63,13 @@ from .gatewayapi import FIELD_MANAGER as GATEWAYAPI_FIELD_MANAGER
 from .gatewayapi import (
     GatewayClassReconciler,
     classes_of_tailnet,
-    every_gateway,
     gatewayapi_reconciler,
     gateways_near,
     gateways_of_class,
+    gateways_of_grant,
     gateways_of_route,
     gateways_of_tailnet,
+    gateways_selecting_namespaces,
     gateways_using_secret,
 )
 from .gatewayapi_plans import PARENT_INDEX, parent_index
@@ -445,8 +446,8 @@ def _add_gatewayapi(manager: Manager, reconciler: ClassedReconciler) -> ClassedR
      .watches(GATEWAY_CLASS, gateways_of_class(cache), GenerationChanged())
      .watches(SERVICE, gateways_near(cache), FieldChanged("spec", "ports"))
      .watches(SECRET, gateways_using_secret(cache))
-     .watches(REFERENCE_GRANT, every_gateway(cache))
-     .watches(NAMESPACE, every_gateway(cache), FieldChanged("metadata", "labels"))
+     .watches(REFERENCE_GRANT, gateways_of_grant(cache))
+     .watches(NAMESPACE, gateways_selecting_namespaces(cache), FieldChanged("metadata", "labels"))
      .watches(TAILNET, gateways_of_tailnet(cache), TAILNET_ACCESS_CHANGED))
     return reconciler
 

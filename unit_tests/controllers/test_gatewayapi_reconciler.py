@@ -16,6 +16,8 @@ from tailnet_operator.controllers.gatewayapi import (
     GatewayClassReconciler,
     Gateways,
     gatewayapi_reconciler,
+    gateways_of_grant,
+    gateways_selecting_namespaces,
     gateways_using_secret,
 )
 from tailnet_operator.controllers.ingress import IngressSettings
@@ -313,3 +315,25 @@ async def test_the_policy_owns_its_tag_and_the_sweep_counts_its_key() -> None:
 
     refs = references_from(world.kube, "tn", NAMESPACE)
     assert key_id in refs.key_ids and TAG in refs.tags
+
+
+async def test_a_grant_or_a_relabelled_namespace_wakes_only_the_gateways_it_may_concern() -> None:
+    """Not every Gateway: a grant or a relabel must not queue them all behind a few workers."""
+    world = await world_with_tailnet()
+    world.add_gateway("edge")
+    world.add_gateway("other")
+    picky = copy.deepcopy(world.add_gateway("picky"))
+    picky["spec"]["listeners"][0]["allowedRoutes"] = {"namespaces": {"from": "Selector", "selector": {}}}
+    world.kube.update(API_GATEWAY, picky)
+    world.kube.add(HTTP_ROUTE, {"metadata": {"name": "r", "namespace": "web"},
+                                "spec": {"parentRefs": [{"name": "edge", "namespace": TENANT}]}})
+
+    def grant(kind: str, namespace: str) -> JSON:
+        return {"metadata": {"name": "g", "namespace": "data"},
+                "spec": {"from": [{"group": gw.GROUP, "kind": kind, "namespace": namespace}], "to": []}}
+
+    assert gateways_of_grant(world.kube)(grant("HTTPRoute", "web")) == [Request(TENANT, "edge")]
+    assert sorted(r.name for r in gateways_of_grant(world.kube)(grant("Gateway", TENANT))) == [
+        "edge", "other", "picky"]
+    assert gateways_of_grant(world.kube)(grant("Gateway", "nobody")) == []
+    assert gateways_selecting_namespaces(world.kube)({"metadata": {"name": "web"}}) == [Request(TENANT, "picky")]
