@@ -236,8 +236,9 @@ async def test_http_expose_sni_certificates_h1_h2_421_and_rotation(
             for sni, names, code in (("a.shop.example.test", ["*.shop.example.test"], 200),
                                        ("a.b.shop.example.test", ["*.shop.example.test"], 200),
                                        ("elsewhere.test", ["any.example.test"], 404)):
-                answer = await ask(laptop, agent, port, ca.cert_path, sni, check_name=False)
-                assert (answer.status, dns_names(answer)) == (code, names), (sni, answer)
+                for alpn in ("http/1.1", "h2"):
+                    answer = await ask(laptop, agent, port, ca.cert_path, sni, check_name=False, alpn=alpn)
+                    assert (answer.status, dns_names(answer)) == (code, names), (sni, alpn, answer)
             outside = await ask(laptop, agent, port, ca.cert_path, "a.shop.example.test", check_name=False,
                                 host="blog.example.test")
             assert outside.status == 421, outside
