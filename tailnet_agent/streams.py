@@ -255,7 +255,12 @@ class TailnetTransport(asyncio.Transport):
         protocol = self._protocol
         assert isinstance(protocol, asyncio.Protocol | asyncio.BufferedProtocol)
         while not self._reading_paused and not self._released:
-            data = self._dp.tcp_recv(self.handle, RECV_CHUNK)
+            try:
+                data = self._dp.tcp_recv(self.handle, RECV_CHUNK)
+            except ValueError as exc:  # released natively before its event reached us: this connection ends
+                self._table.forget(self.handle)
+                self.on_released(ConnectionResetError(f"connection lost while reading: {exc}"))
+                return
             if not data:
                 break
             try:
