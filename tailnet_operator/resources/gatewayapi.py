@@ -57,7 +57,7 @@ from tailnet_operator.api.ingress import EXPOSES_MAX, HOSTS_MAX, PATHS_MAX, Host
 from tailnet_operator.names import MANAGED_BY, TAILNET_LABEL
 
 from . import owned_metadata
-from .loadbalancer import AnnotatedObject, annotated_view, name_problem
+from .loadbalancer import AnnotatedObject, annotated_view, shape_name
 
 __all__ = [
     "CONTROLLER",
@@ -341,8 +341,10 @@ def names_gateway(route: Mapping[str, Any], gateway: Mapping[str, Any]) -> bool:
 
 
 def object_name_of(gateway_name: str) -> str:
-    """The name of the TailnetIngress shape, the stem of every object the Gateway owns."""
-    return f"{gateway_name}{NAME_SUFFIX}"
+    """The name of the TailnetIngress shape, the stem of every object the Gateway owns: the
+    Gateway's name and ``-gw``, cut with a digest when too long (:func:`.loadbalancer.shape_name`;
+    the conformance suite names Gateways of 47 characters)."""
+    return shape_name(gateway_name, NAME_SUFFIX)
 
 
 def certificate_copy_name(gateway_name: str, namespace: str, name: str) -> str:
@@ -375,8 +377,8 @@ def cross_namespace_certificates(gateway: Mapping[str, Any]) -> list[tuple[str, 
 
 
 def gateway_name_problem(name: str) -> tuple[str, str] | None:
-    """NameTooLong for a Gateway whose agent's object names would not be DNS labels."""
-    return name_problem("Gateway", name, NAME_SUFFIX)
+    """None: a Gateway of any name is served (its shape's name is cut, :func:`object_name_of`)."""
+    return None
 
 
 def record_name(namespace: str, name: str) -> str:
@@ -929,7 +931,7 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
                         "conditions")
     try:
         ingress = TailnetIngress.model_validate({
-            "metadata": {"name": f"{gateway.name}{NAME_SUFFIX}", "namespace": gateway.namespace,
+            "metadata": {"name": object_name_of(gateway.name), "namespace": gateway.namespace,
                          "uid": gateway.metadata.uid},
             "spec": {"tailnetRef": {"name": tailnet}, "tag": tag, "hostname": hostname, "exposes": exposes}})
     except ValidationError as exc:

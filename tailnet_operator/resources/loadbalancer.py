@@ -19,6 +19,7 @@ Annotations, each with its default:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -191,6 +192,17 @@ def problem(service: LoadBalancerService) -> tuple[str, str] | None:
         return "TooManyPorts", (f"the Service has {len(ports)} TCP ports; a tailnet node serves at most "
                                 f"{EXPOSES_MAX}: split it into Services of at most {EXPOSES_MAX} ports")
     return name_problem("Service", service.name, NAME_SUFFIX)
+
+
+def shape_name(name: str, suffix: str) -> str:
+    """The TailnetIngress shape's name for an object named ``name``: ``name + suffix``; for a name
+    too long for its agent's objects' names to be DNS labels, its start and a digest of the whole,
+    so that two long names stay apart."""
+    longest = 63 - _LONGEST_OWNED_SUFFIX - len(suffix)
+    if len(name) <= longest:
+        return f"{name}{suffix}"
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:longest - len(digest) - 1].rstrip('-')}-{digest}{suffix}"
 
 
 def name_problem(kind: str, name: str, suffix: str) -> tuple[str, str] | None:

@@ -431,3 +431,17 @@ def test_a_headless_service_is_dialled_on_its_target_port() -> None:
     [host] = agent_hosts(result).values()
     assert sorted((r.path, r.backend.port if r.backend else None) for r in host.routes) == [("/", 3000), ("/n", None)]
     assert result.parents[(NS, "n")][0].resolved_refs.reason == "UnsupportedValue"
+
+
+def test_a_gateway_with_a_long_name_is_served_under_a_cut_name() -> None:
+    """The conformance suite names a Gateway gateway-secret-reference-grant-all-in-namespace."""
+    long_name = "gateway-secret-reference-grant-all-in-namespace"
+    g = gw.GatewayObject.model_validate({**gateway(https("web", "a.example.test")).model_dump(by_alias=True),
+                                         "metadata": {"name": long_name, "namespace": NS, "uid": "u"}})
+    result = plan(g, route("r", parents=({"name": long_name},)))
+    assert result.ingress is not None, result.accepted
+    agent = build.agent_name(result.ingress)
+    assert len(agent) <= 63 and agent.startswith("gateway-secret-reference-grant"), agent
+    assert gw.gateway_name_problem(long_name) is None
+    assert gw.object_name_of(long_name) != gw.object_name_of(long_name + "-2")
+    assert gw.object_name_of("edge") == "edge-gw"
