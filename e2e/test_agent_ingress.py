@@ -177,6 +177,18 @@ async def whoami(request: web.Request) -> web.Response:
                               "proto": request.headers.get("X-Forwarded-Proto")})
 
 
+async def whoami_backend() -> tuple[web.AppRunner, int]:
+    """A backend on 127.0.0.1 that answers every GET with what it was told (:func:`whoami`); the
+    caller cleans the runner up."""
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", whoami)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, port
+
+
 def dns_names(answer: Answer) -> list[str]:
     cert = x509.load_der_x509_certificate(answer.certificate)
     return cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
@@ -201,12 +213,7 @@ async def test_http_expose_sni_certificates_h1_h2_421_and_rotation(
     blog = ca.issue("blog", common_name="blog.example.test", hosts=("blog.example.test",))
     wild = ca.issue("wild", common_name="*.shop.example.test", hosts=("*.shop.example.test",))
     anyhost = ca.issue("any", common_name="any.example.test", hosts=("any.example.test",))
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", whoami)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    backend_port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", backend_port).start()
+    runner, backend_port = await whoami_backend()
     port = free_port()
     expose = {"name": "web", "port": port, "mode": "http", "backend": {"host": "127.0.0.1", "port": backend_port},
               "hosts": [{"name": "shop.example.test", "alias": "shop",
@@ -426,12 +433,7 @@ async def test_tls_hosts_of_one_port_split_over_two_exposes_by_a_reload_keep_ans
     cert = ca.issue("all", common_name="a.example.test", hosts=("a.example.test", "b.example.test", "c.example.test",
                                                               "*.w.example.test", "e.example.test"))
     tls = {"certFile": str(cert.cert), "keyFile": str(cert.key)}
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", whoami)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    backend_port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", backend_port).start()
+    runner, backend_port = await whoami_backend()
     port = free_port()
     backend = {"host": "127.0.0.1", "port": backend_port}
 
