@@ -55,7 +55,7 @@ LAPTOP_TAG = "tag:conformance-laptop"
 CORE_FEATURES = ("Gateway", "HTTPRoute", "ReferenceGrant")
 FULL_ENV = "TAILNET_CONFORMANCE"
 """``full`` (make conformance): every feature the class declares, the report kept under docs/;
-``core``: the core features only, as make test will once they pass."""
+``core``: the core features only, as make test will once they pass run after run."""
 ONLY_ENV = "TAILNET_CONFORMANCE_ONLY"
 """A regular expression of the suite's test names (``HTTPRouteWeight|HTTPRouteMatching``): run
 those alone, to look at a failure again without the rest of the suite."""
@@ -92,7 +92,8 @@ def conformance(cluster: ClusterUnderTest, installed_operator: str, cluster_head
     laptop the policy lets reach the Gateways."""
     if os.environ.get(FULL_ENV) not in ("full", "core"):
         skip_by_design("the Gateway API conformance suite runs in `make conformance` (TAILNET_CONFORMANCE=full) "
-                       "or with TAILNET_CONFORMANCE=core; make test runs it once its core tests pass (issue 26)")
+                       "or with TAILNET_CONFORMANCE=core (36 of 36 core tests passed in its last run, "
+                       "docs/conformance/); make test runs it once that has held over several runs (issue 26)")
     from hack.image import conformance_images
     from hack.localenv.gatewayapi import standard_crd_bodies
 
