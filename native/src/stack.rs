@@ -193,6 +193,18 @@ fn to_instant(now: f64) -> Instant {
     Instant::from_micros((now * 1e6) as i64)
 }
 
+/// Moves every byte of `s`'s receive buffer not read yet to `held`, where `recv` finds it first:
+/// for a socket that is about to lose its buffer (TIME-WAIT's end, or a SYN ending it).
+fn take_unread(s: &mut tcp::Socket, held: &mut VecDeque<u8>) {
+    while s
+        .recv(|b| {
+            held.extend(b.iter());
+            (b.len(), b.len())
+        })
+        .is_ok_and(|n| n > 0)
+    {}
+}
+
 fn state_has_remote_fin(s: tcp::State) -> bool {
     matches!(
         s,
@@ -534,14 +546,7 @@ impl Stack {
             ));
             let s = self.sockets.get_mut::<tcp::Socket>(old);
             if let Some(conn) = self.conns.values_mut().find(|c| c.socket == old) {
-                let held = &mut conn.held;
-                while s
-                    .recv(|b| {
-                        held.extend(b.iter());
-                        (b.len(), b.len())
-                    })
-                    .is_ok_and(|n| n > 0)
-                {}
+                take_unread(s, &mut conn.held);
                 conn.fin_seen = true;
                 conn.socket = fresh;
             }
@@ -667,14 +672,7 @@ impl Stack {
             if state == tcp::State::TimeWait && s.recv_queue() > 0 {
                 // smoltcp resets the socket when TIME-WAIT ends (10 s), clearing what was not
                 // read yet: keep it for `recv`, so a slow reader still gets every byte.
-                let held = &mut conn.held;
-                while s
-                    .recv(|b| {
-                        held.extend(b.iter());
-                        (b.len(), b.len())
-                    })
-                    .is_ok_and(|n| n > 0)
-                {}
+                take_unread(s, &mut conn.held);
             }
             let rx_pending = s.recv_queue() > 0 || !conn.held.is_empty();
             if rx_pending && !conn.readable_sent {
