@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -126,8 +127,15 @@ def certificate_problem(secret: Mapping[str, Any] | None) -> str | None:
     if secret is None:
         return "not found"
     data = secret.get("data") or {}
+    return _pem_problem(str(data.get("tls.crt") or ""), str(data.get("tls.key") or ""))
+
+
+@functools.lru_cache(maxsize=256)
+def _pem_problem(chain_b64: str, key_b64: str) -> str | None:
+    """:func:`certificate_problem` of the Secret's two fields, parsed once per content: every plan
+    of a Gateway (each reconcile, and the policy's pass over the Tailnet's Gateways) asks again."""
     try:
-        chain, key = (base64.b64decode(data.get(k) or "", validate=True) for k in ("tls.crt", "tls.key"))
+        chain, key = (base64.b64decode(v, validate=True) for v in (chain_b64, key_b64))
     except binascii.Error:
         return "tls.crt or tls.key is not base64"
     if not chain or not key:
