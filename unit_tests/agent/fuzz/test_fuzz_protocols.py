@@ -6,7 +6,10 @@ refused with the module's own error type, never another exception.
 * the ``/machine/map`` stream and the netmap built from it (``ControlError``);
 * DERP: the frame decoder, the upgrade answer and the handshake frames, ServerInfo sealed with
   the right keys but carrying any JSON (``DerpError``);
-* disco: packets from anyone, sealed or not, to a node with a known peer (ignored or handled).
+* disco: packets from anyone, sealed or not, to a node with a known peer (ignored or handled);
+* the TLS ClientHello a passthrough expose routes by: any bytes, and real hellos with bytes
+  changed, cut or split over records (``ClientHelloError``); the answer for a prefix never
+  contradicts the answer for the whole.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ from tailnet_agent.control.keys import MACHINE_PUBLIC_PREFIX, PrivateKey
 from tailnet_agent.derp import frames as f
 from tailnet_agent.derp import handshake
 from tailnet_agent.derp.errors import DerpError
+from tailnet_agent.forward.clienthello import READ_LIMIT, ClientHello, ClientHelloError, read_client_hello
 
 from ..control.responder import respond
+from ..test_clienthello import openssl_hello, records
 
 _chunks = st.lists(st.binary(max_size=80), max_size=6)
 _json: st.SearchStrategy[Any] = st.recursive(
@@ -276,3 +281,48 @@ def test_disco_peer_with_a_low_order_key_stays_on_derp() -> None:
 @pytest.mark.parametrize("plaintext", [b"", b"\x01", b"\x02\x00" + bytes(29), b"\x03\x00" + bytes(17)])
 def test_disco_decode_short_bodies(plaintext: bytes) -> None:
     assert disco.decode(plaintext) is None
+
+
+# -- TLS ClientHello ---------------------------------------------------------------------------------
+
+_HELLO = openssl_hello("shop.example.test", alpn=("h2", "http/1.1"))
+
+
+def _changed(hello: bytes, edits: list[tuple[int, int]], cut: int | None, sizes: list[int]) -> bytes:
+    """``hello``'s handshake message with bytes replaced (position, value), cut short, in records of
+    these sizes."""
+    message = bytearray(hello[5:])
+    for at, value in edits:
+        message[at % len(message)] = value
+    return records(bytes(message[:cut]), sizes)
+
+
+_client_hellos = st.one_of(
+    st.binary(max_size=400),
+    st.binary(max_size=200).map(lambda b: b"\x16\x03\x01" + b),
+    st.builds(_changed, st.just(_HELLO), st.lists(st.tuples(st.integers(0, 1 << 12), st.integers(0, 255)),
+                                                   max_size=3),
+              st.none() | st.integers(0, len(_HELLO)), st.lists(st.integers(1, 300), max_size=20)),
+)
+
+
+def _read(data: bytes) -> ClientHello | ClientHelloError | None:
+    try:
+        return read_client_hello(data)
+    except ClientHelloError as exc:
+        return exc
+
+
+@fuzz_settings
+@given(_client_hellos, st.integers(0, 1 << 12))
+@example(_HELLO, 0)
+@example(records(_HELLO[5:], [1] * 17), 30)
+def test_client_hello(data: bytes, cut: int) -> None:
+    whole = _read(data)
+    part = _read(data[:cut])
+    if isinstance(whole, ClientHello):
+        assert part == (whole if cut >= whole.size else None)
+    elif whole is None:
+        assert part is None and len(data) < READ_LIMIT
+    else:
+        assert part is None or isinstance(part, ClientHelloError)
