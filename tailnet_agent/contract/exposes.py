@@ -14,21 +14,24 @@ at startup and on every change (:func:`parse_exposes`). A JSON list; every probl
                  "routes": [{"path": "/api", "type": "Prefix",
                              "backend": {"host": "api.shop.svc", "port": 8080, "scheme": "http"}}]}]}]
 
-* ``port``: the tailnet port the agent listens on. http exposes may share a port (the host named
-  in SNI chooses the expose; a name may then belong to one host of them only); a tcp expose
-  needs a port of its own.
+* ``port``: the tailnet port the agent listens on. http exposes may share a port, and so may tls
+  exposes (the host named in SNI chooses the expose; a name may then belong to one host of them
+  only); a port carries exposes of one mode, and a tcp expose needs a port of its own.
 * ``mode``: ``tcp`` (default; ``l4`` is the same) copies bytes both ways with half-close;
   ``http`` terminates TLS with the certificate of the host the client names in SNI and proxies
-  HTTP/1.1 and HTTP/2 requests (:mod:`tailnet_agent.forward.http`).
+  HTTP/1.1 and HTTP/2 requests (:mod:`tailnet_agent.forward.http`); ``tls`` passes TLS through
+  untouched, to the backend of the expose whose host the ClientHello's SNI names, and then copies
+  bytes as tcp does (:mod:`tailnet_agent.forward.passthrough`).
 * ``backend``: ``host`` (an in-cluster Service name or an IP) and ``port``. For http, ``scheme``
   ``http`` (default) or ``https``: HTTPS to the app is always verified, against ``caFile`` (PEM)
   when given, else the system roots, for ``serverName`` (default ``host``). ``protocol``
   ``http1`` (default) or ``h2``: HTTP/2 to the app, with prior knowledge (h2c) over ``http``, with
   ALPN ``h2`` over ``https``; trailers are kept (gRPC).
-* ``hosts`` (http only, at least one): a virtual host's ``name``, an optional short ``alias``
+* ``hosts`` (http and tls, at least one): a virtual host's ``name``, an optional short ``alias``
   and optional further ``aliases`` (e.g. the alias under each DNS zone; all are accepted as SNI
-  and Host), and ``tls.certFile``/``tls.keyFile`` (mounted PEM files,
-  reloaded when they change). A name or alias belongs to one host of an expose.
+  and Host), and (http only) ``tls.certFile``/``tls.keyFile`` (mounted PEM files,
+  reloaded when they change). A name or alias belongs to one host of an expose. A tls expose's
+  hosts are names only: no ``tls``, ``routes`` or ``fallback``.
 * ``plaintext`` (http only, default false): HTTP/1.1 without TLS (the tailnet's WireGuard is the
   encryption); its hosts take no ``tls``, each request picks its host by Host among the plaintext
   exposes of the port, and a host named ``*`` answers any other name. The exposes of one port are
@@ -62,6 +65,7 @@ __all__ = [
     "REPLACE_FULL_PATH",
     "REPLACE_PREFIX_MATCH",
     "TCP",
+    "TLS",
     "Backend",
     "Expose",
     "HeaderEdits",
@@ -82,9 +86,11 @@ __all__ = [
 NAME = EXPOSES_FILE
 TCP = "tcp"
 HTTP = "http"
+TLS = "tls"
+"""TLS passthrough: routed by the ClientHello's SNI, never terminated."""
 HTTP1 = "http1"
 H2 = "h2"
-_MODES = {"tcp": TCP, "l4": TCP, "http": HTTP}
+_MODES = {"tcp": TCP, "l4": TCP, "http": HTTP, "tls": TLS}
 EXACT = "Exact"
 PREFIX = "Prefix"
 REPLACE_FULL_PATH = "ReplaceFullPath"
@@ -127,10 +133,10 @@ class Backend:
     """``http1`` or ``h2`` (http exposes only): the HTTP version spoken to the backend."""
 
     def to_json(self, mode: str) -> dict[str, Any]:
-        """The ``backend`` object; for tcp only host and port, for http no key left at its default
-        but ``scheme``."""
+        """The ``backend`` object; for tcp and tls only host and port, for http no key left at its
+        default but ``scheme``."""
         out: dict[str, Any] = {"host": self.host, "port": self.port}
-        if mode == TCP:
+        if mode != HTTP:
             return out
         out["scheme"] = self.scheme
         if self.protocol != HTTP1:
@@ -395,14 +401,14 @@ def _backend(raw: Any, where: str, mode: str) -> Backend:
     host = _text(item, "host", where)
     assert host is not None
     scheme = item.get("scheme", "http")
-    if scheme not in ("http", "https") or (mode == TCP and "scheme" in item):
+    if scheme not in ("http", "https") or (mode != HTTP and "scheme" in item):
         raise ConfigError(f"{NAME}: {where}.scheme must be http or https (http exposes only), got {scheme!r}")
     ca_file = _text(item, "caFile", where, required=False)
     server_name = _text(item, "serverName", where, required=False)
     if scheme == "http" and (ca_file or server_name):
         raise ConfigError(f"{NAME}: {where}: caFile and serverName go with scheme https")
     protocol = item.get("protocol", HTTP1)
-    if protocol not in (HTTP1, H2) or (mode == TCP and "protocol" in item):
+    if protocol not in (HTTP1, H2) or (mode != HTTP and "protocol" in item):
         raise ConfigError(f"{NAME}: {where}.protocol must be http1 or h2 (http exposes only), got {protocol!r}")
     return Backend(host=host, port=_port(item.get("port"), f"{where}.port"), scheme=scheme, ca_file=ca_file,
                    server_name=server_name, protocol=protocol)
@@ -427,8 +433,11 @@ def closest(candidates: Iterable[tuple[T, VirtualHost]], name: str) -> tuple[T, 
     return best
 
 
-def _host(raw: Any, where: str, *, plaintext: bool = False) -> VirtualHost:
+def _host(raw: Any, where: str, *, plaintext: bool = False, passthrough: bool = False) -> VirtualHost:
+    """A host of an http expose, or (``passthrough``) a tls expose's: a name and aliases only."""
     item = _object(raw, where)
+    if passthrough and (given := [k for k in ("tls", "routes", "fallback") if k in item]):
+        raise ConfigError(f"{NAME}: {where}: a tls expose's host is names only, it takes no {', '.join(given)}")
     name = _text(item, "name", where)
     alias = _text(item, "alias", where, required=False)
     raw_aliases = item.get("aliases", [])
@@ -436,7 +445,7 @@ def _host(raw: Any, where: str, *, plaintext: bool = False) -> VirtualHost:
         raise ConfigError(f"{NAME}: {where}.aliases must be a list of non-empty strings")
     assert name is not None
     cert = key = ""
-    if plaintext:
+    if plaintext or passthrough:
         if "tls" in item:
             raise ConfigError(f"{NAME}: {where}: a plaintext expose's host takes no tls")
     else:
@@ -614,24 +623,25 @@ def parse_exposes(text: str) -> tuple[Expose, ...]:
             raise ConfigError(f"{NAME}: {where}: the name is used twice")
         mode = _MODES.get(item.get("mode", TCP))
         if mode is None:
-            raise ConfigError(f"{NAME}: {where}.mode must be tcp or http, got {item.get('mode')!r}")
+            raise ConfigError(f"{NAME}: {where}.mode must be tcp, http or tls, got {item.get('mode')!r}")
         port = _port(item.get("port"), f"{where}.port")
-        if (other := ports.get(port)) is not None and TCP in (mode, other.mode):
-            raise ConfigError(f"{NAME}: port {port} is used by both {other.name} and {label}; only http exposes "
-                              "may share a port")
+        if (other := ports.get(port)) is not None and (mode != other.mode or mode == TCP):
+            raise ConfigError(f"{NAME}: port {port} is used by both {other.name} ({other.mode}) and {label} "
+                              f"({mode}); a port is shared only by exposes of one mode, http or tls")
         backend = _backend(item.get("backend"), f"{where}.backend", mode)
         raw_hosts = item.get("hosts", [])
         if mode == TCP and raw_hosts:
-            raise ConfigError(f"{NAME}: {where}: hosts go with mode http")
-        if mode == HTTP and (not isinstance(raw_hosts, list) or not raw_hosts):
-            raise ConfigError(f"{NAME}: {where}.hosts must be a non-empty list for mode http")
+            raise ConfigError(f"{NAME}: {where}: hosts go with mode http or tls")
+        if mode != TCP and (not isinstance(raw_hosts, list) or not raw_hosts):
+            raise ConfigError(f"{NAME}: {where}.hosts must be a non-empty list for mode {mode}")
         plaintext = item.get("plaintext", False)
         if not isinstance(plaintext, bool) or (plaintext and mode != HTTP):
             raise ConfigError(f"{NAME}: {where}.plaintext must be true or false, and goes with mode http")
         if other is not None and other.mode == HTTP and other.plaintext != plaintext:
             raise ConfigError(f"{NAME}: port {port} is used by both {other.name} and {label}, one with TLS and one "
                               "without; the exposes of one port are all plaintext or all TLS")
-        hosts = tuple(_host(h, f"{where}.hosts[{j}]", plaintext=plaintext) for j, h in enumerate(raw_hosts))
+        hosts = tuple(_host(h, f"{where}.hosts[{j}]", plaintext=plaintext, passthrough=mode == TLS)
+                      for j, h in enumerate(raw_hosts))
         seen: set[str] = set()
         for host in hosts:
             for name in host.names:

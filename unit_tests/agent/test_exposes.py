@@ -104,9 +104,9 @@ def _one(**fields: Any) -> str:
           "column 2"),
     ("[]", "TAILNET_EXPOSES_FILE must be a non-empty JSON list of exposes"),
     (_one(port=0), "TAILNET_EXPOSES_FILE: [0] (web).port must be a port number 1-65535, got 0"),
-    (_one(mode="udp"), "TAILNET_EXPOSES_FILE: [0] (web).mode must be tcp or http, got 'udp'"),
+    (_one(mode="udp"), "TAILNET_EXPOSES_FILE: [0] (web).mode must be tcp, http or tls, got 'udp'"),
     (_one(mode="http"), "TAILNET_EXPOSES_FILE: [0] (web).hosts must be a non-empty list for mode http"),
-    (_one(hosts=[{"name": "a", "tls": TLS}]), "TAILNET_EXPOSES_FILE: [0] (web): hosts go with mode http"),
+    (_one(hosts=[{"name": "a", "tls": TLS}]), "TAILNET_EXPOSES_FILE: [0] (web): hosts go with mode http or tls"),
     (_one(mode="http", hosts=[{"name": "a"}]), "TAILNET_EXPOSES_FILE: [0] (web).hosts[0].tls must be an object"),
     (_one(mode="http", hosts=[{"name": "a", "tls": TLS}, {"name": "b", "alias": "a", "tls": TLS}]),
      "TAILNET_EXPOSES_FILE: [0] (web): a names two hosts"),
@@ -120,9 +120,11 @@ def _one(**fields: Any) -> str:
      "TAILNET_EXPOSES_FILE: [0] (web).backend: caFile and serverName go with scheme https"),
     (json.dumps([{"name": "a", "port": 1, "backend": {"host": "h", "port": 2}},
                  {"name": "b", "port": 1, "backend": {"host": "h", "port": 3}}]),
-     "TAILNET_EXPOSES_FILE: port 1 is used by both a and b; only http exposes may share a port"),
+     "TAILNET_EXPOSES_FILE: port 1 is used by both a (tcp) and b (tcp); a port is shared only by exposes of one "
+     "mode, http or tls"),
     (json.dumps([_http("a", 1, "x"), {"name": "b", "port": 1, "backend": {"host": "h", "port": 3}}]),
-     "TAILNET_EXPOSES_FILE: port 1 is used by both a and b; only http exposes may share a port"),
+     "TAILNET_EXPOSES_FILE: port 1 is used by both a (http) and b (tcp); a port is shared only by exposes of one "
+     "mode, http or tls"),
     (json.dumps([_http("a", 1, "x"), _http("b", 1, "y", alias="x")]),
      "TAILNET_EXPOSES_FILE: [1] (b): x is a host of a too, on the same port 1"),
     (_one(backend={"host": "web", "port": 80, "protocol": "h2"}),
@@ -260,3 +262,50 @@ def test_a_tls_expose_may_have_wildcard_and_any_hosts() -> None:
                  hosts=(VirtualHost(name="*.example.test", cert_file="w.crt", key_file="w.key"),
                         VirtualHost(name="*", cert_file="a.crt", key_file="a.key", fallback=False)))
     assert parse_exposes(exposes_document([web])) == (web,)
+
+
+def _tls(name: str, port: int, *hosts: str) -> dict[str, Any]:
+    return {"name": name, "port": port, "mode": "tls", "backend": {"host": f"{name}.shop.svc", "port": 8443},
+            "hosts": [{"name": h} for h in hosts]}
+
+
+def test_tls_exposes_share_a_port_and_carry_names_only() -> None:
+    text = json.dumps([_tls("db", 443, "db.example.test", "*.db.example.test"), _tls("any", 443, "*"),
+                       {**_tls("mq", 5671, "mq.example.test"),
+                        "hosts": [{"name": "MQ.Example.Test.", "alias": "mq", "aliases": ["mq.corp.test"]}]}])
+    db, anyhost, mq = parse_exposes(text)
+    assert db == Expose(name="db", port=443, mode="tls", backend=Backend(host="db.shop.svc", port=8443),
+                        hosts=(VirtualHost(name="db.example.test"), VirtualHost(name="*.db.example.test")))
+    assert anyhost.hosts == (VirtualHost(name="*"),) and mq.hosts[0].names == ("mq.example.test", "mq", "mq.corp.test")
+    assert parse_exposes(exposes_document([db, anyhost, mq])) == (db, anyhost, mq)
+    entry = json.loads(exposes_document([db]))[0]
+    assert entry == {"name": "db", "port": 443, "mode": "tls", "backend": {"host": "db.shop.svc", "port": 8443},
+                     "hosts": [{"name": "db.example.test"}, {"name": "*.db.example.test"}]}
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    (json.dumps([{**_tls("db", 443, "a"), "hosts": []}]),
+     "TAILNET_EXPOSES_FILE: [0] (db).hosts must be a non-empty list for mode tls"),
+    (json.dumps([{**_tls("db", 443, "a"), "hosts": [{"name": "a", "tls": TLS}]}]),
+     "TAILNET_EXPOSES_FILE: [0] (db).hosts[0]: a tls expose's host is names only, it takes no tls"),
+    (json.dumps([{**_tls("db", 443, "a"), "hosts": [{"name": "a", "routes": [], "fallback": False}]}]),
+     "TAILNET_EXPOSES_FILE: [0] (db).hosts[0]: a tls expose's host is names only, it takes no routes, fallback"),
+    (json.dumps([{**_tls("db", 443, "a"), "plaintext": True}]),
+     "TAILNET_EXPOSES_FILE: [0] (db).plaintext must be true or false, and goes with mode http"),
+    (json.dumps([{**_tls("db", 443, "a"), "backend": {"host": "h", "port": 1, "scheme": "https"}}]),
+     "TAILNET_EXPOSES_FILE: [0] (db).backend.scheme must be http or https (http exposes only), got 'https'"),
+    (json.dumps([{**_tls("db", 443, "a"), "backend": {"host": "h", "port": 1, "protocol": "h2"}}]),
+     "TAILNET_EXPOSES_FILE: [0] (db).backend.protocol must be http1 or h2 (http exposes only), got 'h2'"),
+    (json.dumps([_tls("db", 443, "a"), _http("web", 443, "b")]),
+     "TAILNET_EXPOSES_FILE: port 443 is used by both db (tls) and web (http); a port is shared only by exposes of "
+     "one mode, http or tls"),
+    (json.dumps([_tls("db", 443, "a"), {"name": "raw", "port": 443, "backend": {"host": "h", "port": 1}}]),
+     "TAILNET_EXPOSES_FILE: port 443 is used by both db (tls) and raw (tcp); a port is shared only by exposes of "
+     "one mode, http or tls"),
+    (json.dumps([_tls("db", 443, "a", "*"), _tls("mq", 443, "b", "*")]),
+     "TAILNET_EXPOSES_FILE: [1] (mq): * is a host of db too, on the same port 443"),
+])
+def test_a_bad_tls_expose_is_refused_by_name(text: str, error: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_exposes(text)
+    assert str(info.value) == error
