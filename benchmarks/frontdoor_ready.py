@@ -181,8 +181,8 @@ def _remove(cluster: ClusterUnderTest, headscale: Headscale, door: FrontDoor, na
                timeout=120, what=f"the node of {name} gone from Headscale")
 
 
-def _world(cluster: ClusterUnderTest, headscale: Headscale, ns: str,
-           ca: CertificateAuthority) -> str:
+def _world(cluster: ClusterUnderTest, headscale: Headscale, ns: str, ca: CertificateAuthority,
+           image_ref: str) -> str:
     """The Tailnet (open policy; the namespace may use the tag), the classes, the backend, the TLS Secret."""
     tailnet = "frontdoor"
     pair = ca.issue("shop", common_name=HOST, hosts=(HOST,))
@@ -214,7 +214,7 @@ def _world(cluster: ClusterUnderTest, headscale: Headscale, ns: str,
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "shop-tls", "namespace": NAMESPACE},
          "type": "kubernetes.io/tls", "data": {"tls.crt": base64.b64encode(pair.cert.read_bytes()).decode(),
                                                "tls.key": base64.b64encode(pair.key.read_bytes()).decode()}},
-        python_pod("web", NAMESPACE, image.project_image().ref, HTTP_SERVER, labels={"app": "web"}, port=8080),
+        python_pod("web", NAMESPACE, image_ref, HTTP_SERVER, labels={"app": "web"}, port=8080),
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": NAMESPACE},
          "spec": {"selector": {"app": "web"}, "ports": [{"port": 8080, "targetPort": 8080}]}},
     ])
@@ -230,7 +230,7 @@ def run(rounds: int) -> dict[str, Any]:
         headscale = env.headscale("frontdoor-headscale", address=cluster.host_address)
         ns = install_operator_in_cluster(cluster, project.ref, env.root / "install")
         ca = CertificateAuthority(env.root / "pki", "frontdoor")
-        tailnet = _world(cluster, headscale, ns, ca)
+        tailnet = _world(cluster, headscale, ns, ca, project.ref)  # the image loaded, whatever changed since
         user = headscale.create_user("frontdoor-laptop")
         laptop = env.tailscale_node("frontdoor-laptop", headscale,
                                     authkey=headscale.create_preauth_key(user_id=user["id"]))
