@@ -140,6 +140,12 @@ class AgentMetrics:
                                        ["protocol"], registry=self.registry)
         self.http2_goaway = Counter("tailnet_agent_http2_goaway", "HTTP/2 connections the agent ended, by reason.",
                                     ["reason"], registry=self.registry)
+        self.passthrough_refused = Counter(
+            "tailnet_agent_passthrough_refused",
+            "tls expose connections closed before reaching a backend, by reason: no whole ClientHello within the "
+            "handshake timeout (timeout), the client closed first (closed), not a ClientHello or one over the read "
+            "limit (invalid), no host for its SNI name (unknown_name), no SNI and no * host (no_server_name).",
+            ["reason"], registry=self.registry)
         if node is not None:
             self.registry.register(_NodeCollector(node))
 

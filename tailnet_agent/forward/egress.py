@@ -236,14 +236,17 @@ class Forwarder(Generic[F]):
                 if not running.bound.done():
                     running.bound.cancel()
 
+    def splice(self, target: F) -> Splice:
+        """A splice for a connection of ``target`` (``a`` the client), its bytes counted as the target's."""
+        bytes_of = self.metrics.bytes
+        return Splice(count_a_to_b=bytes_of.labels(target.name, "sent").inc,
+                      count_b_to_a=bytes_of.labels(target.name, "received").inc)
+
     def _factory(self, tg: asyncio.TaskGroup, target: F, mapping: PortMapping, serve: Accept | None,
                  ) -> Callable[[], asyncio.Protocol]:
-        sent = self.metrics.bytes.labels(target.name, "sent")
-        received = self.metrics.bytes.labels(target.name, "received")
-
         def splice_to_dial(mapping: PortMapping) -> Connection:
-            splice = Splice(count_a_to_b=sent.inc, count_b_to_a=received.inc)
-            return splice.a, _peer_held(self.gate, splice, lambda: self._forward(target, mapping, splice)), splice.abort
+            splice = self.splice(target)
+            return splice.a, _peer_held(self.gate, splice, lambda: self.forward(target, mapping, splice)), splice.abort
 
         def accept() -> asyncio.Protocol:
             gate = self.gate
@@ -265,7 +268,8 @@ class Forwarder(Generic[F]):
 
         return accept
 
-    async def _forward(self, target: F, mapping: PortMapping, splice: Splice) -> None:
+    async def forward(self, target: F, mapping: PortMapping, splice: Splice) -> None:
+        """Dial ``target`` for the attached client ``splice.a`` (what it holds goes first), splice until both end."""
         m = self.metrics
         m.connections.labels(target.name).inc()
         active = m.active.labels(target.name)

@@ -9,7 +9,11 @@ with half-close; an http expose's connections are served by an
 listener of its port (:class:`~tailnet_agent.forward.http.HttpPort`), which the http exposes on one
 port share: SNI picks the expose (a plaintext expose's port, :class:`~tailnet_agent.forward.http.PlainHttpPort`:
 each request's Host picks it). The caller's identity for the ``Tailnet-*`` headers comes from the
-node's netmap (the peer whose address the connection comes from).
+node's netmap (the peer whose address the connection comes from). A tls expose is served the same
+way, by a :class:`~tailnet_agent.forward.passthrough.PassthroughService` on the
+:class:`~tailnet_agent.forward.passthrough.PassthroughPort` its port's tls exposes share: the
+ClientHello's SNI picks the expose, and the connection is then spliced to its backend as a tcp
+expose's is, TLS untouched.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
-from tailnet_agent.contract.exposes import HTTP, Expose
+from tailnet_agent.contract.exposes import TCP, TLS, Expose
 from tailnet_agent.contract.targets import PortMapping
 from tailnet_agent.control.netmap import NetMap
 from tailnet_agent.health import AgentMetrics
@@ -28,6 +32,7 @@ from tailnet_agent.probe import Prober
 
 from .egress import Accept, Closable, Connection, Forwarder
 from .http import HttpPort, HttpService, Identity, PlainHttpPort, SharedPort, identify
+from .passthrough import PassthroughPort, PassthroughService
 
 
 class Listener(Protocol):
@@ -71,8 +76,8 @@ class Ingress:
         self.metrics = metrics
         self.services: dict[str, HttpService] = {}
         """The running http exposes by name (their certificates are on ``/status``)."""
-        self.ports: dict[int, SharedPort] = {}
-        """The listeners of the ports http exposes are on (TLS or plaintext)."""
+        self.ports: dict[int, SharedPort[Any]] = {}
+        """The listeners of the ports http and tls exposes are on (HTTPS, plaintext HTTP or TLS passthrough)."""
         self.forwarder = Forwarder(LocalDialer(), exposes, dial_timeout=dial_timeout, metrics=metrics,
                                    prober=prober, listen=self._listen, session=self._session, kind="ingress",
                                    gate=gate)
@@ -85,8 +90,8 @@ class Ingress:
         return await self.node.listen(factory, port)
 
     async def _listen(self, factory: Callable[[], asyncio.Protocol], port: int) -> Closable:
-        """A tcp expose's own listener, or a lease on the shared listener of an http port (the
-        session registered the expose there first)."""
+        """A tcp expose's own listener, or a lease on the shared listener of an http or tls port
+        (the session registered the expose there first)."""
         if (shared := self.ports.get(port)) is not None:
             return await shared.lease(self._bind)
         return await self._bind(factory, port)
@@ -94,22 +99,34 @@ class Ingress:
     def _order(self) -> list[str]:
         return [e.name for e in self.forwarder.targets]
 
+    def _port(self, expose: Expose) -> SharedPort[Any]:
+        """A new shared port for the kind of ``expose`` (http over TLS, plaintext http, or tls)."""
+        if expose.mode == TLS:
+            return PassthroughPort(expose.port, self._order, gate=self.gate, metrics=self.metrics)
+        if expose.plaintext:
+            return PlainHttpPort(expose.port, self._order, gate=self.gate, limits=self.limits, metrics=self.metrics)
+        return HttpPort(expose.port, self._order, gate=self.gate)
+
+    def _service(self, expose: Expose) -> HttpService | PassthroughService:
+        if expose.mode == TLS:
+            return PassthroughService(expose, self.forwarder)
+        return HttpService(expose, self.whois, limits=self.limits, metrics=self.metrics)
+
     @contextlib.asynccontextmanager
     async def _session(self, expose: Expose) -> AsyncIterator[Accept | None]:
-        if expose.mode != HTTP:
+        if expose.mode == TCP:
             yield None
             return
-        async with HttpService(expose, self.whois, limits=self.limits, metrics=self.metrics) as service:
+        async with self._service(expose) as service:
             port = self.ports.get(expose.port)
             if port is None:
-                port = self.ports[expose.port] = PlainHttpPort(
-                    expose.port, self._order, gate=self.gate, limits=self.limits, metrics=self.metrics,
-                ) if expose.plaintext else HttpPort(expose.port, self._order, gate=self.gate)
+                port = self.ports[expose.port] = self._port(expose)
             port.services[expose.name] = service
-            self.services[expose.name] = service
+            if isinstance(service, HttpService):
+                self.services[expose.name] = service
             try:
                 yield _unused
-                if self.forwarder.draining.is_set():  # the listener closed: let the requests finish
+                if self.forwarder.draining.is_set():  # the listener closed: let the connections finish
                     await service.drain()
             finally:
                 if port.services.get(expose.name) is service:
@@ -122,5 +139,5 @@ class Ingress:
 
 
 def _unused(mapping: PortMapping) -> Connection:
-    """An http expose's connections are accepted by its port's listener, never by the forwarder."""
-    raise RuntimeError(f"port {mapping.listen} is served by its HttpPort")
+    """An http or tls expose's connections are accepted by its port's listener, never by the forwarder."""
+    raise RuntimeError(f"port {mapping.listen} is served by its shared port")

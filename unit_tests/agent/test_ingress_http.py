@@ -50,6 +50,7 @@ from tailnet_agent.forward.http import (
     trailer_headers,
 )
 from tailnet_agent.forward.ingress import Ingress
+from tailnet_agent.health import AgentMetrics
 
 
 class LoopbackNode:
@@ -66,8 +67,9 @@ class LoopbackNode:
 
 
 @contextlib.asynccontextmanager
-async def running(exposes: tuple[Expose, ...], netmap: nm.NetMap | None = None) -> AsyncIterator[Ingress]:
-    ingress = Ingress(LoopbackNode(netmap), exposes)
+async def running(exposes: tuple[Expose, ...], netmap: nm.NetMap | None = None, *,
+                  metrics: AgentMetrics | None = None) -> AsyncIterator[Ingress]:
+    ingress = Ingress(LoopbackNode(netmap), exposes, metrics=metrics)
     task = asyncio.create_task(ingress.forwarder.run())
     try:
         await asyncio.wait([task, asyncio.create_task(ingress.forwarder.listening.wait())],

@@ -20,9 +20,10 @@ from tailnet_agent.limits import ConnectionGate, Limits
 from .handover import Pending
 from .http1 import Http1Server, PlainHttp1
 from .ports import SharedPort
+from .service import HttpService
 
 
-class PlainHttpPort(SharedPort):
+class PlainHttpPort(SharedPort[HttpService]):
     """The tailnet listener of one port shared by plaintext http exposes (:class:`SharedPort`);
     its connections stay tasks of the port, since each request may go to another expose."""
 

@@ -1,24 +1,25 @@
-"""A tailnet port shared by the http exposes on it: one listener, held by a lease per expose.
+"""A tailnet port shared by the exposes on it: one listener, held by a lease per expose.
 
 The listener is bound with the first lease and closed with the last (:meth:`SharedPort.lease`,
 the forwarder's ``listen``). Each accepted connection is held paused (:class:`~.handover.Held`),
 counted against the agent's limits, and served in a task of the port by the kind of port
-(:class:`~.sni.HttpPort` over TLS, :class:`~.plain.PlainHttpPort` without).
+(:class:`~.sni.HttpPort` over TLS, :class:`~.plain.PlainHttpPort` without, and for tls exposes
+:class:`~tailnet_agent.forward.passthrough.PassthroughPort`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
 
+from tailnet_agent.contract.exposes import Expose
 from tailnet_agent.limits import ConnectionGate, Refused, hold_peer
 
 from ..egress import Closable
 from .handover import Held
-from .service import HttpService
 
 log = structlog.get_logger("agent.http")
 
@@ -26,9 +27,20 @@ Bind = Callable[[Callable[[], asyncio.Protocol], int], Any]
 """Opens the real listener of a port (awaitable; raises OSError when it cannot bind)."""
 
 
-class SharedPort:
-    """The listener of one port and the http exposes on it, by name; a subclass serves a
-    connection (:meth:`_serve`)."""
+class Served(Protocol):
+    """What serves one expose of a shared port (:class:`~.service.HttpService`, or a tls
+    expose's :class:`~tailnet_agent.forward.passthrough.PassthroughService`)."""
+
+    @property
+    def expose(self) -> Expose: ...
+
+
+S = TypeVar("S", bound=Served)
+
+
+class SharedPort(Generic[S]):
+    """The listener of one port and the exposes on it, by name; a subclass serves a connection
+    (:meth:`_serve`)."""
 
     kind = "http"
     """The port's name in logs and task names."""
@@ -38,8 +50,8 @@ class SharedPort:
         self.port = port
         self.gate = gate
         """Counts the port's connections against the agent's limit (None: not counted)."""
-        self.services: dict[str, HttpService] = {}
-        """The http exposes on the port, by name."""
+        self.services: dict[str, S] = {}
+        """The exposes on the port, by name."""
         self._order = order
         self._listener: Closable | None = None
         self._leases = 0
@@ -50,7 +62,7 @@ class SharedPort:
     def idle(self) -> bool:
         return not self.services and not self._leases
 
-    def ordered(self) -> list[HttpService]:
+    def ordered(self) -> list[S]:
         """The services in the order of the exposes file (else in the order they started)."""
         names = [n for n in self._order() if n in self.services] if self._order else []
         return [self.services[n] for n in dict.fromkeys([*names, *self.services])]
@@ -117,8 +129,8 @@ class SharedPort:
 class _Lease:
     """One expose's hold on the shared listener; closing it twice releases once."""
 
-    def __init__(self, port: SharedPort) -> None:
-        self._port: SharedPort | None = port
+    def __init__(self, port: SharedPort[Any]) -> None:
+        self._port: SharedPort[Any] | None = port
 
     def close(self) -> None:
         port, self._port = self._port, None

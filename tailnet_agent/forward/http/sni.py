@@ -30,7 +30,7 @@ HANDSHAKE_TIMEOUT = 10.0
 """Seconds a client has to finish its TLS handshake."""
 
 
-class HttpPort(SharedPort):
+class HttpPort(SharedPort[HttpService]):
     """The tailnet listener of one port, shared by the http exposes on it: SNI picks the host and
     with it the expose whose :class:`HttpService` serves the connection (:class:`~.ports.SharedPort`:
     the listener's leases). A connection being handshaken is a task of the port; once it belongs
