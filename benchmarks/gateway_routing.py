@@ -124,7 +124,7 @@ def gateway_plan(prefixes: list[str], *, hit: int, backend_port: int, closed_por
     rules = [{"matches": [{"path": {"type": "PathPrefix", "value": prefix}}],
               "backendRefs": [{"name": service_of(k, hit), "port": backend_port if k == hit else closed_port}]}
              for k, prefix in enumerate(prefixes)]
-    route = gw.HTTPRouteObject.model_validate({
+    route = gw.RouteObject.model_validate({
         "metadata": {"name": "routes", "namespace": NAMESPACE, "creationTimestamp": "2026-01-01T00:00:00Z"},
         "spec": {"parentRefs": [{"name": "routes"}], "hostnames": [ROUTED_HOST], "rules": rules}})
     plan = gw.as_ingress(gateway, [route], "bench", tag="tag:bench-agent", hostname=AGENT,

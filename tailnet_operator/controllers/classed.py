@@ -60,6 +60,10 @@ class Classed(Protocol):
         """The agent's objects the cache does not list in the object's namespace (its key Secret and
         exposes ConfigMap), by the object's name alone: its spec may no longer be one the class serves."""
 
+    def idle(self, obj: JSON) -> bool:
+        """Whether the object is served but has nothing to listen to: it has no agent (one it had
+        is deleted, so that nothing goes on forwarding), and the pipeline says why."""
+
 
 class ClassedReconciler:
     """Serves a classed object through the pipeline; releases one whose class went or that is being
@@ -81,6 +85,8 @@ class ClassedReconciler:
         if self.classed.tailnet_of(obj) is None or obj["metadata"].get("deletionTimestamp"):
             return await self.release(obj)
         try:
+            if self.classed.idle(obj):
+                await self._delete_agent(obj)
             return await self.pipeline.reconcile(request)
         except Forbidden as exc:
             return await self.not_granted(obj, exc)

@@ -1,6 +1,6 @@
 """The Gateway API: a ``Gateway`` whose GatewayClass has ``controllerName:
 tailnet.dev/gateway-controller`` (and a ``parametersRef`` naming a Tailnet) becomes a tailnet node
-serving the HTTPRoutes attached to it.
+serving the HTTPRoutes, TLSRoutes and TCPRoutes attached to it.
 
 The Gateway is served as the TailnetIngress
 :func:`~tailnet_operator.resources.gatewayapi.as_ingress` makes of it and its routes, through the
@@ -17,10 +17,12 @@ Gateway's namespace (owned by the Gateway) and the hostname's succession. What t
   the pipeline's reason and message: ``TagNotOwned``, ``NamespaceNotGranted``, ...), the node's
   tailnet addresses and MagicDNS name in ``status.addresses``, and each attached HTTPRoute's
   ``status.parents`` entry (other controllers' entries kept);
-* a Gateway is served once one of its listeners can be: a listener no route is attached to yet
-  listens and answers 404 (so the Gateway is Programmed, with its addresses, before its first
-  route); a Gateway none of whose listeners can be served is ``Accepted: False``
-  (``ListenersNotValid``) and has no node;
+* a Gateway is served once one of its listeners can be: an HTTP or HTTPS listener no route is
+  attached to yet listens and answers 404 (so the Gateway is Programmed, with its addresses, before
+  its first route); a TLS or TCP listener listens once a route is served on it, and a Gateway of
+  such listeners alone with no route served is Accepted, not Programmed (``NoRoutes``), with no
+  agent (one left from its last route is deleted: nothing goes on forwarding); a Gateway none of
+  whose listeners can be served is ``Accepted: False`` (``ListenersNotValid``) and has no node;
 * the GatewayClass's own ``Accepted`` and ``supportedFeatures`` (:class:`GatewayClassReconciler`);
 * release when the class goes or the Gateway is being deleted (:class:`~.classed.ClassedReconciler`),
   its entries taken off the routes that name it.
@@ -60,7 +62,7 @@ from .conditions import Cond, rfc3339
 from .egress_status import AgentStatusReader, HttpAgentStatus
 from .gatewayapi_plans import Plans, parent_index
 from .ingress import IngressNode, IngressSettings
-from .kinds import API_GATEWAY, GATEWAY_CLASS, HTTP_ROUTE, TAILNET
+from .kinds import API_GATEWAY, GATEWAY_CLASS, ROUTE_RESOURCES, TAILNET
 from .loadbalancer import ServiceStatus
 from .pipeline import NotReady, Outcome, Run
 from .preauth import AuthKey
@@ -99,7 +101,8 @@ def gatewayapi_reconciler(deps: Deps, writer: Writer, settings: IngressSettings,
     plans = Plans(deps.reader)
     shaped = GatewayStatus(writer, deps.reader, deps.clock, plans)
     ingress = IngressNode(deps, shaped, settings, agent_status or HttpAgentStatus(service=build.agent_name))
-    return ClassedReconciler(deps, shaped, GatewayNode(deps, shaped, settings, ingress, plans), Gateways(deps.reader))
+    return ClassedReconciler(deps, shaped, GatewayNode(deps, shaped, settings, ingress, plans),
+                             Gateways(deps.reader, plans))
 
 
 # -- what the cache answers ------------------------------------------------------------------------
@@ -109,8 +112,11 @@ def _requests(objs: list[JSON]) -> list[Request]:
     return [Request(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs]
 
 
+_ROUTE_KINDS = {kind.kind: kind for kind in ROUTE_RESOURCES}
+
+
 def gateways_of_route(obj: JSON) -> list[Request]:
-    """A mapper from an HTTPRoute to the Gateways it names (its change is theirs to serve)."""
+    """A mapper from a route (of any kind) to the Gateways it names (its change is theirs to serve)."""
     return [Request(*key.split("/", 1)) for key in parent_index(obj)]
 
 
@@ -147,8 +153,8 @@ def gateways_of_grant(reader: Reader) -> Callable[[JSON], list[Request]]:
             namespace = str(entry.get("namespace") or "")
             if entry.get("kind") == "Gateway":
                 found |= {(namespace, g["metadata"]["name"]) for g in reader.list(API_GATEWAY, namespace)}
-            elif entry.get("kind") == "HTTPRoute":
-                for route in reader.list(HTTP_ROUTE, namespace):
+            elif (kind := _ROUTE_KINDS.get(str(entry.get("kind")))) is not None:
+                for route in reader.list(kind, namespace):
                     found |= {(key.split("/", 1)[0], key.split("/", 1)[1]) for key in parent_index(route)}
         return [Request(ns, name) for ns, name in sorted(found)]
 
@@ -241,20 +247,20 @@ class GatewayStatus(ServiceStatus):
         return gw.gateway_status(plan, served.gateway, status.get("node"), ready=ready.get("status") == "True",
                                  current=obj.get("status"), now=now, waiting=waiting), plan
 
-    async def _parents(self, obj: JSON, results: dict[tuple[str, str], list[gw.ParentResult]], now: str) -> None:
+    async def _parents(self, obj: JSON, results: dict[gw.RouteKey, list[gw.ParentResult]], now: str) -> None:
         meta = obj["metadata"]
-        for route in self.plans.routes(meta["namespace"], meta["name"]):
-            key = (route["metadata"]["namespace"], route["metadata"]["name"])
+        for kind, route in self.plans.routes(meta["namespace"], meta["name"]):
+            key = (kind.kind, route["metadata"]["namespace"], route["metadata"]["name"])
             named = [r for r in (route.get("status") or {}).get("parents") or []
                      if r.get("controllerName") == gw.CONTROLLER
                      and (r.get("parentRef") or {}).get("name") == meta["name"]
-                     and (r.get("parentRef") or {}).get("namespace", key[0]) == meta["namespace"]]
+                     and (r.get("parentRef") or {}).get("namespace", key[1]) == meta["namespace"]]
             parents = gw.route_parents(route, results.get(key, []), now=now)
             if key not in results:  # this Gateway no longer speaks for the route
                 parents = [p for p in parents if p not in named]
-            body = {"metadata": {"name": key[1], "namespace": key[0]}, "status": {"parents": parents}}
+            body = {"metadata": {"name": key[2], "namespace": key[1]}, "status": {"parents": parents}}
             if needs_apply(body, route, manager=FIELD_MANAGER, subresource="status"):
-                await self.writer.apply_status(HTTP_ROUTE, body, field_manager=FIELD_MANAGER)
+                await self.writer.apply_status(kind, body, field_manager=FIELD_MANAGER)
 
 
 # -- the kind --------------------------------------------------------------------------------------
@@ -288,6 +294,10 @@ class GatewayNode(ShapedNode[gw.ServedGateway]):
         if (found := gw.gateway_name_problem(run.cr.name)) is not None:
             return found
         plan = self.plans.plan(run.cr)
+        if plan.idle:
+            raise NotReady("False", "NoRoutes", (
+                "no route is served on the Gateway's TLS and TCP listeners yet: the node comes with the first one"),
+                requeue_after=None)
         if plan.ingress is None and plan.unresolved:
             # Refused for want of a Secret, not for its spec: looked for again (periods.REFERENCE_RETRY).
             raise NotReady("False", plan.accepted.reason, plan.accepted.message,
@@ -344,11 +354,19 @@ class Gateways:
         "the Gateway's class is no longer a tailnet GatewayClass: what the operator made for it is gone (its "
         "pre-auth key expired, its agent's objects deleted, its status cleared)"))
 
-    def __init__(self, reader: Reader) -> None:
-        self.reader = reader
+    def __init__(self, reader: Reader, plans: Plans) -> None:
+        self.reader, self.plans = reader, plans
 
     def tailnet_of(self, obj: JSON) -> str | None:
         return gw.tailnet_of(obj, self.reader.list(GATEWAY_CLASS))
+
+    def idle(self, obj: JSON) -> bool:
+        """A Gateway whose listeners are all TLS or TCP, none with a route served: its node would
+        have no port to listen on (and one left from an earlier route must stop forwarding)."""
+        try:
+            return self.plans.plan(gw.ServedGateway.model_validate(obj)).idle
+        except ValidationError:
+            return False
 
     def named_objects(self, obj: JSON) -> list[tuple[Resource, str]]:
         name = str(obj["metadata"]["name"])

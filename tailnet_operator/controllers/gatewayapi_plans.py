@@ -1,4 +1,4 @@
-"""A Gateway's translation read from the cache: the HTTPRoutes that name it (by an index), its
+"""A Gateway's translation read from the cache: the routes that name it (by an index), its
 class's Tailnet, and the plan :func:`~tailnet_operator.resources.gatewayapi.as_ingress` makes of
 them. Shared by the Gateway API's controller (:mod:`.gatewayapi`) and the policy, which owns the
 tags of the Gateways it serves."""
@@ -10,15 +10,16 @@ from pydantic import ValidationError
 from tailnet_operator import tenancy
 from tailnet_operator.api.tailnet import Tailnet
 from tailnet_operator.resources import gatewayapi as gw
-from tailnet_operator.runtime import NAMESPACE, SECRET, SERVICE, Reader
+from tailnet_operator.runtime import NAMESPACE, SECRET, SERVICE, Reader, Resource
 from tailnet_operator.types import JSON
 
-from .kinds import API_GATEWAY, GATEWAY_CLASS, HTTP_ROUTE, REFERENCE_GRANT, TAILNET
+from .kinds import API_GATEWAY, GATEWAY_CLASS, REFERENCE_GRANT, ROUTE_RESOURCES, TAILNET
 
 __all__ = ["PARENT_INDEX", "Plans", "parent_index"]
 
 PARENT_INDEX = "gateway-api-parent"
-"""An HTTPRoute's index: the Gateways (``namespace/name``) its ``parentRefs`` name."""
+"""A route's index (every kind of :data:`~.kinds.ROUTE_RESOURCES`): the Gateways
+(``namespace/name``) its ``parentRefs`` name."""
 
 
 def parent_index(route: JSON) -> list[str]:
@@ -36,9 +37,10 @@ class Plans:
     def __init__(self, reader: Reader) -> None:
         self.reader = reader
 
-    def routes(self, namespace: str, name: str) -> list[JSON]:
-        """The HTTPRoutes (as stored) that name the Gateway."""
-        return self.reader.list(HTTP_ROUTE, index=(PARENT_INDEX, f"{namespace}/{name}"))
+    def routes(self, namespace: str, name: str) -> list[tuple[Resource, JSON]]:
+        """The routes (each with its kind, as stored) that name the Gateway."""
+        key = (PARENT_INDEX, f"{namespace}/{name}")
+        return [(kind, route) for kind in ROUTE_RESOURCES for route in self.reader.list(kind, index=key)]
 
     def tailnet(self, gateway: JSON) -> str:
         """The Tailnet the Gateway's class names ("" for a Gateway of another class)."""
@@ -46,9 +48,9 @@ class Plans:
 
     def plan(self, served: gw.ServedGateway) -> gw.GatewayPlan:
         routes = []
-        for route in self.routes(served.namespace, served.name):
+        for kind, route in self.routes(served.namespace, served.name):
             try:
-                routes.append(gw.HTTPRouteObject.model_validate(route))
+                routes.append(gw.RouteObject.model_validate({**route, "kind": kind.kind}))
             except ValidationError:
                 continue  # not one kube-apiserver's schema admits: nothing of it is served
         reader = self.reader

@@ -101,6 +101,9 @@ class IngressClasses:
     def named_objects(self, obj: JSON) -> list[tuple[Resource, str]]:
         return shape_objects(ic.object_name_of(str(obj["metadata"]["name"])))
 
+    def idle(self, obj: JSON) -> bool:
+        return False
+
 
 # -- the status an Ingress can hold -----------------------------------------------------------------
 

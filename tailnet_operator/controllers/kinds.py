@@ -33,9 +33,14 @@ GATEWAY_CLASS = Resource("gateway.networking.k8s.io", "v1", "gatewayclasses", "G
 so the cache tolerates their absence (:meth:`~tailnet_operator.runtime.SharedCache.tolerate_absent`)."""
 API_GATEWAY = Resource("gateway.networking.k8s.io", "v1", "gateways", "Gateway")
 HTTP_ROUTE = Resource("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute")
+TLS_ROUTE = Resource("gateway.networking.k8s.io", "v1", "tlsroutes", "TLSRoute")
+TCP_ROUTE = Resource("gateway.networking.k8s.io", "v1", "tcproutes", "TCPRoute")
+"""v1: TLSRoute and TCPRoute are in the standard channel since Gateway API 1.5."""
+ROUTE_RESOURCES = (HTTP_ROUTE, TLS_ROUTE, TCP_ROUTE)
+"""The route kinds a tailnet Gateway serves."""
 REFERENCE_GRANT = Resource("gateway.networking.k8s.io", "v1beta1", "referencegrants", "ReferenceGrant")
 """v1beta1: served by every Gateway API release since 0.6 (v1 since 1.5)."""
-GATEWAY_API_KINDS = (GATEWAY_CLASS, API_GATEWAY, HTTP_ROUTE, REFERENCE_GRANT)
+GATEWAY_API_KINDS = (GATEWAY_CLASS, API_GATEWAY, *ROUTE_RESOURCES, REFERENCE_GRANT)
 
 MODELS: dict[type[BaseModel], Resource] = {
     Tailnet: TAILNET,

@@ -238,6 +238,9 @@ class LoadBalancedServices:
         """The agent's key Secret and exposes ConfigMap of a Service, by its name alone."""
         return shape_objects(lb.object_name_of(str(obj["metadata"]["name"])))
 
+    def idle(self, obj: JSON) -> bool:
+        return False
+
 
 LoadBalancerReconciler = ClassedReconciler
 """Serves a classed Service through the pipeline; releases one whose class went or that is being

@@ -82,11 +82,11 @@ from .kinds import (
     API_GATEWAY,
     GATEWAY_API_KINDS,
     GATEWAY_CLASS,
-    HTTP_ROUTE,
     INGRESS,
     INGRESS_CLASS,
     MODELS,
     REFERENCE_GRANT,
+    ROUTE_RESOURCES,
     TAILNET,
     TAILNET_EGRESS,
     TAILNET_GATEWAY,
@@ -339,7 +339,8 @@ def _prepare_cache(manager: Manager, namespaces: tuple[str, str]) -> SharedCache
     cache.add_indexer(INGRESS, CLASS_INDEX, class_index)
     for resource in GATEWAY_API_KINDS:  # installed apart from the operator, maybe never
         cache.tolerate_absent(resource)
-    cache.add_indexer(HTTP_ROUTE, PARENT_INDEX, parent_index)
+    for resource in ROUTE_RESOURCES:
+        cache.add_indexer(resource, PARENT_INDEX, parent_index)
     cache.informer(TAILNET)
     return cache
 
@@ -358,7 +359,7 @@ def _add_tailnet(manager: Manager, deps: Deps, namespace: str) -> TailnetReconci
 def _add_policy(manager: Manager, deps: Deps, namespace: str) -> PolicyReconciler:
     cache = manager.cache
     policy = PolicyReconciler(deps, manager.writer(POLICY_FIELD_MANAGER))
-    (manager.controller("policy", policy)
+    controller = (manager.controller("policy", policy)
      .for_(TAILNET, GenerationChanged())
      .watches(TAILNET_SITE, _by_tailnet_ref, GenerationChanged())
      .watches(TAILNET_EGRESS, _by_tailnet_ref, GenerationChanged())
@@ -369,9 +370,10 @@ def _add_policy(manager: Manager, deps: Deps, namespace: str) -> PolicyReconcile
      .watches(INGRESS_CLASS, _tailnet_of_class, any_of(GenerationChanged(), FieldChanged("metadata", "annotations")))
      .watches(API_GATEWAY, _tailnets_of_gateway(cache), INGRESS_SERVED_CHANGED)
      .watches(GATEWAY_CLASS, _tailnet_of_gateway_class, GenerationChanged())
-     .watches(HTTP_ROUTE, _tailnets_of_route(cache), ROUTE_SERVED_CHANGED)
      .watches(CONFIG_MAP, _tailnets_referencing(cache, _refers(("policy", "baseConfigMapRef"))))
      .watches(SECRET, _tailnets_referencing(cache, _working_key_of(namespace))))
+    for route in ROUTE_RESOURCES:
+        controller.watches(route, _tailnets_of_route(cache), ROUTE_SERVED_CHANGED)
     return policy
 
 
@@ -434,21 +436,22 @@ def _add_ingressclass(manager: Manager, reconciler: ClassedReconciler) -> Classe
 
 
 ROUTE_SERVED_CHANGED = any_of(GenerationChanged(), FieldChanged("metadata", "deletionTimestamp"))
-"""What an HTTPRoute's Gateways wait for: its spec and its deletion; the status they write wakes nothing."""
+"""What a route's Gateways wait for: its spec and its deletion; the status they write wakes nothing."""
 
 
 def _add_gatewayapi(manager: Manager, reconciler: ClassedReconciler) -> ClassedReconciler:
-    """Gateways, GatewayClasses and HTTPRoutes are watched cluster-wide (once their CRDs are
+    """Gateways, GatewayClasses and routes (HTTPRoute, TLSRoute, TCPRoute) are watched cluster-wide (once their CRDs are
     installed); a Gateway of another class is read from the cache and left alone."""
     cache = manager.cache
-    (_agent_controller(manager, "gatewayapi", reconciler, API_GATEWAY, INGRESS_SERVED_CHANGED)
-     .watches(HTTP_ROUTE, gateways_of_route, ROUTE_SERVED_CHANGED)
+    controller = (_agent_controller(manager, "gatewayapi", reconciler, API_GATEWAY, INGRESS_SERVED_CHANGED)
      .watches(GATEWAY_CLASS, gateways_of_class(cache), GenerationChanged())
      .watches(SERVICE, gateways_near(cache), FieldChanged("spec", "ports"))
      .watches(SECRET, gateways_using_secret(cache))
      .watches(REFERENCE_GRANT, gateways_of_grant(cache))
      .watches(NAMESPACE, gateways_selecting_namespaces(cache), FieldChanged("metadata", "labels"))
      .watches(TAILNET, gateways_of_tailnet(cache), TAILNET_ACCESS_CHANGED))
+    for route in ROUTE_RESOURCES:
+        controller.watches(route, gateways_of_route, ROUTE_SERVED_CHANGED)
     return reconciler
 
 

@@ -1,6 +1,7 @@
 """A Gateway API ``Gateway`` (gateway.networking.k8s.io/v1) of a tailnet GatewayClass and the
-``HTTPRoute``s attached to it, translated into the TailnetIngress the Gateway is served as, with
-what each listener and each route's parent status must say: desired state in, models out.
+``HTTPRoute``s, ``TLSRoute``s and ``TCPRoute``s attached to it, translated into the TailnetIngress
+the Gateway is served as, with what each listener and each route's parent status must say: desired
+state in, models out.
 
 The class: a GatewayClass whose ``spec.controllerName`` is :data:`CONTROLLER` and whose
 ``spec.parametersRef`` names a Tailnet (``group: tailnet.dev``, ``kind: Tailnet``, ``name``).
@@ -10,9 +11,17 @@ Such a Gateway becomes one tailnet node, as a TailnetIngress (:func:`as_ingress`
 * its ``HTTPS`` listeners (``tls.mode: Terminate``) are served, those of one port as the http
   exposes of that port, each listener's certificate the Secret of its first ``certificateRefs``
   entry (a Secret of the Gateway's namespace); its ``HTTP`` listeners as plaintext http exposes
-  (the tailnet's WireGuard is the encryption). The listeners of one port are all HTTP or all
-  HTTPS (else ``ProtocolConflict``). Other protocols are not served yet: the listener is
-  ``Accepted: False`` with ``UnsupportedProtocol``, and the others go on;
+  (the tailnet's WireGuard is the encryption). Its ``TLS`` listeners (``tls.mode: Passthrough``)
+  serve TLSRoutes as tls exposes: the node reads SNI from the ClientHello and passes the
+  connection, still encrypted, to the Service of the oldest route that asks for that name, one
+  expose per route. Its ``TCP`` listeners serve TCPRoutes as tcp exposes: a port takes one listener
+  (else ``HostnameConflict``) and its oldest route. The listeners of one port share a protocol
+  (else ``ProtocolConflict``). Other protocols (UDP) are ``Accepted: False`` with
+  ``UnsupportedProtocol``, and the others go on;
+* a TLSRoute's or TCPRoute's connections go to one Service: several backends with weights above 0
+  are ``UnsupportedValue``; one that does not resolve leaves its names or port unserved, so its
+  connections are refused, as the specification asks. A Gateway whose listeners are all TLS or
+  TCP with no route served yet is Accepted with no node (:attr:`GatewayPlan.idle`);
 * the agent picks a host by its exact name (SNI), so the served hosts are exact names: a listener
   with an exact ``hostname`` serves that name; one with a wildcard (``*.example.com``) or none
   serves the exact hostnames of the routes attached to it that it covers. A route hostname that is
@@ -63,12 +72,14 @@ from .loadbalancer import AnnotatedObject, annotated_view, shape_name
 __all__ = [
     "CONTROLLER",
     "GROUP",
+    "ROUTE_KINDS",
     "SUPPORTED_FEATURES",
     "GatewayObject",
     "GatewayPlan",
-    "HTTPRouteObject",
     "ListenerResult",
     "ParentResult",
+    "RouteKey",
+    "RouteObject",
     "ServedGateway",
     "as_ingress",
     "certificate_copy",
@@ -98,6 +109,8 @@ NAME_SUFFIX = "-gw"
 """Appended to the Gateway's name for the TailnetIngress shape (apart from an Ingress's ``-ing``)."""
 _PARAMETERS = ("tailnet.dev", "Tailnet")
 _PATH_TYPES = {"PathPrefix": "Prefix", "Exact": "Exact"}
+ROUTE_KINDS = {"HTTP": "HTTPRoute", "HTTPS": "HTTPRoute", "TLS": "TLSRoute", "TCP": "TCPRoute"}
+"""The route kind each served listener protocol takes."""
 _FILTERS = {"RequestHeaderModifier": ("requestHeaderModifier", "requestHeaders"),
             "ResponseHeaderModifier": ("responseHeaderModifier", "responseHeaders"),
             "RequestRedirect": ("requestRedirect", "redirect"), "URLRewrite": ("urlRewrite", "rewrite")}
@@ -314,15 +327,26 @@ class _RouteSpec(_Model):
     rules: list[RouteRule] = Field(default_factory=lambda: [RouteRule()])
 
 
-class HTTPRouteObject(_Model):
-    """An HTTPRoute as its translation reads it."""
+RouteKey = tuple[str, str, str]
+"""A route's kind, namespace and name."""
 
+
+class RouteObject(_Model):
+    """An HTTPRoute, TLSRoute or TCPRoute as its translation reads it (``kind`` as stored; a
+    TCPRoute has no hostnames and its rule no matches or filters, so their defaults apply)."""
+
+    kind: str = "HTTPRoute"
     metadata: _Meta
     spec: _RouteSpec = Field(default_factory=_RouteSpec)
 
     @property
-    def key(self) -> tuple[str, str]:
-        return self.metadata.namespace, self.metadata.name
+    def key(self) -> RouteKey:
+        return self.kind, self.metadata.namespace, self.metadata.name
+
+    @property
+    def streams(self) -> bool:
+        """Whether the route carries connections (TLSRoute, TCPRoute) rather than requests."""
+        return self.kind != "HTTPRoute"
 
 
 class ServedGateway(AnnotatedObject):
@@ -450,7 +474,10 @@ class GatewayPlan:
     ingress: TailnetIngress | None
     accepted: Condition
     listeners: list[ListenerResult]
-    parents: dict[tuple[str, str], list[ParentResult]]
+    parents: dict[RouteKey, list[ParentResult]]
+    idle: bool = False
+    """Accepted with nothing to listen to yet: its listeners are all TLS or TCP, and no route
+    attached to them is served. The node comes with the first one."""
 
     @property
     def unresolved(self) -> bool:
@@ -538,7 +565,7 @@ def hostnames_intersect(listener: str | None, route: Iterable[str]) -> bool:
     return any(_covers(listener, n) or _covers(n, listener) for n in names)
 
 
-def _served_names(listener: Listener, routes: list[HTTPRouteObject]) -> list[str]:
+def _served_names(listener: Listener, routes: list[RouteObject]) -> list[str]:
     """The hosts a listener serves for ``routes``: its own exact hostname; else each route hostname
     where the two intersect, the narrower of the two (``*.a.example`` of a listener
     ``*.example`` and a route ``*.a.example``); a route without hostnames is served as the
@@ -563,22 +590,23 @@ def _served_names(listener: Listener, routes: list[HTTPRouteObject]) -> list[str
 # -- attachment ----------------------------------------------------------------------------------
 
 
-def _names_gateway(ref: ParentRef, route: HTTPRouteObject, gateway: GatewayObject) -> bool:
+def _names_gateway(ref: ParentRef, route: RouteObject, gateway: GatewayObject) -> bool:
     return (ref.group, ref.kind, ref.name, ref.namespace or route.metadata.namespace) == \
         (GROUP, "Gateway", gateway.name, gateway.namespace)
 
 
 def _route_kinds(listener: Listener) -> tuple[list[dict[str, str]], list[str]]:
-    """The route kinds a listener takes of those its ``allowedRoutes.kinds`` name (HTTPRoute
-    when it names none), and the names of those not served."""
-    named = listener.allowed_routes.kinds or [{"group": GROUP, "kind": "HTTPRoute"}]
-    served = [k for k in named if (k.get("group", GROUP), k.get("kind")) == (GROUP, "HTTPRoute")]
-    return ([{"group": GROUP, "kind": "HTTPRoute"}] if served else []), \
+    """The route kinds a listener takes of those its ``allowedRoutes.kinds`` name (its protocol's
+    kind, :data:`ROUTE_KINDS`, when it names none), and the names of those not served."""
+    kind = ROUTE_KINDS.get(listener.protocol)
+    named = listener.allowed_routes.kinds or ([{"group": GROUP, "kind": kind}] if kind else [])
+    served = [k for k in named if (k.get("group", GROUP), k.get("kind")) == (GROUP, kind)]
+    return ([{"group": GROUP, "kind": kind}] if served and kind else []), \
         [str(k.get("kind")) for k in named if k not in served]
 
 
-def _admits(listener: Listener, route: HTTPRouteObject, gateway: GatewayObject, labels: NamespaceLabels) -> bool:
-    if not _route_kinds(listener)[0]:
+def _admits(listener: Listener, route: RouteObject, gateway: GatewayObject, labels: NamespaceLabels) -> bool:
+    if route.kind not in [k["kind"] for k in _route_kinds(listener)[0]]:
         return False
     allowed = listener.allowed_routes.namespaces
     if allowed.from_ == "All":
@@ -607,7 +635,7 @@ def _condition(kind: str, ok: bool, reason: str, message: str) -> Condition:
 
 @dataclass
 class _Attachment:
-    route: HTTPRouteObject
+    route: RouteObject
     listeners: list[Listener]
 
 
@@ -619,16 +647,16 @@ class _Attached:
     served, or a route that is not, still counts)."""
 
     attachments: list[_Attachment]
-    parents: dict[tuple[str, str], list[ParentResult]]
+    parents: dict[RouteKey, list[ParentResult]]
     counts: dict[str, int]
 
 
-def _attach(gateway: GatewayObject, routes: list[HTTPRouteObject], served: list[Listener],
+def _attach(gateway: GatewayObject, routes: list[RouteObject], served: list[Listener],
             labels: NamespaceLabels, shares: SharesTag) -> _Attached:
     """Which served listeners each route attaches to, each of its parentRefs' Accepted condition
     (ResolvedRefs is filled in by the rules' translation), and each listener's count."""
     attachments: list[_Attachment] = []
-    parents: dict[tuple[str, str], list[ParentResult]] = {}
+    parents: dict[RouteKey, list[ParentResult]] = {}
     counts = {ls.name: 0 for ls in gateway.spec.listeners}
     for route in routes:
         attached: list[Listener] = []
@@ -649,7 +677,7 @@ def _attach(gateway: GatewayObject, routes: list[HTTPRouteObject], served: list[
     return _Attached(attachments, parents, counts)
 
 
-def _parent(ref: ParentRef, route: HTTPRouteObject, gateway: GatewayObject, served: list[Listener],
+def _parent(ref: ParentRef, route: RouteObject, gateway: GatewayObject, served: list[Listener],
             labels: NamespaceLabels, shares: SharesTag) -> tuple[Condition, list[Listener], list[Listener]]:
     """One parentRef naming the Gateway: its Accepted condition, the listeners the route is
     attached to through it (as ``attachedRoutes`` counts), and those of them that serve it."""
@@ -661,7 +689,8 @@ def _parent(ref: ParentRef, route: HTTPRouteObject, gateway: GatewayObject, serv
                           f"the Gateway has no listener {ref.section_name or ''}{on_port}"), [], []
     if not (admitting := [ls for ls in named if _admits(ls, route, gateway, labels)]):
         return _condition("Accepted", False, "NotAllowedByListeners", (
-            f"no listener named admits HTTPRoutes of namespace {route.metadata.namespace} (allowedRoutes)")), [], []
+            f"no listener named admits {route.kind}s of namespace {route.metadata.namespace} (allowedRoutes and "
+            "protocol: HTTP and HTTPS take HTTPRoutes, TLS TLSRoutes, TCP TCPRoutes)")), [], []
     if not (matching := [ls for ls in admitting if hostnames_intersect(ls.hostname, route.spec.hostnames)]):
         return _condition("Accepted", False, "NoMatchingListenerHostname", (
             f"no listener's hostname matches the route's hostnames {', '.join(route.spec.hostnames)}")), [], []
@@ -741,7 +770,7 @@ class _Backends:
     granted: Granted
 
 
-def _backends(rule: RouteRule, route: HTTPRouteObject, where: str, lookup: _Backends
+def _backends(rule: RouteRule, route: RouteObject, where: str, lookup: _Backends
               ) -> tuple[list[dict[str, Any]], Condition | None]:
     """The rule's backends with their weights (a failing one kept at weight 0), and the
     ResolvedRefs failure of the first that fails. A Service of another namespace than the route's
@@ -755,10 +784,10 @@ def _backends(rule: RouteRule, route: HTTPRouteObject, where: str, lookup: _Back
         target = ref.namespace or ns
         if (ref.group, ref.kind) != ("", "Service"):
             problem = _condition("ResolvedRefs", False, "InvalidKind", f"{at}: {ref.kind} is not a Service")
-        elif target != ns and not lookup.granted("HTTPRoute", ns, "Service", target, ref.name):
+        elif target != ns and not lookup.granted(route.kind, ns, "Service", target, ref.name):
             problem = _condition("ResolvedRefs", False, "RefNotPermitted", (
                 f"{at}: Service {target}/{ref.name} is in another namespace, and no ReferenceGrant there lets "
-                f"HTTPRoutes of namespace {ns} refer to it"))
+                f"{route.kind}s of namespace {ns} refer to it"))
         elif ref.port is None:
             problem = _condition("ResolvedRefs", False, "UnsupportedValue", f"{at}: a Service needs a port")
         elif (service := lookup.services(target, ref.name)) is None:
@@ -775,7 +804,7 @@ def _backends(rule: RouteRule, route: HTTPRouteObject, where: str, lookup: _Back
     return out, failed
 
 
-def _paths_of(route: HTTPRouteObject, lookup: _Backends) -> tuple[list[dict[str, Any]], Condition | None]:
+def _paths_of(route: RouteObject, lookup: _Backends) -> tuple[list[dict[str, Any]], Condition | None]:
     """Every path of a route (a rule's matches, each with the rule's filters and backends) and the
     ResolvedRefs failure, if any; raises :class:`RouteProblem` for what cannot be served at all."""
     paths: list[dict[str, Any]] = []
@@ -812,23 +841,34 @@ def _paths_of(route: HTTPRouteObject, lookup: _Backends) -> tuple[list[dict[str,
 
 def _listener_problem(listener: Listener, gateway: GatewayObject, certificate: CertificateProblem,
                       granted: Granted) -> Condition | None:
-    if listener.protocol not in ("HTTP", "HTTPS"):
+    if listener.protocol not in ROUTE_KINDS:
         return _condition("Accepted", False, "UnsupportedProtocol", (
-            f"listener {listener.name}: {listener.protocol} is not served yet; the tailnet node serves HTTP and "
-            "HTTPS listeners (TLS terminated by the node)"))
+            f"listener {listener.name}: {listener.protocol} is not served; the tailnet node serves HTTP, HTTPS (TLS "
+            "terminated by the node), TLS (passed through, routed by SNI) and TCP listeners"))
     clash = next((ls for ls in gateway.spec.listeners if ls.port == listener.port and ls.protocol != listener.protocol),
                  None)
     if clash is not None:
         return _condition("Accepted", False, "ProtocolConflict", (
             f"listener {listener.name}: listener {clash.name} is on port {listener.port} too, with {clash.protocol}; "
-            "the listeners of one port are all HTTP or all HTTPS"))
+            "the listeners of one port share one protocol"))
+    if listener.protocol == "TCP" and (first := next(ls for ls in gateway.spec.listeners
+                                                     if ls.port == listener.port)) is not listener:
+        return _condition("Accepted", False, "HostnameConflict", (
+            f"listener {listener.name}: listener {first.name} has TCP port {listener.port} already; a TCP port "
+            "takes one listener (nothing tells its connections apart)"))
     if unserved := _route_kinds(listener)[1]:
         return _condition("ResolvedRefs", False, "InvalidRouteKinds", (
-            f"listener {listener.name}: allowedRoutes.kinds names {', '.join(unserved)}; the tailnet node serves "
-            "HTTPRoute only"))
-    if listener.protocol == "HTTP":
+            f"listener {listener.name}: allowedRoutes.kinds names {', '.join(unserved)}; a {listener.protocol} "
+            f"listener takes {ROUTE_KINDS[listener.protocol]}s"))
+    if listener.protocol in ("HTTP", "TCP"):
         return None
     tls = listener.tls or _TLS()
+    if listener.protocol == "TLS":
+        if tls.mode != "Passthrough":
+            return _condition("Accepted", False, "UnsupportedValue", (
+                f"listener {listener.name}: a TLS listener's tls.mode {tls.mode} is not served (Passthrough is: the "
+                "backend terminates TLS; for TLS the node terminates, use an HTTPS listener)"))
+        return None
     if tls.mode != "Terminate":
         return _condition("Accepted", False, "UnsupportedValue", f"listener {listener.name}: tls.mode {tls.mode} is "
                           "not served yet (Terminate is)")
@@ -850,11 +890,11 @@ def _listener_problem(listener: Listener, gateway: GatewayObject, certificate: C
     return None
 
 
-def _route_order(route: HTTPRouteObject) -> tuple[str, str, str]:
+def _route_order(route: RouteObject) -> tuple[str, str, str]:
     return route.metadata.creation_timestamp, route.metadata.namespace, route.metadata.name
 
 
-def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailnet: str, *, tag: str,
+def as_ingress(gateway: GatewayObject, routes: Iterable[RouteObject], tailnet: str, *, tag: str,
                hostname: str, services: ServiceLookup, certificates: CertificateProblem,
                labels: NamespaceLabels, shares: SharesTag = _nobody, granted: Granted = _nothing) -> GatewayPlan:
     """The TailnetIngress shape of ``gateway`` on ``tailnet`` with the HTTPRoutes that name it
@@ -866,11 +906,12 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
     for listener in gateway.spec.listeners:
         problem = _listener_problem(listener, gateway, certificates, granted)
         result = listeners[listener.name]
-        result.supported_kinds = _route_kinds(listener)[0] if listener.protocol in ("HTTP", "HTTPS") else []
+        result.supported_kinds = _route_kinds(listener)[0]
         if problem is None:
             served.append(listener)
+            resolved = "the certificate's Secret found" if listener.protocol == "HTTPS" else "nothing to resolve"
             result.conditions += [_condition("Accepted", True, "Accepted", "served"),
-                                  _condition("ResolvedRefs", True, "ResolvedRefs", "the certificate's Secret found")]
+                                  _condition("ResolvedRefs", True, "ResolvedRefs", resolved)]
         elif problem.type == "Accepted":
             result.conditions += [problem, _condition("ResolvedRefs", True, "ResolvedRefs", "nothing to resolve")]
         else:
@@ -883,13 +924,17 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
     hosts: dict[int, dict[str, dict[str, Any]]] = {}
     lookup = _Backends(gateway.namespace, services, granted)
     usable = {a.route.key: a for a in attachments}
+    streams: list[tuple[_Attachment, dict[str, Any] | None]] = []
     for route in ordered:
         if route.key not in parents:
             continue
         # Every route naming the Gateway has its backends resolved, served or not: its
         # ResolvedRefs says so even while the listener it names waits for a certificate.
         try:
-            paths, unresolved = _paths_of(route, lookup)
+            if route.streams:
+                backend, unresolved = _stream_backend(route, lookup)
+            else:
+                paths, unresolved = _paths_of(route, lookup)
         except RouteProblem as exc:
             for parent in parents[route.key]:
                 if exc.condition == "ResolvedRefs":
@@ -902,18 +947,17 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
                 parent.resolved_refs = unresolved
         if (attachment := usable.get(route.key)) is None:
             continue
+        if route.streams:
+            streams.append((attachment, backend))
+            continue
         for listener in attachment.listeners:
             tls = _listener_tls(gateway, listener)
-            for name in _served_names(listener, [route]):
-                if name == ANY_HOST and route.spec.hostnames:
-                    continue
-                if route.spec.hostnames and not any(_covers(h.lower(), name) for h in route.spec.hostnames):
-                    continue
+            for name in _route_names(listener, route):
                 host = hosts.setdefault(listener.port, {}).setdefault(
                     name, {"name": name, **tls, "paths": [], "unmatchedPaths": "NotFound"})
                 host["paths"].extend(paths)
     _add_listener_hosts(gateway, hosts, served)
-    exposes: list[dict[str, Any]] = []
+    exposes = _stream_exposes(streams, parents)
     for port, by_name in sorted(hosts.items()):
         entries = list(by_name.values())
         for h in entries:
@@ -932,8 +976,13 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
                             **({"plaintext": True} if plaintext else {})})
     if len(exposes) > EXPOSES_MAX:
         return _refused(listeners, parents, "TooManyHosts", (
-            f"the Gateway's listeners serve {sum(len(e['hosts']) for e in exposes)} hosts over {len(exposes)} "
-            f"groups; a tailnet node serves at most {EXPOSES_MAX} groups of {HOSTS_MAX}"))
+            f"the Gateway's listeners serve {sum(len(e.get('hosts') or [1]) for e in exposes)} hosts and TCP "
+            f"ports over {len(exposes)} groups; a tailnet node serves at most {EXPOSES_MAX} groups (a TCP port, the "
+            f"hosts of one TLSRoute, or up to {HOSTS_MAX} HTTP hosts)"))
+    if not exposes and served:
+        # Only TLS and TCP listeners, no route served on them yet: nothing to listen to.
+        return GatewayPlan(None, _condition("Accepted", True, "Accepted", "accepted"), list(listeners.values()),
+                           parents, idle=True)
     if not exposes:
         return _refused(listeners, parents, "ListenersNotValid", "no listener can be served: see the listeners' "
                         "conditions")
@@ -954,6 +1003,65 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[HTTPRouteObject], tailne
     return GatewayPlan(ingress, accepted, list(listeners.values()), parents)
 
 
+def _route_names(listener: Listener, route: RouteObject) -> list[str]:
+    """The hosts of ``listener``'s port that serve ``route``: :func:`_served_names`, each one a
+    hostname of the route covers (``*`` only for a route without hostnames)."""
+    names = _served_names(listener, [route])
+    if not route.spec.hostnames:
+        return names
+    return [n for n in names if n != ANY_HOST and any(_covers(h.lower(), n) for h in route.spec.hostnames)]
+
+
+def _stream_backend(route: RouteObject, lookup: _Backends) -> tuple[dict[str, Any] | None, Condition | None]:
+    """The Service a TLSRoute's or TCPRoute's connections go to (its one rule's backends, those of
+    weight 0 left out), None when none resolves (its connections are refused, as the
+    specification asks), and the ResolvedRefs failure; several weighted backends are
+    :class:`RouteProblem` (a connection goes to one Service, chosen by no weight yet)."""
+    rule = route.spec.rules[0] if route.spec.rules else RouteRule()
+    backends, failed = _backends(rule, route, "spec.rules[0]", lookup)
+    weighted = [b for b in backends if b["weight"] > 0]
+    if len(weighted) > 1:
+        raise RouteProblem("Accepted", "UnsupportedValue", (
+            f"spec.rules[0].backendRefs: {len(weighted)} backends with weights; a {route.kind}'s connections go to "
+            "one Service (give the others weight 0)"))
+    return ({k: v for k, v in weighted[0].items() if k != "weight"} if weighted else None), failed
+
+
+def _stream_exposes(streams: list[tuple[_Attachment, dict[str, Any] | None]],
+                    parents: dict[RouteKey, list[ParentResult]]) -> list[dict[str, Any]]:
+    """The tcp and tls exposes of the TCPRoutes and TLSRoutes served, oldest route first: a TCP
+    listener's port serves its oldest route; a TLS listener's port one expose per route, each host
+    name going to the oldest route that asks for it. A route that gets nothing of the listeners it
+    is attached to because older routes have it is not Accepted (``NotAllowedByListeners``)."""
+    exposes: list[dict[str, Any]] = []
+    taken: dict[int, set[str]] = {}
+    for attachment, backend in streams:
+        route, won = attachment.route, False
+        for listener in attachment.listeners:
+            port, names = listener.port, taken.setdefault(listener.port, set())
+            if listener.protocol == "TCP":
+                if not names:
+                    names.add(ANY_HOST)  # the port is taken: a TCP port has no names to share out
+                    won = True
+                    if backend is not None:
+                        exposes.append({"name": f"tcp-{port}", "mode": "tcp", "port": port, "backend": backend})
+                continue
+            free = [n for n in _route_names(listener, route) if n not in names]
+            names.update(free)
+            won = won or bool(free)
+            for k in range(0, len(free) if backend is not None else 0, HOSTS_MAX):
+                count = sum(1 for e in exposes if e["port"] == port)
+                exposes.append({"name": f"tls-{port}-{count}", "mode": "tls", "port": port, "backend": backend,
+                                "hosts": [{"name": n} for n in free[k:k + HOSTS_MAX]]})
+        if not won:
+            for parent in parents[route.key]:
+                if parent.accepted.status:
+                    parent.accepted = _condition("Accepted", False, "NotAllowedByListeners", (
+                        f"the listeners the {route.kind} is attached to serve older routes on every name it asks "
+                        "for (a TCP listener serves one route; a TLS listener each name for one route)"))
+    return exposes
+
+
 def _listener_tls(gateway: GatewayObject, listener: Listener) -> dict[str, Any]:
     """The ``tls`` of a host an HTTPS listener serves: its first certificate's Secret, or that
     Secret's copy in the Gateway's namespace (:func:`certificate_copy_name`); none over HTTP."""
@@ -967,18 +1075,20 @@ def _listener_tls(gateway: GatewayObject, listener: Listener) -> dict[str, Any]:
 
 def _add_listener_hosts(gateway: GatewayObject, hosts: dict[int, dict[str, dict[str, Any]]],
                         served: list[Listener]) -> None:
-    """Each served listener's own host (its hostname, else ``*``) when no route made it, with no
-    paths and no fallback: the node listens on the port before the first route (the Gateway is
-    Programmed, with an address), and a name the listener covers that no route serves gets 404
-    (over TLS, after a handshake with the listener's certificate)."""
+    """Each served HTTP and HTTPS listener's own host (its hostname, else ``*``) when no route
+    made it, with no paths and no fallback: the node listens on the port before the first route
+    (the Gateway is Programmed, with an address), and a name the listener covers that no route
+    serves gets 404 (over TLS, after a handshake with the listener's certificate)."""
     for listener in served:
+        if ROUTE_KINDS[listener.protocol] != "HTTPRoute":
+            continue
         name = (listener.hostname or "").lower() or ANY_HOST
         tls = _listener_tls(gateway, listener)
         hosts.setdefault(listener.port, {}).setdefault(
             name, {"name": name, **tls, "paths": [], "unmatchedPaths": "NotFound"})
 
 
-def _refused(listeners: dict[str, ListenerResult], parents: dict[tuple[str, str], list[ParentResult]],
+def _refused(listeners: dict[str, ListenerResult], parents: dict[RouteKey, list[ParentResult]],
              reason: str, message: str) -> GatewayPlan:
     return GatewayPlan(None, _condition("Accepted", False, reason, message), list(listeners.values()), parents)
 

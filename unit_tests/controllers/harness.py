@@ -11,9 +11,9 @@ from tailnet_operator.controllers import tailnet as tailnet_controller
 from tailnet_operator.controllers.access import Deps, HeadscaleAccess, working_key_secret_name
 from tailnet_operator.controllers.gatewayapi_plans import PARENT_INDEX, parent_index
 from tailnet_operator.controllers.kinds import (
-    HTTP_ROUTE,
     INGRESS,
     MODELS,
+    ROUTE_RESOURCES,
     TAILNET,
 )
 from tailnet_operator.controllers.policy import (
@@ -70,7 +70,8 @@ class World:
         for resource in INDEXED:
             self.kube.add_indexer(resource, TAILNET_INDEX, tailnet_ref_index)
         self.kube.add_indexer(INGRESS, CLASS_INDEX, class_index)
-        self.kube.add_indexer(HTTP_ROUTE, PARENT_INDEX, parent_index)
+        for route in ROUTE_RESOURCES:
+            self.kube.add_indexer(route, PARENT_INDEX, parent_index)
         self.headscale = FakeHeadscale(self.clock)
         self.events = EventLog()
         recorder = EventRecorder(self.events, reporting_instance="test", clock=self.clock)

@@ -20,8 +20,16 @@ from tailnet_operator.controllers.gatewayapi import (
     gateways_selecting_namespaces,
     gateways_using_secret,
 )
+from tailnet_operator.controllers.gatewayapi_plans import Plans
 from tailnet_operator.controllers.ingress import IngressSettings
-from tailnet_operator.controllers.kinds import API_GATEWAY, GATEWAY_CLASS, HTTP_ROUTE, REFERENCE_GRANT, TAILNET
+from tailnet_operator.controllers.kinds import (
+    API_GATEWAY,
+    GATEWAY_CLASS,
+    HTTP_ROUTE,
+    REFERENCE_GRANT,
+    TAILNET,
+    TCP_ROUTE,
+)
 from tailnet_operator.controllers.sweep import references_from
 from tailnet_operator.names import FINALIZER
 from tailnet_operator.resources import gatewayapi as gw
@@ -184,7 +192,7 @@ async def test_a_gateway_with_no_route_is_programmed_and_answers_404_until_route
 async def test_a_gateway_none_of_whose_listeners_can_be_served_has_no_node() -> None:
     world = await world_with_tailnet()
     gateway = copy.deepcopy(world.add_gateway())
-    gateway["spec"]["listeners"] = [{"name": "raw", "port": 5432, "protocol": "TCP"}]
+    gateway["spec"]["listeners"] = [{"name": "raw", "port": 5432, "protocol": "UDP"}]
     world.kube.update(API_GATEWAY, gateway)
 
     await world.reconcile()
@@ -246,7 +254,7 @@ async def test_a_certificate_of_another_namespace_granted_to_the_gateway_is_copi
     [owner] = copied["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"]) == ("Gateway", "edge")
     assert _conditions(world.get(API_GATEWAY, "edge"))["Accepted"] == ("True", "Accepted")
-    assert (SECRET, name) in Gateways(world.kube).named_objects(world.get(API_GATEWAY, "edge"))
+    assert (SECRET, name) in Gateways(world.kube, Plans(world.kube)).named_objects(world.get(API_GATEWAY, "edge"))
 
 
 async def test_a_gateway_of_another_class_is_never_written_to() -> None:
@@ -337,3 +345,35 @@ async def test_a_grant_or_a_relabelled_namespace_wakes_only_the_gateways_it_may_
         "edge", "other", "picky"]
     assert gateways_of_grant(world.kube)(grant("Gateway", "nobody")) == []
     assert gateways_selecting_namespaces(world.kube)({"metadata": {"name": "web"}}) == [Request(TENANT, "picky")]
+
+
+async def test_a_tcp_listener_gets_a_node_with_its_first_tcproute_and_loses_it_with_the_last() -> None:
+    world = await world_with_tailnet()
+    gateway = copy.deepcopy(world.add_gateway())
+    gateway["spec"]["listeners"] = [{"name": "db", "port": 5432, "protocol": "TCP"}]
+    world.kube.update(API_GATEWAY, gateway)
+
+    await world.reconcile()
+
+    assert world.headscale.preauth_keys == {} and world.kube.get(DEPLOYMENT, AGENT, TENANT) is None
+    found = world.get(API_GATEWAY, "edge")
+    assert _conditions(found) == {"Accepted": ("True", "Accepted"), "Programmed": ("False", "Pending")}
+    assert "NoRoutes" in next(c for c in found["status"]["conditions"] if c["type"] == "Programmed")["message"]
+    assert found["status"]["listeners"][0]["supportedKinds"] == [{"group": gw.GROUP, "kind": "TCPRoute"}]
+
+    world.kube.add(TCP_ROUTE, {
+        "metadata": {"name": "db", "namespace": TENANT, "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"parentRefs": [{"name": "edge"}], "rules": [{"backendRefs": [{"name": "api", "port": 8080}]}]}})
+    await world.reconcile()
+
+    [expose] = parse_exposes(world.get(CONFIG_MAP, "edge-gw-ingress-config")["data"][EXPOSES_FILE])
+    assert (expose.mode, expose.port, expose.backend.host, expose.backend.port) == ("tcp", 5432, "api.shop.svc", 8080)
+    assert world.kube.get(DEPLOYMENT, AGENT, TENANT) is not None
+    [parent] = world.get(TCP_ROUTE, "db")["status"]["parents"]
+    assert _conditions(parent) == {"Accepted": ("True", "Accepted"), "ResolvedRefs": ("True", "ResolvedRefs")}
+
+    await world.kube.delete(TCP_ROUTE, "db", TENANT)
+    await world.reconcile()
+
+    assert world.kube.get(DEPLOYMENT, AGENT, TENANT) is None, "nothing goes on forwarding to the route's Service"
+    assert _conditions(world.get(API_GATEWAY, "edge"))["Programmed"] == ("False", "Pending")

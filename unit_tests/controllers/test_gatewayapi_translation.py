@@ -39,14 +39,14 @@ def https(name: str, hostname: str | None = None, *, port: int = 443, secret: st
 
 def route(name: str, *rules: dict[str, Any], hostnames: tuple[str, ...] = (), namespace: str = NS,
           parents: tuple[dict[str, Any], ...] = ({"name": "edge"},), created: str = "2026-01-01T00:00:00Z"
-          ) -> gw.HTTPRouteObject:
-    return gw.HTTPRouteObject.model_validate({
+          ) -> gw.RouteObject:
+    return gw.RouteObject.model_validate({
         "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created},
         "spec": {"parentRefs": list(parents), "hostnames": list(hostnames),
                  "rules": list(rules) or [{"backendRefs": [{"name": "web", "port": 80}]}]}})
 
 
-def plan(g: gw.GatewayObject, *routes: gw.HTTPRouteObject, services: frozenset[str] = frozenset({"web", "api",
+def plan(g: gw.GatewayObject, *routes: gw.RouteObject, services: frozenset[str] = frozenset({"web", "api",
                                                                                                   "canary"}),
          labels: dict[str, dict[str, str]] | None = None, tenants: frozenset[str] = frozenset(),
          grants: tuple[dict[str, Any], ...] = ()) -> gw.GatewayPlan:
@@ -98,7 +98,7 @@ def test_an_https_listener_serves_its_routes_rules_as_paths_with_matches_weights
     assert old.redirect is not None and (old.redirect.status, old.redirect.scheme) == (301, "https")
     assert not host.fallback, "a request no path matches gets 404"
     assert result.listeners[0].attached_routes == 1
-    [parent] = result.parents[(NS, "r")]
+    [parent] = result.parents[("HTTPRoute", NS, "r")]
     assert parent.accepted.status and parent.resolved_refs.status
     assert parent.parent == {"group": gw.GROUP, "kind": "Gateway", "namespace": NS, "name": "edge"}
 
@@ -112,7 +112,7 @@ def test_a_wildcard_listener_serves_its_routes_hostnames_where_they_intersect() 
     assert sorted(hosts) == ["*.example.test", "*.n.example.test", "a.example.test", "b.example.test"]
     # The route *.test intersects the listener as the listener's own *.example.test.
     assert [len(hosts[name].routes) for name in sorted(hosts)] == [2, 1, 1, 1]
-    other = result.parents[(NS, "other")][0].accepted
+    other = result.parents[("HTTPRoute", NS, "other")][0].accepted
     assert (other.status, other.reason) == (False, "NoMatchingListenerHostname")
 
 
@@ -140,12 +140,12 @@ def test_attachment_follows_section_name_port_and_allowed_routes() -> None:
     assert sorted(hosts) == ["a.example.test", "b.example.test", "c.example.test"]  # b, c: 404 until routed
     # Attached as the specification counts (allowedRoutes, parentRefs), though not served.
     assert {ls.name: ls.attached_routes for ls in result.listeners} == {"same": 1, "all": 1, "picked": 1}
-    assert result.parents[(NS, "missing")][0].accepted.reason == "NoMatchingParent"
+    assert result.parents[("HTTPRoute", NS, "missing")][0].accepted.reason == "NoMatchingParent"
     # Admitted by allowedRoutes, but not served: their namespaces may not use the Gateway's tag.
-    for key in (("web", "away"), ("team", "picked")):
+    for key in (("HTTPRoute", "web", "away"), ("HTTPRoute", "team", "picked")):
         [parent] = result.parents[key]
         assert (parent.accepted.status, parent.accepted.reason) == (False, "NotAllowedByListeners")
-        assert f"namespace {key[0]} may not use the tag of the Gateway's node" in parent.accepted.message
+        assert f"namespace {key[1]} may not use the tag of the Gateway's node" in parent.accepted.message
     # Once the tenancy lets them, they are served, each to the Services of its own namespace.
     shared = plan(g, here, away, picked, services=frozenset({"web"}), labels={"team": {"team": "shop"}},
                   tenants=frozenset({"web", "team"}))
@@ -154,7 +154,7 @@ def test_attachment_follows_section_name_port_and_allowed_routes() -> None:
                       "c.example.test": ["web.team.svc"]}
     stranger = plan(g, route("stranger", namespace="other", parents=({"name": "edge", "namespace": NS,
                                                                       "sectionName": "same"},)))
-    assert stranger.parents[("other", "stranger")][0].accepted.reason == "NotAllowedByListeners"
+    assert stranger.parents[("HTTPRoute", "other", "stranger")][0].accepted.reason == "NotAllowedByListeners"
     assert all(not h.routes and not h.fallback for h in agent_hosts(stranger).values())  # nothing reaches a backend
 
 
@@ -208,7 +208,7 @@ def test_listeners_of_one_port_with_two_protocols_are_both_refused() -> None:
 
 
 @pytest.mark.parametrize(("listener", "condition", "reason"), [
-    ({"name": "raw", "port": 5432, "protocol": "TCP"}, "Accepted", "UnsupportedProtocol"),
+    ({"name": "raw", "port": 5432, "protocol": "UDP"}, "Accepted", "UnsupportedProtocol"),
     (https("pass", tls={"mode": "Passthrough"}), "Accepted", "UnsupportedValue"),
     (https("nocert", secret="missing"), "ResolvedRefs", "InvalidCertificateRef"),
     (https("far", tls={"certificateRefs": [{"name": "edge-tls", "namespace": "vault"}]}), "ResolvedRefs",
@@ -222,8 +222,9 @@ def test_a_listener_that_cannot_be_served_says_why_and_serves_nothing(listener: 
     assert (failed.status, failed.reason) == (False, reason) and failed.message
     assert sorted(agent_hosts(result)) == ["ok.example.test"]
     # The route still counts as attached to it: the specification counts by allowedRoutes and
-    # parentRefs alone, whatever the listener's or the route's conditions.
-    assert bad.attached_routes == 1
+    # parentRefs alone, whatever the listener's or the route's conditions (a UDP listener takes
+    # UDPRoutes, so not an HTTPRoute).
+    assert bad.attached_routes == (0 if listener["protocol"] == "UDP" else 1)
 
 
 def test_backends_that_do_not_resolve_say_so_and_take_no_requests() -> None:
@@ -232,7 +233,7 @@ def test_backends_that_do_not_resolve_say_so_and_take_no_requests() -> None:
              {"matches": [{"path": {"value": "/far"}}], "backendRefs": [{"name": "web", "namespace": "x", "port": 80}]},
              {"matches": [{"path": {"value": "/none"}}]}]
     result = plan(gateway(https("web", "s.example.test")), route("r", *rules))
-    resolved = result.parents[(NS, "r")][0].resolved_refs
+    resolved = result.parents[("HTTPRoute", NS, "r")][0].resolved_refs
     assert (resolved.status, resolved.reason) == (False, "BackendNotFound")
     [host] = agent_hosts(result).values()
     root, far, none = host.routes
@@ -253,9 +254,9 @@ def test_backends_that_do_not_resolve_say_so_and_take_no_requests() -> None:
 def test_what_the_node_cannot_serve_refuses_the_route_not_the_gateway(rule: dict[str, Any], text: str) -> None:
     result = plan(gateway(https("web", "s.example.test")), route("bad", {**rule, "backendRefs": [
         {"name": "web", "port": 80}]}), route("good"))
-    accepted = result.parents[(NS, "bad")][0].accepted
+    accepted = result.parents[("HTTPRoute", NS, "bad")][0].accepted
     assert (accepted.status, accepted.reason) == (False, "UnsupportedValue") and text in accepted.message
-    assert result.parents[(NS, "good")][0].accepted.status and result.ingress is not None
+    assert result.parents[("HTTPRoute", NS, "good")][0].accepted.status and result.ingress is not None
 
 
 def test_hostnames_intersect_as_the_specification_says() -> None:
@@ -270,7 +271,7 @@ NOW, LATER = "2026-12-03T10:00:00Z", "2026-12-03T11:00:00Z"
 
 
 def test_the_gateway_status_says_accepted_programmed_listeners_and_addresses() -> None:
-    g = gateway(https("web", "s.example.test"), {"name": "raw", "port": 5432, "protocol": "TCP"})
+    g = gateway(https("web", "s.example.test"), {"name": "raw", "port": 5432, "protocol": "UDP"})
     result = plan(g, route("r"))
     node = {"name": "edge.tail.example.", "addresses": ["100.64.0.7", "fd7a:115c:a1e0::7"]}
     status = gw.gateway_status(result, g, node, ready=True, current=None, now=NOW)
@@ -297,7 +298,7 @@ def test_the_gateway_status_says_accepted_programmed_listeners_and_addresses() -
 
 def test_a_routes_parents_keep_other_controllers_entries_and_replace_ours() -> None:
     result = plan(gateway(https("web", "s.example.test")), route("r"))
-    [ours] = result.parents[(NS, "r")]
+    [ours] = result.parents[("HTTPRoute", NS, "r")]
     other = {"parentRef": {"group": gw.GROUP, "kind": "Gateway", "namespace": NS, "name": "edge"},
              "controllerName": "example.com/other", "conditions": []}
     stale = {"parentRef": ours.parent, "controllerName": gw.CONTROLLER,
@@ -322,16 +323,17 @@ def test_a_backend_of_another_namespace_is_served_only_under_its_reference_grant
     rule = {"backendRefs": [{"name": "db-api", "namespace": "data", "port": 80}]}
     g = gateway(https("web", "a.example.test"))
     refused = plan(g, route("r", rule), services=frozenset({"db-api"}))
-    [parent] = refused.parents[(NS, "r")]
+    [parent] = refused.parents[("HTTPRoute", NS, "r")]
     assert (parent.resolved_refs.status, parent.resolved_refs.reason) == (False, "RefNotPermitted")
     # A grant of another kind, of another namespace or for another Service permits nothing.
     for wrong in (_grant("data", kind="Gateway"), _grant("data", from_namespace="web"), _grant("other"),
                   _grant("data", name="other-api"), _grant("data", to_kind="Secret")):
-        [parent] = plan(g, route("r", rule), services=frozenset({"db-api"}), grants=(wrong,)).parents[(NS, "r")]
+        refused = plan(g, route("r", rule), services=frozenset({"db-api"}), grants=(wrong,))
+        [parent] = refused.parents[("HTTPRoute", NS, "r")]
         assert parent.resolved_refs.reason == "RefNotPermitted", wrong
     for grant in (_grant("data"), _grant("data", name="db-api")):
         served = plan(g, route("r", rule), services=frozenset({"db-api"}), grants=(grant,))
-        [parent] = served.parents[(NS, "r")]
+        [parent] = served.parents[("HTTPRoute", NS, "r")]
         assert parent.resolved_refs.status, parent.resolved_refs
         [host] = agent_hosts(served).values()
         assert [r.backend.host for r in host.routes if r.backend] == ["db-api.data.svc"]
@@ -377,7 +379,7 @@ def test_a_route_on_a_listener_waiting_for_its_certificate_is_counted_and_its_ba
     assert listener.attached_routes == 1
     assert {c.type: (c.status, c.reason) for c in listener.conditions}["ResolvedRefs"] == (
         False, "InvalidCertificateRef")
-    [parent] = result.parents[(NS, "r")]
+    [parent] = result.parents[("HTTPRoute", NS, "r")]
     assert (parent.resolved_refs.status, parent.resolved_refs.reason) == (False, "BackendNotFound")
 
 
@@ -430,7 +432,7 @@ def test_a_headless_service_is_dialled_on_its_target_port() -> None:
                            labels=lambda ns: None)
     [host] = agent_hosts(result).values()
     assert sorted((r.path, r.backend.port if r.backend else None) for r in host.routes) == [("/", 3000), ("/n", None)]
-    assert result.parents[(NS, "n")][0].resolved_refs.reason == "UnsupportedValue"
+    assert result.parents[("HTTPRoute", NS, "n")][0].resolved_refs.reason == "UnsupportedValue"
 
 
 def test_a_gateway_with_a_long_name_is_served_under_a_cut_name() -> None:
@@ -445,3 +447,69 @@ def test_a_gateway_with_a_long_name_is_served_under_a_cut_name() -> None:
     assert gw.gateway_name_problem(long_name) is None
     assert gw.object_name_of(long_name) != gw.object_name_of(long_name + "-2")
     assert gw.object_name_of("edge") == "edge-gw"
+
+
+def tcp_route(name: str, *backends: dict[str, Any], kind: str = "TCPRoute", hostnames: tuple[str, ...] = (),
+              parents: tuple[dict[str, Any], ...] = ({"name": "edge"},), created: str = "2026-01-01T00:00:00Z"
+              ) -> gw.RouteObject:
+    return gw.RouteObject.model_validate({
+        "kind": kind, "metadata": {"name": name, "namespace": NS, "creationTimestamp": created},
+        "spec": {"parentRefs": list(parents), "hostnames": list(hostnames),
+                 "rules": [{"backendRefs": list(backends) or [{"name": "web", "port": 5432}]}]}})
+
+
+def exposes_of(result: gw.GatewayPlan) -> list[Any]:
+    assert result.ingress is not None, result.accepted
+    return list(parse_exposes(build.exposes_document(result.ingress, [])))
+
+
+def test_a_tcp_listener_serves_its_oldest_tcproute_as_a_tcp_expose() -> None:
+    g = gateway({"name": "db", "port": 5432, "protocol": "TCP"}, {"name": "web", "port": 80, "protocol": "HTTP"})
+    result = plan(g, tcp_route("old", {"name": "api", "port": 5432}),
+                  tcp_route("young", created="2026-02-01T00:00:00Z"), route("http", parents=({"name": "edge",
+                                                                                               "sectionName": "db"},)))
+    by_port = {e.port: e for e in exposes_of(result)}
+    assert (by_port[5432].mode, by_port[5432].backend.host, by_port[5432].backend.port) == ("tcp", "api.shop.svc", 5432)
+    assert by_port[80].mode == "http", "the HTTP listener is served beside it"
+    [db, _] = result.listeners
+    assert (db.attached_routes, db.supported_kinds) == (2, [{"group": gw.GROUP, "kind": "TCPRoute"}])
+    assert result.parents[("TCPRoute", NS, "old")][0].accepted.status
+    young = result.parents[("TCPRoute", NS, "young")][0].accepted
+    assert (young.status, young.reason) == (False, "NotAllowedByListeners") and "older" in young.message
+    http = result.parents[("HTTPRoute", NS, "http")][0].accepted
+    assert (http.status, http.reason) == (False, "NotAllowedByListeners") and "TCP TCPRoutes" in http.message
+
+
+def test_a_tcproute_goes_to_one_service_and_refuses_connections_when_it_has_none() -> None:
+    g = gateway({"name": "db", "port": 5432, "protocol": "TCP"}, {"name": "web", "port": 80, "protocol": "HTTP"})
+    weighted = plan(g, tcp_route("r", {"name": "api", "port": 1, "weight": 3}, {"name": "web", "port": 1, "weight": 1}))
+    accepted = weighted.parents[("TCPRoute", NS, "r")][0].accepted
+    assert (accepted.status, accepted.reason) == (False, "UnsupportedValue")
+    drained = plan(g, tcp_route("r", {"name": "api", "port": 1, "weight": 0}, {"name": "web", "port": 2}))
+    [tcp] = [e for e in exposes_of(drained) if e.mode == "tcp"]
+    assert (tcp.backend.host, tcp.backend.port) == ("web.shop.svc", 2)
+    missing = plan(g, tcp_route("r", {"name": "gone", "port": 1}))
+    assert [e.mode for e in exposes_of(missing)] == ["http"], "no backend: the TCP port is not listened on"
+    [parent] = missing.parents[("TCPRoute", NS, "r")]
+    assert parent.accepted.status and parent.resolved_refs.reason == "BackendNotFound"
+
+
+def test_a_gateway_of_tcp_listeners_without_routes_is_accepted_and_idle() -> None:
+    g = gateway({"name": "db", "port": 5432, "protocol": "TCP"}, {"name": "again", "port": 5432, "protocol": "TCP"})
+    result = plan(g)
+    assert result.idle and result.ingress is None
+    assert (result.accepted.status, result.accepted.reason) == (True, "Accepted")
+    again = next(c for c in result.listeners[1].conditions if c.type == "Accepted")
+    assert (again.status, again.reason) == (False, "HostnameConflict")
+    assert not plan(g, tcp_route("r")).idle
+
+
+def test_listener_protocols_beyond_http_https_tls_and_tcp_are_not_served() -> None:
+    result = plan(gateway({"name": "dns", "port": 53, "protocol": "UDP"}))
+    accepted = next(c for c in result.listeners[0].conditions if c.type == "Accepted")
+    assert (accepted.status, accepted.reason) == (False, "UnsupportedProtocol")
+    assert result.listeners[0].supported_kinds == [] and not result.idle
+    assert (result.accepted.status, result.accepted.reason) == (False, "ListenersNotValid")
+    terminate = plan(gateway({"name": "t", "port": 443, "protocol": "TLS", "tls": {"mode": "Terminate"}}))
+    accepted = next(c for c in terminate.listeners[0].conditions if c.type == "Accepted")
+    assert (accepted.status, accepted.reason) == (False, "UnsupportedValue")
