@@ -111,6 +111,28 @@ def test_invalid_object_is_rejected(api: client.ApiClient, namespace: str, examp
     assert example.field in str(info.value.body), info.value.body
 
 
+def test_tls_passthrough_exposes_are_accepted(api: client.ApiClient, namespace: str) -> None:
+    """tls exposes sharing a port, with an exact, a wildcard and a * host, a name also served on
+    another port, and the apiserver's defaults (unmatchedPaths) leave them valid."""
+    sample = next(copy.deepcopy(s) for s in load_samples() if s["kind"] == "TailnetIngress")
+    sample["metadata"]["name"] = "tls-passthrough"
+    sample["spec"]["exposes"] += [
+        {"name": "pg", "mode": "tls", "port": 5432, "backend": {"service": "postgres", "port": 5432},
+         "hosts": [{"name": "pg.apps.example.internal", "alias": "pg"}, {"name": "*.pg.apps.example.internal"}]},
+        {"name": "any", "mode": "tls", "port": 5432, "backend": {"service": "postgres", "port": 5433},
+         "hosts": [{"name": "*"}]},
+        {"name": "pg-again", "mode": "tls", "port": 6432, "backend": {"service": "postgres", "port": 5432},
+         "hosts": [{"name": "pg.apps.example.internal"}]}]
+    try:
+        created = create_object(api, sample, namespace)
+        model = kind_of("TailnetIngress").model
+        assert created["spec"] == model.model_validate(sample).spec.to_wire()  # type: ignore[attr-defined]
+        assert created["spec"]["exposes"][2]["hosts"][0]["unmatchedPaths"] == "Backend"
+        model.model_validate(created)
+    finally:
+        _delete(api, "TailnetIngress", "tls-passthrough", namespace)
+
+
 def test_defaults_are_applied(api: client.ApiClient, namespace: str) -> None:
     """Defaults documented in the schema are what the operator reads back."""
     tailnet = {

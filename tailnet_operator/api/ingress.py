@@ -261,7 +261,7 @@ class HostPath(ApiModel):
 
 
 class VirtualHost(ApiModel):
-    """A name an http expose answers to (matched by SNI and Host)."""
+    """A name an http or tls expose answers to (matched by SNI; over plaintext http by Host)."""
 
     model_config = ConfigDict(json_schema_extra=validations(
         cel("!self.name.startsWith('*') || !has(self.alias)",
@@ -275,7 +275,9 @@ class VirtualHost(ApiModel):
         default=None, description="Optional short name under the same zones, e.g. grafana."
     )
     tls: HostTLS | None = Field(
-        default=None, description="The certificate for this name; required unless the expose is plaintext.")
+        default=None, description=(
+            "The certificate for this name; required for mode http unless the expose is plaintext, not allowed "
+            "for mode tls (the backend terminates TLS)."))
     paths: list[HostPath] | None = Field(
         default=None,
         max_length=PATHS_MAX,
@@ -340,14 +342,21 @@ class Backend(ApiModel):
 
 _EXPOSE_RULES = (
     cel(
-        "(self.mode == 'http') == (has(self.hosts) && size(self.hosts) > 0)",
-        "hosts is required for mode http and not allowed for mode tcp",
+        "(self.mode != 'tcp') == (has(self.hosts) && size(self.hosts) > 0)",
+        "hosts is required for modes http and tls and not allowed for mode tcp",
         ".hosts",
     ),
     cel(
-        "!has(self.hosts) || (has(self.plaintext) && self.plaintext ? self.hosts.all(h, !has(h.tls))"
-        " : self.hosts.all(h, has(h.tls)))",
+        "!has(self.hosts) || self.mode != 'http' || (has(self.plaintext) && self.plaintext ?"
+        " self.hosts.all(h, !has(h.tls)) : self.hosts.all(h, has(h.tls)))",
         "each host of an http expose needs tls, and a plaintext expose's hosts take none",
+        ".hosts",
+    ),
+    cel(
+        "!has(self.hosts) || self.mode != 'tls' || self.hosts.all(h, !has(h.tls) && !has(h.paths)"
+        " && (!has(h.unmatchedPaths) || h.unmatchedPaths == 'Backend'))",
+        "a tls expose's hosts are names only: the backend terminates TLS, so they take no tls, paths or "
+        "unmatchedPaths",
         ".hosts",
     ),
     cel(
@@ -370,19 +379,25 @@ class Expose(ApiModel):
     model_config = ConfigDict(json_schema_extra=validations(*_EXPOSE_RULES))
 
     name: DNSLabel = Field(description="Name of the expose, unique in this object.")
-    mode: Literal["tcp", "http"] = Field(
+    mode: Literal["tcp", "http", "tls"] = Field(
         default="tcp",
         description=(
             "tcp forwards raw TCP; http terminates TLS with each host's certificate and proxies "
-            "HTTP/1.1 and HTTP/2, routed by SNI. Defaults to tcp."
+            "HTTP/1.1 and HTTP/2, routed by SNI; tls passes TLS through to the backend untouched, routed by "
+            "the SNI of the client's ClientHello (the backend terminates it with its own certificate). "
+            "Defaults to tcp."
         ),
     )
-    port: Port = Field(description="Port the node listens on; http exposes may share one (routed by SNI).")
+    port: Port = Field(description=(
+        "Port the node listens on. http exposes may share one, and so may tls exposes (routed by SNI); a port "
+        "carries exposes of one mode, and a tcp expose needs a port of its own."))
     backend: Backend = Field(description="Where traffic goes.")
     hosts: list[VirtualHost] | None = Field(
         default=None,
         max_length=HOSTS_MAX,
-        description="http mode only (and required there): the names this expose answers to.",
+        description=(
+            "http and tls modes only (and required there): the names this expose answers to. A ClientHello "
+            "without SNI goes to a tls expose's * host, else is refused."),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     plaintext: bool = Field(
@@ -397,14 +412,18 @@ class Expose(ApiModel):
     @model_validator(mode="after")
     def _check(self) -> Self:
         has_hosts = bool(self.hosts)
-        if (self.mode == "http") != has_hosts:
-            raise ValueError("hosts: hosts is required for mode http and not allowed for mode tcp")
+        if (self.mode != "tcp") != has_hosts:
+            raise ValueError("hosts: hosts is required for modes http and tls and not allowed for mode tcp")
         if self.plaintext and self.mode != "http":
             raise ValueError("plaintext: plaintext goes with mode http")
-        if any((h.tls is None) != self.plaintext for h in self.hosts or []):
+        if self.mode == "http" and any((h.tls is None) != self.plaintext for h in self.hosts or []):
             raise ValueError("hosts: each host of an http expose needs tls, and a plaintext expose's hosts take none")
-        if self.mode == "tcp" and (self.backend.scheme != "http" or self.backend.ca_secret_ref is not None
-                                   or self.backend.protocol != "http1"):
+        if self.mode == "tls" and any(h.tls is not None or h.paths is not None or h.unmatched_paths != "Backend"
+                                      for h in self.hosts or []):
+            raise ValueError("hosts: a tls expose's hosts are names only: the backend terminates TLS, so they take "
+                             "no tls, paths or unmatchedPaths")
+        if self.mode != "http" and (self.backend.scheme != "http" or self.backend.ca_secret_ref is not None
+                                    or self.backend.protocol != "http1"):
             raise ValueError(
                 "backend: backend.scheme https, backend.caSecretRef and backend.protocol h2 need mode http")
         if self.hosts and (dups := duplicates([h.name for h in self.hosts])):
@@ -426,8 +445,8 @@ class TailnetIngressSpec(ApiModel):
         json_schema_extra=validations(
             cel(
                 "self.exposes.all(e, self.exposes.all(f, e.name == f.name || e.port != f.port"
-                " || (e.mode == 'http' && f.mode == 'http')))",
-                "a port may be shared only by http exposes; a tcp expose needs a port of its own",
+                " || (e.mode == f.mode && e.mode != 'tcp')))",
+                "a port may be shared only by exposes of one mode, http or tls; a tcp expose needs a port of its own",
                 ".exposes",
             ),
             cel(
@@ -439,8 +458,10 @@ class TailnetIngressSpec(ApiModel):
             cel(
                 "self.exposes.all(e, !has(e.hosts) || e.hosts.all(h, self.exposes.all(f, e.name == f.name"
                 " || !has(f.hosts) || f.hosts.all(g, g.name != h.name)"
-                " || (e.port != f.port && ((has(e.plaintext) && e.plaintext) || (has(f.plaintext) && f.plaintext))))))",
-                "a host name may appear in only one expose of a port, and in only one TLS expose",
+                " || (e.port != f.port && (e.mode == 'tls' || f.mode == 'tls' || (has(e.plaintext) && e.plaintext)"
+                " || (has(f.plaintext) && f.plaintext))))))",
+                "a host name may appear in only one expose of a port, and in only one http expose with TLS "
+                "(its certificate's)",
                 ".exposes",
             ),
             cel(
@@ -508,17 +529,18 @@ class TailnetIngressSpec(ApiModel):
             raise ValueError(f"exposes: duplicate expose name {dups}")
         for e in self.exposes:
             for f in self.exposes:
-                if e.name != f.name and e.port == f.port and not (e.mode == "http" and f.mode == "http"):
+                if e.name != f.name and e.port == f.port and not (e.mode == f.mode and e.mode != "tcp"):
                     raise ValueError(
-                        "exposes: a port may be shared only by http exposes; "
+                        "exposes: a port may be shared only by exposes of one mode, http or tls; "
                         "a tcp expose needs a port of its own"
                     )
         if any(e.port == f.port and e.plaintext != f.plaintext for e in self.exposes for f in self.exposes):
             raise ValueError("exposes: the http exposes of one port are all plaintext or all TLS")
         if dups := duplicates([*(f"{h.name} (port {e.port})" for e in self.exposes for h in e.hosts or []),
-                               *(h.name for e in self.exposes if not e.plaintext for h in e.hosts or [])]):
-            raise ValueError(f"exposes: a host name may appear in only one expose of a port, and in only one TLS "
-                             f"expose: {dups}")
+                               *(h.name for e in self.exposes if e.mode == "http" and not e.plaintext
+                                 for h in e.hosts or [])]):
+            raise ValueError(f"exposes: a host name may appear in only one expose of a port, and in only one http "
+                             f"expose with TLS (its certificate's): {dups}")
         if self.replicas > 1 and self.shared_address is None:
             raise ValueError("replicas: replicas above 1 need a sharedAddress: clients reach the replicas at "
                              "that address, since a MagicDNS name belongs to one node")

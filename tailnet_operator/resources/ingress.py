@@ -213,12 +213,18 @@ def _ca_path(expose: Expose) -> str:
 
 
 def _agent_expose(ingress: TailnetIngress, expose: Expose, zones: list[str]) -> agent_exposes.Expose:
-    """One expose as the agent reads it: its backend by Service name, its hosts' files in the
-    projection, each host's paths as routes to their Services (spoken to as the expose's backend)."""
+    """One expose as the agent reads it: its backend by Service name; an http expose's hosts' files
+    in the projection, each host's paths as routes to their Services (spoken to as the expose's
+    backend); a tls expose's hosts as names and aliases only."""
     host, port = backend_host(ingress, expose), expose.backend.port
     if expose.mode == "tcp":
         return agent_exposes.Expose(name=expose.name, port=expose.port,
                                     backend=agent_exposes.Backend(host=host, port=port))
+    if expose.mode == "tls":  # names only: the backend terminates TLS
+        return agent_exposes.Expose(
+            name=expose.name, port=expose.port, mode=agent_exposes.TLS,
+            backend=agent_exposes.Backend(host=host, port=port),
+            hosts=tuple(_agent_host(h, zones) for h in expose.hosts or []))
     ca_file = f"{CERTS_DIR}/{_ca_path(expose)}" if expose.backend.ca_secret_ref is not None else None
     backend = agent_exposes.Backend(host=host, port=port, scheme=expose.backend.scheme,
                                     protocol=expose.backend.protocol, ca_file=ca_file)
@@ -240,12 +246,16 @@ def _agent_expose(ingress: TailnetIngress, expose: Expose, zones: list[str]) -> 
     for vhost in expose.hosts or []:
         secret_dir = f"{CERTS_DIR}/{_tls_dir(host_secret_name(ingress, vhost))}"
         files = {} if expose.plaintext else {"cert_file": f"{secret_dir}/tls.crt", "key_file": f"{secret_dir}/tls.key"}
-        hosts.append(agent_exposes.VirtualHost(
-            name=vhost.name.lower(), alias=vhost.alias or None,
-            aliases=tuple(alias_names(vhost, zones)) if vhost.alias else (), **files,
-            routes=tuple(route(p) for p in vhost.paths or []), fallback=vhost.unmatched_paths == "Backend"))
+        hosts.append(_agent_host(vhost, zones, **files, routes=tuple(route(p) for p in vhost.paths or []),
+                                 fallback=vhost.unmatched_paths == "Backend"))
     return agent_exposes.Expose(name=expose.name, port=expose.port, backend=backend, mode=agent_exposes.HTTP,
                                 hosts=tuple(hosts), plaintext=expose.plaintext)
+
+
+def _agent_host(host: VirtualHost, zones: list[str], **more: Any) -> agent_exposes.VirtualHost:
+    """A host as the agent reads it: its name, its alias and the alias under each zone, and ``more``."""
+    return agent_exposes.VirtualHost(name=host.name.lower(), alias=host.alias or None,
+                                     aliases=tuple(alias_names(host, zones)), **more)
 
 
 def _matches(matches: Sequence[HeaderMatch | HeaderValue] | None) -> tuple[agent_exposes.Match, ...]:

@@ -168,6 +168,57 @@ def test_the_http_exposes_of_a_port_are_all_plaintext_or_all_tls() -> None:
         ingress([plain, WEB])
 
 
+PG = {"name": "pg", "mode": "tls", "port": 443, "backend": {"service": "postgres", "port": 5432},
+      "hosts": [{"name": "pg.apps.example.internal", "alias": "pg"}, {"name": "*.pg.apps.example.internal"}]}
+
+
+def test_a_tls_expose_reaches_the_agent_as_names_only_and_its_names_reach_dns() -> None:
+    mq = {**PG, "name": "mq", "backend": {"service": "rabbit", "port": 5671}, "hosts": [{"name": "*"}]}
+    obj = ingress([PG, mq, {**WEB, "port": 8443}])
+    pg, anything, web = parse_exposes(build.exposes_document(obj, ZONES))
+    assert (pg.mode, pg.port, pg.backend.host, pg.backend.port) == ("tls", 443, "postgres.tenant.svc", 5432)
+    assert [h.names for h in pg.hosts] == [("pg.apps.example.internal", "pg", "pg.corp.example.internal"),
+                                           ("*.pg.apps.example.internal",)]
+    assert all(not h.cert_file for h in (*pg.hosts, *anything.hosts)) and web.mode == "http"
+    entry = json.loads(build.exposes_document(ingress([PG]), ZONES))[0]
+    assert entry["backend"] == {"host": "postgres.tenant.svc", "port": 5432} and "plaintext" not in entry
+    assert build.dns_names(obj, ZONES) == ["pg.apps.example.internal", "pg.corp.example.internal",
+                                           "shop.apps.example.internal", "shop.corp.example.internal",
+                                           "admin.apps.example.internal"], "a tls host's names as an http host's"
+    assert build.tls_secret_names(obj) == build.tls_secret_names(ingress([WEB])), "a tls host has no certificate"
+
+
+@pytest.mark.parametrize(("change", "error"), [
+    ({"hosts": []}, "hosts is required for modes http and tls"),
+    ({"hosts": [{"name": "pg.apps.example.internal", "tls": {"secretName": "pg-tls"}}]},
+     "a tls expose's hosts are names only"),
+    ({"hosts": [{"name": "pg.apps.example.internal",
+                 "paths": [{"path": "/", "backend": {"service": "a", "port": 1}}]}]},
+     "a tls expose's hosts are names only"),
+    ({"hosts": [{"name": "pg.apps.example.internal", "unmatchedPaths": "NotFound"}]},
+     "a tls expose's hosts are names only"),
+    ({"plaintext": True}, "plaintext goes with mode http"),
+    ({"backend": {"service": "postgres", "port": 5432, "scheme": "https"}}, "need mode http"),
+    ({"backend": {"service": "postgres", "port": 5432, "protocol": "h2"}}, "need mode http"),
+])
+def test_a_bad_tls_expose_is_refused_with_what_to_change(change: dict[str, Any], error: str) -> None:
+    with pytest.raises(ValidationError, match=error):
+        ingress([{**PG, **change}])
+
+
+def test_tls_exposes_share_a_port_with_their_kind_only_and_may_repeat_a_name_on_another_port() -> None:
+    other = {**PG, "name": "other", "hosts": [{"name": "other.apps.example.internal"}]}
+    assert len(ingress([PG, other]).spec.exposes) == 2
+    for clash in ({**WEB, "port": 443}, {**DB, "port": 443}):
+        with pytest.raises(ValidationError, match="shared only by exposes of one mode, http or tls"):
+            ingress([PG, clash])
+    with pytest.raises(ValidationError, match="only one expose of a port"):
+        ingress([PG, {**other, "hosts": [{"name": "pg.apps.example.internal"}]}])
+    again = {**PG, "name": "again", "port": 5432}
+    web = {**WEB, "hosts": [{"name": "pg.apps.example.internal", "tls": {"secretName": "pg-tls"}}], "port": 8443}
+    assert len(ingress([PG, again, web]).spec.exposes) == 3, "no certificate: a name repeats across ports"
+
+
 @pytest.mark.parametrize(("path", "error"), [
     ({"path": "/", "backend": {"service": "a", "port": 1}, "redirect": {}},
      "set exactly one of backend, backends and redirect"),
