@@ -289,6 +289,24 @@ async def test_admission_lets_the_tenant_use_what_it_was_given(scene: Scene) -> 
                                                 dnsTemplate=f"web.shop.{ZONE}")) is None
 
 
+def _tls_expose(*hosts: JSON) -> JSON:
+    """A TLS passthrough expose: its hosts claim DNS names as an http expose's do."""
+    return {"name": "pg", "mode": "tls", "port": 443, "backend": {"service": "postgres", "port": 5432},
+            "hosts": list(hosts)}
+
+
+@pytest.mark.usefixtures("admission")
+async def test_admission_judges_a_tls_expose_s_hosts_as_an_http_expose_s(scene: Scene) -> None:
+    """A tenant gets no more names with a passthrough expose than with an http one: its host names
+    and aliases are judged against the tenancy's dnsNames; a wildcard host claims no name."""
+    for host in ({"name": f"pg.other.{ZONE}"}, {"name": f"pg.shop.{ZONE}", "alias": "pg"}):
+        message = await _refusal(scene.tenant, ingress("pg", scene.shop, scene.tailnet, "tag:shop-pg",
+                                                       exposes=[_tls_expose(host)]))
+        assert message is not None and "a host name or alias of pg is outside" in message, (host, message)
+    assert await _refusal(scene.tenant, ingress("pg", scene.shop, scene.tailnet, "tag:shop-pg", exposes=[
+        _tls_expose({"name": f"pg.shop.{ZONE}"}, {"name": f"*.pg.shop.{ZONE}"}, {"name": "*"})])) is None
+
+
 @pytest.mark.usefixtures("admission")
 async def test_a_withdrawn_tenant_s_ingress_can_still_be_finalized_but_not_changed(scene: Scene) -> None:
     """The policy judges what a tenant writes into the spec. Once the cluster admin withdraws the
@@ -346,6 +364,13 @@ async def test_a_cluster_name_never_reaches_the_hosts_file(scene: Scene, templat
     await _refused_by_the_operator(scene, ingress("dns", scene.shop, scene.tailnet, "tag:shop-web",
                                                   dnsTemplate=template), "DNSNameOutsideZones")
     assert template not in await _hosts(scene.admin, scene.operator_namespace)
+
+
+async def test_a_tls_host_outside_the_tenants_names_is_refused_by_the_operator(scene: Scene) -> None:
+    name = f"pg.other.{ZONE}"
+    await _refused_by_the_operator(scene, ingress("pg", scene.shop, scene.tailnet, "tag:shop-pg",
+                                                  exposes=[_tls_expose({"name": name})]), "DNSNameNotAllowed")
+    assert name not in await _hosts(scene.admin, scene.operator_namespace)
 
 
 async def test_a_shared_address_is_approved_for_its_holder_alone_and_leaves_its_tag_the_tenants(
