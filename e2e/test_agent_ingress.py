@@ -1,6 +1,7 @@
 """The agent's ingress mode against a real Headscale v0.29.2 and a tailscaled v1.98 "laptop":
 tcp and http exposes, certificates by SNI and their rotation, gRPC-style HTTP/2 to h2c and h2
-backends with trailers, http exposes sharing a port, and the caller's identity headers.
+backends with trailers, http exposes sharing a port, the caller's identity headers, and tls
+exposes sharing a port, passed through to the backend chosen by SNI.
 
 The laptop reaches the agent's tailnet address through its HTTP proxy (CONNECT); the backends
 are servers on 127.0.0.1 (in a cluster: the exposes' Services). The agent is assembled as
@@ -285,11 +286,11 @@ async def identity_echo(request: web.Request) -> web.Response:
 
 
 @contextlib.asynccontextmanager
-async def named_backend(name: str) -> AsyncIterator[int]:
+async def named_backend(name: str, tls: ssl.SSLContext | None = None) -> AsyncIterator[int]:
     app = web.Application()
     app[BACKEND_NAME] = name
     app.router.add_route("*", "/{tail:.*}", identity_echo)
-    async with served(app) as port:
+    async with served(app, tls=tls) as port:
         yield port
 
 
@@ -461,3 +462,52 @@ async def test_tls_hosts_of_one_port_split_over_two_exposes_by_a_reload_keep_ans
             assert agent.ip == address and agent.node.ready
     finally:
         await runner.cleanup()
+
+
+def tls_backend_context(ca: CertificateAuthority, name: str, *hosts: str) -> ssl.SSLContext:
+    """A backend's own server context: a certificate of the test CA for ``hosts``."""
+    pair = ca.issue(name, common_name=hosts[0], hosts=hosts)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pair.cert, pair.key)
+    return context
+
+
+async def test_tls_exposes_share_a_port_and_pass_tls_through_to_the_backend_sni_names(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path) -> None:
+    """Two tls exposes on one port, one with an exact and a wildcard host: the laptop's TLS reaches
+    the backend its SNI names, verified end to end against the backend's own certificate (the agent
+    holds none), and the request arrives as the client wrote it (no forwarding or identity headers:
+    nothing terminated it on the way). A name no host answers to is refused with an alert."""
+    ca = CertificateAuthority(tmp_path / "pki", "ingress")
+    shop_tls = tls_backend_context(ca, "shop", "shop.example.test")
+    blog_tls = tls_backend_context(ca, "blog", "blog.example.test", "*.blog.example.test")
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    laptop = tailscale_nodes("ts-laptop-tls", headscale, authkey=key)
+    port = free_port()
+    async with named_backend("shop", shop_tls) as shop_port, named_backend("blog", blog_tls) as blog_port:
+        exposes = [
+            {"name": "shop", "port": port, "mode": "tls", "backend": {"host": "127.0.0.1", "port": shop_port},
+             "hosts": [{"name": "shop.example.test"}]},
+            {"name": "blog", "port": port, "mode": "tls", "backend": {"host": "127.0.0.1", "port": blog_port},
+             "hosts": [{"name": "blog.example.test"}, {"name": "*.blog.example.test"}]}]
+        async with ingress_agent(headscale, "ingress-tls", key, tmp_path, exposes) as agent:
+            await wait_peer_sees(laptop, "ingress-tls")
+            blog_names = ["blog.example.test", "*.blog.example.test"]
+            # A certificate's * covers one label: a.b.blog is routed by the host, not verified by name.
+            for sni, name, names, check_name in (("shop.example.test", "shop", ["shop.example.test"], True),
+                                                 ("blog.example.test", "blog", blog_names, True),
+                                                 ("a.blog.example.test", "blog", blog_names, True),
+                                                 ("a.b.blog.example.test", "blog", blog_names, False)):
+                answer = await ask(laptop, agent, port, ca.cert_path, sni, path=f"/{name}", check_name=check_name)
+                assert answer.status == 200 and dns_names(answer) == names, (sni, answer)
+                seen = json.loads(answer.body)
+                assert (seen["backend"], seen["path"], seen["headers"]["host"]) == (name, f"/{name}", sni)
+                assert identity_names(seen["headers"]) == set() and "x-forwarded-for" not in seen["headers"], seen
+            with pytest.raises(ssl.SSLError, match="UNRECOGNIZED_NAME"):
+                await ask(laptop, agent, port, ca.cert_path, "elsewhere.example.test")
+            refused = agent.ingress.forwarder.metrics.registry.get_sample_value(
+                "tailnet_agent_passthrough_refused_total", {"reason": "unknown_name"})
+            assert refused == 1
+            document = await agent.status()
+            assert {e["name"]: (e["mode"], e["listening"]) for e in document["exposes"]} == {
+                "shop": ("tls", True), "blog": ("tls", True)}
