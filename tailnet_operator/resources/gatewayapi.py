@@ -182,7 +182,7 @@ def certificate_secrets(gateway: Mapping[str, Any]) -> set[tuple[str, str]]:
 SUPPORTED_FEATURES = ("Gateway", "HTTPRoute", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching",
                       "HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect",
                       "HTTPRouteQueryParamMatching", "HTTPRouteResponseHeaderModification",
-                      "HTTPRouteSchemeRedirect", "ReferenceGrant")
+                      "HTTPRouteSchemeRedirect", "ReferenceGrant", "TCPRoute", "TLSRoute")
 """``status.supportedFeatures`` of a tailnet GatewayClass (sorted, as the specification asks): the
 conformance features the translation and the agent serve."""
 

@@ -513,3 +513,50 @@ def test_listener_protocols_beyond_http_https_tls_and_tcp_are_not_served() -> No
     terminate = plan(gateway({"name": "t", "port": 443, "protocol": "TLS", "tls": {"mode": "Terminate"}}))
     accepted = next(c for c in terminate.listeners[0].conditions if c.type == "Accepted")
     assert (accepted.status, accepted.reason) == (False, "UnsupportedValue")
+
+
+def test_a_tls_passthrough_listener_serves_each_name_to_the_oldest_tlsroute_that_asks() -> None:
+    g = gateway({"name": "vault", "port": 443, "protocol": "TLS", "hostname": "*.example.test",
+                 "tls": {"mode": "Passthrough"}})
+    result = plan(g, tls_route("a", ("a.example.test", "*.a.example.test"), "api"),
+                  tls_route("b", ("b.example.test",), "web"),
+                  tls_route("late", ("a.example.test",), "canary", created="2026-02-01T00:00:00Z"),
+                  tls_route("far", ("x.elsewhere.test",), "web"))
+    by_backend = {e.backend.host: e for e in exposes_of(result)}
+    assert sorted(by_backend) == ["api.shop.svc", "web.shop.svc"]
+    assert [h.name for h in by_backend["api.shop.svc"].hosts] == ["a.example.test", "*.a.example.test"]
+    assert {e.mode for e in by_backend.values()} == {"tls"} and {e.port for e in by_backend.values()} == {443}
+    late = result.parents[("TLSRoute", NS, "late")][0].accepted
+    assert (late.status, late.reason) == (False, "NotAllowedByListeners")
+    far = result.parents[("TLSRoute", NS, "far")][0].accepted
+    assert (far.status, far.reason) == (False, "NoMatchingListenerHostname")
+    assert result.listeners[0].supported_kinds == [{"group": gw.GROUP, "kind": "TLSRoute"}]
+    assert result.listeners[0].attached_routes == 3
+
+
+def test_a_tlsroute_on_an_http_listener_and_an_httproute_on_a_tls_listener_are_not_allowed() -> None:
+    g = gateway({"name": "web", "port": 80, "protocol": "HTTP"},
+                {"name": "vault", "port": 443, "protocol": "TLS", "tls": {"mode": "Passthrough"}})
+    result = plan(g, tls_route("t", ("v.example.test",), "api", parents=({"name": "edge", "sectionName": "web"},)),
+                  route("h", parents=({"name": "edge", "sectionName": "vault"},)))
+    for key in (("TLSRoute", NS, "t"), ("HTTPRoute", NS, "h")):
+        accepted = result.parents[key][0].accepted
+        assert (accepted.status, accepted.reason) == (False, "NotAllowedByListeners"), key
+    assert [ls.attached_routes for ls in result.listeners] == [0, 0]
+
+
+def tls_route(name: str, hostnames: tuple[str, ...], service: str, **more: Any) -> gw.RouteObject:
+    return tcp_route(name, {"name": service, "port": 8443}, kind="TLSRoute", hostnames=hostnames, **more)
+
+
+def test_a_tcproutes_service_in_another_namespace_is_dialled_there_under_its_reference_grant() -> None:
+    g = gateway({"name": "db", "port": 5432, "protocol": "TCP"})
+    grant = {"metadata": {"namespace": "data"},
+             "spec": {"from": [{"group": gw.GROUP, "kind": "TCPRoute", "namespace": NS}],
+                      "to": [{"group": "", "kind": "Service"}]}}
+    away = tcp_route("r", {"name": "pg", "namespace": "data", "port": 5432})
+    [expose] = exposes_of(plan(g, away, services=frozenset({"pg"}), grants=(grant,)))
+    assert (expose.backend.host, expose.backend.port) == ("pg.data.svc", 5432)
+    refused = plan(g, away, services=frozenset({"pg"}))
+    assert refused.parents[("TCPRoute", NS, "r")][0].resolved_refs.reason == "RefNotPermitted"
+    assert refused.idle, "nothing served: no grant, no port"
