@@ -316,6 +316,10 @@ class Backend(ApiModel):
 
     service: DNS1035Label = Field(description="Name of a Service in this namespace.")
     port: Port = Field(description="Port of the Service.")
+    namespace: SkipJsonSchema[DNSLabel | None] = None
+    """The Service's namespace when not the ingress's, as a path's (:class:`PathBackend`): set only
+    by a Gateway's translation (a TLSRoute's or TCPRoute's backendRef a ReferenceGrant permits);
+    pruned by kube-apiserver from every TailnetIngress a tenant writes."""
     scheme: Literal["http", "https"] = Field(
         default="http",
         description="http mode only: speak HTTP or HTTPS to the backend. Defaults to http.",
@@ -555,7 +559,7 @@ class TailnetIngressSpec(ApiModel):
 
 
 class ExposeHostStatus(ApiModel):
-    """One virtual host of an http expose: its names and its certificate."""
+    """One virtual host of an http or tls expose: its names and (http with TLS) its certificate."""
 
     name: str = Field(max_length=253, description="The host's DNS name.")
     alias: str | None = Field(default=None, max_length=63, description="The host's short alias.")
@@ -582,7 +586,7 @@ class ExposeStatus(ApiModel):
         default=None, description="Whether the agent's last probe of the backend connected."
     )
     hosts: list[ExposeHostStatus] | None = Field(
-        default=None, max_length=HOSTS_MAX, description="http exposes: each virtual host."
+        default=None, max_length=HOSTS_MAX, description="http and tls exposes: each virtual host."
     )
 
 

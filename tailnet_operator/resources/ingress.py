@@ -201,7 +201,8 @@ def dns_names(ingress: TailnetIngress, zones: list[str]) -> list[str]:
 
 
 def backend_host(ingress: TailnetIngress, expose: Expose) -> str:
-    return f"{expose.backend.service}.{_namespace(ingress)}.svc"
+    """The expose's Service as the agent dials it (in the ingress's namespace unless it names another)."""
+    return f"{expose.backend.service}.{expose.backend.namespace or _namespace(ingress)}.svc"
 
 
 def _tls_dir(secret: str) -> str:

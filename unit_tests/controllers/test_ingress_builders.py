@@ -6,9 +6,11 @@ and DNS names follow the template and the zones."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from tailnet_agent.contract.endpoints import HEALTH_PORT
@@ -186,6 +188,17 @@ def test_a_tls_expose_reaches_the_agent_as_names_only_and_its_names_reach_dns() 
                                            "shop.apps.example.internal", "shop.corp.example.internal",
                                            "admin.apps.example.internal"], "a tls host's names as an http host's"
     assert build.tls_secret_names(obj) == build.tls_secret_names(ingress([WEB])), "a tls host has no certificate"
+
+
+def test_an_exposes_backend_of_another_namespace_is_the_gateway_translations_alone() -> None:
+    """A TLSRoute's or TCPRoute's Service in another namespace (a ReferenceGrant permits it) is
+    dialled there; the field is not in the CRD, so a tenant's object never carries it."""
+    routed = {**PG, "backend": {"service": "vault", "port": 8443, "namespace": "secrets"}}
+    [pg] = parse_exposes(build.exposes_document(ingress([routed]), ZONES))
+    assert (pg.backend.host, pg.backend.port) == ("vault.secrets.svc", 8443)
+    crd = yaml.safe_load((Path(__file__).parents[2] / "manifests/crd/tailnetingresses.tailnet.dev.yaml").read_text())
+    expose = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["exposes"]
+    assert "namespace" not in expose["items"]["properties"]["backend"]["properties"]
 
 
 @pytest.mark.parametrize(("change", "error"), [
