@@ -177,11 +177,11 @@ class PassthroughPort(SharedPort[PassthroughService]):
             return self._refused("closed", client, "the connection was lost before it was routed")
         service = self.route(hello.server_name)
         if service is None:
-            refusal = ("unknown_name", UNRECOGNIZED_NAME) if hello.server_name else ("no_server_name",
-                                                                                     MISSING_EXTENSION)
-            transport.write(alert_record(refusal[1]))
+            reason, alert, why = ("unknown_name", UNRECOGNIZED_NAME, "no host of the port answers to it") \
+                if hello.server_name else ("no_server_name", MISSING_EXTENSION, "no SNI, and no host of the port is *")
+            transport.write(alert_record(alert))
             transport.close()
-            return self._refused(refusal[0], client, "no host of the port answers to it", hello.server_name)
+            return self._refused(reason, client, why, hello.server_name)
         self._tasks.discard(asyncio.current_task())  # the expose's connection now, not the port's
         await service.serve_connection(transport, bytes(reader.data), eof=reader.eof)
 
