@@ -2,8 +2,8 @@
 exposes of a port (exact name, wildcard, ``*``), the client's TLS reaches the backend untouched
 (the client verifies the backend's own certificate: the agent holds none), a hello split over
 records and writes, refusals by reason (an unknown name and a missing SNI with their alerts, junk,
-a client that closes or stalls), and an expose removed from a shared port ending its connections
-only."""
+a client that closes or stalls), the hello and a half-close reaching the backend as sent, and an
+expose removed from a shared port ending its connections only."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from tailnet_agent.contract.exposes import TLS, Backend, Expose, VirtualHost
 from tailnet_agent.forward.passthrough import PassthroughPort
 from tailnet_agent.health import AgentMetrics
 
+from .test_clienthello import openssl_hello
 from .test_ingress_http import running
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -225,3 +226,26 @@ async def test_an_expose_removed_from_a_shared_port_ends_its_connections_only(ca
                 await connect(listen, ca, "mq.example.test")
             kept[1].close()
             ended[1].close()
+
+
+async def test_the_hello_and_the_clients_half_close_reach_the_backend_as_sent() -> None:
+    """The backend gets the ClientHello byte for byte, what followed it, and the client's EOF while
+    its answer still flows back (half-close, as a tcp expose)."""
+
+    async def count_until_eof(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        data = await reader.read()
+        writer.write(b"%d %s\n" % (len(data), data[-5:]))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(count_until_eof, "127.0.0.1", 0)
+    listen, hello = free_port(), openssl_hello("db.example.test")
+    try:
+        async with running((tls_expose("db", listen, server.sockets[0].getsockname()[1], "db.example.test"),)):
+            reader, writer = await asyncio.open_connection("127.0.0.1", listen)
+            writer.write(hello + b"after")
+            writer.write_eof()
+            assert await asyncio.wait_for(reader.read(), 10) == b"%d after\n" % (len(hello) + 5)
+            writer.close()
+    finally:
+        server.close()
