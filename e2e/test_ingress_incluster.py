@@ -515,3 +515,110 @@ def _diagnose_gateway(cluster: ClusterUnderTest, world: IngressWorld, exc: BaseE
     agent = kubectl(cluster, "-n", world.tenant, "logs", "deployment/edge-gw-ingress-agent", "--tail=40", check=False)
     return AssertionError(f"{exc}\ngateway status: {status}\nagent logs:\n{agent}\n"
                           f"operator logs:\n{operator_logs(cluster, world.namespace)}")
+
+
+TLS_SERVER = """
+import http.server, socket, ssl
+class Hello(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        body = ("tls from " + socket.gethostname()).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+server = http.server.ThreadingHTTPServer(("0.0.0.0", 8443), Hello)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain("/tls/tls.crt", "/tls/tls.key")
+server.socket = context.wrap_socket(server.socket, server_side=True)
+server.serve_forever()
+"""
+"""An HTTPS server that terminates TLS itself, with the certificate of the Secret mounted at /tls."""
+
+
+def _tls_backend(world: IngressWorld, image: str, host: str) -> list[dict[str, Any]]:
+    """A pod and Service ``vault`` serving HTTPS on 8443 with a certificate for ``host`` from the
+    world's CA, kept in a Secret only the pod mounts (the agent never holds it)."""
+    pair = world.ca.issue("vault", common_name=host, hosts=(host,))
+    pod = python_pod("vault", world.tenant, image, TLS_SERVER, labels={"app": "vault"}, port=8443)
+    pod["spec"]["volumes"] = [{"name": "tls", "secret": {"secretName": "vault-tls"}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "tls", "mountPath": "/tls", "readOnly": True}]
+    return [{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "vault-tls", "namespace": world.tenant},
+             "type": "kubernetes.io/tls", "data": {"tls.crt": base64.b64encode(pair.cert.read_bytes()).decode(),
+                                                   "tls.key": base64.b64encode(pair.key.read_bytes()).decode()}},
+            pod, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "vault", "namespace": world.tenant},
+                  "spec": {"selector": {"app": "vault"}, "ports": [{"port": 8443, "targetPort": 8443}]}}]
+
+
+def test_a_gateway_passes_tls_through_by_sni_and_tcp_by_port(
+        cluster: ClusterUnderTest, world: IngressWorld, gateway_api: None, project_image: Any) -> None:
+    """A Gateway of a TLS passthrough listener and a TCP listener: no node until a route is served;
+    then the laptop's TLS reaches the backend's own certificate (the node only read SNI), an
+    unknown name is refused, and the TCPRoute's port reaches its Service. Both routes say so in
+    their own status."""
+    cls, tls_host = f"tailnet-{world.hostname}-l4", f"vault-{world.hostname}.{ZONE}"
+    apply(cluster, _tls_backend(world, project_image.ref, tls_host))
+    wait_pod_running(cluster, world.tenant, "vault")
+    gateway_class, *_ = _gateway_api_objects(world, cls, tls_host)
+    gateway = {"apiVersion": f"{GATEWAY_API}/v1", "kind": "Gateway",
+               "metadata": {"name": "edge", "namespace": world.tenant,
+                            "annotations": {"tailnet.dev/tag": world.tag,
+                                            "tailnet.dev/hostname": f"{world.hostname}-l4"}},
+               "spec": {"gatewayClassName": cls, "listeners": [
+                   {"name": "vault", "port": 443, "protocol": "TLS", "tls": {"mode": "Passthrough"}},
+                   {"name": "db", "port": 5432, "protocol": "TCP"}]}}
+    routes = [{"apiVersion": f"{GATEWAY_API}/v1", "kind": "TLSRoute",
+               "metadata": {"name": "vault", "namespace": world.tenant},
+               "spec": {"parentRefs": [{"name": "edge", "sectionName": "vault"}], "hostnames": [tls_host],
+                        "rules": [{"backendRefs": [{"name": "vault", "port": 8443}]}]}},
+              {"apiVersion": f"{GATEWAY_API}/v1", "kind": "TCPRoute",
+               "metadata": {"name": "db", "namespace": world.tenant},
+               "spec": {"parentRefs": [{"name": "edge", "sectionName": "db"}],
+                        "rules": [{"backendRefs": [{"name": "web", "port": 8080}]}]}}]
+    apply(cluster, [gateway_class, gateway])
+    try:
+        def pending() -> dict[str, Any] | None:
+            obj: dict[str, Any] = get_json(cluster, "-n", world.tenant, f"gateways.{GATEWAY_API}", "edge")
+            return obj if condition(obj, "Accepted") == "True" else None
+
+        obj = wait_until(pending, timeout=120, what="the Gateway Accepted")
+        assert condition(obj, "Programmed") == "False", obj["status"]
+        assert kubectl(cluster, "-n", world.tenant, "get", "deployment", "edge-gw-ingress-agent",
+                       check=False) == "", "no agent before a route is served"
+        apply(cluster, routes)
+        obj = wait_until(lambda: _programmed(cluster, world), timeout=300,
+                         what="the Gateway Programmed once its routes are served")
+        [address] = [a["value"] for a in obj["status"]["addresses"] if a["type"] == "IPAddress"][:1]
+        assert {ls["name"]: ls["attachedRoutes"] for ls in obj["status"]["listeners"]} == {"vault": 1, "db": 1}
+        for kind, name in (("tlsroutes", "vault"), ("tcproutes", "db")):
+            [parent] = get_json(cluster, "-n", world.tenant, f"{kind}.{GATEWAY_API}", name)["status"]["parents"]
+            assert [condition({"status": parent}, c) for c in ("Accepted", "ResolvedRefs")] == ["True", "True"], \
+                (kind, parent)
+
+        async def through() -> Answer:
+            return await request(await tunnel(world.laptop.http_proxy_port, address, 443), ca=world.ca.cert_path,
+                                 sni=tls_host)
+
+        answer = wait_until(lambda: _attempt(lambda: _run(through())), timeout=90,
+                            what="the laptop's TLS passed through to the backend")
+        assert (answer.status, answer.body) == (200, b"tls from vault"), answer
+        leaf = x509.load_der_x509_certificate(answer.certificate)
+        assert leaf.subject.rfc4514_string() == f"CN={tls_host}", "the backend's own certificate"
+
+        async def unknown() -> Answer:
+            return await request(await tunnel(world.laptop.http_proxy_port, address, 443), ca=world.ca.cert_path,
+                                 sni=f"else.{ZONE}", check_name=False)
+
+        with pytest.raises((OSError, ConnectionError, asyncio.IncompleteReadError)):
+            _run(unknown())
+        data = wait_until(lambda: _attempt(lambda: _run(_tcp_get(world.laptop, address, 5432, "/"))), timeout=60,
+                          what="the TCPRoute's port answered")
+        assert data.startswith(b"HTTP/1.0 200") and data.endswith(b"hello from web"), data
+    except AssertionError as exc:
+        raise _diagnose_gateway(cluster, world, exc) from exc
+    finally:
+        kubectl(cluster, "-n", world.tenant, "delete", f"gateways.{GATEWAY_API}", "edge", "--wait=true",
+                "--timeout=90s", check=False)
+        kubectl(cluster, "-n", world.tenant, "delete", f"tlsroutes.{GATEWAY_API},tcproutes.{GATEWAY_API}", "--all",
+                check=False)
+        kubectl(cluster, "delete", f"gatewayclasses.{GATEWAY_API}", cls, "--ignore-not-found", check=False)
+        kubectl(cluster, "-n", world.tenant, "delete", "pod,service,secret", "vault", "vault-tls",
+                "--ignore-not-found", check=False)
