@@ -246,7 +246,7 @@ def run(rounds: int) -> dict[str, Any]:
 
 def section(doc: dict[str, Any]) -> str:
     lines = [
-        f"## Front doors: created to first answer, {doc['date']}, commit {doc['commit']} (local node, Headscale "
+        f"### Front doors: created to first answer, {doc['date']}, commit {doc['commit']} (local node, Headscale "
         f"{doc['headscale']}, tailscaled {doc['tailscale']})", "",
         "From creating the object to the first request a tailscaled laptop gets answered with 200 by the backend "
         "pod through it (polled every 0.2 s: the status read for the node's address, then one request through "
