@@ -622,3 +622,61 @@ def test_a_gateway_passes_tls_through_by_sni_and_tcp_by_port(
         kubectl(cluster, "delete", f"gatewayclasses.{GATEWAY_API}", cls, "--ignore-not-found", check=False)
         kubectl(cluster, "-n", world.tenant, "delete", "pod,service,secret", "vault", "vault-tls",
                 "--ignore-not-found", check=False)
+
+
+def test_a_grpcroute_on_an_https_listener_reaches_an_h2c_backend_by_service_and_method(
+        cluster: ClusterUnderTest, world: IngressWorld, gateway_api: None) -> None:
+    """A GRPCRoute on an HTTPS listener: the laptop's gRPC call (HTTP/2 over TLS with the
+    listener's certificate) reaches the h2c echo backend by its service and method, trailers and
+    the caller's identity with it; a method the route does not name gets 404."""
+    cls, host = f"tailnet-{world.hostname}-rpc", f"rpc-{world.hostname}.{ZONE}"
+    pair = world.ca.issue("rpc", common_name=host, hosts=(host,))
+    gateway_class, *_ = _gateway_api_objects(world, cls, host)
+    objects = [
+        gateway_class,
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rpc-tls", "namespace": world.tenant},
+         "type": "kubernetes.io/tls", "data": {"tls.crt": base64.b64encode(pair.cert.read_bytes()).decode(),
+                                               "tls.key": base64.b64encode(pair.key.read_bytes()).decode()}},
+        {"apiVersion": f"{GATEWAY_API}/v1", "kind": "Gateway",
+         "metadata": {"name": "edge", "namespace": world.tenant,
+                      "annotations": {"tailnet.dev/tag": world.tag, "tailnet.dev/hostname": f"{world.hostname}-rpc"}},
+         "spec": {"gatewayClassName": cls, "listeners": [
+             {"name": "rpc", "port": 443, "protocol": "HTTPS", "hostname": host,
+              "tls": {"mode": "Terminate", "certificateRefs": [{"name": "rpc-tls"}]}}]}},
+        {"apiVersion": f"{GATEWAY_API}/v1", "kind": "GRPCRoute",
+         "metadata": {"name": "echo", "namespace": world.tenant},
+         "spec": {"parentRefs": [{"name": "edge"}], "rules": [
+             {"matches": [{"method": {"service": "echo.Echo", "method": "Say"}}],
+              "backendRefs": [{"name": "grpc", "port": GRPC_PORT}]}]}}]
+    apply(cluster, objects)
+    try:
+        obj = wait_until(lambda: _programmed(cluster, world), timeout=300, what="the Gateway Programmed")
+        [address] = [a["value"] for a in obj["status"]["addresses"] if a["type"] == "IPAddress"][:1]
+        [parent] = get_json(cluster, "-n", world.tenant, f"grpcroutes.{GATEWAY_API}", "echo")["status"]["parents"]
+        assert [condition({"status": parent}, c) for c in ("Accepted", "ResolvedRefs")] == ["True", "True"], parent
+        assert {"group": GATEWAY_API, "kind": "GRPCRoute"} in obj["status"]["listeners"][0]["supportedKinds"]
+
+        def call(method: str) -> Answer:
+            answer: Answer = _run(_https(world.laptop, address, world.ca.cert_path, host, alpn="h2", method="POST",
+                               path=f"/echo.Echo/{method}", body=grpc_frame(b"hello through a GRPCRoute"),
+                               headers=(("content-type", "application/grpc"), ("te", "trailers")),
+                               trailers=(("x-checksum", "7"),)))
+            return answer
+
+        answer = wait_until(lambda: (found := _attempt(lambda: call("Say"))) and found.status == 200 and found,
+                            timeout=90, what="the gRPC call routed to the echo backend")
+        assert answer.alpn == "h2" and answer.trailers == {"grpc-status": "0", "grpc-message": "echoed"}, answer
+        [message] = grpc_messages(answer.body)
+        seen = json.loads(message)
+        assert seen["message"] == "hello through a GRPCRoute" and seen["trailers"] == {"x-checksum": "7"}, seen
+        assert seen["headers"].get("tailnet-node-tags") == world.laptop_tag, seen["headers"]
+        assert call("Shout").status == 404, "a method no rule names"
+    except AssertionError as exc:
+        raise _diagnose_gateway(cluster, world, exc) from exc
+    finally:
+        kubectl(cluster, "-n", world.tenant, "delete", f"gateways.{GATEWAY_API}", "edge", "--wait=true",
+                "--timeout=90s", check=False)
+        kubectl(cluster, "-n", world.tenant, "delete", f"grpcroutes.{GATEWAY_API}", "echo", "--ignore-not-found",
+                check=False)
+        kubectl(cluster, "delete", f"gatewayclasses.{GATEWAY_API}", cls, "--ignore-not-found", check=False)
+        kubectl(cluster, "-n", world.tenant, "delete", "secret", "rpc-tls", "--ignore-not-found", check=False)

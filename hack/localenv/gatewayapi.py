@@ -13,7 +13,7 @@ from hack import binaries, versions
 __all__ = ["MODULE", "crd_bodies", "crd_names", "standard_crd_bodies"]
 
 MODULE = "sigs.k8s.io/gateway-api"
-KINDS = ("gatewayclasses", "gateways", "httproutes", "tlsroutes", "tcproutes", "referencegrants")
+KINDS = ("gatewayclasses", "gateways", "httproutes", "grpcroutes", "tlsroutes", "tcproutes", "referencegrants")
 """The standard channel's CRDs the operator reads (and ReferenceGrant, which the specification pairs with them)."""
 
 

@@ -1,6 +1,6 @@
 """The Gateway API: a ``Gateway`` whose GatewayClass has ``controllerName:
 tailnet.dev/gateway-controller`` (and a ``parametersRef`` naming a Tailnet) becomes a tailnet node
-serving the HTTPRoutes, TLSRoutes and TCPRoutes attached to it.
+serving the HTTPRoutes, GRPCRoutes, TLSRoutes and TCPRoutes attached to it.
 
 The Gateway is served as the TailnetIngress
 :func:`~tailnet_operator.resources.gatewayapi.as_ingress` makes of it and its routes, through the

@@ -36,7 +36,8 @@ HTTP_ROUTE = Resource("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRout
 TLS_ROUTE = Resource("gateway.networking.k8s.io", "v1", "tlsroutes", "TLSRoute")
 TCP_ROUTE = Resource("gateway.networking.k8s.io", "v1", "tcproutes", "TCPRoute")
 """v1: TLSRoute and TCPRoute are in the standard channel since Gateway API 1.5."""
-ROUTE_RESOURCES = (HTTP_ROUTE, TLS_ROUTE, TCP_ROUTE)
+GRPC_ROUTE = Resource("gateway.networking.k8s.io", "v1", "grpcroutes", "GRPCRoute")
+ROUTE_RESOURCES = (HTTP_ROUTE, GRPC_ROUTE, TLS_ROUTE, TCP_ROUTE)
 """The route kinds a tailnet Gateway serves."""
 REFERENCE_GRANT = Resource("gateway.networking.k8s.io", "v1beta1", "referencegrants", "ReferenceGrant")
 """v1beta1: served by every Gateway API release since 0.6 (v1 since 1.5)."""

@@ -440,8 +440,9 @@ ROUTE_SERVED_CHANGED = any_of(GenerationChanged(), FieldChanged("metadata", "del
 
 
 def _add_gatewayapi(manager: Manager, reconciler: ClassedReconciler) -> ClassedReconciler:
-    """Gateways, GatewayClasses and routes (HTTPRoute, TLSRoute, TCPRoute) are watched cluster-wide (once their CRDs are
-    installed); a Gateway of another class is read from the cache and left alone."""
+    """Gateways, GatewayClasses and routes (HTTPRoute, GRPCRoute, TLSRoute, TCPRoute) are watched
+    cluster-wide (once their CRDs are installed); a Gateway of another class is read from the cache
+    and left alone."""
     cache = manager.cache
     controller = (_agent_controller(manager, "gatewayapi", reconciler, API_GATEWAY, INGRESS_SERVED_CHANGED)
      .watches(GATEWAY_CLASS, gateways_of_class(cache), GenerationChanged())

@@ -18,6 +18,10 @@ Such a Gateway becomes one tailnet node, as a TailnetIngress (:func:`as_ingress`
   (else ``HostnameConflict``) and its oldest route. The listeners of one port share a protocol
   (else ``ProtocolConflict``). Other protocols (UDP) are ``Accepted: False`` with
   ``UnsupportedProtocol``, and the others go on;
+* a GRPCRoute attaches to HTTPS listeners (gRPC is HTTP/2, served over TLS, not in plaintext):
+  a service and method match is the exact path ``/service/method``, a service alone the prefix
+  ``/service/``; its hosts are exposes of their own whose backends are spoken to over HTTP/2. A
+  hostname goes to the kind (HTTPRoute or GRPCRoute) of the oldest route that asks for it;
 * a TLSRoute's or TCPRoute's connections go to one Service: several backends with weights above 0
   are ``UnsupportedValue``; one that does not resolve leaves its names or port unserved, so its
   connections are refused, as the specification asks. A Gateway whose listeners are all TLS or
@@ -109,8 +113,10 @@ NAME_SUFFIX = "-gw"
 """Appended to the Gateway's name for the TailnetIngress shape (apart from an Ingress's ``-ing``)."""
 _PARAMETERS = ("tailnet.dev", "Tailnet")
 _PATH_TYPES = {"PathPrefix": "Prefix", "Exact": "Exact"}
-ROUTE_KINDS = {"HTTP": "HTTPRoute", "HTTPS": "HTTPRoute", "TLS": "TLSRoute", "TCP": "TCPRoute"}
-"""The route kind each served listener protocol takes."""
+ROUTE_KINDS = {"HTTP": ("HTTPRoute",), "HTTPS": ("HTTPRoute", "GRPCRoute"), "TLS": ("TLSRoute",),
+               "TCP": ("TCPRoute",)}
+"""The route kinds each served listener protocol takes. gRPC needs HTTP/2, which the node serves
+over TLS (ALPN) and not in plaintext: GRPCRoutes attach to HTTPS listeners."""
 _FILTERS = {"RequestHeaderModifier": ("requestHeaderModifier", "requestHeaders"),
             "ResponseHeaderModifier": ("responseHeaderModifier", "responseHeaders"),
             "RequestRedirect": ("requestRedirect", "redirect"), "URLRewrite": ("urlRewrite", "rewrite")}
@@ -179,7 +185,7 @@ def certificate_secrets(gateway: Mapping[str, Any]) -> set[tuple[str, str]]:
             if (ref.get("group") or "", ref.get("kind") or "Secret") == ("", "Secret") and ref.get("name")}
 
 
-SUPPORTED_FEATURES = ("Gateway", "HTTPRoute", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching",
+SUPPORTED_FEATURES = ("GRPCRoute", "Gateway", "HTTPRoute", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching",
                       "HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect",
                       "HTTPRouteQueryParamMatching", "HTTPRouteResponseHeaderModification",
                       "HTTPRouteSchemeRedirect", "ReferenceGrant", "TCPRoute", "TLSRoute")
@@ -299,11 +305,18 @@ class _PathMatch(_Model):
     value: str = "/"
 
 
+class _GrpcMethod(_Model):
+    type: str = "Exact"
+    service: str | None = None
+    method: str | None = None
+
+
 class RouteMatch(_Model):
     path: _PathMatch = Field(default_factory=_PathMatch)
     headers: list[_Match] = Field(default_factory=list)
     query_params: list[_Match] = Field(default_factory=list, alias="queryParams")
-    method: str | None = None
+    method: str | _GrpcMethod | None = None
+    """An HTTP method (HTTPRoute), or a gRPC service and method (GRPCRoute)."""
 
 
 class BackendRef(_Model):
@@ -346,7 +359,7 @@ class RouteObject(_Model):
     @property
     def streams(self) -> bool:
         """Whether the route carries connections (TLSRoute, TCPRoute) rather than requests."""
-        return self.kind != "HTTPRoute"
+        return self.kind in ("TLSRoute", "TCPRoute")
 
 
 class ServedGateway(AnnotatedObject):
@@ -597,11 +610,11 @@ def _names_gateway(ref: ParentRef, route: RouteObject, gateway: GatewayObject) -
 
 def _route_kinds(listener: Listener) -> tuple[list[dict[str, str]], list[str]]:
     """The route kinds a listener takes of those its ``allowedRoutes.kinds`` name (its protocol's
-    kind, :data:`ROUTE_KINDS`, when it names none), and the names of those not served."""
-    kind = ROUTE_KINDS.get(listener.protocol)
-    named = listener.allowed_routes.kinds or ([{"group": GROUP, "kind": kind}] if kind else [])
-    served = [k for k in named if (k.get("group", GROUP), k.get("kind")) == (GROUP, kind)]
-    return ([{"group": GROUP, "kind": kind}] if served and kind else []), \
+    kinds, :data:`ROUTE_KINDS`, when it names none), and the names of those not served."""
+    kinds = ROUTE_KINDS.get(listener.protocol, ())
+    named = listener.allowed_routes.kinds or [{"group": GROUP, "kind": k} for k in kinds]
+    served = [k for k in named if k.get("group", GROUP) == GROUP and k.get("kind") in kinds]
+    return list({str(k["kind"]): {"group": GROUP, "kind": str(k["kind"])} for k in served}.values()), \
         [str(k.get("kind")) for k in named if k not in served]
 
 
@@ -690,7 +703,7 @@ def _parent(ref: ParentRef, route: RouteObject, gateway: GatewayObject, served: 
     if not (admitting := [ls for ls in named if _admits(ls, route, gateway, labels)]):
         return _condition("Accepted", False, "NotAllowedByListeners", (
             f"no listener named admits {route.kind}s of namespace {route.metadata.namespace} (allowedRoutes and "
-            "protocol: HTTP and HTTPS take HTTPRoutes, TLS TLSRoutes, TCP TCPRoutes)")), [], []
+            "protocol: HTTP takes HTTPRoutes, HTTPS HTTPRoutes and GRPCRoutes, TLS TLSRoutes, TCP TCPRoutes)")), [], []
     if not (matching := [ls for ls in admitting if hostnames_intersect(ls.hostname, route.spec.hostnames)]):
         return _condition("Accepted", False, "NoMatchingListenerHostname", (
             f"no listener's hostname matches the route's hostnames {', '.join(route.spec.hostnames)}")), [], []
@@ -742,7 +755,27 @@ def _filter(raw: Mapping[str, Any], where: str) -> tuple[str, dict[str, Any]]:
     return target, out
 
 
+def _grpc_path(method: _GrpcMethod, where: str) -> dict[str, Any]:
+    """A GRPCRoute's method match as a path: a service and a method are the exact path
+    ``/service/method``, a service alone the prefix ``/service/``; a method alone (any service)
+    would take a regular expression, as would ``type: RegularExpression``."""
+    if method.type != "Exact" or (method.method and not method.service):
+        raise RouteProblem("Accepted", "UnsupportedValue", (
+            f"{where}.method: only Exact matches naming a service (and optionally its method) are served: they "
+            "are exact or prefix paths, and a regular expression would run on every request a tailnet peer sends"))
+    if method.method:
+        return {"path": f"/{method.service}/{method.method}", "pathType": "Exact"}
+    return {"path": f"/{method.service}/" if method.service else "/", "pathType": "Prefix"}
+
+
 def _match(match: RouteMatch, where: str) -> dict[str, Any]:
+    if isinstance(match.method, _GrpcMethod):
+        grpc = _grpc_path(match.method, where)
+        if bad := [m.name for m in match.headers if m.type != "Exact"]:
+            raise RouteProblem("Accepted", "UnsupportedValue", f"{where}.headers: {', '.join(bad)}: only Exact "
+                               "matches are served")
+        return grpc | ({"headers": [{"name": m.name, "value": m.value} for m in match.headers]} if match.headers
+                       else {})
     kind = _PATH_TYPES.get(match.path.type)
     if kind is None:
         raise RouteProblem("Accepted", "UnsupportedValue", f"{where}.path: {match.path.type} paths are not served "
@@ -859,7 +892,7 @@ def _listener_problem(listener: Listener, gateway: GatewayObject, certificate: C
     if unserved := _route_kinds(listener)[1]:
         return _condition("ResolvedRefs", False, "InvalidRouteKinds", (
             f"listener {listener.name}: allowedRoutes.kinds names {', '.join(unserved)}; a {listener.protocol} "
-            f"listener takes {ROUTE_KINDS[listener.protocol]}s"))
+            f"listener takes {' and '.join(k + 's' for k in ROUTE_KINDS[listener.protocol])}"))
     if listener.protocol in ("HTTP", "TCP"):
         return None
     tls = listener.tls or _TLS()
@@ -925,6 +958,7 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[RouteObject], tailnet: s
     lookup = _Backends(gateway.namespace, services, granted)
     usable = {a.route.key: a for a in attachments}
     streams: list[tuple[_Attachment, dict[str, Any] | None]] = []
+    kinds: dict[tuple[int, str], str] = {}
     for route in ordered:
         if route.key not in parents:
             continue
@@ -950,30 +984,18 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[RouteObject], tailnet: s
         if route.streams:
             streams.append((attachment, backend))
             continue
-        for listener in attachment.listeners:
-            tls = _listener_tls(gateway, listener)
-            for name in _route_names(listener, route):
-                host = hosts.setdefault(listener.port, {}).setdefault(
-                    name, {"name": name, **tls, "paths": [], "unmatchedPaths": "NotFound"})
-                host["paths"].extend(paths)
+        _add_route_hosts(gateway, attachment, paths, hosts, kinds, parents)
     _add_listener_hosts(gateway, hosts, served)
     exposes = _stream_exposes(streams, parents)
     for port, by_name in sorted(hosts.items()):
-        entries = list(by_name.values())
-        for h in entries:
+        for h in by_name.values():
             if len(h["paths"]) > PATHS_MAX:
                 return _refused(listeners, parents, "TooManyPaths", (
                     f"host {h['name']} has {len(h['paths'])} paths from its routes' rules and matches; a host serves "
                     f"at most {PATHS_MAX}"))
-        first: dict[str, Any] = next((p for h in entries for p in h["paths"]), {})
-        backend = first.get("backend") or next((b for b in first.get("backends", [])), None) or \
-            {"service": gateway.name, "port": port}
-        backend = {"service": backend["service"], "port": backend["port"]}  # never asked: every host answers 404
-        plaintext = all("tls" not in h for h in entries)
-        for k in range(0, len(entries), HOSTS_MAX):
-            exposes.append({"name": f"{'http' if plaintext else 'https'}-{port}-{k // HOSTS_MAX}", "mode": "http",
-                            "port": port, "backend": backend, "hosts": entries[k:k + HOSTS_MAX],
-                            **({"plaintext": True} if plaintext else {})})
+        for grpc in (False, True):
+            entries = [h for name, h in by_name.items() if (kinds.get((port, name)) == "GRPCRoute") == grpc]
+            exposes += _http_exposes(gateway, port, entries, grpc)
     if len(exposes) > EXPOSES_MAX:
         return _refused(listeners, parents, "TooManyHosts", (
             f"the Gateway's listeners serve {sum(len(e.get('hosts') or [1]) for e in exposes)} hosts and TCP "
@@ -1001,6 +1023,51 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[RouteObject], tailnet: s
         f"served as a tailnet node without the listeners {', '.join(invalid)}: see their conditions")) if invalid \
         else _condition("Accepted", True, "Accepted", "served as a tailnet node")
     return GatewayPlan(ingress, accepted, list(listeners.values()), parents)
+
+
+def _add_route_hosts(gateway: GatewayObject, attachment: _Attachment, paths: list[dict[str, Any]],
+                     hosts: dict[int, dict[str, dict[str, Any]]], kinds: dict[tuple[int, str], str],
+                     parents: dict[RouteKey, list[ParentResult]]) -> None:
+    """An HTTPRoute's or GRPCRoute's paths added to the hosts of the listeners it is attached to.
+    A host is of the kind of the oldest route that made it: its requests are spoken to the
+    backends as HTTP/1.1 or as HTTP/2 (gRPC), never both. A route left with no host because
+    routes of the other kind have them all is not Accepted (``NotAllowedByListeners``)."""
+    route, asked, got = attachment.route, False, False
+    for listener in attachment.listeners:
+        tls = _listener_tls(gateway, listener)
+        for name in _route_names(listener, route):
+            asked = True
+            if kinds.setdefault((listener.port, name), route.kind) != route.kind:
+                continue
+            got = True
+            host = hosts.setdefault(listener.port, {}).setdefault(
+                name, {"name": name, **tls, "paths": [], "unmatchedPaths": "NotFound"})
+            host["paths"].extend(paths)
+    if asked and not got:
+        for parent in parents[route.key]:
+            if parent.accepted.status:
+                parent.accepted = _condition("Accepted", False, "NotAllowedByListeners", (
+                    f"every hostname the {route.kind} asks for is served to older routes of another kind (a host "
+                    "speaks HTTP/1.1 or gRPC to its backends, not both)"))
+
+
+def _http_exposes(gateway: GatewayObject, port: int, entries: list[dict[str, Any]], grpc: bool
+                  ) -> list[dict[str, Any]]:
+    """The http exposes of ``port``'s hosts of one kind, :data:`HOSTS_MAX` hosts each; gRPC hosts
+    speak HTTP/2 to their backends (h2c with prior knowledge)."""
+    if not entries:
+        return []
+    first: dict[str, Any] = next((p for h in entries for p in h["paths"]), {})
+    backend = first.get("backend") or next((b for b in first.get("backends", [])), None) or \
+        {"service": gateway.name, "port": port}
+    # The expose's own backend is never asked (every host answers 404 where no path matches); its
+    # protocol is how the paths' backends are spoken to.
+    backend = {"service": backend["service"], "port": backend["port"], **({"protocol": "h2"} if grpc else {})}
+    plaintext = all("tls" not in h for h in entries)
+    stem = "grpc" if grpc else "http" if plaintext else "https"
+    return [{"name": f"{stem}-{port}-{k // HOSTS_MAX}", "mode": "http", "port": port, "backend": backend,
+             "hosts": entries[k:k + HOSTS_MAX], **({"plaintext": True} if plaintext else {})}
+            for k in range(0, len(entries), HOSTS_MAX)]
 
 
 def _route_names(listener: Listener, route: RouteObject) -> list[str]:
@@ -1080,7 +1147,7 @@ def _add_listener_hosts(gateway: GatewayObject, hosts: dict[int, dict[str, dict[
     (the Gateway is Programmed, with an address), and a name the listener covers that no route
     serves gets 404 (over TLS, after a handshake with the listener's certificate)."""
     for listener in served:
-        if ROUTE_KINDS[listener.protocol] != "HTTPRoute":
+        if "HTTPRoute" not in ROUTE_KINDS[listener.protocol]:
             continue
         name = (listener.hostname or "").lower() or ANY_HOST
         tls = _listener_tls(gateway, listener)

@@ -281,7 +281,8 @@ def test_the_gateway_status_says_accepted_programmed_listeners_and_addresses() -
                                    {"type": "IPAddress", "value": "fd7a:115c:a1e0::7"},
                                    {"type": "Hostname", "value": "edge.tail.example"}]
     web, raw = status["listeners"]
-    assert web["attachedRoutes"] == 1 and web["supportedKinds"] == [{"group": gw.GROUP, "kind": "HTTPRoute"}]
+    assert web["attachedRoutes"] == 1 and web["supportedKinds"] == [{"group": gw.GROUP, "kind": "HTTPRoute"},
+                                                                  {"group": gw.GROUP, "kind": "GRPCRoute"}]
     assert {c["type"]: c["status"] for c in web["conditions"]} == {"Accepted": "True", "ResolvedRefs": "True",
                                                                    "Programmed": "True"}
     assert {c["type"]: c["reason"] for c in raw["conditions"]}["Accepted"] == "UnsupportedProtocol"
@@ -560,3 +561,49 @@ def test_a_tcproutes_service_in_another_namespace_is_dialled_there_under_its_ref
     refused = plan(g, away, services=frozenset({"pg"}))
     assert refused.parents[("TCPRoute", NS, "r")][0].resolved_refs.reason == "RefNotPermitted"
     assert refused.idle, "nothing served: no grant, no port"
+
+
+def grpc_route(name: str, *rules: dict[str, Any], hostnames: tuple[str, ...] = ("rpc.example.test",),
+               parents: tuple[dict[str, Any], ...] = ({"name": "edge"},), created: str = "2026-01-01T00:00:00Z"
+               ) -> gw.RouteObject:
+    return gw.RouteObject.model_validate({
+        "kind": "GRPCRoute", "metadata": {"name": name, "namespace": NS, "creationTimestamp": created},
+        "spec": {"parentRefs": list(parents), "hostnames": list(hostnames),
+                 "rules": list(rules) or [{"backendRefs": [{"name": "api", "port": 50051}]}]}})
+
+
+def test_a_grpcroute_on_an_https_listener_is_served_over_http2_by_service_and_method() -> None:
+    rules = [{"matches": [{"method": {"service": "echo.Echo", "method": "Say"},
+                           "headers": [{"name": "x-env", "value": "canary"}]}],
+              "backendRefs": [{"name": "canary", "port": 50051}]},
+             {"matches": [{"method": {"service": "echo.Echo"}}], "backendRefs": [{"name": "api", "port": 50051}]}]
+    g = gateway(https("web", "*.example.test"))
+    result = plan(g, grpc_route("rpc", *rules), route("shop", hostnames=("shop.example.test",)))
+    exposes = {e.name: e for e in exposes_of(result)}
+    assert sorted(exposes) == ["grpc-443-0", "https-443-0"]
+    grpc = exposes["grpc-443-0"]
+    assert grpc.backend.protocol == "h2" and exposes["https-443-0"].backend.protocol == "http1"
+    [host] = grpc.hosts
+    say, service = host.routes
+    assert (host.name, say.path, say.type, say.headers[0].name) == ("rpc.example.test", "/echo.Echo/Say", "Exact",
+                                                                    "x-env")
+    assert (service.path, service.type, service.backend and service.backend.host) == ("/echo.Echo/", "Prefix",
+                                                                                      "api.shop.svc")
+    assert "shop.example.test" in [h.name for h in exposes["https-443-0"].hosts]
+    assert result.parents[("GRPCRoute", NS, "rpc")][0].accepted.status
+
+
+def test_a_grpcroute_needs_tls_a_service_to_match_and_names_no_httproute_has() -> None:
+    plain = plan(gateway({"name": "web", "port": 80, "protocol": "HTTP"}), grpc_route("rpc"))
+    accepted = plain.parents[("GRPCRoute", NS, "rpc")][0].accepted
+    assert (accepted.status, accepted.reason) == (False, "NotAllowedByListeners"), "gRPC needs HTTP/2: TLS"
+    g = gateway(https("web", "*.example.test"))
+    any_service = plan(g, grpc_route("rpc", {"matches": [{"method": {"method": "Say"}}],
+                                              "backendRefs": [{"name": "api", "port": 1}]}))
+    accepted = any_service.parents[("GRPCRoute", NS, "rpc")][0].accepted
+    assert (accepted.status, accepted.reason) == (False, "UnsupportedValue")
+    shared = plan(g, route("shop", hostnames=("rpc.example.test",)),
+                  grpc_route("rpc", created="2026-02-01T00:00:00Z"))
+    accepted = shared.parents[("GRPCRoute", NS, "rpc")][0].accepted
+    assert (accepted.status, accepted.reason) == (False, "NotAllowedByListeners"), "the older HTTPRoute has it"
+    assert [e.name for e in exposes_of(shared)] == ["https-443-0"]
