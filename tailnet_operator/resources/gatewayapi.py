@@ -185,12 +185,14 @@ def certificate_secrets(gateway: Mapping[str, Any]) -> set[tuple[str, str]]:
             if (ref.get("group") or "", ref.get("kind") or "Secret") == ("", "Secret") and ref.get("name")}
 
 
-SUPPORTED_FEATURES = ("GRPCRoute", "Gateway", "HTTPRoute", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching",
+SUPPORTED_FEATURES = ("Gateway", "HTTPRoute", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching",
                       "HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect",
                       "HTTPRouteQueryParamMatching", "HTTPRouteResponseHeaderModification",
                       "HTTPRouteSchemeRedirect", "ReferenceGrant", "TCPRoute", "TLSRoute")
 """``status.supportedFeatures`` of a tailnet GatewayClass (sorted, as the specification asks): the
 conformance features the translation and the agent serve."""
+# GRPCRoute is served on HTTPS listeners only; the conformance feature GRPCRoute means gRPC over
+# HTTP listeners too (h2c), which the agent's plaintext ports do not speak yet.
 
 
 def class_conditions(gateway_class: Mapping[str, Any], tailnet_exists: Callable[[str], bool]) -> list[Condition]:
