@@ -508,6 +508,9 @@ def test_a_gateway_of_the_tailnet_class_routes_an_httproute_by_path_header_and_w
                 "--timeout=90s", check=False)
         kubectl(cluster, "delete", f"gatewayclasses.{GATEWAY_API}", cls, "--ignore-not-found", check=False)
         kubectl(cluster, "-n", world.tenant, "delete", "pod,service", "canary", "--ignore-not-found", check=False)
+        # The route goes with its Gateway: a later Gateway named edge would find it attached.
+        kubectl(cluster, "-n", world.tenant, "delete", f"httproutes.{GATEWAY_API}", "shop", "--ignore-not-found",
+                check=False)
 
 
 def _diagnose_gateway(cluster: ClusterUnderTest, world: IngressWorld, exc: BaseException) -> AssertionError:
