@@ -70,11 +70,12 @@ class GatewayWorld(World):
             "controllerName": controller, "parametersRef": {"group": "tailnet.dev", "kind": "Tailnet",
                                                             "name": tailnet}}})
 
-    def add_gateway(self, name: str = "edge", *, cls: str = "tailnet") -> JSON:
+    def add_gateway(self, name: str = "edge", *, cls: str = "tailnet", listeners: list[JSON] | None = None) -> JSON:
+        """A Gateway of ``cls``; its ``listeners`` (default: one HTTP listener for shop.example.test)."""
         return self.kube.add(API_GATEWAY, {
             "metadata": {"name": name, "namespace": TENANT,
                          "annotations": {lb.TAG_ANNOTATION: TAG, lb.HOSTNAME_ANNOTATION: "shop-edge"}},
-            "spec": {"gatewayClassName": cls, "listeners": [
+            "spec": {"gatewayClassName": cls, "listeners": listeners or [
                 {"name": "web", "port": 80, "protocol": "HTTP", "hostname": "shop.example.test"}]}})
 
     def add_route(self, name: str = "shop", *, gateway: str = "edge", **rule: Any) -> JSON:
@@ -191,9 +192,7 @@ async def test_a_gateway_with_no_route_is_programmed_and_answers_404_until_route
 
 async def test_a_gateway_none_of_whose_listeners_can_be_served_has_no_node() -> None:
     world = await world_with_tailnet()
-    gateway = copy.deepcopy(world.add_gateway())
-    gateway["spec"]["listeners"] = [{"name": "raw", "port": 5432, "protocol": "UDP"}]
-    world.kube.update(API_GATEWAY, gateway)
+    world.add_gateway(listeners=[{"name": "raw", "port": 5432, "protocol": "UDP"}])
 
     await world.reconcile()
 
@@ -210,10 +209,8 @@ async def test_a_gateway_waiting_for_its_certificate_is_served_once_the_secret_a
     """The Gateway API's conformance suite creates a listener's certificate after its Gateway. The
     Secret of a tenant namespace is fetched, not watched: the Gateway is looked at again."""
     world = await world_with_tailnet()
-    gateway = copy.deepcopy(world.add_gateway())
-    gateway["spec"]["listeners"] = [{"name": "web", "port": 443, "protocol": "HTTPS", "hostname": "shop.example.test",
-                                     "tls": {"certificateRefs": [{"name": "shop-cert"}]}}]
-    world.kube.update(API_GATEWAY, gateway)
+    world.add_gateway(listeners=[{"name": "web", "port": 443, "protocol": "HTTPS", "hostname": "shop.example.test",
+                                 "tls": {"certificateRefs": [{"name": "shop-cert"}]}}])
 
     result = await world.reconcile()
 
@@ -233,10 +230,8 @@ async def test_a_gateway_waiting_for_its_certificate_is_served_once_the_secret_a
 
 async def test_a_certificate_of_another_namespace_granted_to_the_gateway_is_copied_beside_it() -> None:
     world = await world_with_tailnet()
-    gateway = copy.deepcopy(world.add_gateway())
-    gateway["spec"]["listeners"] = [{"name": "web", "port": 443, "protocol": "HTTPS", "hostname": "shop.example.test",
-                                     "tls": {"certificateRefs": [{"name": "wild", "namespace": "certs"}]}}]
-    world.kube.update(API_GATEWAY, gateway)
+    world.add_gateway(listeners=[{"name": "web", "port": 443, "protocol": "HTTPS", "hostname": "shop.example.test",
+                                 "tls": {"certificateRefs": [{"name": "wild", "namespace": "certs"}]}}])
     data = tls_data()
     world.kube.add(SECRET, {"metadata": {"name": "wild", "namespace": "certs"}, "type": "kubernetes.io/tls",
                             "data": {**data, "extra": "bm90IGNvcGllZA=="}})
@@ -349,9 +344,7 @@ async def test_a_grant_or_a_relabelled_namespace_wakes_only_the_gateways_it_may_
 
 async def test_a_tcp_listener_gets_a_node_with_its_first_tcproute_and_loses_it_with_the_last() -> None:
     world = await world_with_tailnet()
-    gateway = copy.deepcopy(world.add_gateway())
-    gateway["spec"]["listeners"] = [{"name": "db", "port": 5432, "protocol": "TCP"}]
-    world.kube.update(API_GATEWAY, gateway)
+    world.add_gateway(listeners=[{"name": "db", "port": 5432, "protocol": "TCP"}])
 
     await world.reconcile()
 
