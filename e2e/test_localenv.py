@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import http.server
+import os
+import signal
+import subprocess
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -117,6 +120,54 @@ def test_leak_check_finds_a_running_process_and_not_a_stopped_one(tmp_path: Path
     assert list(marked_processes(env.run_id)) == []
 
 
+def test_stopping_a_process_long_gone_spares_the_process_that_took_its_number(tmp_path: Path) -> None:
+    """Once a process has exited and been reaped, and its group is empty, the kernel hands its
+    number out again; a stop then must not signal whatever group that number names now (the
+    local part's teardown once killed the node part's kubectl and tailscaled this way)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: it hands a number out again through /proc/sys/kernel/ns_last_pid")
+    env = Environment(tmp_path, run_id="reused-number-selftest")
+    gone = ManagedProcess("gone", ["true"], log_dir=env.log_dir, run_id=env.run_id)
+    gone.start()
+    wait_until(lambda: not gone.running(), timeout=10, what="the short-lived process to exit")
+    assert gone.pid is not None
+    stranger = _start_with_pid(gone.pid, ["sleep", "300"])
+    try:
+        gone.stop()
+    finally:
+        stranger.terminate()
+        code = stranger.wait(10)
+    # A SIGKILL sent by the stop is pending before the stop returns, and it wins over the SIGTERM.
+    assert code == -signal.SIGTERM, f"the stop of a process long gone killed pid {stranger.pid} (exit {code})"
+
+
+def test_stopping_a_process_kills_what_it_left_running_in_its_group(tmp_path: Path) -> None:
+    env = Environment(tmp_path, run_id="orphans-selftest")
+    parent = ManagedProcess("parent", ["sh", "-c", "sleep 300 & echo $! > child.pid"], log_dir=env.log_dir,
+                            run_id=env.run_id, cwd=tmp_path)
+    parent.start()
+    child_pid = int(wait_until(lambda: (tmp_path / "child.pid").read_text().strip() or None, timeout=10,
+                               what="the child's pid"))
+    wait_until(lambda: not parent.running(), timeout=10, what="the parent to exit before its child")
+    assert child_pid in [pid for pid, _ in marked_processes(env.run_id)], "the child outlived its parent"
+    parent.stop()
+    assert wait_until(lambda: [pid for pid, _ in marked_processes(env.run_id)] == [], timeout=10,
+                      what="the orphaned child to be killed")
+
+
+def _start_with_pid(pid: int, argv: list[str], attempts: int = 200) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a session of its own under process number ``pid`` (free again), as the
+    kernel does once the numbers wrap; other forks on the machine may take it first, so retry."""
+    for _ in range(attempts):
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        proc = subprocess.Popen(argv, start_new_session=True)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait(10)
+    pytest.fail(f"could not start a process under the free number {pid} in {attempts} attempts")
+
+
 def test_free_ports_stay_out_of_the_kernels_ephemeral_range() -> None:
     """Outgoing connections take ports from the ephemeral range; a port handed to a server that
     binds it later must not be one of those."""
@@ -151,8 +202,6 @@ def test_a_tailnet_address_no_peer_has_is_never_dialled_through_this_machines_ne
     test that asks a laptop for a node that has not joined yet would send that packet out of the
     machine. The environment's guard (an unreachable route over the tailnet's ranges) makes the
     laptop refuse it here instead."""
-    import os
-
     from hack.localenv.tailnet_guard import TAILNET_RANGES, route_present
 
     if os.geteuid() != 0:

@@ -96,6 +96,7 @@ class ManagedProcess:
         self.name = name
         self.argv = [str(a) for a in argv]
         self.log_path = log_dir / f"{name}.log"
+        self._run_id = run_id
         self._env = {**os.environ, **(env or {}), RUN_MARKER: run_id}
         self._cwd = cwd
         self._user = user
@@ -136,7 +137,12 @@ class ManagedProcess:
             return ""
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the whole process group; idempotent."""
+        """Stop the whole process group; idempotent.
+
+        The group is signalled by its number only while its leader is unreaped, so the number is
+        still ours. Children that outlive the leader are found by group and run marker instead:
+        once the group is empty, the kernel hands the number to an unrelated process, and a
+        ``killpg`` then kills that process's group."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
             self._signal_group(proc, signal.SIGTERM)
@@ -146,8 +152,9 @@ class ManagedProcess:
                 self._signal_group(proc, signal.SIGKILL)
                 proc.wait(5)
         if proc is not None:
-            # Children that outlived their parent in the same group.
-            self._signal_group(proc, signal.SIGKILL)
+            for pid in group_members(proc.pid, self._run_id):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -162,6 +169,19 @@ class ManagedProcess:
     def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
+
+
+def group_members(group: int, run_id: str) -> list[int]:
+    """Processes of run ``run_id`` in process group ``group``."""
+    members = []
+    for pid, _ in marked_processes(run_id):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == group:  # state, ppid, pgrp
+            members.append(pid)
+    return members
 
 
 def marked_processes(run_id: str) -> Iterator[tuple[int, str]]:
