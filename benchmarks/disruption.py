@@ -197,7 +197,8 @@ def _ingress(world: World, *, shared: bool) -> None:
             world.rounds_of(ingress.subject, ingress.load, {"subject": "ingress", "replicas": replicas})
             if not shared:
                 with old_shape(ingress.subject) as before:
-                    world.rounds_of(before, ingress.load, {"subject": "ingress", "replicas": 1, "shape": "before"},
+                    world.rounds_of(before, ingress.load_by_address, {"subject": "ingress", "replicas": 1,
+                                                                      "shape": "before"},
                                     baseline=True)
     except (TimeoutError, RuntimeError) as exc:
         print(f"the ingress did not come up: {exc}", flush=True)  # with its diagnosis
@@ -277,7 +278,10 @@ def table(doc: dict[str, Any]) -> str:
         "reproduced with the operator stopped and the agent Deployment patched (`e2e/disruption.py` "
         "`old_shape`; the agent's readiness warm-up and logout stay this commit's), on a rollout and a "
         f"deleted pod; a load that did not recover within {BASELINE_RECOVERY:.0f} s is marked `*` (its "
-        "lost requests are those until then).", "",
+        "lost requests are those until then). With the operator stopped nothing hands the ingress's name "
+        "to a new node, so the ingress's `before` load goes to the address of the node the agent runs as "
+        "when the load starts, as a client that looked the name up before the disruption; a new pod is a "
+        "new node with another address (before the fixes its name was suffixed, `HostnameTaken`).", "",
         *lines,
     ]
     if not drained:

@@ -651,6 +651,24 @@ class IngressWorld:
         magic = str(self.subject.get()["status"]["magicDNSName"]).rstrip(".")
         return IngressLoad(self.laptop, magic, self.sni, self.ca)
 
+    def load_by_address(self) -> IngressLoad:
+        """A load to the tailnet address of the node the agent runs as now, for the old shape
+        (:func:`old_shape`): with the operator stopped no name follows a new node, so a client
+        that looked the ingress up before a disruption keeps its address; a new pod is a new node
+        with another address."""
+        hostname = self.subject.hostname or self.subject.name
+        address = wait_until(lambda: _online_address(self.laptop, hostname), timeout=120,
+                             what=f"one online peer {hostname} in the laptop's netmap")
+        return IngressLoad(self.laptop, address, self.sni, self.ca)
+
+
+def _online_address(laptop: TailscaleNode, hostname: str) -> str | None:
+    """The IPv4 address of the one online peer that registered as ``hostname``, else None."""
+    online = [p for p in laptop.peers() if p.get("HostName") == hostname and p.get("Online")]
+    if len(online) != 1:
+        return None
+    return next((ip for ip in online[0].get("TailscaleIPs") or () if ":" not in ip), None)
+
 
 SHARED_ADDRESS = "198.19.250.10"
 """An ingress's shared address in the disruption runs: inside the local node's cluster range, whose
