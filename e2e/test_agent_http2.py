@@ -1,7 +1,8 @@
 """The agent's HTTP/2 server under a real TLS client, a real backend and the agent's own listener
 code (:class:`HttpPort`, :class:`HttpService`), bound on 127.0.0.1 instead of the tailnet: flow
 control across streams of one connection, and the limits against abusive clients (concurrent
-streams, rapid reset, idle connections, connections per agent).
+streams, rapid reset, idle connections, connections per agent). A plaintext port
+(:class:`PlainHttpPort`) serves HTTP/2 with prior knowledge (h2c) under the same limits and drain.
 
 The tailnet under the listener is the same for every connection and is covered by
 ``test_agent_ingress``; what is tested here is the HTTP/2 state of one connection.
@@ -31,7 +32,7 @@ from e2e.polling import eventually
 from hack.localenv import free_port
 from hack.localenv._pki import CertificateAuthority
 from tailnet_agent.contract.exposes import parse_exposes
-from tailnet_agent.forward.http import HttpPort, HttpService
+from tailnet_agent.forward.http import HttpPort, HttpService, PlainHttpPort, SharedPort
 from tailnet_agent.health import AgentMetrics
 from tailnet_agent.limits import ConnectionGate, Limits
 
@@ -92,18 +93,27 @@ class Listener:
     metrics: AgentMetrics
     lease: Any
     """The expose's hold on the port's listener (closing the last one closes the listener)."""
+    shared: SharedPort[HttpService]
+    """The port's listener: over TLS, or plaintext (h2c with prior knowledge)."""
+
+    @property
+    def plaintext(self) -> bool:
+        return isinstance(self.shared, PlainHttpPort)
 
     def sample(self, name: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
 @contextlib.asynccontextmanager
-async def listener(tmp_path: Path, backend_port: int, limits: Limits | None = None) -> AsyncIterator[Listener]:
+async def listener(tmp_path: Path, backend_port: int, limits: Limits | None = None, *,
+                   plaintext: bool = False) -> AsyncIterator[Listener]:
     ca = CertificateAuthority(tmp_path / "pki", "h2")
     pair = ca.issue("shop", common_name=HOST, hosts=(HOST,))
+    host = {"name": HOST} if plaintext else {"name": HOST, "tls": {"certFile": str(pair.cert),
+                                                                  "keyFile": str(pair.key)}}
     expose = parse_exposes(json.dumps([{
         "name": "web", "port": free_port(), "mode": "http", "backend": {"host": "127.0.0.1", "port": backend_port},
-        "hosts": [{"name": HOST, "tls": {"certFile": str(pair.cert), "keyFile": str(pair.key)}}]}]))[0]
+        "hosts": [host], "plaintext": plaintext}]))[0]
     loop = asyncio.get_running_loop()
 
     async def bind(factory: Any, port: int) -> asyncio.Server:
@@ -111,12 +121,14 @@ async def listener(tmp_path: Path, backend_port: int, limits: Limits | None = No
 
     limits = limits or Limits()
     metrics = AgentMetrics()
-    port = HttpPort(expose.port, gate=ConnectionGate(limits.max_connections, metrics))
+    gate = ConnectionGate(limits.max_connections, metrics)
+    port: SharedPort[HttpService] = PlainHttpPort(expose.port, gate=gate, limits=limits, metrics=metrics) \
+        if plaintext else HttpPort(expose.port, gate=gate)
     async with HttpService(expose, limits=limits, metrics=metrics) as service:
         port.services[expose.name] = service
         lease = await port.lease(bind)
         try:
-            yield Listener(expose.port, ca.cert_path, service, metrics, lease)
+            yield Listener(expose.port, ca.cert_path, service, metrics, lease, port)
         finally:
             lease.close()
             del port.services[expose.name]
@@ -134,10 +146,12 @@ class StreamState:
 
 
 class Client:
-    """HTTP/2 over TLS to the listener, any number of streams, flow control obeyed both ways."""
+    """HTTP/2 to the listener (over TLS, or with prior knowledge on a plaintext one), any number of
+    streams, flow control obeyed both ways."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, scheme: str = "https") -> None:
         self.reader, self.writer = reader, writer
+        self.scheme = scheme
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         self.streams: dict[int, StreamState] = {}
         self.window = asyncio.Event()
@@ -149,11 +163,15 @@ class Client:
     @classmethod
     @contextlib.asynccontextmanager
     async def connect(cls, target: Listener) -> AsyncIterator[Client]:
-        context = ssl.create_default_context(cafile=str(target.ca))
-        context.set_alpn_protocols(["h2"])
-        reader, writer = await asyncio.open_connection("127.0.0.1", target.port, ssl=context, server_hostname=HOST)
-        assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "h2"
-        client = cls(reader, writer)
+        if target.plaintext:
+            reader, writer = await asyncio.open_connection("127.0.0.1", target.port)
+        else:
+            context = ssl.create_default_context(cafile=str(target.ca))
+            context.set_alpn_protocols(["h2"])
+            reader, writer = await asyncio.open_connection("127.0.0.1", target.port, ssl=context,
+                                                           server_hostname=HOST)
+            assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == "h2"
+        client = cls(reader, writer, "http" if target.plaintext else "https")
         client.conn.initiate_connection()
         client.flush()
         client._task = asyncio.create_task(client._read())
@@ -200,7 +218,7 @@ class Client:
     def open(self, method: str, path: str, *, authority: str = HOST, end: bool = True) -> int:
         stream_id: int = self.conn.get_next_available_stream_id()
         self.streams[stream_id] = StreamState()
-        self.conn.send_headers(stream_id, [(":method", method), (":path", path), (":scheme", "https"),
+        self.conn.send_headers(stream_id, [(":method", method), (":path", path), (":scheme", self.scheme),
                                            (":authority", authority)], end_stream=end)
         self.flush()
         return stream_id
@@ -229,14 +247,17 @@ class Client:
 
 # Flow control -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("authority", "path", "status"), [("elsewhere.example.test", "/echo", 421),
-                                                           (HOST, "/early", 413)])
+@pytest.mark.parametrize(("plaintext", "authority", "path", "status"), [
+    (False, "elsewhere.example.test", "/echo", 421), (False, HOST, "/early", 413),
+    (True, "elsewhere.example.test", "/echo", 404), (True, HOST, "/early", 413)])
 async def test_a_response_that_ends_before_the_request_body_gives_the_window_back(
-        tmp_path: Path, authority: str, path: str, status: int) -> None:
-    """A client-streaming call answered before its body was read (421 from the agent, an early
-    answer from the backend) whose client sent a whole connection window: the bytes the agent
-    dropped still count as received, so a second stream on the same connection can send its body."""
-    async with backend() as app, listener(tmp_path, app.port) as target, Client.connect(target) as client:
+        tmp_path: Path, plaintext: bool, authority: str, path: str, status: int) -> None:
+    """A client-streaming call answered before its body was read (421 or, on a plaintext port, 404
+    from the agent, an early answer from the backend) whose client sent a whole connection window:
+    the bytes the agent dropped still count as received, so a second stream on the same connection
+    can send its body."""
+    async with backend() as app, listener(tmp_path, app.port, plaintext=plaintext) as target, \
+            Client.connect(target) as client:
         first = client.open("POST", path, authority=authority, end=False)
         await asyncio.wait_for(client.send(first, b"x" * WINDOW, end=False), 30)
         await asyncio.wait_for(client.streams[first].ended.wait(), 30)
@@ -254,10 +275,12 @@ async def test_a_response_that_ends_before_the_request_body_gives_the_window_bac
 
 # Limits -----------------------------------------------------------------------------------------
 
-async def test_the_concurrent_streams_limit_is_advertised_and_enforced(tmp_path: Path) -> None:
+@pytest.mark.parametrize("plaintext", [False, True], ids=["tls", "h2c"])
+async def test_the_concurrent_streams_limit_is_advertised_and_enforced(tmp_path: Path, plaintext: bool) -> None:
     """SETTINGS_MAX_CONCURRENT_STREAMS is the configured limit; a client that opens one more
     stream than it allows gets a connection error, and the backend never sees that stream."""
-    async with backend() as app, listener(tmp_path, app.port, Limits(http2_max_streams=3)) as target, \
+    async with backend() as app, listener(tmp_path, app.port, Limits(http2_max_streams=3),
+                                          plaintext=plaintext) as target, \
             Client.connect(target) as client:
         await asyncio.wait_for(client.settings.wait(), 30)
         assert client.conn.remote_settings.max_concurrent_streams == 3
@@ -273,10 +296,12 @@ async def test_the_concurrent_streams_limit_is_advertised_and_enforced(tmp_path:
         assert target.sample("tailnet_agent_http2_goaway_total", reason="protocol_error") == 1
 
 
-async def test_rapid_reset_ends_the_connection_with_enhance_your_calm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("plaintext", [False, True], ids=["tls", "h2c"])
+async def test_rapid_reset_ends_the_connection_with_enhance_your_calm(tmp_path: Path, plaintext: bool) -> None:
     """CVE-2023-44487: a client that opens streams and resets each at once gets GOAWAY
     ENHANCE_YOUR_CALM once over its budget, and the backend is asked a bounded number of times."""
-    async with backend() as app, listener(tmp_path, app.port, Limits(http2_max_resets=50)) as target, \
+    async with backend() as app, listener(tmp_path, app.port, Limits(http2_max_resets=50),
+                                          plaintext=plaintext) as target, \
             Client.connect(target) as client:
         await asyncio.wait_for(client.settings.wait(), 30)
         sent = 0
@@ -285,7 +310,8 @@ async def test_rapid_reset_ends_the_connection_with_enhance_your_calm(tmp_path: 
             client.reset(stream_id)
             sent += 1
             if sent % 50 == 0:
-                await client.writer.drain()
+                with contextlib.suppress(ConnectionError):  # ended by the agent: its GOAWAY is read below
+                    await client.writer.drain()
                 await asyncio.sleep(0)
         await asyncio.wait_for(client.closed.wait(), 30)
         assert client.goaway == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, (sent, client.goaway)
@@ -293,10 +319,12 @@ async def test_rapid_reset_ends_the_connection_with_enhance_your_calm(tmp_path: 
         assert target.sample("tailnet_agent_http2_goaway_total", reason="rapid_reset") == 1
 
 
-async def test_an_idle_connection_is_ended_after_the_idle_timeout(tmp_path: Path) -> None:
+@pytest.mark.parametrize("plaintext", [False, True], ids=["tls", "h2c"])
+async def test_an_idle_connection_is_ended_after_the_idle_timeout(tmp_path: Path, plaintext: bool) -> None:
     """A connection with no request in progress gets GOAWAY NO_ERROR after the idle timeout; one
     with a request in progress is kept past it."""
-    async with backend() as app, listener(tmp_path, app.port, Limits(idle_timeout=1.0)) as target, \
+    async with backend() as app, listener(tmp_path, app.port, Limits(idle_timeout=1.0),
+                                          plaintext=plaintext) as target, \
             Client.connect(target) as client:
         busy = client.open("GET", "/slow?s=3")
         await asyncio.wait_for(client.streams[busy].ended.wait(), 30)
@@ -371,3 +399,34 @@ async def test_the_shutdown_order_of_an_http_expose_keeps_requests_in_progress(t
         assert await asyncio.wait_for(reader.read(), 30) == b"late\n"  # then the agent closes it
         writer.close()
         await asyncio.wait_for(drain, 30)
+
+
+async def test_a_draining_plaintext_port_finishes_h2c_streams_and_http1_requests_in_progress(tmp_path: Path) -> None:
+    """What SIGTERM does to a plaintext port (the last lease goes, then the port drains): an h2c
+    stream in progress gets its whole answer, a new stream is refused (REFUSED_STREAM), then GOAWAY
+    NO_ERROR ends the connection; an HTTP/1.1 request in progress on the same port gets its answer."""
+    async with backend() as app, listener(tmp_path, app.port, plaintext=True) as target, \
+            Client.connect(target) as client:
+        port = target.shared
+        assert isinstance(port, PlainHttpPort)
+        busy = client.open("GET", "/slow?s=2")
+        reader, writer = await asyncio.open_connection("127.0.0.1", target.port)
+        writer.write(f"GET /slow?s=2 HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+        await eventually(lambda: app.started == 2, what="both requests at the backend")
+        target.lease.close()
+        drain = asyncio.create_task(port.finish())
+        await eventually(lambda: port.front2.draining, what="the port draining")
+        late = client.open("GET", "/slow?s=0")
+        await asyncio.wait_for(client.streams[late].ended.wait(), 30)
+        assert client.streams[late].reset == h2.errors.ErrorCodes.REFUSED_STREAM
+        await asyncio.wait_for(client.streams[busy].ended.wait(), 30)
+        assert (client.streams[busy].status, bytes(client.streams[busy].body)) == (200, b"late\n")
+        await asyncio.wait_for(client.closed.wait(), 30)
+        assert client.goaway == h2.errors.ErrorCodes.NO_ERROR
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        assert await asyncio.wait_for(reader.read(), 30) == b"late\n"  # then the agent closes it
+        writer.close()
+        await asyncio.wait_for(drain, 30)
+        assert app.started == 2
+        assert target.sample("tailnet_agent_http2_goaway_total", reason="shutdown") == 1

@@ -1,7 +1,8 @@
 """The agent's ingress mode against a real Headscale v0.29.2 and a tailscaled v1.98 "laptop":
 tcp and http exposes, certificates by SNI and their rotation, gRPC-style HTTP/2 to h2c and h2
-backends with trailers, http exposes sharing a port, the caller's identity headers, and tls
-exposes sharing a port, passed through to the backend chosen by SNI.
+backends with trailers, http exposes sharing a port, the caller's identity headers, HTTP/2 with
+prior knowledge (h2c) on a plaintext port beside HTTP/1.1, and tls exposes sharing a port, passed
+through to the backend chosen by SNI.
 
 The laptop reaches the agent's tailnet address through its HTTP proxy (CONNECT); the backends
 are servers on 127.0.0.1 (in a cluster: the exposes' Services). The agent is assembled as
@@ -32,7 +33,7 @@ from e2e.polling import eventually
 from e2e.test_agent_egress import TAG, read_all, wait_peer_sees
 from e2e.test_agent_targets import fetch_status, running, write_like_kubelet
 from hack.grpc_echo import GrpcEcho, grpc_frame, grpc_messages
-from hack.https_client import Answer, request, tunnel
+from hack.https_client import Answer, h2c_request, http1_request, request, tunnel
 from hack.localenv import Headscale, TailscaleNode, free_port
 from hack.localenv._pki import CertificateAuthority
 from tailnet_agent.contract.backoff import Backoff, derp_backoff
@@ -402,6 +403,65 @@ async def test_grpc_over_h2_with_trailers_sni_across_exposes_and_identity_header
     finally:
         h2c.close()
         h2s.close()
+
+
+async def test_a_plaintext_port_serves_h2c_with_prior_knowledge_and_grpc_beside_http1(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path) -> None:
+    """A plaintext http port (a Gateway's HTTP listener) shared by a gRPC expose (h2c backend) and
+    a web expose (HTTP/1.1 backend): a client that opens with the HTTP/2 preface (prior knowledge,
+    as gRPC clients and the Gateway API conformance suite call an HTTP listener) is served HTTP/2,
+    each stream's host chosen by ``:authority``; a gRPC call keeps its trailers both ways; HTTP/1.1
+    on the same port is unchanged; the backends see the caller from the netmap, not what it claims."""
+    user = headscale.api("POST", "/api/v1/user", {"name": "bob", "email": "bob@example.test"})["user"]
+    laptop = tailscale_nodes("ts-laptop-h2c", headscale,
+                             authkey=headscale.create_preauth_key(user_id=str(user["id"]), ephemeral=True))
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    port = free_port()
+    h2c = await GrpcEcho.start()
+    try:
+        async with named_backend("shop") as shop_port:
+            exposes = [{"name": name, "port": port, "mode": "http", "plaintext": True, "hosts": [{"name": host}],
+                        "backend": {"host": "127.0.0.1", **backend}}
+                       for name, host, backend in (("grpc", "grpc.example.test", {"port": h2c.port, "protocol": "h2"}),
+                                                   ("web", "shop.example.test", {"port": shop_port}))]
+            async with ingress_agent(headscale, "ingress-h2c", key, tmp_path, exposes) as agent:
+                await wait_peer_sees(laptop, "ingress-h2c")
+                laptop_name = str(laptop.status()["Self"]["DNSName"]).rstrip(".")
+
+                async def through() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+                    return await tunnel(laptop.http_proxy_port, agent.ip, port)
+
+                call = await asyncio.wait_for(h2c_request(
+                    await through(), host="grpc.example.test", method="POST", path="/echo.Echo/Say",
+                    body=grpc_frame(b"plain " + b"z" * 70000),
+                    headers=(("content-type", "application/grpc"), ("te", "trailers"), *SPOOFED),
+                    trailers=(("x-request-checksum", "beef"),)), 30)
+                assert call.status == 200 and call.headers["content-type"] == "application/grpc", call
+                assert call.trailers == {"grpc-status": "0", "grpc-message": "echoed"}, call
+                [message] = grpc_messages(call.body)
+                seen = json.loads(message)
+                assert seen["message"] == "plain " + "z" * 70000 and seen["path"] == "/echo.Echo/Say"
+                assert seen["trailers"] == {"x-request-checksum": "beef"}
+                headers = seen["headers"]
+                assert (headers[":scheme"], headers[":authority"], headers["te"]) == ("http", "grpc.example.test",
+                                                                                      "trailers")
+                assert headers["tailnet-user-login"] == "bob@example.test", headers
+                assert headers["tailnet-node-name"] == laptop_name
+                assert identity_names(headers) == {"tailnet-node-name", "tailnet-user-login", "tailnet-user-name"}
+
+                for ask_with in (h2c_request, http1_request):
+                    answer = await asyncio.wait_for(ask_with(await through(), host="shop.example.test", path="/p",
+                                                             headers=SPOOFED), 30)
+                    assert answer.status == 200, (ask_with.__name__, answer)
+                    seen = json.loads(answer.body)
+                    assert (seen["backend"], seen["path"]) == ("shop", "/p")
+                    assert seen["headers"]["x-forwarded-proto"] == "http"
+                    assert seen["headers"]["tailnet-user-login"] == "bob@example.test"
+                    assert "tailnet-node-tags" not in seen["headers"]
+                    unknown = await asyncio.wait_for(ask_with(await through(), host="else.example.test"), 30)
+                    assert unknown.status == 404 and b"no host else.example.test" in unknown.body, unknown
+    finally:
+        h2c.close()
 
 
 async def test_a_tcp_expose_answers_on_the_nodes_ipv6_address(

@@ -1,5 +1,7 @@
 """A test client for https ingress: TLS with a chosen SNI and ALPN over any stream (a direct
-connection or a tunnel through a tailscaled peer's HTTP proxy), then one HTTP/1.1 or HTTP/2 request.
+connection or a tunnel through a tailscaled peer's HTTP proxy), then one HTTP/1.1 or HTTP/2 request;
+or, for plaintext ingress, one HTTP/1.1 request or one HTTP/2 request with prior knowledge (h2c, no
+TLS: :func:`http1_request`, :func:`h2c_request`).
 
 Tests only; the responses are read with Connection: close (HTTP/1.1) or to END_STREAM (HTTP/2).
 """
@@ -71,6 +73,30 @@ async def request(stream: tuple[asyncio.StreamReader, asyncio.StreamWriter], *, 
     return answer
 
 
+async def h2c_request(stream: tuple[asyncio.StreamReader, asyncio.StreamWriter], *, host: str,
+                      method: str = "GET", path: str = "/", body: bytes = b"",
+                      headers: tuple[tuple[str, str], ...] = (), trailers: tuple[tuple[str, str], ...] = (),
+                      ) -> Answer:
+    """One HTTP/2 request over ``stream`` in cleartext with prior knowledge (the connection
+    preface first, as gRPC clients call an ``http://`` address), for ``host`` (``:authority``)."""
+    reader, writer = stream
+    try:
+        return await _h2(reader, writer, host, method, path, body, headers, trailers, scheme="http")
+    finally:
+        writer.close()
+
+
+async def http1_request(stream: tuple[asyncio.StreamReader, asyncio.StreamWriter], *, host: str,
+                        method: str = "GET", path: str = "/", body: bytes = b"",
+                        headers: tuple[tuple[str, str], ...] = ()) -> Answer:
+    """One HTTP/1.1 request over ``stream`` in cleartext, for ``host``, read to the connection's end."""
+    reader, writer = stream
+    try:
+        return await _http1(reader, writer, host, method, path, body, headers)
+    finally:
+        writer.close()
+
+
 async def _http1(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, method: str, path: str,
                  body: bytes, extra: tuple[tuple[str, str], ...] = ()) -> Answer:
     fields = "".join(f"{k}: {v}\r\n" for k, v in extra)
@@ -94,11 +120,11 @@ async def _http1(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hos
 
 async def _h2(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, method: str, path: str,
               body: bytes, extra: tuple[tuple[str, str], ...] = (),
-              trailers: tuple[tuple[str, str], ...] = ()) -> Answer:
+              trailers: tuple[tuple[str, str], ...] = (), *, scheme: str = "https") -> Answer:
     conn = h2.connection.H2Connection()
     conn.initiate_connection()
     stream_id = conn.get_next_available_stream_id()
-    conn.send_headers(stream_id, [(":method", method), (":path", path), (":scheme", "https"),
+    conn.send_headers(stream_id, [(":method", method), (":path", path), (":scheme", scheme),
                                   (":authority", host), *((k.lower(), v) for k, v in extra)],
                       end_stream=not body and not trailers)
     pending = memoryview(body)

@@ -32,10 +32,10 @@ at startup and on every change (:func:`parse_exposes`). A JSON list; every probl
   and Host), and (http only) ``tls.certFile``/``tls.keyFile`` (mounted PEM files,
   reloaded when they change). A name or alias belongs to one host of an expose. A tls expose's
   hosts are names only: no ``tls``, ``routes`` or ``fallback``.
-* ``plaintext`` (http only, default false): HTTP/1.1 without TLS (the tailnet's WireGuard is the
-  encryption); its hosts take no ``tls``, each request picks its host by Host among the plaintext
-  exposes of the port, and a host named ``*`` answers any other name. The exposes of one port are
-  all plaintext or all TLS.
+* ``plaintext`` (http only, default false): HTTP/1.1, and HTTP/2 with prior knowledge (h2c),
+  without TLS (the tailnet's WireGuard is the encryption); its hosts take no ``tls``, each request
+  picks its host by Host (``:authority``) among the plaintext exposes of the port, and a host
+  named ``*`` answers any other name. The exposes of one port are all plaintext or all TLS.
 * ``routes`` of a host (http only): ``path`` and ``type`` (``Exact`` or ``Prefix``), optional
   ``method``, ``headers`` and ``query`` matches (exact values), and one of ``backend``,
   ``backends`` (each with a ``weight``) and ``redirect``; optional ``rewrite`` (``hostname``,
@@ -347,8 +347,9 @@ class Expose:
     mode: str = TCP
     hosts: tuple[VirtualHost, ...] = ()
     plaintext: bool = False
-    """http only: serve HTTP/1.1 without TLS (the tailnet's WireGuard is the encryption), the
-    host chosen per request by Host among the port's plaintext exposes (``*`` any host)."""
+    """http only: serve HTTP/1.1 and HTTP/2 with prior knowledge (h2c) without TLS (the tailnet's
+    WireGuard is the encryption), the host chosen per request by Host among the port's plaintext
+    exposes (``*`` any host)."""
 
     @property
     def address(self) -> str:

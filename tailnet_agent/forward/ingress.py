@@ -128,6 +128,7 @@ class Ingress:
                 yield _unused
                 if self.forwarder.draining.is_set():  # the listener closed: let the connections finish
                     await service.drain()
+                    await port.finish()
             finally:
                 if port.services.get(expose.name) is service:
                     del port.services[expose.name]

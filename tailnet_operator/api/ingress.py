@@ -407,9 +407,9 @@ class Expose(ApiModel):
     plaintext: bool = Field(
         default=False,
         description=(
-            "http mode only: serve HTTP/1.1 without TLS (the tailnet's WireGuard encrypts it), each request's "
-            "host picked by its Host header; the hosts take no tls. The exposes of one port are all plaintext "
-            "or all TLS. Defaults to false."
+            "http mode only: serve HTTP/1.1, and HTTP/2 with prior knowledge (h2c), without TLS (the tailnet's "
+            "WireGuard encrypts it), each request's host picked by its Host header; the hosts take no tls. The "
+            "exposes of one port are all plaintext or all TLS. Defaults to false."
         ),
     )
 

@@ -12,7 +12,7 @@ import json
 import ssl
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -21,7 +21,7 @@ from cryptography import x509
 
 from e2e.backends import served
 from hack.grpc_echo import GrpcEcho, grpc_frame, grpc_messages
-from hack.https_client import Answer, request
+from hack.https_client import Answer, h2c_request, request
 from hack.localenv import free_port
 from hack.localenv._pki import CertificateAuthority
 from tailnet_agent.contract.exposes import (
@@ -49,6 +49,7 @@ from tailnet_agent.forward.http import (
     response_headers,
     trailer_headers,
 )
+from tailnet_agent.forward.http.handover import HTTP2_PREFACE
 from tailnet_agent.forward.ingress import Ingress
 from tailnet_agent.health import AgentMetrics
 
@@ -691,3 +692,60 @@ async def test_a_plaintext_port_without_a_host_for_the_name_answers_404() -> Non
         async with running((expose,)), aiohttp.ClientSession() as session, \
                 session.get(f"http://127.0.0.1:{port}/", headers={"Host": "else.example.test"}) as answer:
             assert answer.status == 404 and "no host else.example.test" in await answer.text()
+
+
+class Trickle:
+    """A stream writer that sends the first ``first`` bytes one at a time, a little apart (a client
+    whose preface, or request line, arrives in pieces), then the rest as written, in order."""
+
+    def __init__(self, writer: asyncio.StreamWriter, first: int) -> None:
+        self.writer, self.left = writer, first
+        self._sent: asyncio.Task[None] | None = None
+
+    def write(self, data: bytes) -> None:
+        head, rest = data[:self.left], data[self.left:]
+        self.left -= len(head)
+        self._sent = asyncio.get_running_loop().create_task(self._send(self._sent, head, rest))
+
+    async def _send(self, before: asyncio.Task[None] | None, head: bytes, rest: bytes) -> None:
+        if before is not None:
+            await before
+        for i in range(len(head)):
+            if i:
+                await asyncio.sleep(0.01)  # a gap between TCP segments, not a wait for a state
+            self.writer.write(head[i:i + 1])
+            await self.writer.drain()
+        self.writer.write(rest)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def test_a_plaintext_port_tells_http2_prior_knowledge_from_http1_by_the_first_bytes() -> None:
+    """A connection that opens with the HTTP/2 preface is served HTTP/2, even when the preface
+    arrives a byte at a time; one that does not (``POST`` begins like ``PRI``) is HTTP/1.1. Each
+    HTTP/2 stream picks its host by ``:authority`` among the port's plaintext exposes."""
+    async with named_backend("shop", headers=True) as shop, named_backend("docs", headers=True) as docs:
+        port = free_port()
+        first = Expose(name="first", port=port, mode="http", plaintext=True,
+                       backend=Backend(host="127.0.0.1", port=shop), hosts=(VirtualHost(name="shop.example.test"),))
+        second = Expose(name="second", port=port, mode="http", plaintext=True,
+                        backend=Backend(host="127.0.0.1", port=docs), hosts=(VirtualHost(name="docs.example.test"),))
+        async with running((first, second)):
+            for host, name in (("shop.example.test", "shop"), ("DOCS.example.test:80", "docs")):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                answer = await asyncio.wait_for(h2c_request(
+                    (reader, cast(asyncio.StreamWriter, Trickle(writer, len(HTTP2_PREFACE)))), host=host,
+                    path="/h2"), 10)
+                seen = json.loads(answer.body)
+                assert (answer.status, seen["backend"], seen["path"]) == (200, name, "/h2"), answer
+                assert seen["headers"]["x-forwarded-proto"] == "http" and seen["headers"]["x-forwarded-host"] == host
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            trickle = Trickle(writer, 3)
+            trickle.write(b"POST /h1 HTTP/1.1\r\nHost: shop.example.test\r\nContent-Length: 2\r\n"
+                          b"Connection: close\r\n\r\nhi")
+            data = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            head, _, body = data.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), data
+            assert json.loads(body)["path"] == "/h1"

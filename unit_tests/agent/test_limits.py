@@ -14,7 +14,7 @@ from aiohttp.http_parser import HttpRequestParser
 from tailnet_agent.config import parse_limits
 from tailnet_agent.contract.errors import ConfigError
 from tailnet_agent.forward.http.http1 import headers_too_large
-from tailnet_agent.forward.http.http2 import Http2Server, _Connection
+from tailnet_agent.forward.http.http2 import Http2Base, _Connection
 from tailnet_agent.health import AgentMetrics
 from tailnet_agent.limits import LIMIT_NAMES, ConnectionGate, Limits, ResetBudget, header_list_size, peer_address
 
@@ -163,7 +163,7 @@ class Writer:
 async def test_the_http2_read_loop_goes_on_only_once_the_client_took_what_it_was_sent(taking: bool) -> None:
     """The loop waits for the writer to drain before it reads more (PING answers cannot pile up);
     a client that takes nothing for an idle timeout ends the connection as ``write_stalled``."""
-    server = Http2Server(cast(Any, None), Limits(idle_timeout=0.05))
+    server = Http2Base("h2", Limits(idle_timeout=0.05))
     h2c = _Connection(cast(Any, Writer(taking=taking)), server.limits)
     assert await asyncio.wait_for(server._taken(h2c), 5) is taking
     assert h2c.ending == (None if taking else "write_stalled")

@@ -1,4 +1,5 @@
-"""The http expose: TLS terminated on the agent, HTTP/1.1 and HTTP/2 to clients and to the app.
+"""The http expose: TLS terminated on the agent (or none, plaintext), HTTP/1.1 and HTTP/2 to clients
+and to the app.
 
 The http exposes on one tailnet port share its listener (:class:`HttpPort`). Each accepted
 tailnet connection is paused until :meth:`HttpPort.serve` runs ``loop.start_tls``: the SNI
@@ -10,7 +11,9 @@ that host's name or alias gets 421 Misdirected Request. A host with routes sends
 where its best matching route says (:mod:`.routes`: the Ingress's paths, the HTTPRoute's method,
 header and query matches, weighted backends, redirects, rewrites and header edits); one no route
 matches goes to the expose's backend, or gets 404 when the host has no fallback. ALPN ``h2`` is
-served with the ``h2`` library, anything else by aiohttp's HTTP/1.1 server protocol.
+served with the ``h2`` library, anything else by aiohttp's HTTP/1.1 server protocol. A plaintext
+expose's port (no TLS, no ALPN) serves HTTP/2 to a connection that opens with the HTTP/2 preface
+(prior knowledge, h2c: how gRPC clients call an ``http://`` address) and HTTP/1.1 to any other.
 
 Requests go to the backend over HTTP/1.1 with an aiohttp client (``protocol: http1``) or over
 HTTP/2 (``protocol: h2``: h2c with prior knowledge for ``scheme: http``, h2 over TLS for
@@ -34,7 +37,7 @@ One concept a module, each importing only those below it:
 
 * :mod:`.ports`: :class:`SharedPort`, the listener the exposes of one port share;
 * :mod:`.sni`: :class:`HttpPort`, the SNI routing to an expose over TLS;
-* :mod:`.plain`: :class:`PlainHttpPort`, plaintext HTTP/1.1, the host chosen per request by Host;
+* :mod:`.plain`: :class:`PlainHttpPort`, plaintext HTTP/1.1 and h2c, the host chosen per request by Host;
 * :mod:`.service`: :class:`HttpService`, one expose's certificates, backend and connections;
 * :mod:`.http1` and :mod:`.http2`: the client side of each HTTP version;
 * :mod:`.upstream`: the backend clients and the shape of their answer;

@@ -1,5 +1,10 @@
 """HTTP/2 to clients: the ``h2`` library's state machine under one reading task per connection.
 
+A connection arrives over TLS with ALPN ``h2`` (one expose's, :class:`Http2Server`, its host the
+one SNI chose) or in plaintext after the HTTP/2 preface (a plaintext port's, :class:`PlainHttp2`,
+each stream's host the one its ``:authority`` names); both run the same loop, limits, drain and
+metrics (:class:`Http2Base`).
+
 One task reads and feeds ``h2``; each request is a task of its own that forwards it and writes the
 answer within the stream's flow-control window. Trailers cross only where both sides are HTTP/2
 (gRPC): an HTTP/2 client's request trailers reach an h2 backend, an h2 backend's response trailers
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +41,7 @@ from ..h2backend import BackendError
 from .handover import Pending, hand_over
 from .headers import (
     Headers,
+    host_of,
     misdirected,
     misdirected_text,
     request_headers,
@@ -43,7 +49,7 @@ from .headers import (
     response_headers,
     trailer_headers,
 )
-from .identity import Identity
+from .identity import Identity, Whois
 from .routes import Reply, edit_headers
 from .upstream import CHUNK, BadGateway, Upstreams
 
@@ -201,12 +207,17 @@ class _Connection:
         self.flush()
 
 
-class Http2Server:
-    """Serves the HTTP/2 connections of one expose."""
+Answer = Callable[[_Connection, _Stream, Headers, str], Awaitable[None]]
+"""Answers one request of a connection: its stream, its header list (as text, within the limits)
+and its authority (``:authority``, else ``host``)."""
 
-    def __init__(self, upstreams: Upstreams, limits: Limits | None = None,
-                 metrics: AgentMetrics | None = None) -> None:
-        self.upstreams = upstreams
+
+class Http2Base:
+    """The HTTP/2 connections of one server (named ``name`` in logs): the read loop, the limits,
+    the graceful drain; what answers the requests is given with each connection (:meth:`run`)."""
+
+    def __init__(self, name: str, limits: Limits | None = None, metrics: AgentMetrics | None = None) -> None:
+        self.name = name
         self.limits = limits or Limits()
         self.metrics = metrics
         self.connections: set[_Connection] = set()
@@ -220,13 +231,15 @@ class Http2Server:
             h2c.draining = True
             h2c.wake_reader()
 
-    async def serve(self, tls: asyncio.Transport, pending: Pending, host: VirtualHost, client: str,
-                    identity: Identity | None) -> None:
-        """Serve the TLS connection (ALPN ``h2``) until it ends."""
+    async def run(self, transport: asyncio.Transport, pending: Pending, client: str, answer: Answer) -> None:
+        """Serve the connection (TLS with ALPN ``h2``, or plaintext that began with the HTTP/2
+        preface; reading may be paused) until it ends, each request answered by ``answer``."""
         reader = asyncio.StreamReader(limit=1 << 20)
         protocol = asyncio.StreamReaderProtocol(reader)
-        hand_over(tls, pending, protocol)
-        writer = asyncio.StreamWriter(tls, protocol, reader, asyncio.get_running_loop())
+        hand_over(transport, pending, protocol)
+        if transport.is_reading() is False and not transport.is_closing():
+            transport.resume_reading()
+        writer = asyncio.StreamWriter(transport, protocol, reader, asyncio.get_running_loop())
         h2c = _Connection(writer, self.limits)
         h2c.draining = self.draining
         h2c.conn.initiate_connection()
@@ -248,7 +261,7 @@ class Http2Server:
                             stream = h2c.streams[event.stream_id] = _Stream(event.stream_id)
                             stream.ended = event.stream_ended is not None
                             stream.task = tg.create_task(self._request(h2c, stream, list(event.headers or ()),
-                                                                       host, client, identity))
+                                                                       client, answer))
                         elif isinstance(event, h2.events.ConnectionTerminated):
                             return
                         else:
@@ -311,7 +324,7 @@ class Http2Server:
         refused request too."""
         if not isinstance(exc.__cause__, hpack.OversizedHeaderListError):
             return "protocol_error"
-        log.info("HTTP/2 connection ended: header list over the hard limit", expose=self.upstreams.name,
+        log.info("HTTP/2 connection ended: header list over the hard limit", expose=self.name,
                  client=client, limit=self.limits.http2_max_header_list_size * HEADER_LIST_HARD_FACTOR)
         self._count_refused()
         return "headers_too_large"
@@ -320,53 +333,108 @@ class Http2Server:
         if self.metrics is not None:
             self.metrics.headers_refused.labels("http2").inc()
 
-    async def _request(self, h2c: _Connection, stream: _Stream, raw: list[tuple[Any, Any]], host: VirtualHost,
-                       client: str, identity: Identity | None) -> None:
+    async def _request(self, h2c: _Connection, stream: _Stream, raw: list[tuple[Any, Any]], client: str,
+                       answer: Answer) -> None:
+        """One request: 431 over the header list limit, else what ``answer`` says; the stream is
+        finished (:meth:`_Connection.finish`) however it ends."""
         headers = [(_text(k), _text(v)) for k, v in raw]
-        pseudo = dict(h for h in headers if h[0].startswith(":"))
-        authority = pseudo.get(":authority") or next((v for k, v in headers if k == "host"), "")
+        authority = next((v for k, v in headers if k == ":authority"), "") or \
+            next((v for k, v in headers if k == "host"), "")
         try:
             if (size := header_list_size(raw)) > (limit := self.limits.http2_max_header_list_size):
-                log.info("request refused: header list too large", expose=self.upstreams.name, client=client,
+                log.info("request refused: header list too large", expose=self.name, client=client,
                          size=size, limit=limit)
                 self._count_refused()
                 await h2c.respond(stream.id, 431, PLAIN_TEXT, [f"header list of {size} bytes, over {limit}\n".encode()])
                 return
-            if misdirected(host, authority):
-                await h2c.respond(stream.id, 421, PLAIN_TEXT, [misdirected_text(host, authority).encode()])
-                return
-            method = pseudo.get(":method", "GET")
-            decision = self.upstreams.decide(host, method=method, target=pseudo.get(":path", "/"),
-                                             authority=authority, headers=headers)
-            if isinstance(decision, Reply):
-                await h2c.respond(stream.id, decision.status, [*PLAIN_TEXT, *decision.headers],
-                                  [decision.text.encode()])
-                return
-            upstream_client = self.upstreams.clients[decision.backend]
-            forwarded = edit_headers(request_headers(headers, client=client, authority=authority, identity=identity,
-                                                     trailers=upstream_client.trailers, host=decision.authority),
-                                     decision.request_edits)
-            body = None if stream.ended else h2c.body(stream)
-            try:
-                async with upstream_client.request(method, decision.authority, decision.target,
-                                                   forwarded, body, lambda: request_trailers(stream.trailers),
-                                                   ) as upstream:
-                    out = [(k.lower(), v) for k, v in edit_headers(response_headers(upstream.headers),
-                                                                   decision.response_edits)]
-                    if upstream.headers_only:  # gRPC's trailers-only answer stays one HEADERS frame
-                        await h2c.respond(stream.id, upstream.status, out, [], end_with_headers=True)
-                    else:
-                        await h2c.respond(stream.id, upstream.status, out, upstream.body(),
-                                          lambda: trailer_headers(upstream.trailers))
-            except BadGateway as exc:
-                await h2c.respond(stream.id, 502, PLAIN_TEXT, [f"{exc}\n".encode()])
-            except BackendError as exc:  # after the response began: the client must see it fail
-                log.warning("backend failed during the response", expose=self.upstreams.name, error=str(exc))
-                h2c.reset(stream.id)
+            await answer(h2c, stream, headers, authority)
         except (h2.exceptions.StreamClosedError, ConnectionError):
             pass
         finally:
             h2c.finish(stream)
+
+
+class Http2Server(Http2Base):
+    """One expose's HTTP/2: over TLS, the host its SNI chose (421 for a request that names
+    another); :meth:`forward` also serves the requests a plaintext port gives it."""
+
+    def __init__(self, upstreams: Upstreams, limits: Limits | None = None, metrics: AgentMetrics | None = None,
+                 *, whois: Whois | None = None) -> None:
+        super().__init__(upstreams.name, limits, metrics)
+        self.upstreams = upstreams
+        self.whois: Whois = whois or (lambda ip: None)
+
+    async def serve(self, tls: asyncio.Transport, pending: Pending, host: VirtualHost, client: str,
+                    identity: Identity | None) -> None:
+        """Serve the TLS connection (ALPN ``h2``) until it ends."""
+        async def answer(h2c: _Connection, stream: _Stream, headers: Headers, authority: str) -> None:
+            if misdirected(host, authority):
+                await h2c.respond(stream.id, 421, PLAIN_TEXT, [misdirected_text(host, authority).encode()])
+                return
+            await self.forward(h2c, stream, headers, authority, host, client, identity)
+
+        await self.run(tls, pending, client, answer)
+
+    async def forward(self, h2c: _Connection, stream: _Stream, headers: Headers, authority: str,
+                      host: VirtualHost, client: str, identity: Identity | None) -> None:
+        """The request to ``host`` where its route says (a backend's answer, or the agent's own)."""
+        pseudo = dict(h for h in headers if h[0].startswith(":"))
+        method = pseudo.get(":method", "GET")
+        decision = self.upstreams.decide(host, method=method, target=pseudo.get(":path", "/"),
+                                         authority=authority, headers=headers)
+        if isinstance(decision, Reply):
+            await h2c.respond(stream.id, decision.status, [*PLAIN_TEXT, *decision.headers],
+                              [decision.text.encode()])
+            return
+        upstream_client = self.upstreams.clients[decision.backend]
+        forwarded = edit_headers(request_headers(headers, client=client, authority=authority, identity=identity,
+                                                 trailers=upstream_client.trailers, host=decision.authority,
+                                                 scheme=self.upstreams.scheme),
+                                 decision.request_edits)
+        body = None if stream.ended else h2c.body(stream)
+        try:
+            async with upstream_client.request(method, decision.authority, decision.target,
+                                               forwarded, body, lambda: request_trailers(stream.trailers),
+                                               ) as upstream:
+                out = [(k.lower(), v) for k, v in edit_headers(response_headers(upstream.headers),
+                                                               decision.response_edits)]
+                if upstream.headers_only:  # gRPC's trailers-only answer stays one HEADERS frame
+                    await h2c.respond(stream.id, upstream.status, out, [], end_with_headers=True)
+                else:
+                    await h2c.respond(stream.id, upstream.status, out, upstream.body(),
+                                      lambda: trailer_headers(upstream.trailers))
+        except BadGateway as exc:
+            await h2c.respond(stream.id, 502, PLAIN_TEXT, [f"{exc}\n".encode()])
+        except BackendError as exc:  # after the response began: the client must see it fail
+            log.warning("backend failed during the response", expose=self.name, error=str(exc))
+            h2c.reset(stream.id)
+
+
+Pick = Callable[[str], "tuple[Http2Server, VirtualHost] | None"]
+"""The expose (its HTTP/2 server) and host a plaintext port gives a request for a host name."""
+
+
+class PlainHttp2(Http2Base):
+    """A plaintext port's HTTP/2 (prior knowledge): each stream goes to the host its
+    ``:authority`` names (``pick``), of whichever plaintext expose on the port has it; 404 when
+    none does. A connection is the port's, not an expose's: its streams may go to several."""
+
+    def __init__(self, port: int, pick: Pick, *, limits: Limits | None = None,
+                 metrics: AgentMetrics | None = None) -> None:
+        super().__init__(f"http-{port}", limits, metrics)
+        self.pick = pick
+
+    async def serve(self, transport: asyncio.Transport, pending: Pending, client: str) -> None:
+        """Serve the plaintext connection, which began with the HTTP/2 preface, until it ends."""
+        async def answer(h2c: _Connection, stream: _Stream, headers: Headers, authority: str) -> None:
+            name = host_of(authority)
+            if (found := self.pick(name)) is None:
+                await h2c.respond(stream.id, 404, PLAIN_TEXT, [f"no host {name or '(none)'} on this port\n".encode()])
+                return
+            server, host = found
+            await server.forward(h2c, stream, headers, authority, host, client, server.whois(client))
+
+        await self.run(transport, pending, client, answer)
 
 
 def _text(value: Any) -> str:

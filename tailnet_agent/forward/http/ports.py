@@ -83,6 +83,11 @@ class SharedPort(Generic[S]):
         for task in self._tasks:
             task.cancel()
 
+    async def finish(self) -> None:
+        """Let the requests in progress on connections the port serves itself finish (the agent
+        shuts down, the listener closed); nothing here: over TLS a connection is its expose's once
+        served (:meth:`~.service.HttpService.drain`)."""
+
     async def drain(self) -> None:
         """End the connections the port still holds after the last lease went."""
         if tasks := [t for t in self._tasks if t is not asyncio.current_task()]:

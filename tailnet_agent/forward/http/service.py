@@ -33,7 +33,7 @@ class HttpService:
         self.upstreams = Upstreams(expose)
         limits = limits or Limits()
         self.http1 = Http1Server(self.upstreams, self.whois, limits=limits, metrics=metrics)
-        self.http2 = Http2Server(self.upstreams, limits, metrics)
+        self.http2 = Http2Server(self.upstreams, limits, metrics, whois=self.whois)
         self.connections: set[asyncio.Task[Any]] = set()
         """The tasks serving this expose's client connections (cancelled when it stops)."""
 
