@@ -18,10 +18,11 @@ Such a Gateway becomes one tailnet node, as a TailnetIngress (:func:`as_ingress`
   (else ``HostnameConflict``) and its oldest route. The listeners of one port share a protocol
   (else ``ProtocolConflict``). Other protocols (UDP) are ``Accepted: False`` with
   ``UnsupportedProtocol``, and the others go on;
-* a GRPCRoute attaches to HTTPS listeners (gRPC is HTTP/2, served over TLS, not in plaintext):
-  a service and method match is the exact path ``/service/method``, a service alone the prefix
-  ``/service/``; its hosts are exposes of their own whose backends are spoken to over HTTP/2. A
-  hostname goes to the kind (HTTPRoute or GRPCRoute) of the oldest route that asks for it;
+* a GRPCRoute attaches to HTTPS listeners (HTTP/2 negotiated by ALPN) and HTTP listeners (HTTP/2
+  with prior knowledge, h2c, which the node tells from HTTP/1.1 by its preface): a service and
+  method match is the exact path ``/service/method``, a service alone the prefix ``/service/``;
+  its hosts are exposes of their own whose backends are spoken to over HTTP/2. A hostname goes to
+  the kind (HTTPRoute or GRPCRoute) of the oldest route that asks for it;
 * a TLSRoute's or TCPRoute's connections go to one Service: several backends with weights above 0
   are ``UnsupportedValue``; one that does not resolve leaves its names or port unserved, so its
   connections are refused, as the specification asks. A Gateway whose listeners are all TLS or
@@ -113,10 +114,11 @@ NAME_SUFFIX = "-gw"
 """Appended to the Gateway's name for the TailnetIngress shape (apart from an Ingress's ``-ing``)."""
 _PARAMETERS = ("tailnet.dev", "Tailnet")
 _PATH_TYPES = {"PathPrefix": "Prefix", "Exact": "Exact"}
-ROUTE_KINDS = {"HTTP": ("HTTPRoute",), "HTTPS": ("HTTPRoute", "GRPCRoute"), "TLS": ("TLSRoute",),
+ROUTE_KINDS = {"HTTP": ("HTTPRoute", "GRPCRoute"), "HTTPS": ("HTTPRoute", "GRPCRoute"), "TLS": ("TLSRoute",),
                "TCP": ("TCPRoute",)}
 """The route kinds each served listener protocol takes. gRPC needs HTTP/2, which the node serves
-over TLS (ALPN) and not in plaintext: GRPCRoutes attach to HTTPS listeners."""
+over TLS (ALPN ``h2``) and in plaintext (prior knowledge, h2c): GRPCRoutes attach to HTTP and
+HTTPS listeners."""
 _FILTERS = {"RequestHeaderModifier": ("requestHeaderModifier", "requestHeaders"),
             "ResponseHeaderModifier": ("responseHeaderModifier", "responseHeaders"),
             "RequestRedirect": ("requestRedirect", "redirect"), "URLRewrite": ("urlRewrite", "rewrite")}
@@ -185,14 +187,14 @@ def certificate_secrets(gateway: Mapping[str, Any]) -> set[tuple[str, str]]:
             if (ref.get("group") or "", ref.get("kind") or "Secret") == ("", "Secret") and ref.get("name")}
 
 
-SUPPORTED_FEATURES = ("Gateway", "HTTPRoute", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching",
+SUPPORTED_FEATURES = ("GRPCRoute", "Gateway", "HTTPRoute", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching",
                       "HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect",
                       "HTTPRouteQueryParamMatching", "HTTPRouteResponseHeaderModification",
                       "HTTPRouteSchemeRedirect", "ReferenceGrant", "TCPRoute", "TLSRoute")
 """``status.supportedFeatures`` of a tailnet GatewayClass (sorted, as the specification asks): the
-conformance features the translation and the agent serve."""
-# GRPCRoute is served on HTTPS listeners only; the conformance feature GRPCRoute means gRPC over
-# HTTP listeners too (h2c), which the agent's plaintext ports do not speak yet.
+conformance features the translation and the agent serve. GRPCRoute: the conformance suite calls
+gRPC on HTTP listeners, in plaintext with prior knowledge (h2c), which the agent's plaintext ports
+serve beside HTTP/1.1 (and HTTPS listeners over ALPN ``h2``)."""
 
 
 def class_conditions(gateway_class: Mapping[str, Any], tailnet_exists: Callable[[str], bool]) -> list[Condition]:
@@ -705,7 +707,7 @@ def _parent(ref: ParentRef, route: RouteObject, gateway: GatewayObject, served: 
     if not (admitting := [ls for ls in named if _admits(ls, route, gateway, labels)]):
         return _condition("Accepted", False, "NotAllowedByListeners", (
             f"no listener named admits {route.kind}s of namespace {route.metadata.namespace} (allowedRoutes and "
-            "protocol: HTTP takes HTTPRoutes, HTTPS HTTPRoutes and GRPCRoutes, TLS TLSRoutes, TCP TCPRoutes)")), [], []
+            "protocol: HTTP and HTTPS take HTTPRoutes and GRPCRoutes, TLS TLSRoutes, TCP TCPRoutes)")), [], []
     if not (matching := [ls for ls in admitting if hostnames_intersect(ls.hostname, route.spec.hostnames)]):
         return _condition("Accepted", False, "NoMatchingListenerHostname", (
             f"no listener's hostname matches the route's hostnames {', '.join(route.spec.hostnames)}")), [], []
@@ -1055,8 +1057,9 @@ def _add_route_hosts(gateway: GatewayObject, attachment: _Attachment, paths: lis
 
 def _http_exposes(gateway: GatewayObject, port: int, entries: list[dict[str, Any]], grpc: bool
                   ) -> list[dict[str, Any]]:
-    """The http exposes of ``port``'s hosts of one kind, :data:`HOSTS_MAX` hosts each; gRPC hosts
-    speak HTTP/2 to their backends (h2c with prior knowledge)."""
+    """The http exposes of ``port``'s hosts of one kind, :data:`HOSTS_MAX` hosts each, plaintext on
+    an HTTP listener's port; gRPC hosts speak HTTP/2 to their backends (h2c with prior knowledge),
+    whatever the listener's protocol."""
     if not entries:
         return []
     first: dict[str, Any] = next((p for h in entries for p in h["paths"]), {})

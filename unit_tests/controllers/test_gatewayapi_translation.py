@@ -364,7 +364,8 @@ def test_a_listener_naming_a_route_kind_not_served_says_so_and_lists_the_kinds_i
     status = gw.gateway_status(result, gateway(only, mixed, fine), None, ready=False, current=None, now=NOW)
     found = {ls["name"]: ls for ls in status["listeners"]}
     assert [found[n]["supportedKinds"] for n in ("only", "mixed", "fine")] == [
-        [], [{"group": gw.GROUP, "kind": "HTTPRoute"}], [{"group": gw.GROUP, "kind": "HTTPRoute"}]]
+        [], [{"group": gw.GROUP, "kind": "HTTPRoute"}],
+        [{"group": gw.GROUP, "kind": "HTTPRoute"}, {"group": gw.GROUP, "kind": "GRPCRoute"}]]
     for name in ("only", "mixed"):
         resolved = next(c for c in found[name]["conditions"] if c["type"] == "ResolvedRefs")
         assert (resolved["status"], resolved["reason"]) == ("False", "InvalidRouteKinds")
@@ -593,10 +594,40 @@ def test_a_grpcroute_on_an_https_listener_is_served_over_http2_by_service_and_me
     assert result.parents[("GRPCRoute", NS, "rpc")][0].accepted.status
 
 
-def test_a_grpcroute_needs_tls_a_service_to_match_and_names_no_httproute_has() -> None:
-    plain = plan(gateway({"name": "web", "port": 80, "protocol": "HTTP"}), grpc_route("rpc"))
-    accepted = plain.parents[("GRPCRoute", NS, "rpc")][0].accepted
-    assert (accepted.status, accepted.reason) == (False, "NotAllowedByListeners"), "gRPC needs HTTP/2: TLS"
+def test_a_grpcroute_on_an_http_listener_is_a_plaintext_expose_speaking_http2_to_its_backends() -> None:
+    """gRPC in plaintext (h2c with prior knowledge, which the node tells from HTTP/1.1 by its
+    preface): the GRPCRoute's hosts are a plaintext expose of the listener's port, beside the
+    HTTPRoutes' plaintext expose, its backends spoken to over HTTP/2."""
+    rules = [{"matches": [{"method": {"service": "echo.Echo", "method": "Say"}}],
+              "backendRefs": [{"name": "api", "port": 50051}]}]
+    g = gateway({"name": "web", "port": 80, "protocol": "HTTP"})
+    result = plan(g, grpc_route("rpc", *rules), route("shop", hostnames=("shop.example.test",)))
+    assert result.parents[("GRPCRoute", NS, "rpc")][0].accepted.status
+    exposes = {e.name: e for e in exposes_of(result)}
+    assert sorted(exposes) == ["grpc-80-0", "http-80-0"]
+    grpc, http = exposes["grpc-80-0"], exposes["http-80-0"]
+    assert (grpc.plaintext, grpc.port, grpc.backend.protocol) == (True, 80, "h2")
+    assert (http.plaintext, http.backend.protocol) == (True, "http1")
+    [host] = grpc.hosts
+    [say] = host.routes
+    assert (host.name, host.cert_file, say.path, say.type) == ("rpc.example.test", "", "/echo.Echo/Say", "Exact")
+    assert say.backend is not None and (say.backend.host, say.backend.port) == ("api.shop.svc", 50051)
+    assert "rpc.example.test" not in [h.name for h in http.hosts]
+    status = gw.gateway_status(result, g, None, ready=False, current=None, now=NOW)
+    assert status["listeners"][0]["supportedKinds"] == [{"group": gw.GROUP, "kind": "HTTPRoute"},
+                                                        {"group": gw.GROUP, "kind": "GRPCRoute"}]
+    assert status["listeners"][0]["attachedRoutes"] == 2
+
+
+def test_an_http_listener_that_allows_only_httproutes_refuses_a_grpcroute() -> None:
+    g = gateway({"name": "web", "port": 80, "protocol": "HTTP",
+                 "allowedRoutes": {"kinds": [{"kind": "HTTPRoute"}]}})
+    accepted = plan(g, grpc_route("rpc")).parents[("GRPCRoute", NS, "rpc")][0].accepted
+    assert (accepted.status, accepted.reason) == (False, "NotAllowedByListeners")
+    assert "HTTP and HTTPS take HTTPRoutes and GRPCRoutes" in accepted.message
+
+
+def test_a_grpcroute_needs_a_service_to_match_and_names_no_httproute_has() -> None:
     g = gateway(https("web", "*.example.test"))
     any_service = plan(g, grpc_route("rpc", {"matches": [{"method": {"method": "Say"}}],
                                               "backendRefs": [{"name": "api", "port": 1}]}))
