@@ -402,9 +402,10 @@ async def test_the_shutdown_order_of_an_http_expose_keeps_requests_in_progress(t
 
 
 async def test_a_draining_plaintext_port_finishes_h2c_streams_and_http1_requests_in_progress(tmp_path: Path) -> None:
-    """What SIGTERM does to a plaintext port (the last lease goes, then the port drains): an h2c
-    stream in progress gets its whole answer, a new stream is refused (REFUSED_STREAM), then GOAWAY
-    NO_ERROR ends the connection; an HTTP/1.1 request in progress on the same port gets its answer."""
+    """What SIGTERM does to a plaintext port (the last lease goes, then each expose of the port
+    asks it to finish): an h2c stream in progress gets its whole answer, a new stream is refused
+    (REFUSED_STREAM), then GOAWAY NO_ERROR ends the connection; an HTTP/1.1 request in progress on
+    the same port gets its answer."""
     async with backend() as app, listener(tmp_path, app.port, plaintext=True) as target, \
             Client.connect(target) as client:
         port = target.shared
@@ -414,7 +415,7 @@ async def test_a_draining_plaintext_port_finishes_h2c_streams_and_http1_requests
         writer.write(f"GET /slow?s=2 HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
         await eventually(lambda: app.started == 2, what="both requests at the backend")
         target.lease.close()
-        drain = asyncio.create_task(port.finish())
+        drains = [asyncio.create_task(port.finish()) for _ in range(2)]  # each expose of a port asks
         await eventually(lambda: port.front2.draining, what="the port draining")
         late = client.open("GET", "/slow?s=0")
         await asyncio.wait_for(client.streams[late].ended.wait(), 30)
@@ -427,6 +428,6 @@ async def test_a_draining_plaintext_port_finishes_h2c_streams_and_http1_requests
         assert head.startswith(b"HTTP/1.1 200"), head
         assert await asyncio.wait_for(reader.read(), 30) == b"late\n"  # then the agent closes it
         writer.close()
-        await asyncio.wait_for(drain, 30)
+        await asyncio.wait_for(asyncio.gather(*drains), 30)
         assert app.started == 2
         assert target.sample("tailnet_agent_http2_goaway_total", reason="shutdown") == 1

@@ -45,6 +45,8 @@ class PlainHttpPort(SharedPort[HttpService]):
         self._serving: set[asyncio.Task[None]] = set()
         """The connections being served (their first bytes read): the port's still, but not ended
         when the listener closes, so that :meth:`finish` can let their requests finish."""
+        self._finishing = asyncio.Lock()
+        self._finished = False
 
     def pick(self, name: str) -> tuple[Http1Server, VirtualHost] | None:
         """The expose and host a request for the host ``name`` goes to: the closest host of the
@@ -58,11 +60,17 @@ class PlainHttpPort(SharedPort[HttpService]):
     async def finish(self) -> None:
         """Let the requests in progress finish (the agent shuts down, the listener closed):
         HTTP/1.1 connections close after theirs, HTTP/2 ones refuse new streams (REFUSED_STREAM,
-        safe to retry elsewhere) and send GOAWAY once their streams are done."""
-        self.front2.drain()
-        await self.front.shutdown(None)
-        if tasks := [t for t in self._serving if t is not asyncio.current_task()]:
-            await asyncio.wait(tasks)
+        safe to retry elsewhere) and send GOAWAY once their streams are done. Each expose of the
+        port asks; the first does it, the others wait for it (aiohttp's shutdown is not to be run
+        twice at once)."""
+        async with self._finishing:
+            if self._finished:
+                return
+            self.front2.drain()
+            await self.front.shutdown(None)
+            if tasks := [t for t in self._serving if t is not asyncio.current_task()]:
+                await asyncio.wait(tasks)
+            self._finished = True
 
     async def drain(self) -> None:
         """End every connection the port still holds after the last lease went."""
