@@ -10,8 +10,9 @@ tag ``tag:k8s`` and the default hostname, in namespaces the Tailnet names as its
 bind the operator's tenant role.
 
 ``make test`` runs the GATEWAY-HTTP profile with the core features only (Gateway, HTTPRoute);
-``make conformance`` runs it with every feature the class declares and keeps the report under
-docs/conformance/.
+``make conformance`` runs it and the GATEWAY-GRPC profile (GRPCRoute, whose tests call gRPC on
+HTTP listeners in plaintext, h2c, through the same proxy) with every feature the class declares
+and keeps the report under docs/conformance/.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ TAG = "tag:k8s"
 """The tag of a Gateway without the ``tailnet.dev/tag`` annotation: every Gateway of the suite."""
 LAPTOP_TAG = "tag:conformance-laptop"
 CORE_FEATURES = ("Gateway", "HTTPRoute", "ReferenceGrant")
+PROFILES = {"core": ("GATEWAY-HTTP",), "full": ("GATEWAY-HTTP", "GATEWAY-GRPC")}
+"""The suite's conformance profiles each run reports on. A profile turns its core features on, so
+the core run (CORE_FEATURES, no GRPCRoute) names GATEWAY-HTTP alone."""
 FULL_ENV = "TAILNET_CONFORMANCE"
 """``core`` (the default, make test): the core features only; ``full`` (make conformance): every
 feature the class declares, the report kept under docs/; ``off``: not run (skipped by design)."""
@@ -136,12 +140,12 @@ def conformance(cluster: ClusterUnderTest, installed_operator: str, cluster_head
 
 
 def run_suite(world: Conformance, report: Path, *, features: tuple[str, ...] | None, log: Path,
-              extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Run the suite's GATEWAY-HTTP profile (``features``: the supported features, else those the
-    class declares); returns its ConformanceReport."""
+              profiles: tuple[str, ...] = PROFILES["core"], extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run the suite's ``profiles`` (``features``: the supported features, else those the class
+    declares); returns its ConformanceReport."""
     report.parent.mkdir(parents=True, exist_ok=True)
     command = [str(binaries.binary("gateway-conformance")), f"--gateway-class={CLASS}",
-               "--conformance-profiles=GATEWAY-HTTP", f"--report-output={report}",
+               f"--conformance-profiles={','.join(profiles)}", f"--report-output={report}",
                "--organization=tailnet-operator", "--project=tailnet-operator",
                "--url=https://github.com/tailnet-operator/tailnet-operator", "--version=dev",
                "--contact=https://github.com/tailnet-operator/tailnet-operator/issues",
@@ -169,10 +173,11 @@ def test_the_conformance_suites_core_gateway_and_httproute_tests_pass(conformanc
     name = "full" if full else "core"
     log = ROOT / "_artifacts" / f"gateway-conformance-{name}.log"
     report = run_suite(conformance, FULL_REPORT if full else ROOT / "_artifacts" / "gateway-conformance-core.yaml",
-                       features=None if full else CORE_FEATURES, log=log)
+                       features=None if full else CORE_FEATURES, log=log, profiles=PROFILES[name])
     (log.parent / f"gateway-conformance-{name}-operator.log").write_text(
         operator_logs(conformance.cluster, conformance.operator_namespace, tail=-1))
-    core = profile_result(report)["core"]
-    assert core["result"] == "success", (
-        f"core: {core.get('statistics')}; failed: {core.get('failedTests')}; skipped: {core.get('skippedTests')} "
-        f"(log: {log})")
+    for profile in PROFILES[name]:
+        core = profile_result(report, profile)["core"]
+        assert core["result"] == "success", (
+            f"{profile} core: {core.get('statistics')}; failed: {core.get('failedTests')}; skipped: "
+            f"{core.get('skippedTests')} (log: {log})")

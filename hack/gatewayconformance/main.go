@@ -2,10 +2,12 @@
 // (sigs.k8s.io/gateway-api/conformance) against a cluster whose Gateways are tailnet nodes.
 //
 // A Gateway's address is a tailnet address, which this machine reaches only through a tailnet
-// peer: every connection the suite's HTTP client makes is dialled through the HTTP CONNECT proxy
-// of a tailscaled "laptop" (--tailnet-proxy), as a tailnet user reaches the Gateway. The suite's
-// own flags (--gateway-class, --supported-features, --conformance-profiles, --report-output,
-// --run-test, --skip-tests, ...) work as documented by the suite; the kubeconfig is KUBECONFIG's.
+// peer: every connection the suite's HTTP and gRPC clients make is dialled through the HTTP
+// CONNECT proxy of a tailscaled "laptop" (--tailnet-proxy), as a tailnet user reaches the Gateway.
+// The gRPC client calls in plaintext with prior knowledge (h2c), as the suite's own does. The
+// suite's own flags (--gateway-class, --supported-features, --conformance-profiles,
+// --report-output, --run-test, --skip-tests, ...) work as documented by the suite; the kubeconfig
+// is KUBECONFIG's.
 // The suite wants a *testing.T, so this program is a test main with one test.
 package main
 
@@ -20,7 +22,10 @@ import (
 	"testing"
 	"time"
 
+	grpcgo "google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"sigs.k8s.io/gateway-api/conformance"
+	"sigs.k8s.io/gateway-api/conformance/utils/grpc"
 	"sigs.k8s.io/gateway-api/conformance/utils/roundtripper"
 )
 
@@ -39,8 +44,39 @@ func run(t *testing.T) {
 	opts.RoundTripper = &roundtripper.DefaultRoundTripper{
 		Debug: opts.Debug, TimeoutConfig: opts.TimeoutConfig, CustomDialContext: dialThroughProxy,
 	}
+	opts.GRPCClient = tailnetGRPC{}
 	conformance.RunConformanceWithOptions(t, opts)
 }
+
+// tailnetGRPC is the suite's gRPC client (grpc.Client), dialling through the tailnet proxy. Each
+// RPC gets a connection of its own for its address and authority, as the suite's default client
+// does when none is given (a given client is reused across tests and Gateways, so it keeps no
+// connection); it holds no state, so concurrent RPCs are safe.
+type tailnetGRPC struct{}
+
+var _ grpc.Client = tailnetGRPC{}
+
+func (tailnetGRPC) SendRPC(t *testing.T, address string, expected grpc.ExpectedResponse,
+	timeout time.Duration) (*grpc.Response, error) {
+	t.Helper()
+	dial := func(ctx context.Context, address string) (net.Conn, error) {
+		return dialThroughProxy(ctx, "tcp", address)
+	}
+	options := []grpcgo.DialOption{grpcgo.WithTransportCredentials(insecure.NewCredentials()),
+		grpcgo.WithContextDialer(dial)}
+	if metadata := expected.RequestMetadata; metadata != nil && metadata.Authority != "" {
+		options = append(options, grpcgo.WithAuthority(metadata.Authority))
+	}
+	conn, err := grpcgo.NewClient("passthrough:///"+address, options...)
+	if err != nil {
+		return &grpc.Response{}, err
+	}
+	client := &grpc.DefaultClient{Conn: conn}
+	defer client.Close()
+	return client.SendRPC(t, address, expected, timeout)
+}
+
+func (tailnetGRPC) Close() {}
 
 // dialThroughProxy opens a tunnel to address (a Gateway's tailnet IP and a listener's port)
 // through the tailnet peer's CONNECT proxy.
