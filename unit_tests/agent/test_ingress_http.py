@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import ssl
+import struct
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, cast
@@ -20,6 +22,7 @@ from aiohttp import web
 from cryptography import x509
 
 from e2e.backends import served
+from e2e.polling import eventually
 from hack.grpc_echo import GrpcEcho, grpc_frame, grpc_messages
 from hack.https_client import Answer, h2c_request, request
 from hack.localenv import free_port
@@ -40,6 +43,7 @@ from tailnet_agent.control import netmap as nm
 from tailnet_agent.forward.egress import Closable
 from tailnet_agent.forward.http import (
     Identity,
+    PlainHttpPort,
     header_value,
     host_of,
     identify,
@@ -749,3 +753,25 @@ async def test_a_plaintext_port_tells_http2_prior_knowledge_from_http1_by_the_fi
             head, _, body = data.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 200"), data
             assert json.loads(body)["path"] == "/h1"
+
+
+async def test_a_plaintext_connection_that_ends_before_or_as_its_first_bytes_arrive_leaves_nothing_behind() -> None:
+    """Clients that close without a byte, or reset right after the first bytes of either HTTP
+    version: no connection of the port is left waiting, and the next client is served."""
+    async with named_backend("shop") as shop:
+        port = free_port()
+        expose = Expose(name="only", port=port, mode="http", plaintext=True,
+                        backend=Backend(host="127.0.0.1", port=shop), hosts=(VirtualHost(name="*"),))
+        async with running((expose,)) as ingress:
+            shared = ingress.ports[port]
+            assert isinstance(shared, PlainHttpPort)
+            for first in (b"", b"GET / HTTP/1.1\r\n", HTTP2_PREFACE) * 10:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
+                writer.write(first)
+                writer.close()
+            await eventually(lambda: not shared._tasks and not shared._serving,
+                             what="every connection of the port ended")
+            async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/x") as answer:
+                assert answer.status == 200

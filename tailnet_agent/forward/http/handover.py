@@ -66,8 +66,10 @@ class Sniffing(Pending):
     def __init__(self, transport: asyncio.Transport) -> None:
         super().__init__()
         self.transport = transport
-        self.http2: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        """True for the HTTP/2 preface, False for anything else; an error if the connection ends first."""
+        self.http2: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
+        """True for the HTTP/2 preface, False for anything else; None if the connection ended first."""
+        self.lost = False
+        """The connection ended (before or after the first bytes told): nothing to hand over."""
         transport.set_protocol(self)
         transport.resume_reading()
 
@@ -84,10 +86,10 @@ class Sniffing(Pending):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.http2.done():
-            self.http2.set_exception(ConnectionResetError("the connection ended before its first request"))
+        self.lost = True
+        self._decide(None)
 
-    def _decide(self, http2: bool) -> None:
+    def _decide(self, http2: bool | None) -> None:
         if not self.http2.done():
             self.http2.set_result(http2)
 

@@ -85,8 +85,10 @@ class PlainHttpPort(SharedPort[HttpService]):
         try:
             async with asyncio.timeout(self.limits.idle_timeout or None):
                 http2 = await sniffing.http2
-        except (TimeoutError, ConnectionError):
-            return  # nothing sent for an idle timeout, or the client left first: nothing to answer
+        except TimeoutError:
+            return  # nothing sent for an idle timeout
+        if sniffing.lost:
+            return  # the client left before its first request could be served
         task = asyncio.current_task()
         assert task is not None
         self._tasks.discard(task)  # served now: ended by drain or finish, not when the listener closes
