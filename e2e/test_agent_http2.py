@@ -357,6 +357,18 @@ async def test_connections_over_the_agent_limit_are_closed_as_accepted(tmp_path:
 
 # Graceful shutdown ------------------------------------------------------------------------------
 
+async def refused_then_finished(client: Client, busy: int) -> None:
+    """A draining connection refuses a new stream (REFUSED_STREAM, safe to retry elsewhere), gives
+    the stream ``busy`` its whole answer, then ends with GOAWAY NO_ERROR."""
+    late = client.open("GET", "/slow?s=0")
+    await asyncio.wait_for(client.streams[late].ended.wait(), 30)
+    assert client.streams[late].reset == h2.errors.ErrorCodes.REFUSED_STREAM
+    await asyncio.wait_for(client.streams[busy].ended.wait(), 30)
+    assert (client.streams[busy].status, bytes(client.streams[busy].body)) == (200, b"late\n")
+    await asyncio.wait_for(client.closed.wait(), 30)
+    assert client.goaway == h2.errors.ErrorCodes.NO_ERROR
+
+
 async def test_a_draining_service_finishes_the_streams_in_progress_and_refuses_new_ones(tmp_path: Path) -> None:
     """What SIGTERM does to an http expose's HTTP/2 connection: the request in progress gets its
     whole answer, a new stream is refused (REFUSED_STREAM, safe to retry elsewhere), then GOAWAY
@@ -366,13 +378,7 @@ async def test_a_draining_service_finishes_the_streams_in_progress_and_refuses_n
         await eventually(lambda: app.started == 1, what="the request at the backend")
         drain = asyncio.create_task(target.service.drain())
         await eventually(lambda: target.service.http2.draining, what="the service draining")
-        late = client.open("GET", "/slow?s=0")
-        await asyncio.wait_for(client.streams[late].ended.wait(), 30)
-        assert client.streams[late].reset == h2.errors.ErrorCodes.REFUSED_STREAM
-        await asyncio.wait_for(client.streams[busy].ended.wait(), 30)
-        assert (client.streams[busy].status, bytes(client.streams[busy].body)) == (200, b"late\n")
-        await asyncio.wait_for(client.closed.wait(), 30)
-        assert client.goaway == h2.errors.ErrorCodes.NO_ERROR
+        await refused_then_finished(client, busy)
         await asyncio.wait_for(drain, 30)
         assert app.started == 1
         assert target.sample("tailnet_agent_http2_goaway_total", reason="shutdown") == 1
@@ -417,13 +423,7 @@ async def test_a_draining_plaintext_port_finishes_h2c_streams_and_http1_requests
         target.lease.close()
         drains = [asyncio.create_task(port.finish()) for _ in range(2)]  # each expose of a port asks
         await eventually(lambda: port.front2.draining, what="the port draining")
-        late = client.open("GET", "/slow?s=0")
-        await asyncio.wait_for(client.streams[late].ended.wait(), 30)
-        assert client.streams[late].reset == h2.errors.ErrorCodes.REFUSED_STREAM
-        await asyncio.wait_for(client.streams[busy].ended.wait(), 30)
-        assert (client.streams[busy].status, bytes(client.streams[busy].body)) == (200, b"late\n")
-        await asyncio.wait_for(client.closed.wait(), 30)
-        assert client.goaway == h2.errors.ErrorCodes.NO_ERROR
+        await refused_then_finished(client, busy)
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
         assert head.startswith(b"HTTP/1.1 200"), head
         assert await asyncio.wait_for(reader.read(), 30) == b"late\n"  # then the agent closes it

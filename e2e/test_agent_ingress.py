@@ -308,6 +308,21 @@ def identity_names(headers: dict[str, Any]) -> set[str]:
     return {k for k in headers if k.lower().replace("_", "-").startswith(("tailnet-", "tailscale-"))}
 
 
+def echoed_grpc_call(answer: Answer, message: str, checksum: str, scheme: str) -> dict[str, Any]:
+    """Check that the gRPC echo answered ``/echo.Echo/Say`` to ``grpc.example.test`` with
+    ``message`` and the request trailer ``x-request-checksum: checksum`` intact; the request
+    headers it saw."""
+    assert answer.status == 200 and answer.headers["content-type"] == "application/grpc", answer
+    assert answer.trailers == {"grpc-status": "0", "grpc-message": "echoed"}, answer
+    [echoed] = grpc_messages(answer.body)
+    seen = json.loads(echoed)
+    assert seen["message"] == message and seen["path"] == "/echo.Echo/Say"
+    assert seen["trailers"] == {"x-request-checksum": checksum}
+    headers: dict[str, Any] = seen["headers"]
+    assert (headers[":scheme"], headers[":authority"], headers["te"]) == (scheme, "grpc.example.test", "trailers")
+    return headers
+
+
 def http_expose(name: str, port: int, backend: dict[str, Any], *hosts: tuple[str, Any]) -> dict[str, Any]:
     return {"name": name, "port": port, "mode": "http", "backend": {"host": "127.0.0.1", **backend},
             "hosts": [{"name": host, "tls": {"certFile": str(pair.cert), "keyFile": str(pair.key)}}
@@ -357,16 +372,8 @@ async def test_grpc_over_h2_with_trailers_sni_across_exposes_and_identity_header
                                        method="POST", path="/echo.Echo/Say", body=grpc_frame(b"hello " + b"x" * 40000),
                                        headers=(("content-type", "application/grpc"), ("te", "trailers"), *spoofed),
                                        trailers=(("x-request-checksum", "c0ffee"),))
-                    assert (answer.status, answer.alpn) == (200, "h2"), answer
-                    assert answer.headers["content-type"] == "application/grpc"
-                    assert answer.trailers == {"grpc-status": "0", "grpc-message": "echoed"}, answer
-                    [message] = grpc_messages(answer.body)
-                    seen = json.loads(message)
-                    assert seen["message"] == "hello " + "x" * 40000 and seen["path"] == "/echo.Echo/Say"
-                    assert seen["trailers"] == {"x-request-checksum": "c0ffee"}
-                    headers = seen["headers"]
-                    assert (headers[":scheme"], headers[":authority"], headers["te"]) == (
-                        scheme, "grpc.example.test", "trailers")
+                    assert answer.alpn == "h2", answer
+                    headers = echoed_grpc_call(answer, "hello " + "x" * 40000, "c0ffee", scheme)
                     assert headers["tailnet-user-login"] == "alice@example.test", headers
                     assert headers["tailnet-node-name"] == laptop_name and "tailnet-node-tags" not in headers
                     assert identity_names(headers) == user_headers, headers
@@ -436,15 +443,7 @@ async def test_a_plaintext_port_serves_h2c_with_prior_knowledge_and_grpc_beside_
                     body=grpc_frame(b"plain " + b"z" * 70000),
                     headers=(("content-type", "application/grpc"), ("te", "trailers"), *SPOOFED),
                     trailers=(("x-request-checksum", "beef"),)), 30)
-                assert call.status == 200 and call.headers["content-type"] == "application/grpc", call
-                assert call.trailers == {"grpc-status": "0", "grpc-message": "echoed"}, call
-                [message] = grpc_messages(call.body)
-                seen = json.loads(message)
-                assert seen["message"] == "plain " + "z" * 70000 and seen["path"] == "/echo.Echo/Say"
-                assert seen["trailers"] == {"x-request-checksum": "beef"}
-                headers = seen["headers"]
-                assert (headers[":scheme"], headers[":authority"], headers["te"]) == ("http", "grpc.example.test",
-                                                                                      "trailers")
+                headers = echoed_grpc_call(call, "plain " + "z" * 70000, "beef", "http")
                 assert headers["tailnet-user-login"] == "bob@example.test", headers
                 assert headers["tailnet-node-name"] == laptop_name
                 assert identity_names(headers) == {"tailnet-node-name", "tailnet-user-login", "tailnet-user-name"}
