@@ -287,9 +287,11 @@ def table(doc: dict[str, Any]) -> str:
     if not drained:
         text += ["", DRAIN_NOTE]
     if how:
-        text += ["", "How the lost ingress requests failed (`hung`: no answer within the deadline; "
-                 "`ConnectionError`: the laptop's CONNECT refused, as when no node carries the name; "
-                 "`late`: answered past the deadline): " + "; ".join(how) + "."]
+        text += ["", "How the lost requests failed (`hung`: no answer within the deadline; "
+                 "`ConnectionError`: for the ingress, the laptop's CONNECT refused, as when no node carries "
+                 "the name; other errors by their type, as the client saw them; `wrong answer`: the "
+                 "connection ended before the whole answer; `late`: answered past the deadline): "
+                 + "; ".join(how) + "."]
     if measured:
         limit = measured[0].get("limits", {}).get("memory", "none")
         text += ["", (

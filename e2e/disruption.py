@@ -122,10 +122,11 @@ class Load(Protocol):
 EGRESS_LOAD = """
 import json, socket, sys, threading, time
 host, port, interval, deadline = {host!r}, {port}, {interval}, {deadline}
-samples, stop = [], threading.Event()
+samples, failures, stop = [], {{}}, threading.Event()
 
 def one():
     start = time.monotonic()
+    how = None
     try:
         with socket.create_connection((host, port), timeout=deadline) as conn:
             conn.sendall(b"GET /load HTTP/1.0\\r\\nHost: load\\r\\n\\r\\n")
@@ -136,11 +137,18 @@ def one():
                 if not chunk:
                     break
                 data += chunk
-            ok = data.startswith(b"HTTP/1.0 200") and data.endswith(b"path /load\\n")
-    except OSError:
-        ok = False
+            if not (data.startswith(b"HTTP/1.0 200") and data.endswith(b"path /load\\n")):
+                how = "wrong answer"
+    except socket.timeout:
+        how = "hung"
+    except OSError as exc:
+        how = type(exc).__name__
     end = time.monotonic()
-    samples.append((round(start, 4), round(end, 4), ok and end - start <= deadline))
+    if how is None and end - start > deadline:
+        how = "late"
+    if how is not None:
+        failures[how] = failures.get(how, 0) + 1
+    samples.append((round(start, 4), round(end, 4), how is None))
     time.sleep(max(0.0, start + interval - time.monotonic()))
 
 def run():
@@ -153,7 +161,7 @@ for line in sys.stdin:
     if line.strip() == "stop":
         stop.set()
         worker.join()
-        print(json.dumps(samples), flush=True)
+        print(json.dumps({{"samples": samples, "failures": failures}}), flush=True)
         break
     streak = 0
     for s in reversed(samples[:]):
@@ -183,10 +191,11 @@ class EgressLoad:
 
     def stop(self) -> dict[str, Tally]:
         try:
-            samples = [(float(a), float(b), bool(ok)) for a, b, ok in json.loads(self.session.ask("stop", 60))]
+            answer = json.loads(self.session.ask("stop", 60))
         finally:
             self.session.close()
-        return {"http": tally(samples)}
+        samples = [(float(a), float(b), bool(ok)) for a, b, ok in answer["samples"]]
+        return {"http": tally(samples, answer["failures"])}
 
 
 # -- ingress: a laptop on the host ------------------------------------------------------------
