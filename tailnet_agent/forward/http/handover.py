@@ -94,11 +94,14 @@ class Sniffing(Pending):
             self.http2.set_result(http2)
 
 
-def hand_over(tls: asyncio.Transport, pending: Pending, protocol: asyncio.Protocol) -> None:
-    """Make ``protocol`` the TLS transport's and give it what :class:`Pending` kept."""
-    tls.set_protocol(protocol)
-    protocol.connection_made(tls)
+def hand_over(transport: asyncio.Transport, pending: Pending, protocol: asyncio.Protocol) -> None:
+    """Make ``protocol`` the transport's (TLS, or plaintext with reading paused), give it what
+    :class:`Pending` kept, and let the transport read on."""
+    transport.set_protocol(protocol)
+    protocol.connection_made(transport)
     if pending.data:
         protocol.data_received(b"".join(pending.data))
     if pending.eof:
         protocol.eof_received()
+    if transport.is_reading() is False and not transport.is_closing():
+        transport.resume_reading()

@@ -95,8 +95,6 @@ class Http1Base(web.Server):
         handler = self()
         end = self.ends[handler] = asyncio.get_running_loop().create_future()
         hand_over(transport, pending, handler)
-        if transport.is_reading() is False and not transport.is_closing():
-            transport.resume_reading()
         await end
 
     async def answer(self, request: web.BaseRequest) -> web.StreamResponse:

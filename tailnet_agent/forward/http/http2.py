@@ -237,8 +237,6 @@ class Http2Base:
         reader = asyncio.StreamReader(limit=1 << 20)
         protocol = asyncio.StreamReaderProtocol(reader)
         hand_over(transport, pending, protocol)
-        if transport.is_reading() is False and not transport.is_closing():
-            transport.resume_reading()
         writer = asyncio.StreamWriter(transport, protocol, reader, asyncio.get_running_loop())
         h2c = _Connection(writer, self.limits)
         h2c.draining = self.draining

@@ -49,13 +49,19 @@ class PlainHttpPort(SharedPort[HttpService]):
         self._finished = False
 
     def pick(self, name: str) -> tuple[Http1Server, VirtualHost] | None:
-        """The expose and host a request for the host ``name`` goes to: the closest host of the
-        port (an exact name, then ``*.`` names, then ``*``; :func:`closest`)."""
-        return closest(((service.http1, h) for service in self.ordered() for h in service.expose.hosts), name)
+        """The expose (its HTTP/1.1 server) and host a request for the host ``name`` goes to."""
+        found = self._closest(name)
+        return (found[0].http1, found[1]) if found else None
 
     def pick2(self, name: str) -> tuple[Http2Server, VirtualHost] | None:
         """:meth:`pick` for an HTTP/2 stream."""
-        return closest(((service.http2, h) for service in self.ordered() for h in service.expose.hosts), name)
+        found = self._closest(name)
+        return (found[0].http2, found[1]) if found else None
+
+    def _closest(self, name: str) -> tuple[HttpService, VirtualHost] | None:
+        """The closest host of the port for ``name`` (an exact name, then ``*.`` names, then
+        ``*``; :func:`closest`) and its expose."""
+        return closest(((service, h) for service in self.ordered() for h in service.expose.hosts), name)
 
     async def finish(self) -> None:
         """Let the requests in progress finish (the agent shuts down, the listener closed):
