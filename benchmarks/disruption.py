@@ -65,7 +65,7 @@ DRAIN_NOTE = ("node drain: not measured here. The local node is the only node: a
               "measures it on kind.")
 
 
-BASELINE_DISRUPTIONS = ("rollout", "pod deleted")
+BASELINE_DISRUPTIONS = ("rollout", "pod deleted", DRAIN)
 """What the old shape is measured on: with the operator stopped, a key rotation or an operator
 restart would not happen at all, and a Headscale restart does not involve the Deployment."""
 BASELINE_RECOVERY = 60.0
@@ -276,9 +276,10 @@ def table(doc: dict[str, Any]) -> str:
         "successful answers. `now`: this commit's defaults (surge, preStop 10 s, drain 30 s, the ingress "
         f"name handed over once the new pod is ready). `before`: the shape before them ({OLD_SHAPE}), "
         "reproduced with the operator stopped and the agent Deployment patched (`e2e/disruption.py` "
-        "`old_shape`; the agent's readiness warm-up and logout stay this commit's), on a rollout and a "
-        f"deleted pod; a load that did not recover within {BASELINE_RECOVERY:.0f} s is marked `*` (its "
-        "lost requests are those until then). With the operator stopped nothing hands the ingress's name "
+        "`old_shape`; the agent's readiness warm-up and logout stay this commit's), on a rollout, a "
+        "deleted pod and a node drain; a load that did not recover within "
+        f"{BASELINE_RECOVERY:.0f} s is marked `*` (its lost requests are those until then). With the "
+        "operator stopped nothing hands the ingress's name "
         "to a new node, so the ingress's `before` load goes to the address of the node the agent runs as "
         "when the load starts, as a client that looked the name up before the disruption; a new pod is a "
         "new node with another address (before the fixes its name was suffixed, `HostnameTaken`).", "",
