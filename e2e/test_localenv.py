@@ -107,6 +107,23 @@ def test_approved_subnet_route_reaches_a_host_in_a_namespace(
     assert body == f"hello from {host.address}:8080 path /\n"
 
 
+def test_a_run_directory_deeper_than_a_unix_socket_path_allows_still_runs_nodes(tmp_path: Path) -> None:
+    """A checkout deep in the file system (CI's ``/check/work/main``) puts the run directory past
+    the 107 bytes a unix socket's path may have; Headscale and tailscaled still start and join."""
+    deep = tmp_path / ("deep-" * 12) / "run"
+    env = Environment(deep, run_id="deep-run-selftest")
+    try:
+        assert len(bytes(deep / "tailscale-a-hostname-as-long-as-a-conformance-laptop" / "tailscaled.sock")) > 107
+        headscale = env.headscale("headscale-deep-checkout")
+        key = headscale.create_preauth_key(user_id=headscale.create_user("deep")["id"])
+        node = env.tailscale_node("a-hostname-as-long-as-a-conformance-laptop", headscale, authkey=key)
+        assert node.status()["BackendState"] == "Running"
+        assert headscale.node_by_name("a-hostname-as-long-as-a-conformance-laptop") is not None
+    finally:
+        env.close()
+    assert env.survivors() == []
+
+
 def test_leak_check_finds_a_running_process_and_not_a_stopped_one(tmp_path: Path) -> None:
     env = Environment(tmp_path, run_id="leakcheck-selftest")
     proc = ManagedProcess("sleeper", ["sleep", "300"], log_dir=env.log_dir, run_id=env.run_id)

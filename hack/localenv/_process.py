@@ -13,6 +13,7 @@ import random
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -65,6 +66,22 @@ def free_port() -> int:
             _handed_out.add(port)
             return port
     raise RuntimeError(f"no free port between {LOWEST_PORT} and {low}")
+
+
+SUN_PATH_MAX = 107
+
+
+def socket_dir(prefix: str, *, owner: int | None = None) -> Path:
+    """A new, private directory in the system's temporary directory for unix sockets.
+
+    A socket's path may be at most ``SUN_PATH_MAX`` bytes, and a run directory inside a deep
+    checkout is longer than that (a real failure: tailscaled could not create its socket under
+    ``/check/work/main/_artifacts/...``). The caller removes the directory when it stops.
+    """
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    if owner is not None:
+        os.chown(path, owner, owner)
+    return path
 
 
 def wait_until(condition: Callable[[], T | None], *, timeout: float, interval: float = 0.1,

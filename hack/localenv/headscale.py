@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
 import ssl
 import subprocess
 import urllib.error
@@ -21,7 +22,7 @@ import yaml
 from hack import binaries
 
 from ._pki import CertificateAuthority
-from ._process import ManagedProcess, free_port, wait_until
+from ._process import ManagedProcess, free_port, socket_dir, wait_until
 
 START_TIMEOUT = 30.0
 
@@ -55,6 +56,7 @@ class Headscale:
         self.stun_port = free_port()
         self.url = f"https://{address}:{self.port}"
         self.config_path = workdir / "config.yaml"
+        self._socket_dir = socket_dir("tnhs-")
         self.ca = ca or CertificateAuthority(workdir / "pki", "headscale")
         self.api_key = ""
         self.version = binaries.selected(binaries.HEADSCALE).version
@@ -75,6 +77,7 @@ class Headscale:
 
     def start(self) -> Headscale:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._socket_dir.mkdir(mode=0o700, exist_ok=True)
         serving = self.ca.issue(f"{self.name}-serving", common_name="headscale",
                                 hosts=tuple(dict.fromkeys(("127.0.0.1", "localhost", self.address))))
         self._serving = serving
@@ -99,6 +102,7 @@ class Headscale:
 
     def stop(self) -> None:
         self.process.stop()
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     # -- the admin surfaces -----------------------------------------------------------------
 
@@ -171,7 +175,7 @@ class Headscale:
             "listen_addr": f"{self.address}:{self.port}",
             "metrics_listen_addr": "",
             "grpc_listen_addr": "127.0.0.1:0",
-            "unix_socket": str(state / "headscale.sock"),
+            "unix_socket": str(self._socket_dir / "headscale.sock"),
             "unix_socket_permission": "0770",
             "disable_check_updates": True,
             "tls_cert_path": str(cert),

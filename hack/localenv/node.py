@@ -28,7 +28,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,7 +38,7 @@ import yaml
 from hack import binaries
 
 from . import hostnet
-from ._process import ManagedProcess, free_port, wait_until
+from ._process import ManagedProcess, free_port, socket_dir, wait_until
 from .controlplane import SERVICE_CIDR, ControlPlane
 
 NODE_NAME = "tailnet-node"
@@ -61,9 +60,8 @@ class Node:
         self.plane = plane
         self.log_dir = log_dir
         self.run_id = run_id
-        # A unix socket path may be at most 107 bytes (containerd refuses > 104), and the run
-        # directory of a deep checkout is longer than that: the sockets live in a short directory.
-        self.socket_dir = Path(tempfile.mkdtemp(prefix="tnode-"))
+        # containerd refuses a socket path over 104 bytes; see ``socket_dir``.
+        self.socket_dir = socket_dir("tnode-")
         self.socket = self.socket_dir / "containerd.sock"
         self.processes: list[ManagedProcess] = []
         self.containerd: ManagedProcess | None = None

@@ -21,7 +21,7 @@ from typing import Any
 
 from hack import binaries
 
-from ._process import ManagedProcess, free_port, wait_until
+from ._process import ManagedProcess, free_port, socket_dir, wait_until
 from .headscale import Headscale
 
 START_TIMEOUT = 60.0
@@ -48,8 +48,9 @@ class TailscaleNode:
         self.hostname = hostname
         self.headscale = headscale
         self.workdir = workdir
-        self.socket = workdir / "tailscaled.sock"
         self.user = user
+        self._socket_dir = socket_dir("tnts-", owner=user)
+        self.socket = self._socket_dir / "tailscaled.sock"
         self.http_proxy_port = free_port()
         self.socks5_port = free_port()
         env = {
@@ -72,9 +73,10 @@ class TailscaleNode:
         return f"http://127.0.0.1:{self.http_proxy_port}"
 
     def start(self) -> TailscaleNode:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        if self.user is not None:
-            os.chown(self.workdir, self.user, self.user)
+        for directory in (self.workdir, self._socket_dir):
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if self.user is not None:
+                os.chown(directory, self.user, self.user)
         self.process.start()
         wait_until(lambda: self._socket_ready(), timeout=START_TIMEOUT, what=f"{self.hostname} socket")
         return self
@@ -122,6 +124,7 @@ class TailscaleNode:
 
     def stop(self) -> None:
         self.process.stop()
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     def _socket_ready(self) -> bool:
         self.process.check_running()
