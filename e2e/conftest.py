@@ -47,7 +47,9 @@ from hack.localenv import (
     TailscaleNode,
     marked_processes,
     netns_available,
+    wait_until,
 )
+from hack.suite import QUIET_AFTER
 from tailnet_operator.runtime import config as rest_config
 from tailnet_operator.runtime.client import Client
 
@@ -297,11 +299,12 @@ def module_tiers(items: Iterable[tuple[Path, Iterable[str]]]) -> dict[Path, int]
     return {path: 3 if tier is None else tier for path, tier in tiers.items()}
 
 
-def run_order(tier: int, *, before_cluster: bool) -> tuple[int, int]:
+def run_order(tier: int, *, before_cluster: bool, quiet: bool = False) -> tuple[int, int]:
     """Where a test runs: by its module's tier, and within a tier a module marked
-    ``before_cluster`` first. Such a module takes the host's local-node lock itself, which the
-    session's cluster, once started, holds until the session ends."""
-    return tier, 0 if before_cluster else 1
+    ``before_cluster`` first and one marked ``quiet`` last. A ``before_cluster`` module takes the
+    host's local-node lock itself, which the session's cluster, once started, holds until the
+    session ends; a ``quiet`` one waits for the machine to quieten (``_quiet_machine``)."""
+    return tier, 0 if before_cluster else 2 if quiet else 1
 
 
 TIER_PARTS = {"local": frozenset({0, 1, 2}), "node": frozenset({3})}
@@ -329,7 +332,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             items[:] = [item for item in items if tiers.get(item.path, 0) in keep]
     _prebuild_project_image(config, items)
     items.sort(key=lambda item: run_order(tiers.get(item.path, 0),
-                                          before_cluster=item.get_closest_marker("before_cluster") is not None))
+                                          before_cluster=item.get_closest_marker("before_cluster") is not None,
+                                          quiet=item.get_closest_marker("quiet") is not None))
 
 
 _prebuild: subprocess.Popen[bytes] | None = None
@@ -368,6 +372,24 @@ def _timeout_paused() -> Iterator[None]:
 
 
 binaries.set_wait_hook(_timeout_paused)
+
+
+QUIET_WAIT_S = 3600.0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _quiet_machine(request: pytest.FixtureRequest) -> None:
+    """A module marked ``quiet`` sets up and starts once the suite's other part has ended (``hack/suite.py``
+    names the file that says so); run on its own, it starts at once."""
+    ended = os.environ.get(QUIET_AFTER)
+    if ended is None or request.node.get_closest_marker("quiet") is None or Path(ended).exists():
+        return
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"\nquiet: {request.node.nodeid} waits for the suite's local part to end")
+    with _timeout_paused():
+        wait_until(lambda: Path(ended).exists(), timeout=QUIET_WAIT_S, interval=1.0,
+                   what="the suite's local part to end")
 
 
 # -- reporting and the leak check ---------------------------------------------------------------

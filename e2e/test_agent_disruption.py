@@ -42,7 +42,8 @@ from e2e.disruption import (
 from e2e.skips import skip_by_design
 from hack.localenv import Headscale, SiteHost
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.quiet,
+              pytest.mark.timeout(900)]
 
 
 # Class-scoped worlds: each Tailnet applies its own policy to the one Headscale, so two alive at

@@ -6,6 +6,11 @@ control plane on 127.0.0.1) waits on processes. On two cores they overlap well, 
 touches what the other uses: ports are picked free, site hosts claim their subnets under a lock
 (``hack/localenv/netns.py``), and only the node part changes the host's network.
 
+Tests marked ``quiet`` measure loss under disruption; on two cores, the local part's load
+beside them (a load average of 10 and more) stalls the tailscaled peers and Headscale they rely
+on for seconds. The node part runs them last and starts them once the local part has ended
+(``QUIET_AFTER``, read by ``e2e/conftest.py``).
+
 The local part prints to the terminal as it runs; the node part's output goes to
 ``_artifacts/node-part.log`` and is printed when both have ended. The exit status is the first
 failing part's. ``python -m hack.suite [pytest arguments]``.
@@ -23,6 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_LOG = ROOT / "_artifacts" / "node-part.log"
+LOCAL_ENDED = ROOT / "_artifacts" / "local-part-ended"
+QUIET_AFTER = "TAILNET_SUITE_QUIET_AFTER"
+"""The node part's environment variable naming the file whose existence says the local part ended."""
 
 
 def pytest_command(part: str, args: Sequence[str]) -> list[str]:
@@ -32,13 +40,17 @@ def pytest_command(part: str, args: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str]) -> int:
     NODE_LOG.parent.mkdir(parents=True, exist_ok=True)
+    LOCAL_ENDED.unlink(missing_ok=True)
     started = time.monotonic()
     with NODE_LOG.open("wb") as log:
         node = subprocess.Popen(pytest_command("node", argv), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, QUIET_AFTER: str(LOCAL_ENDED)})
         print(f"suite: the node part runs beside this one; its output: {NODE_LOG}", flush=True)
         try:
-            local_status = subprocess.call(pytest_command("local", argv), cwd=ROOT)
+            try:
+                local_status = subprocess.call(pytest_command("local", argv), cwd=ROOT)
+            finally:
+                LOCAL_ENDED.touch()
             local_time = time.monotonic() - started
             print(f"suite: the local part ended ({local_status}) after {local_time:.0f}s; waiting for the node part",
                   flush=True)

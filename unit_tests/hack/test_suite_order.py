@@ -41,3 +41,13 @@ def test_a_module_that_takes_the_node_lock_runs_before_the_cluster_s_modules() -
     modules = {"test_cluster.py": (3, False), "test_localnode_host.py": (3, True), "test_crds.py": (2, False)}
     ordered = sorted(modules, key=lambda m: run_order(modules[m][0], before_cluster=modules[m][1]))
     assert ordered == ["test_crds.py", "test_localnode_host.py", "test_cluster.py"]
+
+
+def test_a_quiet_module_runs_last_in_its_tier() -> None:
+    """A module that measures loss runs after the rest of its part, when ``hack.suite``'s other part
+    has ended and the machine is quieter."""
+    modules = {"test_agent_disruption.py": (3, False, True), "test_cluster.py": (3, False, False),
+               "test_localnode_host.py": (3, True, False), "test_crds.py": (2, False, False)}
+    ordered = sorted(modules, key=lambda m: run_order(modules[m][0], before_cluster=modules[m][1],
+                                                      quiet=modules[m][2]))
+    assert ordered == ["test_crds.py", "test_localnode_host.py", "test_cluster.py", "test_agent_disruption.py"]
