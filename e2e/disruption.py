@@ -21,7 +21,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -84,9 +84,13 @@ class Tally:
     how: dict[str, int] = field(default_factory=dict)
     """How the lost requests failed, where the load tells (the ingress load: :data:`HUNG`, the
     error's type, ``wrong answer``); a request answered in time but past the deadline is ``late``."""
+    failures: list[str] = field(default_factory=list)
+    """The first failed requests, each with when it started (on the load's clock, ``time.monotonic``)
+    and its error, where the load tells (the ingress load)."""
 
 
-def tally(samples: list[Sample], failures: Mapping[str, int] | None = None) -> Tally:
+def tally(samples: list[Sample], failures: Mapping[str, int] | None = None,
+          first_failures: Sequence[str] = ()) -> Tally:
     if not samples:
         return Tally(0, 0, 0.0)
     done = sorted(end for _, end, ok in samples if ok)
@@ -96,7 +100,7 @@ def tally(samples: list[Sample], failures: Mapping[str, int] | None = None) -> T
     how = {k: v for k, v in (failures or {}).items() if v}
     if how and (late := lost - sum(how.values())) > 0:
         how["late"] = late
-    return Tally(len(samples), lost, round(gap, 3), how)
+    return Tally(len(samples), lost, round(gap, 3), how, list(first_failures))
 
 
 def streak(samples: list[Sample]) -> int:
@@ -200,6 +204,9 @@ class EgressLoad:
 
 # -- ingress: a laptop on the host ------------------------------------------------------------
 
+FIRST_FAILURES = 30
+"""Failed requests a stream keeps the time and error of."""
+
 HUNG = "hung"
 """An ingress request with no answer within the deadline: its SYN dropped, as the agent's TCP stack did
 to a SYN from a source port whose old connection it held in TIME-WAIT until it let such a SYN end the
@@ -222,6 +229,7 @@ class IngressLoad:
         self.failures: dict[str, collections.Counter[str]] = {name: collections.Counter() for name in self.samples}
         """Per stream, how its failed requests failed: ``hung`` (no answer within the deadline) or the
         error's type (a refused CONNECT is a ``ConnectionError``)."""
+        self.first_failures: dict[str, list[str]] = {name: [] for name in self.samples}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self._thread.start()
@@ -241,28 +249,32 @@ class IngressLoad:
             writer.close()
         return b" 200 " in data.split(b"\r\n", 1)[0] and b"hello from web" in data
 
-    async def _stream(self, samples: list[Sample], failures: collections.Counter[str],
-                      one: Callable[[], Any]) -> None:
+    async def _stream(self, name: str, one: Callable[[], Any]) -> None:
+        samples, failures, first = self.samples[name], self.failures[name], self.first_failures[name]
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
             start = loop.time()
+            how = ""
             try:
                 ok = bool(await asyncio.wait_for(one(), DEADLINE))
                 if not ok:
-                    failures["wrong answer"] += 1
+                    how = "wrong answer"
             except TimeoutError:
-                ok = False
-                failures[HUNG] += 1
+                ok, how = False, HUNG
             except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
-                ok = False
-                failures[type(exc).__name__] += 1
+                ok, how = False, type(exc).__name__
+                if len(first) < FIRST_FAILURES:
+                    first.append(f"{start:.3f} {how}: {exc}"[:300])
+            if how:
+                failures[how] += 1
+                if how in (HUNG, "wrong answer") and len(first) < FIRST_FAILURES:
+                    first.append(f"{start:.3f} {how}")
             end = loop.time()
             samples.append((start, end, ok and end - start <= DEADLINE))
             await asyncio.sleep(max(0.0, start + INTERVAL - loop.time()))
 
     async def _run(self) -> None:
-        await asyncio.gather(self._stream(self.samples["https"], self.failures["https"], self._https),
-                             self._stream(self.samples["tcp"], self.failures["tcp"], self._tcp))
+        await asyncio.gather(self._stream("https", self._https), self._stream("tcp", self._tcp))
 
     def streak(self) -> int:
         return min(streak(list(s)) for s in self.samples.values())
@@ -273,7 +285,8 @@ class IngressLoad:
     def stop(self) -> dict[str, Tally]:
         self._stop.set()
         self._thread.join(timeout=DEADLINE * 3)
-        return {name: tally(list(s), self.failures[name]) for name, s in self.samples.items()}
+        return {name: tally(list(s), self.failures[name], self.first_failures[name])
+                for name, s in self.samples.items()}
 
 
 # -- what is disrupted ------------------------------------------------------------------------
@@ -491,7 +504,7 @@ def disrupt(subject: Subject, headscale: Headscale, what: str, load: Callable[[]
         running.stop()
         raise
     return Outcome(what, running.stop(), round(done, 1), None if named is None else round(named, 1),
-                   recovered=recovered)
+                   notes={"started": round(start, 3)}, recovered=recovered)
 
 
 OLD_SHAPE = "maxUnavailable 1 and no surge, no preStop, no drain, no name hand-over"

@@ -214,7 +214,8 @@ async def test_a_name_handed_over_to_a_successor_loses_no_request_made_by_name(
         await eventually(lambda: _at(agents[0].health, 503), timeout=10, what="the old agent's /readyz 503")
         renamed_at = asyncio.get_running_loop().time() - load.results[0][0]
         async with HeadscaleClient(headscale.url, headscale.api_key, ca_bundle=headscale.ca_bundle) as hs:
-            renamed = await hs.rename_nodes([(old["id"], f"ingress-hand-old{old['id']}")], (new["id"], "ingress-hand"))
+            renamed = await hs.rename_nodes([(old["id"], f"ingress-hand-old{old['id']}")], (new["id"], "ingress-hand"),
+                                            last_name=new["givenName"])
         assert [(n.id, n.given_name) for n in renamed] == [(old["id"], f"ingress-hand-old{old['id']}"),
                                                            (new["id"], "ingress-hand")]
         assert await asyncio.wait_for(agents[0].process.wait(), 60) == 0, agents[0].log.read_text()

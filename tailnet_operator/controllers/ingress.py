@@ -285,7 +285,8 @@ class IngressNode:
                     f"{plan.newest.id} ({plan.newest.given_name}) registered with a key of this ingress")))
             if plan.rename:
                 retiring = [(old.id, retired_name(hostname, old)) for old in plan.retiring]
-                renamed = {n.id: n for n in await hs.rename_nodes(retiring, (plan.newest.id, hostname))}
+                renamed = {n.id: n for n in await hs.rename_nodes(retiring, (plan.newest.id, hostname),
+                                                                   last_name=plan.newest.given_name)}
                 after = [renamed.get(n.id, n) for n in after]
                 notes += [("NodeRenamed", "RenameNode", (
                     f"renamed node {old.id} from {hostname} to {name}: it hands the name to node "

@@ -420,24 +420,31 @@ class HeadscaleClient:
         doc = await self._call("POST", f"/api/v1/node/{_segment(node_id)}/rename/{_segment(new_name)}")
         return Node.from_json(doc["node"])
 
-    async def rename_nodes(self, first: Sequence[tuple[str | int, str]], last: tuple[str | int, str]) -> list[Node]:
+    async def rename_nodes(self, first: Sequence[tuple[str | int, str]], last: tuple[str | int, str], *,
+                           last_name: str | None = None) -> list[Node]:
         """Rename the nodes of ``first``, then ``last`` to a name one of them frees, with no moment
         in which a peer's netmap has no node of that name (as far as Headscale allows); returns the
-        renamed nodes in that order.
+        renamed nodes in that order. ``last_name``: the current name of ``last``'s node.
 
-        Headscale (0.27 on) applies node writes in batches, in the order they arrived
-        (``tuning.node_store_batch_timeout``, 500 ms by default), and sends its peers the changes
-        of one interval in one map update (``tuning.batch_change_delay``, 800 ms). Renames sent one
-        after the other land in consecutive batches, and a map update between them shows the name
-        on no node. So ``last`` is sent while the others are still pending and lands in their
-        batch. Should it be refused (it overtook them, or the server writes each rename on its own,
-        as 0.26 does), it is sent again once they are done; a refusal of one of ``first`` is raised."""
+        Headscale (0.27 on) applies node writes in batches, in the order they arrived, on a clock
+        of its own (``tuning.node_store_batch_timeout``, 500 ms by default: a ticker, reset after
+        each batch), and sends its peers the changes of one interval in one map update
+        (``tuning.batch_change_delay``, 800 ms). Renames in consecutive batches leave a map update
+        between them that shows the name on no node. So the renames are sent together, ``last``
+        :data:`RENAME_SPACING` after the others so that it arrives after them, and, when
+        ``last_name`` is given and ``first`` is not empty, right after a batch: a rename of
+        ``last``'s node to the name it has (a write that changes nothing) is answered once its
+        batch is applied, so the next batch is then furthest away. Should ``last`` be refused
+        anyway (it overtook the others, or the server writes each rename on its own, as 0.26
+        does), it is sent again once they are done; a refusal of one of ``first`` is raised."""
         async def attempt(node_id: str | int, name: str) -> Node | HeadscaleError:
             try:
                 return await self.rename_node(node_id, name)
             except HeadscaleError as exc:
                 return exc
 
+        if last_name is not None and first:
+            await self.rename_node(last[0], last_name)
         async with asyncio.TaskGroup() as group:
             freeing = [group.create_task(attempt(node_id, name)) for node_id, name in first]
             await self._clock.sleep(RENAME_SPACING)  # the first requests arrive before the last

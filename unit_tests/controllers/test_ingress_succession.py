@@ -123,7 +123,8 @@ async def test_a_hand_over_sends_both_renames_back_to_back_and_writes_its_events
 
     await world.reconcile_ingress()
 
-    renames = ["POST /api/v1/node/7/rename/shop-gw-old7", "POST /api/v1/node/9/rename/shop-gw"]
+    renames = ["POST /api/v1/node/9/rename/shop-gw-x1y2z3",  # answered after a batch: the hand-over follows it
+               "POST /api/v1/node/7/rename/shop-gw-old7", "POST /api/v1/node/9/rename/shop-gw"]
     assert [c for c in world.headscale.calls if c.startswith("POST /api/v1/node/")] == renames
     assert [n["givenName"] for n in world.headscale.nodes] == ["shop-gw-old7", "shop-gw"]
     assert world.events.reasons[-2:] == ["NodeRenamed", "NodeRenamed"]

@@ -81,3 +81,15 @@ async def test_a_refused_freeing_rename_is_raised_and_the_name_stays() -> None:
             await hsc.rename_nodes([("7", "shop-old7")], ("9", "shop"))
     assert server.names["7"] == "shop" and server.names["9"] == "shop-x1"
     assert server.arrived == ["7->shop-old7", "9->shop"]
+
+
+async def test_given_the_last_nodes_name_the_renames_follow_a_write_that_changes_nothing() -> None:
+    """A rename of the taking node to the name it has is answered once Headscale applied its batch:
+    the hand-over is sent then, when the next batch is furthest away."""
+    server = Batching({"7": "shop", "9": "shop-x1"}, size=1)
+    async with HeadscaleClient(URL, KEY, transport=MockTransport(server), backoff=0,
+                               server_version="v0.29.2") as hsc:
+        renamed = await hsc.rename_nodes([("7", "shop-old7")], ("9", "shop"), last_name="shop-x1")
+
+    assert server.arrived == ["9->shop-x1", "7->shop-old7", "9->shop"]
+    assert [(n.id, n.given_name) for n in renamed] == [("7", "shop-old7"), ("9", "shop")]
