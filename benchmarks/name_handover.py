@@ -42,12 +42,10 @@ from benchmarks.ingress_serve import connects, process
 from benchmarks.record import commit, load_average, publish
 from hack import versions
 from hack.https_client import tunnel
-from hack.localenv import Environment, Headscale, TailscaleNode, free_port, wait_until
+from hack.localenv import BASE_DOMAIN, Environment, Headscale, TailscaleNode, free_port, wait_until
 from tailnet_operator.headscale import HeadscaleClient
 
 NAME = "svc"
-BASE_DOMAIN = "tailnet.test"
-"""The base domain of the test Headscale (hack/localenv/headscale.py)."""
 PORT = 7000
 """The tailnet port A and B forward to the TCP server."""
 INTERVAL = 0.01

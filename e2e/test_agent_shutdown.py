@@ -28,7 +28,7 @@ from e2e.polling import eventually
 from e2e.test_agent_egress import TAG, local_server, read_all, wait_peer_sees
 from e2e.test_agent_ingress import hello, tcp
 from hack.https_client import tunnel
-from hack.localenv import Headscale, TailscaleNode, free_port
+from hack.localenv import BASE_DOMAIN, Headscale, TailscaleNode, free_port
 from tailnet_operator.headscale import HeadscaleClient
 
 pytestmark = pytest.mark.integration
@@ -199,7 +199,7 @@ async def test_a_name_handed_over_to_a_successor_loses_no_request_made_by_name(
         old = headscale.node_by_name("ingress-hand")
         assert old is not None
         await wait_peer_sees(laptop, "ingress-hand")
-        load = Load(laptop, f"ingress-hand.{MAGIC_DOMAIN}", listen)
+        load = Load(laptop, f"ingress-hand.{BASE_DOMAIN}", listen)
         await eventually(lambda: load.streak() >= 10, timeout=30, what="the load answered by name")
 
         agents.append(await IngressProcess.start(tmp_path / "new", headscale, key, "ingress-hand", listen, backend))
@@ -256,7 +256,7 @@ async def test_no_request_by_name_hangs_on_a_source_port_the_agent_closed_first(
         await eventually(lambda: _up(agents[0].process, agents[0].health), timeout=60, what="the agent ready")
         assert agents[0].process.returncode is None, agents[0].log.read_text()
         await wait_peer_sees(laptop, "ingress-reuse")
-        loads = [Load(laptop, f"ingress-reuse.{MAGIC_DOMAIN}", listen) for _ in range(PORT_REUSE_STREAMS)]
+        loads = [Load(laptop, f"ingress-reuse.{BASE_DOMAIN}", listen) for _ in range(PORT_REUSE_STREAMS)]
         await eventually(lambda: all(load.streak() >= 10 for load in loads), timeout=30,
                          what="the loads answered by name")
         marked = [(load, load.sent()) for load in loads]
@@ -283,8 +283,6 @@ async def tear_down(load: Load | None, server: asyncio.Server, agents: list[Ingr
         await agent.kill()
 
 
-MAGIC_DOMAIN = "tailnet.test"
-"""The tests' Headscale base domain (hack/localenv/headscale.py)."""
 LOAD_INTERVAL, LOAD_DEADLINE = 0.02, 2.0
 
 

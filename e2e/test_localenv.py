@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import http.server
+import ipaddress
 import os
+import re
 import signal
+import socket
 import subprocess
 import threading
 import urllib.request
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hack.localenv import (
+    BASE_DOMAIN,
     Environment,
     Headscale,
     ManagedProcess,
@@ -122,6 +126,29 @@ def test_a_run_directory_deeper_than_a_unix_socket_path_allows_still_runs_nodes(
     finally:
         env.close()
     assert env.survivors() == []
+
+
+def test_a_name_no_node_carries_is_never_looked_up_outside_the_machine(
+    headscale: Headscale, tailscale_nodes: TailscaleFactory
+) -> None:
+    """A laptop asked for a tailnet name its netmap lacks (one not given yet, or between the two
+    renames of a hand-over) falls back to a resolver: it must be none outside this machine."""
+    if os.geteuid() != 0:
+        pytest.skip("a node's own resolver needs a mount namespace: root")
+    key = headscale.create_preauth_key(user_id=headscale.create_user("resolver")["id"])
+    laptop = tailscale_nodes("resolver-laptop", headscale, authkey=key)
+    name = f"nobody.{BASE_DOMAIN}"
+    with socket.create_connection(("127.0.0.1", laptop.http_proxy_port), timeout=30) as conn:
+        conn.sendall(f"CONNECT {name}:80 HTTP/1.1\r\nHost: {name}:80\r\n\r\n".encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer and (chunk := conn.recv(4096)):
+            answer += chunk
+    head = answer.decode(errors="replace")
+    assert " 500 " in head.split("\r\n", 1)[0], head
+    error = next(line for line in head.split("\r\n") if line.startswith("Tailscale-Connect-Error:"))
+    servers = re.findall(r" on \[?([0-9a-f.:]+?)\]?:53\b", error)
+    assert servers, error
+    assert all(ipaddress.ip_address(server).is_loopback for server in servers), error
 
 
 def test_leak_check_finds_a_running_process_and_not_a_stopped_one(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from ._process import (
 )
 from .certmanager import CertManager
 from .controlplane import ControlPlane
-from .headscale import Headscale, HeadscaleError
+from .headscale import BASE_DOMAIN, Headscale, HeadscaleError
 from .metallb import MetalLB
 from .netns import ROUTER_UID, SiteHost, netns_available
 from .node import Cluster
@@ -35,6 +35,7 @@ from .tailnet_guard import TailnetGuard
 from .tailscale import TailscaleNode
 
 __all__ = [
+    "BASE_DOMAIN",
     "ROUTER_UID",
     "RUN_MARKER",
     "CertManager",

@@ -24,6 +24,9 @@ from hack import binaries
 from ._pki import CertificateAuthority
 from ._process import ManagedProcess, free_port, socket_dir, wait_until
 
+BASE_DOMAIN = "tailnet.test"
+"""The MagicDNS base domain: a node's name is ``<given name>.tailnet.test``."""
+
 START_TIMEOUT = 30.0
 
 
@@ -196,7 +199,7 @@ class Headscale:
             "database": {"type": "sqlite", "sqlite": {"path": str(state / "db.sqlite"),
                                                       "write_ahead_log": True}},
             "policy": {"mode": "database"},
-            "dns": {"magic_dns": True, "base_domain": "tailnet.test", "override_local_dns": False,
+            "dns": {"magic_dns": True, "base_domain": BASE_DOMAIN, "override_local_dns": False,
                     "nameservers": {"global": [], "split": self.split_dns}, "extra_records": self.extra_records},
             "node": {"ephemeral": {"inactivity_timeout": "70s"}},
             "log": {"level": "info", "format": "text"},

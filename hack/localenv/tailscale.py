@@ -7,6 +7,11 @@ inbound TCP to a node's tailnet address is forwarded by tailscaled to the same p
 
 ``TS_DEBUG_OMIT_LOCAL_ADDRS`` keeps nodes from advertising this machine's own interface
 addresses as endpoints, so peer-to-peer traffic stays on loopback or goes through DERP.
+
+A name a node's netmap does not carry (a MagicDNS name not given yet, or between the two renames of
+a hand-over) is looked up with the machine's resolver, outside the machine. As root, each node runs
+in a mount namespace of its own whose ``/etc/resolv.conf`` names no server (Go then asks loopback,
+where none listens), so such a lookup fails here (:func:`_own_resolver`).
 """
 
 from __future__ import annotations
@@ -40,6 +45,19 @@ def _binary_for(user: int | None, shared_dir: Path) -> Path:
     return copy
 
 
+def _own_resolver(argv: Sequence[str | os.PathLike[str]], resolv_conf: Path,
+                  user: int | None) -> list[str | os.PathLike[str]] | None:
+    """``argv`` run in a mount namespace of its own with ``resolv_conf`` (naming no server) over
+    ``/etc/resolv.conf``, as ``user`` when given; None without root or util-linux's tools."""
+    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("setpriv")):
+        return None
+    resolv_conf.parent.mkdir(parents=True, exist_ok=True)
+    resolv_conf.write_text("# no server: a name the netmap lacks is not looked up outside this machine\n")
+    drop = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] if user is not None else []
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+            'mount --bind "$0" /etc/resolv.conf && exec "$@"', resolv_conf, *drop, *argv]
+
+
 class TailscaleNode:
     """One tailscaled plus the ``tailscale`` CLI bound to its socket."""
 
@@ -59,13 +77,16 @@ class TailscaleNode:
             "TS_NO_LOGS_NO_SUPPORT": "true",
             **(env or {}),
         }
-        self.process = ManagedProcess(f"tailscaled-{hostname}", [
+        argv: list[str | os.PathLike[str]] = [
             _binary_for(user, workdir.parent), "--tun=userspace-networking",
             f"--statedir={workdir / 'state'}", f"--socket={self.socket}", "--port=0",
             "--no-logs-no-support",
             f"--outbound-http-proxy-listen=127.0.0.1:{self.http_proxy_port}",
             f"--socks5-server=127.0.0.1:{self.socks5_port}",
-        ], log_dir=log_dir, run_id=run_id, env=env, user=user)
+        ]
+        wrapped = _own_resolver(argv, workdir / "resolv.conf", user)
+        self.process = ManagedProcess(f"tailscaled-{hostname}", wrapped or argv, log_dir=log_dir, run_id=run_id,
+                                      env=env, user=None if wrapped else user)
 
     @property
     def http_proxy(self) -> str:
