@@ -463,6 +463,46 @@ async def test_a_plaintext_port_serves_h2c_with_prior_knowledge_and_grpc_beside_
         h2c.close()
 
 
+async def test_a_node_with_no_port_opens_one_when_an_expose_comes_and_closes_it_when_it_goes(
+        headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path) -> None:
+    """An empty exposes file is a node with no port open (a Gateway whose TLS and TCP listeners have
+    no route yet): it registers and is ready; an expose written later listens, and once it is
+    written away again nothing forwards to its backend."""
+    key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
+    laptop = tailscale_nodes("ts-laptop-empty", headscale, authkey=key)
+    server = await asyncio.start_server(hello, "127.0.0.1", 0)
+    listen = free_port()
+
+    async def answer() -> bytes:
+        reader, writer = await tunnel(laptop.http_proxy_port, agent.ip, listen)
+        writer.write(b"GET / HTTP/1.0\r\n\r\n")
+        await writer.drain()
+        try:
+            return await asyncio.wait_for(read_all(reader), 10)
+        finally:
+            writer.close()
+
+    try:
+        async with ingress_agent(headscale, "ingress-empty", key, tmp_path, []) as agent:
+            await wait_peer_sees(laptop, "ingress-empty")
+            assert (await agent.status())["exposes"] == []
+            with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+                await answer()
+
+            write_like_kubelet(tmp_path, json.dumps([tcp("web", listen, server.sockets[0].getsockname()[1])]))
+            await eventually(lambda: agent.ingress.forwarder.is_listening("web"), timeout=10, what="web exposed")
+            assert (await answer()).endswith(b"\r\n\r\nhello\n")
+
+            write_like_kubelet(tmp_path, "[]")
+            await eventually(lambda: not agent.ingress.forwarder.is_listening("web"), timeout=10,
+                             what="web closed")
+            assert (await agent.status())["exposesFile"]["error"] is None
+            with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+                await answer()
+    finally:
+        server.close()
+
+
 async def test_a_tcp_expose_answers_on_the_nodes_ipv6_address(
         headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path) -> None:
     """The node's tailnet IPv6 address (fd7a:115c:a1e0::/48) serves the exposes like its IPv4 one."""

@@ -553,10 +553,11 @@ def _tls_backend(world: IngressWorld, image: str, host: str) -> list[dict[str, A
 
 def test_a_gateway_passes_tls_through_by_sni_and_tcp_by_port(
         cluster: ClusterUnderTest, world: IngressWorld, gateway_api: None, project_image: Any) -> None:
-    """A Gateway of a TLS passthrough listener and a TCP listener: no node until a route is served;
-    then the laptop's TLS reaches the backend's own certificate (the node only read SNI), an
-    unknown name is refused, and the TCPRoute's port reaches its Service. Both routes say so in
-    their own status."""
+    """A Gateway of a TLS passthrough listener and a TCP listener: a node with no port open until a
+    route is served (Programmed, with its addresses); then the laptop's TLS reaches the backend's
+    own certificate (the node only read SNI), an unknown name is refused, and the TCPRoute's port
+    reaches its Service. Both routes say so in their own status. When the TCPRoute goes, its port
+    closes and the node stays."""
     cls, tls_host = f"tailnet-{world.hostname}-l4", f"vault-{world.hostname}.{ZONE}"
     apply(cluster, _tls_backend(world, project_image.ref, tls_host))
     wait_pod_running(cluster, world.tenant, "vault")
@@ -578,18 +579,19 @@ def test_a_gateway_passes_tls_through_by_sni_and_tcp_by_port(
                         "rules": [{"backendRefs": [{"name": "web", "port": 8080}]}]}}]
     apply(cluster, [gateway_class, gateway])
     try:
-        def pending() -> dict[str, Any] | None:
-            obj: dict[str, Any] = get_json(cluster, "-n", world.tenant, f"gateways.{GATEWAY_API}", "edge")
-            return obj if condition(obj, "Accepted") == "True" else None
-
-        obj = wait_until(pending, timeout=120, what="the Gateway Accepted")
-        assert condition(obj, "Programmed") == "False", obj["status"]
-        assert kubectl(cluster, "-n", world.tenant, "get", "deployment", "edge-gw-ingress-agent",
-                       check=False) == "", "no agent before a route is served"
-        apply(cluster, routes)
         obj = wait_until(lambda: _programmed(cluster, world), timeout=300,
-                         what="the Gateway Programmed once its routes are served")
+                         what="the Gateway Programmed before any route: a node with no port open")
         [address] = [a["value"] for a in obj["status"]["addresses"] if a["type"] == "IPAddress"][:1]
+        assert {ls["name"]: ls["attachedRoutes"] for ls in obj["status"]["listeners"]} == {"vault": 0, "db": 0}
+        with pytest.raises((OSError, ConnectionError, asyncio.IncompleteReadError)):  # TimeoutError is an OSError
+            _run(_tcp_get(world.laptop, address, 5432, "/"))
+        apply(cluster, routes)
+
+        def served() -> dict[str, Any] | None:
+            found = _programmed(cluster, world)
+            return found if found and all(ls["attachedRoutes"] == 1 for ls in found["status"]["listeners"]) else None
+
+        obj = wait_until(served, timeout=300, what="the Gateway Programmed with its routes served")
         assert {ls["name"]: ls["attachedRoutes"] for ls in obj["status"]["listeners"]} == {"vault": 1, "db": 1}
         for kind, name in (("tlsroutes", "vault"), ("tcproutes", "db")):
             [parent] = get_json(cluster, "-n", world.tenant, f"{kind}.{GATEWAY_API}", name)["status"]["parents"]
@@ -615,6 +617,18 @@ def test_a_gateway_passes_tls_through_by_sni_and_tcp_by_port(
         data = wait_until(lambda: _attempt(lambda: _run(_tcp_get(world.laptop, address, 5432, "/"))), timeout=60,
                           what="the TCPRoute's port answered")
         assert data.startswith(b"HTTP/1.0 200") and data.endswith(b"hello from web"), data
+
+        kubectl(cluster, "-n", world.tenant, "delete", f"tcproutes.{GATEWAY_API}", "db")
+
+        def closed() -> bool:
+            try:
+                _run(_tcp_get(world.laptop, address, 5432, "/"))
+            except (OSError, ConnectionError, asyncio.IncompleteReadError):
+                return True
+            return False
+
+        wait_until(closed, timeout=90, what="the TCPRoute's port closed once the route went")
+        assert _programmed(cluster, world) is not None, "the node stays, with its addresses"
     except AssertionError as exc:
         raise _diagnose_gateway(cluster, world, exc) from exc
     finally:

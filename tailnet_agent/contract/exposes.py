@@ -1,7 +1,8 @@
 """The ingress exposes file (``TAILNET_EXPOSES_FILE``): pure parsing and writing, no I/O.
 
 The operator writes it into the agent's ConfigMap (:func:`exposes_document`); the agent parses it
-at startup and on every change (:func:`parse_exposes`). A JSON list; every problem is a
+at startup and on every change (:func:`parse_exposes`). A JSON list, empty for a node with no
+port open yet (a Gateway whose TLS and TCP listeners have no route); every problem is a
 :class:`~tailnet_agent.contract.errors.ConfigError` naming the entry::
 
     [{"name": "db", "port": 5432, "backend": {"host": "db.shop.svc", "port": 5432}},
@@ -604,13 +605,13 @@ def _rewrite(raw: Any, where: str, kind: str) -> Rewrite:
 
 
 def parse_exposes(text: str) -> tuple[Expose, ...]:
-    """Parse the exposes JSON (shape in the module docstring); an empty list is refused."""
+    """Parse the exposes JSON (shape in the module docstring); an empty list opens no port."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{NAME} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    if not isinstance(doc, list) or not doc:
-        raise ConfigError(f"{NAME} must be a non-empty JSON list of exposes")
+    if not isinstance(doc, list):
+        raise ConfigError(f"{NAME} must be a JSON list of exposes")
     exposes: list[Expose] = []
     ports: dict[int, Expose] = {}
     names: dict[tuple[int, str], str] = {}

@@ -20,9 +20,9 @@ Gateway's namespace (owned by the Gateway) and the hostname's succession. What t
 * a Gateway is served once one of its listeners can be: an HTTP or HTTPS listener no route is
   attached to yet listens and answers 404 (so the Gateway is Programmed, with its addresses, before
   its first route); a TLS or TCP listener listens once a route is served on it, and a Gateway of
-  such listeners alone with no route served is Accepted, not Programmed (``NoRoutes``), with no
-  agent (one left from its last route is deleted: nothing goes on forwarding); a Gateway none of
-  whose listeners can be served is ``Accepted: False`` (``ListenersNotValid``) and has no node;
+  such listeners alone with no route served is a node with no port open, Programmed with its
+  addresses (when its last route goes, the port closes: nothing goes on forwarding); a Gateway none
+  of whose listeners can be served is ``Accepted: False`` (``ListenersNotValid``) and has no node;
 * the GatewayClass's own ``Accepted`` and ``supportedFeatures`` (:class:`GatewayClassReconciler`);
 * release when the class goes or the Gateway is being deleted (:class:`~.classed.ClassedReconciler`),
   its entries taken off the routes that name it.
@@ -294,10 +294,6 @@ class GatewayNode(ShapedNode[gw.ServedGateway]):
         if (found := gw.gateway_name_problem(run.cr.name)) is not None:
             return found
         plan = self.plans.plan(run.cr)
-        if plan.idle:
-            raise NotReady("False", "NoRoutes", (
-                "no route is served on the Gateway's TLS and TCP listeners yet: the node comes with the first one"),
-                requeue_after=None)
         if plan.ingress is None and plan.unresolved:
             # Refused for want of a Secret, not for its spec: looked for again (periods.REFERENCE_RETRY).
             raise NotReady("False", plan.accepted.reason, plan.accepted.message,
@@ -361,12 +357,10 @@ class Gateways:
         return gw.tailnet_of(obj, self.reader.list(GATEWAY_CLASS))
 
     def idle(self, obj: JSON) -> bool:
-        """A Gateway whose listeners are all TLS or TCP, none with a route served: its node would
-        have no port to listen on (and one left from an earlier route must stop forwarding)."""
-        try:
-            return self.plans.plan(gw.ServedGateway.model_validate(obj)).idle
-        except ValidationError:
-            return False
+        """Never: a Gateway with no route on its TLS and TCP listeners is a node with no port open,
+        so that it has its addresses and is Programmed before its first route (the agent closes the
+        port of a route that goes)."""
+        return False
 
     def named_objects(self, obj: JSON) -> list[tuple[Resource, str]]:
         name = str(obj["metadata"]["name"])

@@ -26,7 +26,7 @@ Such a Gateway becomes one tailnet node, as a TailnetIngress (:func:`as_ingress`
 * a TLSRoute's or TCPRoute's connections go to one Service: several backends with weights above 0
   are ``UnsupportedValue``; one that does not resolve leaves its names or port unserved, so its
   connections are refused, as the specification asks. A Gateway whose listeners are all TLS or
-  TCP with no route served yet is Accepted with no node (:attr:`GatewayPlan.idle`);
+  TCP with no route served yet is a node with no port open, Programmed with its addresses;
 * the agent picks a host by its exact name (SNI), so the served hosts are exact names: a listener
   with an exact ``hostname`` serves that name; one with a wildcard (``*.example.com``) or none
   serves the exact hostnames of the routes attached to it that it covers. A route hostname that is
@@ -492,9 +492,6 @@ class GatewayPlan:
     accepted: Condition
     listeners: list[ListenerResult]
     parents: dict[RouteKey, list[ParentResult]]
-    idle: bool = False
-    """Accepted with nothing to listen to yet: its listeners are all TLS or TCP, and no route
-    attached to them is served. The node comes with the first one."""
 
     @property
     def unresolved(self) -> bool:
@@ -505,6 +502,10 @@ class GatewayPlan:
 
 ServiceLookup = Callable[[str, str], Mapping[str, Any] | None]
 """A Service (namespace, name) as stored; None when it does not exist."""
+
+
+_NO_PORT: dict[str, Any] = {"name": "no-port", "port": 1, "backend": {"service": "no-port", "port": 1}}
+"""The expose a Gateway with no port to open is checked with (the schema wants one), then dropped."""
 
 
 def dial_port(service: Mapping[str, Any], port: int) -> int | str:
@@ -1005,18 +1006,19 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[RouteObject], tailnet: s
             f"the Gateway's listeners serve {sum(len(e.get('hosts') or [1]) for e in exposes)} hosts and TCP "
             f"ports over {len(exposes)} groups; a tailnet node serves at most {EXPOSES_MAX} groups (a TCP port, the "
             f"hosts of one TLSRoute, or up to {HOSTS_MAX} HTTP hosts)"))
-    if not exposes and served:
-        # Only TLS and TCP listeners, no route served on them yet: nothing to listen to.
-        return GatewayPlan(None, _condition("Accepted", True, "Accepted", "accepted"), list(listeners.values()),
-                           parents, idle=True)
-    if not exposes:
+    if not exposes and not served:
         return _refused(listeners, parents, "ListenersNotValid", "no listener can be served: see the listeners' "
                         "conditions")
     try:
+        # Only TLS and TCP listeners, no route served on them yet: a node with no port open. The
+        # TailnetIngress schema wants an expose; the shape is checked with one, then has none.
         ingress = TailnetIngress.model_validate({
             "metadata": {"name": object_name_of(gateway.name), "namespace": gateway.namespace,
                          "uid": gateway.metadata.uid},
-            "spec": {"tailnetRef": {"name": tailnet}, "tag": tag, "hostname": hostname, "exposes": exposes}})
+            "spec": {"tailnetRef": {"name": tailnet}, "tag": tag, "hostname": hostname,
+                     "exposes": exposes or [_NO_PORT]}})
+        if not exposes:
+            ingress = ingress.model_copy(update={"spec": ingress.spec.model_copy(update={"exposes": []})})
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(p) for p in error["loc"])

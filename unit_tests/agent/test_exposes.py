@@ -94,6 +94,11 @@ def test_a_hosts_routes_and_fallback_survive_the_round_trip() -> None:
     assert "routes" not in hosts[1] and "fallback" not in hosts[1]  # a plain host's entry is as before
 
 
+def test_an_empty_list_is_a_node_with_no_port_open() -> None:
+    """A Gateway whose listeners are all TLS or TCP, none with a route yet, is a node with no port."""
+    assert parse_exposes("[]") == ()
+
+
 def _one(**fields: Any) -> str:
     expose = {"name": "web", "port": 443, "backend": {"host": "web", "port": 80}, **fields}
     return json.dumps([expose])
@@ -102,7 +107,7 @@ def _one(**fields: Any) -> str:
 @pytest.mark.parametrize(("text", "error"), [
     ("{", "TAILNET_EXPOSES_FILE is not valid JSON: Expecting property name enclosed in double quotes at line 1 "
           "column 2"),
-    ("[]", "TAILNET_EXPOSES_FILE must be a non-empty JSON list of exposes"),
+    ("{}", "TAILNET_EXPOSES_FILE must be a JSON list of exposes"),
     (_one(port=0), "TAILNET_EXPOSES_FILE: [0] (web).port must be a port number 1-65535, got 0"),
     (_one(mode="udp"), "TAILNET_EXPOSES_FILE: [0] (web).mode must be tcp, http or tls, got 'udp'"),
     (_one(mode="http"), "TAILNET_EXPOSES_FILE: [0] (web).hosts must be a non-empty list for mode http"),

@@ -7,6 +7,7 @@ the policy owns its tag and the sweep counts its key."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from tailnet_agent.contract.exposes import parse_exposes
@@ -342,16 +343,19 @@ async def test_a_grant_or_a_relabelled_namespace_wakes_only_the_gateways_it_may_
     assert gateways_selecting_namespaces(world.kube)({"metadata": {"name": "web"}}) == [Request(TENANT, "picky")]
 
 
-async def test_a_tcp_listener_gets_a_node_with_its_first_tcproute_and_loses_it_with_the_last() -> None:
+async def test_a_tcp_listener_opens_its_port_with_its_first_tcproute_and_closes_it_with_the_last() -> None:
+    """Before its first route a Gateway of TCP listeners is a node with no port open (its key and
+    agent exist, so it gets its addresses); the route's port opens, and closes when the route goes."""
     world = await world_with_tailnet()
     world.add_gateway(listeners=[{"name": "db", "port": 5432, "protocol": "TCP"}])
 
     await world.reconcile()
 
-    assert world.headscale.preauth_keys == {} and world.kube.get(DEPLOYMENT, AGENT, TENANT) is None
+    assert len(world.headscale.preauth_keys) == 1 and world.kube.get(DEPLOYMENT, AGENT, TENANT) is not None
+    assert parse_exposes(world.get(CONFIG_MAP, "edge-gw-ingress-config")["data"][EXPOSES_FILE]) == ()
     found = world.get(API_GATEWAY, "edge")
-    assert _conditions(found) == {"Accepted": ("True", "Accepted"), "Programmed": ("False", "Pending")}
-    assert "NoRoutes" in next(c for c in found["status"]["conditions"] if c["type"] == "Programmed")["message"]
+    assert _conditions(found)["Accepted"] == ("True", "Accepted")
+    assert "NoRoutes" not in json.dumps(found["status"])
     assert found["status"]["listeners"][0]["supportedKinds"] == [{"group": gw.GROUP, "kind": "TCPRoute"}]
 
     world.kube.add(TCP_ROUTE, {
@@ -361,12 +365,12 @@ async def test_a_tcp_listener_gets_a_node_with_its_first_tcproute_and_loses_it_w
 
     [expose] = parse_exposes(world.get(CONFIG_MAP, "edge-gw-ingress-config")["data"][EXPOSES_FILE])
     assert (expose.mode, expose.port, expose.backend.host, expose.backend.port) == ("tcp", 5432, "api.shop.svc", 8080)
-    assert world.kube.get(DEPLOYMENT, AGENT, TENANT) is not None
     [parent] = world.get(TCP_ROUTE, "db")["status"]["parents"]
     assert _conditions(parent) == {"Accepted": ("True", "Accepted"), "ResolvedRefs": ("True", "ResolvedRefs")}
 
     await world.kube.delete(TCP_ROUTE, "db", TENANT)
     await world.reconcile()
 
-    assert world.kube.get(DEPLOYMENT, AGENT, TENANT) is None, "nothing goes on forwarding to the route's Service"
-    assert _conditions(world.get(API_GATEWAY, "edge"))["Programmed"] == ("False", "Pending")
+    exposes = parse_exposes(world.get(CONFIG_MAP, "edge-gw-ingress-config")["data"][EXPOSES_FILE])
+    assert exposes == (), "nothing goes on forwarding to the route's Service"
+    assert world.kube.get(DEPLOYMENT, AGENT, TENANT) is not None

@@ -496,21 +496,22 @@ def test_a_tcproute_goes_to_one_service_and_refuses_connections_when_it_has_none
     assert parent.accepted.status and parent.resolved_refs.reason == "BackendNotFound"
 
 
-def test_a_gateway_of_tcp_listeners_without_routes_is_accepted_and_idle() -> None:
+def test_a_gateway_of_tcp_listeners_without_routes_is_a_node_with_no_port_open() -> None:
+    """Its addresses come before its first route, as users and the conformance suite expect."""
     g = gateway({"name": "db", "port": 5432, "protocol": "TCP"}, {"name": "again", "port": 5432, "protocol": "TCP"})
     result = plan(g)
-    assert result.idle and result.ingress is None
-    assert (result.accepted.status, result.accepted.reason) == (True, "Accepted")
+    assert result.ingress is not None and result.ingress.spec.exposes == []
+    assert (result.accepted.status, result.accepted.reason) == (True, "ListenersNotValid")
     again = next(c for c in result.listeners[1].conditions if c.type == "Accepted")
     assert (again.status, again.reason) == (False, "HostnameConflict")
-    assert not plan(g, tcp_route("r")).idle
+    assert len(exposes_of(plan(g, tcp_route("r")))) == 1
 
 
 def test_listener_protocols_beyond_http_https_tls_and_tcp_are_not_served() -> None:
     result = plan(gateway({"name": "dns", "port": 53, "protocol": "UDP"}))
     accepted = next(c for c in result.listeners[0].conditions if c.type == "Accepted")
     assert (accepted.status, accepted.reason) == (False, "UnsupportedProtocol")
-    assert result.listeners[0].supported_kinds == [] and not result.idle
+    assert result.listeners[0].supported_kinds == [] and result.ingress is None
     assert (result.accepted.status, result.accepted.reason) == (False, "ListenersNotValid")
     terminate = plan(gateway({"name": "t", "port": 443, "protocol": "TLS", "tls": {"mode": "Terminate"}}))
     accepted = next(c for c in terminate.listeners[0].conditions if c.type == "Accepted")
@@ -561,7 +562,7 @@ def test_a_tcproutes_service_in_another_namespace_is_dialled_there_under_its_ref
     assert (expose.backend.host, expose.backend.port) == ("pg.data.svc", 5432)
     refused = plan(g, away, services=frozenset({"pg"}))
     assert refused.parents[("TCPRoute", NS, "r")][0].resolved_refs.reason == "RefNotPermitted"
-    assert refused.idle, "nothing served: no grant, no port"
+    assert refused.ingress is not None and refused.ingress.spec.exposes == [], "nothing served: no grant, no port"
 
 
 def grpc_route(name: str, *rules: dict[str, Any], hostnames: tuple[str, ...] = ("rpc.example.test",),
