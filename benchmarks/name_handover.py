@@ -217,6 +217,8 @@ def section(doc: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|---|---|"]
     for way in doc["ways"]:
         mine = [t for t in doc["trials"] if t["way"] == way]
+        if not mine:
+            continue
         hit = [t for t in mine if t["refused"]]
         windows = [round(t["window_ms"], 1) for t in hit]
         median, longest = (round(statistics.median(windows), 1), max(windows)) if windows else ("-", "-")

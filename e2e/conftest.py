@@ -156,10 +156,10 @@ def _tailscale_factory(environment: Environment) -> Iterator[TailscaleFactory]:
 
     def start(hostname: str, headscale: Headscale, *, authkey: str | None = None,
               advertise_routes: Sequence[str] = (), accept_routes: bool = False,
-              site_router: bool = False) -> TailscaleNode:
+              site_router: bool = False, host: SiteHost | None = None) -> TailscaleNode:
         node = environment.tailscale_node(hostname, headscale, authkey=authkey,
                                           advertise_routes=advertise_routes, accept_routes=accept_routes,
-                                          site_router=site_router)
+                                          site_router=site_router, host=host)
         started.append(node)
         return node
 

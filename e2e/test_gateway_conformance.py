@@ -10,9 +10,12 @@ tag ``tag:k8s`` and the default hostname, in namespaces the Tailnet names as its
 bind the operator's tenant role.
 
 ``make test`` runs the GATEWAY-HTTP profile with the core features only (Gateway, HTTPRoute);
-``make conformance`` runs it and the GATEWAY-GRPC profile (GRPCRoute, whose tests call gRPC on
-HTTP listeners in plaintext, h2c, through the same proxy) with every feature the class declares
-and keeps the report under docs/conformance/.
+``make conformance`` runs it, the GATEWAY-GRPC profile (GRPCRoute, whose tests call gRPC on HTTP
+listeners in plaintext, h2c) and the GATEWAY-TLS profile (TLSRoute, TCPRoute) with every feature
+the class declares, and keeps the report under docs/conformance/. Four of the TLSRoute tests dial
+the Gateway with no hook for a dialer, so the full run runs the suite on a machine of the tailnet:
+a network namespace whose tailscaled runs on a TUN device, with the laptop's tag, from which every
+client dials the Gateways' tailnet addresses directly.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from e2e.conftest import TailscaleFactory
 from e2e.operator import tailnet_object
 from e2e.skips import skip_by_design
 from hack import binaries, versions
-from hack.localenv import Headscale, TailscaleNode, wait_until
+from hack.localenv import Environment, Headscale, SiteHost, TailscaleNode, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(3600)]
 
@@ -54,7 +57,7 @@ TAG = "tag:k8s"
 """The tag of a Gateway without the ``tailnet.dev/tag`` annotation: every Gateway of the suite."""
 LAPTOP_TAG = "tag:conformance-laptop"
 CORE_FEATURES = ("Gateway", "HTTPRoute", "ReferenceGrant")
-PROFILES = {"core": ("GATEWAY-HTTP",), "full": ("GATEWAY-HTTP", "GATEWAY-GRPC")}
+PROFILES = {"core": ("GATEWAY-HTTP",), "full": ("GATEWAY-HTTP", "GATEWAY-GRPC", "GATEWAY-TLS")}
 """The suite's conformance profiles each run reports on. A profile turns its core features on, so
 the core run (CORE_FEATURES, no GRPCRoute) names GATEWAY-HTTP alone."""
 FULL_ENV = "TAILNET_CONFORMANCE"
@@ -86,11 +89,14 @@ class Conformance:
     cluster: ClusterUnderTest
     laptop: TailscaleNode
     operator_namespace: str
+    on_tailnet: SiteHost | None = None
+    """The full run's host on the tailnet (a tailscaled on a TUN device in its namespace), where the
+    suite runs and dials directly; None: the suite dials through the laptop's proxy."""
 
 
 @pytest.fixture(scope="module")
 def conformance(cluster: ClusterUnderTest, installed_operator: str, cluster_headscale: Headscale,
-                module_tailscale_nodes: TailscaleFactory) -> Iterator[Conformance]:
+                module_tailscale_nodes: TailscaleFactory, environment: Environment) -> Iterator[Conformance]:
     """The Gateway API's CRDs, the suite's images, a Tailnet whose tenants are the suite's
     namespaces (each binding the operator's tenant role), the tailnet GatewayClass Accepted, and a
     laptop the policy lets reach the Gateways."""
@@ -101,6 +107,7 @@ def conformance(cluster: ClusterUnderTest, installed_operator: str, cluster_head
     from hack.localenv.gatewayapi import standard_crd_bodies
 
     ns, suffix = installed_operator, uuid.uuid4().hex[:6]
+    full, on_tailnet = os.environ.get(FULL_ENV) == "full", None
     tailnet, secret, base = f"conformance-{suffix}", f"conformance-{suffix}-bootstrap", f"conformance-{suffix}-policy"
     crds = yaml.safe_dump_all(standard_crd_bodies())
     kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=crds)
@@ -128,8 +135,14 @@ def conformance(cluster: ClusterUnderTest, installed_operator: str, cluster_head
                                      "Accepted") == "True", timeout=90, what="the tailnet GatewayClass Accepted")
         laptop = module_tailscale_nodes(f"conformance-laptop-{suffix}", cluster_headscale,
                                         authkey=cluster_headscale.create_preauth_key(tags=[LAPTOP_TAG]))
-        yield Conformance(cluster, laptop, ns)
+        if full:
+            host = on_tailnet = environment.site_host(reachable=True)
+            module_tailscale_nodes(f"conformance-host-{suffix}", cluster_headscale, host=host,
+                                   authkey=cluster_headscale.create_preauth_key(tags=[LAPTOP_TAG]))
+        yield Conformance(cluster, laptop, ns, on_tailnet)
     finally:
+        if on_tailnet is not None:
+            on_tailnet.destroy()
         for name in NAMESPACES:
             kubectl(cluster, "delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)
         kubectl(cluster, "delete", "gatewayclass", CLASS, "--ignore-not-found", check=False)
@@ -149,7 +162,11 @@ def run_suite(world: Conformance, report: Path, *, features: tuple[str, ...] | N
                "--organization=tailnet-operator", "--project=tailnet-operator",
                "--url=https://github.com/tailnet-operator/tailnet-operator", "--version=dev",
                "--contact=https://github.com/tailnet-operator/tailnet-operator/issues",
-               f"--tailnet-proxy=127.0.0.1:{world.laptop.http_proxy_port}", "-test.v", "-test.timeout=55m", *extra]
+               "-test.v", "-test.timeout=55m", *extra]
+    if world.on_tailnet is not None:
+        command = ["ip", "netns", "exec", world.on_tailnet.name, *command, "--on-tailnet"]
+    else:
+        command.append(f"--tailnet-proxy=127.0.0.1:{world.laptop.http_proxy_port}")
     if features is not None:
         command.append(f"--supported-features={','.join(features)}")
     if only := os.environ.get(ONLY_ENV):

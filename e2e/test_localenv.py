@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -149,6 +150,36 @@ def test_a_name_no_node_carries_is_never_looked_up_outside_the_machine(
     servers = re.findall(r" on \[?([0-9a-f.:]+?)\]?:53\b", error)
     assert servers, error
     assert all(ipaddress.ip_address(server).is_loopback for server in servers), error
+
+
+def test_a_host_on_the_tailnet_reaches_a_nodes_address_directly(tmp_path: Path, local_http_server: int) -> None:
+    """A tailscaled on a TUN device in a reachable host's namespace: what runs there dials a tailnet
+    address with no proxy, as a tailnet user's machine does (the conformance suite's TLS tests)."""
+    if (reason := netns_available()) is not None:
+        pytest.skip(f"network namespaces unavailable: {reason}")
+    env = Environment(tmp_path / "run", run_id="tailnet-host-selftest")
+    try:
+        host = env.site_host(reachable=True)
+        headscale = env.headscale(address=host.gateway)
+        key = headscale.create_preauth_key(user_id=headscale.create_user("tun")["id"], reusable=True)
+        server = env.tailscale_node("tun-server", headscale, authkey=key)
+        client = env.tailscale_node("tun-client", headscale, authkey=key, host=host)
+        wait_until(lambda: client.sees("tun-server"), timeout=30, what="the namespaced node sees the server")
+        url = f"http://{server.ipv4()}:{local_http_server}/direct"
+        fetch = ["ip", "netns", "exec", host.name, sys.executable, "-c",
+                 f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=5).read().decode())"]
+
+        def answered() -> str | None:
+            done = subprocess.run(fetch, capture_output=True, text=True, timeout=30)
+            return done.stdout.strip() if done.returncode == 0 else None
+
+        body = wait_until(answered, timeout=60, interval=1.0, what=f"GET {url} from the namespace")
+        assert body == f"hello from {local_http_server} path /direct"
+        assert Path(f"/etc/netns/{host.name}/resolv.conf").is_file()
+    finally:
+        env.close()
+    assert env.survivors() == []
+    assert not Path(f"/etc/netns/{host.name}").exists()
 
 
 def test_leak_check_finds_a_running_process_and_not_a_stopped_one(tmp_path: Path) -> None:

@@ -4,7 +4,9 @@
 // A Gateway's address is a tailnet address, which this machine reaches only through a tailnet
 // peer: every connection the suite's HTTP and gRPC clients make is dialled through the HTTP
 // CONNECT proxy of a tailscaled "laptop" (--tailnet-proxy), as a tailnet user reaches the Gateway.
-// The gRPC client calls in plaintext with prior knowledge (h2c), as the suite's own does. The
+// With --on-tailnet, the program runs where tailnet addresses are routed (a network namespace with
+// a tailscaled on a TUN device) and every client dials directly, as the suite's TLS tests do,
+// which take no dialer. The gRPC client calls in plaintext with prior knowledge (h2c), as the suite's own does. The
 // suite's own flags (--gateway-class, --supported-features, --conformance-profiles,
 // --report-output, --run-test, --skip-tests, ...) work as documented by the suite; the kubeconfig
 // is KUBECONFIG's.
@@ -29,18 +31,27 @@ import (
 	"sigs.k8s.io/gateway-api/conformance/utils/roundtripper"
 )
 
-var tailnetProxy = flag.String("tailnet-proxy", "",
-	"host:port of a tailnet peer's HTTP CONNECT proxy: every connection to a Gateway goes through it")
+var (
+	tailnetProxy = flag.String("tailnet-proxy", "",
+		"host:port of a tailnet peer's HTTP CONNECT proxy: every connection to a Gateway goes through it")
+	onTailnet = flag.Bool("on-tailnet", false,
+		"this process's network routes tailnet addresses (a tailscaled on a TUN device): dial directly")
+)
 
 func main() {
 	testing.Main(regexp.MatchString, []testing.InternalTest{{Name: "TestGatewayAPIConformance", F: run}}, nil, nil)
 }
 
 func run(t *testing.T) {
-	if *tailnetProxy == "" {
-		t.Fatal("--tailnet-proxy is required: a Gateway's address is reachable only over the tailnet")
+	if (*tailnetProxy == "") == !*onTailnet {
+		t.Fatal("give --tailnet-proxy or --on-tailnet (one of them): a Gateway's address is reachable only " +
+			"over the tailnet")
 	}
 	opts := conformance.DefaultOptions(t)
+	if *onTailnet {
+		conformance.RunConformanceWithOptions(t, opts)
+		return
+	}
 	opts.RoundTripper = &roundtripper.DefaultRoundTripper{
 		Debug: opts.Debug, TimeoutConfig: opts.TimeoutConfig, CustomDialContext: dialThroughProxy,
 	}

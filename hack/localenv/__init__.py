@@ -92,16 +92,21 @@ class Environment:
 
     def tailscale_node(self, hostname: str, headscale: Headscale, *, authkey: str | None = None,
                        advertise_routes: Sequence[str] = (), accept_routes: bool = False,
-                       site_router: bool = False, env: dict[str, str] | None = None) -> TailscaleNode:
+                       site_router: bool = False, env: dict[str, str] | None = None,
+                       host: SiteHost | None = None) -> TailscaleNode:
         """A started tailscaled; joined to ``headscale`` when an ``authkey`` is given.
 
         ``site_router=True`` runs it as the user that alone can reach the site hosts' LANs;
-        ``env`` adds environment variables (e.g. ``TS_DEBUG_ALWAYS_USE_DERP=true``).
+        ``env`` adds environment variables (e.g. ``TS_DEBUG_ALWAYS_USE_DERP=true``); ``host`` (one of
+        :meth:`site_host` ``(reachable=True)``) runs it there on a TUN device, so that what runs on
+        that host reaches tailnet addresses directly (``headscale`` must listen on an address the
+        host reaches: not loopback).
         """
         self.guard_tailnet()
         node = TailscaleNode(hostname, self._dir(f"tailscale-{hostname}"), headscale=headscale,
                              log_dir=self.log_dir, run_id=self.run_id,
-                             user=ROUTER_UID if site_router else None, env=env)
+                             user=ROUTER_UID if site_router else None, env=env,
+                             netns=host.name if host is not None else None)
         self._owned.append(node)
         node.start()
         if authkey is not None:
@@ -134,8 +139,10 @@ class Environment:
         self._owned.append(cluster)
         return cluster.start()
 
-    def site_host(self) -> SiteHost:
-        host = SiteHost(log_dir=self.log_dir, run_id=self.run_id)
+    def site_host(self, *, reachable: bool = False) -> SiteHost:
+        """A host in a network namespace: a remote site's LAN, or with ``reachable`` a machine this
+        one routes to (a tailnet user's, for :meth:`tailscale_node`'s ``host``)."""
+        host = SiteHost(log_dir=self.log_dir, run_id=self.run_id, reachable=reachable)
         self._owned.append(host)
         return host.create()
 

@@ -7,7 +7,13 @@ Processes started "on" the host run inside the namespace with ``ip netns exec``.
 Only processes of the router's user (``ROUTER_UID``) can reach the site from the root
 namespace: the route to the /24 lives in a routing table of its own, selected by a uid rule.
 Everything else, including tailscaled nodes that are not the site's router, must cross the
-tailnet to get there, as they would to a real branch office.
+tailnet to get there, as they would to a real branch office. A host made ``reachable`` stands for
+a machine of a tailnet user instead: the main table routes to it, so that it reaches the node
+address (Headscale, the apiserver) and gets the answers.
+
+Each namespace has a ``resolv.conf`` of its own that names no server (``ip netns exec`` puts
+``/etc/netns/<name>/resolv.conf`` in place), so nothing run there looks a name up outside the
+machine.
 """
 
 from __future__ import annotations
@@ -86,8 +92,9 @@ def _free_octet(first: int) -> int:
 class SiteHost:
     """One namespace with one address, reachable from the root namespace through a veth pair."""
 
-    def __init__(self, *, log_dir: Path, run_id: str) -> None:
+    def __init__(self, *, log_dir: Path, run_id: str, reachable: bool = False) -> None:
         index = next(_counter)
+        self.reachable = reachable
         self._first_octet = (os.getpid() + index) % SITE_SUBNETS + 1
         self.name = f"tnl{os.getpid() % 10000}-{index}"
         self._veth_root = f"tr{os.getpid() % 10000}x{index}"
@@ -110,11 +117,15 @@ class SiteHost:
             _ip("route", "add", "unreachable", self.subnet)
             self._created = True
         _ip("netns", "add", self.name)
+        self._resolv_conf.parent.mkdir(parents=True, exist_ok=True)
+        self._resolv_conf.write_text("# no server: nothing here looks a name up outside this machine\n")
         _ip("link", "add", self._veth_root, "type", "veth", "peer", "name", self._veth_host)
         _ip("link", "set", self._veth_host, "netns", self.name)
         _ip("addr", "add", f"{self.gateway}/24", "dev", self._veth_root)
         _ip("link", "set", self._veth_root, "up")
         _ip("route", "add", self.subnet, "dev", self._veth_root, "src", self.gateway, "table", self._table)
+        if self.reachable:  # the claim stays a route of the main table, now to the host
+            _ip("route", "replace", self.subnet, "dev", self._veth_root, "src", self.gateway)
         _ip("rule", "add", "uidrange", f"{ROUTER_UID}-{ROUTER_UID}", "lookup", self._table,
             "priority", self._table)
         # Replies to the router's address pass the reverse-path check through the same table.
@@ -124,6 +135,10 @@ class SiteHost:
         _ip("-n", self.name, "link", "set", "lo", "up")
         _ip("-n", self.name, "route", "add", "default", "via", self.gateway)
         return self
+
+    @property
+    def _resolv_conf(self) -> Path:
+        return Path("/etc/netns") / self.name / "resolv.conf"
 
     def run(self, name: str, argv: Sequence[str]) -> ManagedProcess:
         """Start a process inside the namespace; it is stopped with the host."""
@@ -161,7 +176,9 @@ class SiteHost:
             for _ in range(2):
                 subprocess.run(["ip", "rule", "del", "priority", self._table], capture_output=True)
             subprocess.run(["ip", "route", "del", "unreachable", self.subnet], capture_output=True)
+            subprocess.run(["ip", "route", "del", self.subnet], capture_output=True)
             subprocess.run(["ip", "route", "flush", "table", self._table], capture_output=True)
             subprocess.run(["ip", "link", "del", self._veth_root], capture_output=True)
             subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+            shutil.rmtree(self._resolv_conf.parent, ignore_errors=True)
             self._created = False

@@ -62,11 +62,15 @@ class TailscaleNode:
     """One tailscaled plus the ``tailscale`` CLI bound to its socket."""
 
     def __init__(self, hostname: str, workdir: Path, *, headscale: Headscale, log_dir: Path,
-                 run_id: str, user: int | None = None, env: dict[str, str] | None = None) -> None:
+                 run_id: str, user: int | None = None, env: dict[str, str] | None = None,
+                 netns: str | None = None) -> None:
+        """``netns``: run on a TUN device in that network namespace (kernel mode: the namespace
+        routes tailnet addresses, with no proxy), instead of in userspace on the host."""
         self.hostname = hostname
         self.headscale = headscale
         self.workdir = workdir
         self.user = user
+        self.netns = netns
         self._socket_dir = socket_dir("tnts-", owner=user)
         self.socket = self._socket_dir / "tailscaled.sock"
         self.http_proxy_port = free_port()
@@ -77,10 +81,15 @@ class TailscaleNode:
             "TS_NO_LOGS_NO_SUPPORT": "true",
             **(env or {}),
         }
+        common = [f"--statedir={workdir / 'state'}", f"--socket={self.socket}", "--port=0", "--no-logs-no-support"]
+        if netns is not None:
+            # `ip netns exec` puts /etc/netns/<name>/resolv.conf in place (SiteHost writes one).
+            self.process = ManagedProcess(f"tailscaled-{hostname}", [
+                "ip", "netns", "exec", netns, binaries.binary("tailscaled"), "--tun=tailscale0", *common,
+            ], log_dir=log_dir, run_id=run_id, env=env)
+            return
         argv: list[str | os.PathLike[str]] = [
-            _binary_for(user, workdir.parent), "--tun=userspace-networking",
-            f"--statedir={workdir / 'state'}", f"--socket={self.socket}", "--port=0",
-            "--no-logs-no-support",
+            _binary_for(user, workdir.parent), "--tun=userspace-networking", *common,
             f"--outbound-http-proxy-listen=127.0.0.1:{self.http_proxy_port}",
             f"--socks5-server=127.0.0.1:{self.socks5_port}",
         ]
@@ -111,6 +120,8 @@ class TailscaleNode:
             args.append(f"--advertise-routes={','.join(advertise_routes)}")
         if accept_routes:
             args.append("--accept-routes")
+        if self.netns is not None:
+            args.append("--netfilter-mode=off")  # its namespace is its own: no firewall to set up
         self.cli(*args, timeout=timeout + 5)
         wait_until(lambda: self.status().get("BackendState") == "Running", timeout=timeout,
                    what=f"{self.hostname} Running")

@@ -18,9 +18,10 @@ def test_the_table_has_a_row_per_way_and_counts_only_the_trials_that_were_hit() 
                 "window_ms": window_ms}
 
     trials = [trial("one after the other", 0.504, False, 0, 0.0), trial("one after the other", 0.506, False, 12, 640.0),
-              trial("together", 0.255, True, 0, 0.0)]
+              trial("together", 0.255, True, 0, 0.0), trial("together, after a batch", 0.9, False, 0, 0.0)]
     text = section({"trials": trials, "ways": list(WAYS), "count": 2, "loadavg": [[1, 1, 1], [2, 1, 1]],
                     "date": "2026-12-07", "commit": "abc1234", "headscale": "0.29.2", "tailscale": "1.98.10"})
     assert "| one after the other | 2 | 1 | 12 | 640.0 | 640.0 | 505.0 | 0 |" in text
     assert "| together | 1 | 0 | 0 | - | - | 255.0 | 1 |" in text
+    assert "| together, after a batch | 1 | 0 | 0 | - | - | 900.0 | 0 |" in text
     assert "commit abc1234" in text
