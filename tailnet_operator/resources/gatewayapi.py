@@ -951,6 +951,8 @@ def as_ingress(gateway: GatewayObject, routes: Iterable[RouteObject], tailnet: s
             result.conditions += [_condition("Accepted", True, "Accepted", "served"),
                                   _condition("ResolvedRefs", True, "ResolvedRefs", resolved)]
         elif problem.type == "Accepted":
+            if problem.reason == "UnsupportedValue":  # a tls.mode not served: it takes no route of any kind
+                result.supported_kinds = []
             result.conditions += [problem, _condition("ResolvedRefs", True, "ResolvedRefs", "nothing to resolve")]
         else:
             result.conditions += [_condition("Accepted", True, "Accepted", "accepted; not served until its "

@@ -516,6 +516,7 @@ def test_listener_protocols_beyond_http_https_tls_and_tcp_are_not_served() -> No
     terminate = plan(gateway({"name": "t", "port": 443, "protocol": "TLS", "tls": {"mode": "Terminate"}}))
     accepted = next(c for c in terminate.listeners[0].conditions if c.type == "Accepted")
     assert (accepted.status, accepted.reason) == (False, "UnsupportedValue")
+    assert terminate.listeners[0].supported_kinds == [], "the conformance suite's TLSRouteListenerTerminateNotSupported"
 
 
 def test_a_tls_passthrough_listener_serves_each_name_to_the_oldest_tlsroute_that_asks() -> None:
