@@ -104,9 +104,10 @@ e2e-multinode: $(VENV)/.native
 	@$(PYTHON) -m hack.binaries build --set e2e
 	$(PY) -m hack.kind e2e -k "$(MULTINODE_TESTS)" $(PYTEST_ARGS)
 
-# The Gateway API's conformance suite (GATEWAY-HTTP and GATEWAY-GRPC profiles) with every
-# feature the tailnet GatewayClass declares, against the local node (make test runs its core
-# features); the suite's ConformanceReport is written to docs/conformance/.
+# The Gateway API's conformance suite (GATEWAY-HTTP, GATEWAY-GRPC and GATEWAY-TLS profiles) with
+# every feature the tailnet GatewayClass declares, against the local node (make test runs its core
+# features), from a network namespace on the tailnet; the suite's ConformanceReport is written to
+# docs/conformance/.
 conformance: $(VENV)/.native
 	@$(PYTHON) -m hack.binaries build --set test
 	TAILNET_CONFORMANCE=full $(PY) -m pytest --tiers node e2e/test_gateway_conformance.py $(PYTEST_ARGS)
