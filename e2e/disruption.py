@@ -63,6 +63,8 @@ WARM = 10
 """Requests in a row that succeed before a disruption is applied."""
 SETTLE = 50
 """Requests in a row that succeed after a disruption before the load stops."""
+FIRST_FAILURES = 30
+"""Failed requests a stream keeps the time and error of."""
 ZONE = "disrupt.e2e.internal"
 WEB_PORT, ECHO_PORT = 8080, 9000
 OPERATOR_DEPLOYMENT = "tailnet-operator"
@@ -86,7 +88,7 @@ class Tally:
     error's type, ``wrong answer``); a request answered in time but past the deadline is ``late``."""
     failures: list[str] = field(default_factory=list)
     """The first failed requests, each with when it started (on the load's clock, ``time.monotonic``)
-    and its error, where the load tells (the ingress load)."""
+    and its error (an OSError with its errno's name, as ``OSError EHOSTUNREACH``)."""
 
 
 def tally(samples: list[Sample], failures: Mapping[str, int] | None = None,
@@ -124,9 +126,9 @@ class Load(Protocol):
 # -- egress: a client pod ---------------------------------------------------------------------
 
 EGRESS_LOAD = """
-import json, socket, sys, threading, time
-host, port, interval, deadline = {host!r}, {port}, {interval}, {deadline}
-samples, failures, stop = [], {{}}, threading.Event()
+import errno, json, socket, sys, threading, time
+host, port, interval, deadline, keep = {host!r}, {port}, {interval}, {deadline}, {keep}
+samples, failures, first, stop = [], {{}}, [], threading.Event()
 
 def one():
     start = time.monotonic()
@@ -147,6 +149,10 @@ def one():
         how = "hung"
     except OSError as exc:
         how = type(exc).__name__
+        if exc.errno in errno.errorcode:
+            how += " " + errno.errorcode[exc.errno]
+        if len(first) < keep:
+            first.append(f"{{start:.3f}} {{how}}: {{exc}}"[:300])
     end = time.monotonic()
     if how is None and end - start > deadline:
         how = "late"
@@ -165,7 +171,7 @@ for line in sys.stdin:
     if line.strip() == "stop":
         stop.set()
         worker.join()
-        print(json.dumps({{"samples": samples, "failures": failures}}), flush=True)
+        print(json.dumps({{"samples": samples, "failures": failures, "first": first}}), flush=True)
         break
     streak = 0
     for s in reversed(samples[:]):
@@ -180,7 +186,8 @@ class EgressLoad:
     """HTTP GETs from the consumer's client pod through the target's Service."""
 
     def __init__(self, cluster: ClusterUnderTest, consumer: str, pod: str, host: str, port: int) -> None:
-        code = EGRESS_LOAD.format(host=host, port=port, interval=INTERVAL, deadline=DEADLINE)
+        code = EGRESS_LOAD.format(host=host, port=port, interval=INTERVAL, deadline=DEADLINE,
+                                  keep=FIRST_FAILURES)
         self.session = PythonSession(cluster, consumer, pod, code)
 
     def _status(self) -> list[int]:
@@ -199,13 +206,10 @@ class EgressLoad:
         finally:
             self.session.close()
         samples = [(float(a), float(b), bool(ok)) for a, b, ok in answer["samples"]]
-        return {"http": tally(samples, answer["failures"])}
+        return {"http": tally(samples, answer["failures"], answer["first"])}
 
 
 # -- ingress: a laptop on the host ------------------------------------------------------------
-
-FIRST_FAILURES = 30
-"""Failed requests a stream keeps the time and error of."""
 
 HUNG = "hung"
 """An ingress request with no answer within the deadline: its SYN dropped, as the agent's TCP stack did
