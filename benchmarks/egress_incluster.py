@@ -1,13 +1,17 @@
-"""In-cluster egress benchmark: the agent against a hand-built tailscaled egress pod, on the local node.
+"""In-cluster egress benchmark: the agent against the tailscaled egress pods users run, on the local node.
 
 Path: a client pod -> (the TailnetEgress target's Service -> the agent pod | a tailscaled pod in
-userspace networking, dialled through its SOCKS5 proxy Service) -> the tailnet (to a tailscaled
-subnet router on the node) -> a sink/source server on a site host in a network namespace. The
-tailscaled pod is what a user builds by hand: the static tailscaled of the pinned version in a
-scratch image, ``--tun=userspace-networking --socks5-server``, joined with a config file. It
-gets the agent pod's resources (read back from both pods, the run stops if they differ) and a
-GOMEMLIMIT at 90% of the memory limit. Each path's tailnet hop is checked direct at both ends
-(the pod's side and the router's) before and after its measurements.
+userspace networking, dialled through its SOCKS5 proxy Service | a kernel-mode tailscaled pod
+behind its Service) -> the tailnet (to a tailscaled subnet router on the node) -> a sink/source
+server on a site host in a network namespace. The userspace pod is what a user builds by hand:
+the static tailscaled of the pinned version in a scratch image, ``--tun=userspace-networking
+--socks5-server``, joined with a config file. The kernel-mode pod is the shape of the Tailscale
+operator's egress proxy (:mod:`benchmarks.kernel_proxy`): the same tailscaled on a TUN device
+with ``NET_ADMIN``, the client's connections DNATed to the target and SNATed into the tunnel by
+the rules containerboot sets. Both tailscaled pods get the agent pod's resources (read back from
+every pod, the run stops if they differ) and a GOMEMLIMIT at 90% of the memory limit. Each path's
+tailnet hop is checked direct at both ends (the pod's side and the router's) before and after its
+measurements.
 
 Measured in one run: one stream and 8 parallel streams (MB/s, upload and download) in rounds that
 take both paths in turn (medians reported), connection setup (connect plus one byte echoed, p50
@@ -31,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import pathcheck
+from benchmarks import kernel_proxy, pathcheck
 from benchmarks.paths import COLUMNS, PathResult
 from benchmarks.record import commit, load_average, publish
 from e2e.cluster import (
@@ -51,7 +55,7 @@ from e2e.cluster import (
 )
 from e2e.operator import tailnet_object
 from hack import image, versions
-from hack.localenv import Environment, Headscale, TailscaleNode, wait_until
+from hack.localenv import Environment, Headscale, wait_until
 from tailnet_agent.contract import environment as env_names
 from tailnet_agent.contract.endpoints import HEALTH_PORT
 
@@ -60,7 +64,11 @@ SERVER_PORT = 9000
 SOCKS_PORT = 1080
 AGENT = "agent (TailnetEgress)"
 TAILSCALED = "tailscaled userspace pod (SOCKS5)"
+KERNEL = "tailscaled kernel-mode pod (TUN, DNAT)"
 TAILSCALED_HOSTNAME = "bench-tailscaled"
+KERNEL_HOSTNAME = "bench-tailscaled-kernel"
+PROXY_NAMESPACE = "bench-proxies"
+"""The kernel-mode pod's namespace: it needs the ``privileged`` Pod Security level (TUN device, NET_ADMIN)."""
 TAILSCALED_SOCKET = "/state/tailscaled.sock"
 EGRESS_TAG = "tag:bench-egress"
 ROUTER_TAG = "tag:bench-site"
@@ -193,17 +201,24 @@ def tailscaled_objects(ns: str, ref: str, headscale: Headscale, authkey: str,
 
 @dataclass(frozen=True)
 class PodTailscaled:
-    """The tailscaled in the hand-built egress pod, its status read through its CLI."""
+    """The tailscaled in a tailscaled pod (userspace or kernel mode), its status read through its CLI."""
 
     cluster: ClusterUnderTest
     namespace: str
     pod: str
     hostname: str = TAILSCALED_HOSTNAME
 
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = json.loads(kubectl(self.cluster, "-n", self.namespace, "exec", self.pod, "--",
+                                                    "/tailscale", f"--socket={TAILSCALED_SOCKET}", "status",
+                                                    "--json"))
+        return status
+
     def peers(self) -> list[dict[str, Any]]:
-        status = json.loads(kubectl(self.cluster, "-n", self.namespace, "exec", self.pod, "--", "/tailscale",
-                                    f"--socket={TAILSCALED_SOCKET}", "status", "--json"))
-        return list((status.get("Peer") or {}).values())
+        return list((self.status().get("Peer") or {}).values())
+
+    def ipv4(self) -> str:
+        return str(next(ip for ip in self.status()["Self"]["TailscaleIPs"] if "." in ip))
 
 
 AGENT_METRICS = f"""
@@ -218,12 +233,14 @@ def agent_hostname(pod: dict[str, Any]) -> str:
     return str(next(e["value"] for e in env if e["name"] == env_names.HOSTNAME))
 
 
-def direct_check(cluster: ClusterUnderTest, name: str, pod: dict[str, Any],
-                 router: TailscaleNode) -> Callable[[], str]:
-    """Both ends of the row's tailnet hop are direct: the egress pod (the agent's UDP counters going
-    both ways, or the pod's tailscaled's entry for the router) and the router's entry for it."""
+def direct_check(cluster: ClusterUnderTest, pod: dict[str, Any], router: pathcheck.Peers,
+                 tailscaled: str | None = None) -> Callable[[], str]:
+    """Both ends of the row's tailnet hop are direct: the pod (an agent's UDP counters going both
+    ways, or, for a pod whose tailscaled has the hostname ``tailscaled``, its entry for ``router``)
+    and ``router``'s entry for it. ``router`` is the tailnet node at the far end: the site's router,
+    or the tailnet client of an ingress."""
     ns, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-    if name == AGENT:
+    if tailscaled is None:
         hostname = agent_hostname(pod)
 
         def agent() -> str:
@@ -235,14 +252,39 @@ def direct_check(cluster: ClusterUnderTest, name: str, pod: dict[str, Any],
             return f"{hostname}: UDP {udp.packets_out:.0f} out, {udp.packets_in:.0f} in; {router.hostname}: {theirs}"
 
         return agent
-    node = PodTailscaled(cluster, ns, pod_name)
+    node = PodTailscaled(cluster, ns, pod_name, hostname=tailscaled)
 
-    def tailscaled() -> str:
+    def pod_tailscaled() -> str:
         mine = pathcheck.require(pathcheck.DIRECT, pathcheck.peer_path(node, router.hostname), node.hostname)
         theirs = pathcheck.require(pathcheck.DIRECT, pathcheck.peer_path(router, node.hostname), router.hostname)
         return f"{node.hostname}: {mine}; {router.hostname}: {theirs}"
 
-    return tailscaled
+    return pod_tailscaled
+
+
+def proxy_namespace(cluster: ClusterUnderTest, name: str = PROXY_NAMESPACE) -> str:
+    """A namespace that admits the kernel-mode pod (Pod Security ``privileged``), its ServiceAccount ready."""
+    apply(cluster, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": name, "labels": {"pod-security.kubernetes.io/enforce": "privileged"}}}])
+    wait_until(lambda: kubectl(cluster, "-n", name, "get", "serviceaccount", "default", check=False),
+               timeout=60, what=f"the {name} namespace's ServiceAccount")
+    return name
+
+
+def kernel_pod(cluster: ClusterUnderTest, ns: str, ref: str, headscale: Headscale, authkey: str,
+               resources: dict[str, Any], port: int,
+               rules: Callable[[str], list[kernel_proxy.Rule]]) -> tuple[dict[str, Any], str, list[str]]:
+    """The kernel-mode tailscaled pod up with its forwarding rules: the pod, its tailnet address, and
+    the rules as read back from its namespace. ``rules`` makes them from the tailnet address."""
+    apply(cluster, kernel_proxy.kernel_objects(ns, KERNEL_HOSTNAME, ref, headscale, authkey, resources,
+                                               go_memory_limit(resources), port))
+    wait_available(cluster, ns, KERNEL_HOSTNAME, timeout=120)
+    pod = only_pod(cluster, ns, f"app={KERNEL_HOSTNAME}")
+    node = PodTailscaled(cluster, ns, pod["metadata"]["name"], hostname=KERNEL_HOSTNAME)
+    address = wait_until(lambda: node.status().get("BackendState") == "Running" and node.ipv4(), timeout=60,
+                         what="the kernel-mode tailscaled Running")
+    installed = kernel_proxy.install(kernel_proxy.pod_pid(pod["metadata"]["uid"]), rules(str(address)))
+    return pod, str(address), installed
 
 
 def container_resources(pod: dict[str, Any]) -> dict[str, Any]:
@@ -320,15 +362,22 @@ def run(mib: int, rounds: int, setups: int) -> dict[str, Any]:
         agent_pod = only_pod(cluster, ns, "tailnet.dev/egress=bench")
 
         key = headscale.create_preauth_key(tags=[EGRESS_TAG], reusable=True, ephemeral=True)
-        apply(cluster, tailscaled_objects(consumer, tailscale.ref, headscale, key, container_resources(agent_pod)))
+        resources = container_resources(agent_pod)
+        apply(cluster, tailscaled_objects(consumer, tailscale.ref, headscale, key, resources))
         wait_available(cluster, consumer, TAILSCALED_HOSTNAME, timeout=120)
+        proxies = proxy_namespace(cluster)
+        kernel, _, rules = kernel_pod(cluster, proxies, tailscale.ref, headscale, key, resources, SERVER_PORT,
+                                      lambda address: kernel_proxy.egress_rules(address, host.address))
         socks = f"socks5:{TAILSCALED_HOSTNAME}.{consumer}.svc:{SOCKS_PORT}:{host.address}:{SERVER_PORT}"
-        dials = {AGENT: f"tcp:{service}:{SERVER_PORT}", TAILSCALED: socks}
-        pods = {AGENT: agent_pod, TAILSCALED: only_pod(cluster, consumer, f"app={TAILSCALED_HOSTNAME}")}
+        dials = {AGENT: f"tcp:{service}:{SERVER_PORT}", TAILSCALED: socks,
+                 KERNEL: f"tcp:{KERNEL_HOSTNAME}.{proxies}.svc:{SERVER_PORT}"}
+        pods = {AGENT: agent_pod, TAILSCALED: only_pod(cluster, consumer, f"app={TAILSCALED_HOSTNAME}"),
+                KERNEL: kernel}
         limits = {name: container_resources(pod) for name, pod in pods.items()}
-        if limits[AGENT] != limits[TAILSCALED]:
+        if any(limit != limits[AGENT] for limit in limits.values()):
             raise RuntimeError(f"the egress pods' resources differ: {limits}")
-        checks = {name: direct_check(cluster, name, pod, router) for name, pod in pods.items()}
+        hostnames = {AGENT: None, TAILSCALED: TAILSCALED_HOSTNAME, KERNEL: KERNEL_HOSTNAME}
+        checks = {name: direct_check(cluster, pod, router, hostnames[name]) for name, pod in pods.items()}
         results = {name: PathResult(name) for name in dials}
         for name, dial in dials.items():
             def connects(name: str = name, dial: str = dial) -> str:
@@ -363,6 +412,7 @@ def run(mib: int, rounds: int, setups: int) -> dict[str, Any]:
                 "first_byte_s": round(first_byte_s, 2), "egress_ready": ready,
                 "first_byte_milestones_s": milestones(cluster, ns, pods[AGENT]),
                 "resources": limits[AGENT], "tailscaled_gomemlimit": go_memory_limit(limits[AGENT]),
+                "kernel_rules": rules,
                 "mib": mib, "rounds": rounds, "setups": setups,
                 "results": [asdict(r) for r in results.values()]}
 
@@ -380,39 +430,68 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def section(doc: dict[str, Any]) -> str:
-    """The docs/benchmarks.md section of one run: its conditions, the verified paths, the tables."""
-    results = {r["name"]: PathResult(**r) for r in doc["results"]}
-    agent, tailscaled = results[AGENT], results[TAILSCALED]
-    ratios = ", ".join(f"{c.replace('_mbs', '').replace('_', ' ')} "
-                       f"{getattr(agent, c) / getattr(tailscaled, c):.2f}" for c in COLUMNS if getattr(tailscaled, c))
-    lines = [
-        f"## Egress in the cluster, {doc['date']}, commit {doc['commit']} (local node, Headscale "
-        f"{doc['headscale']}, tailscaled {doc['tailscale']})", "",
-        "A client pod in a consumer namespace -> either the TailnetEgress target's Service -> the agent pod, "
-        "or a tailscaled pod in userspace networking that a user builds by hand (the pinned tailscaled in a "
-        "scratch image, `--tun=userspace-networking --socks5-server`, joined with a config file, dialled "
-        "through its SOCKS5 Service) -> the tailnet -> a tailscaled subnet router on the node -> a "
-        "sink/source server on a site host. The client runs `benchmarks/paths.py` in its pod, so the "
-        "figures include the pod's own Python client.", "",
-        "Both egress pods have the same tag, restricted security context and resources "
-        f"(`{json.dumps(doc['resources'])}`, read back from both pods before measuring); tailscaled also gets "
-        f"`GOMEMLIMIT={doc['tailscaled_gomemlimit']}` (90% of the memory limit), so its garbage collector "
-        "works to stay under the limit as the agent's must. Each row's tailnet hop was checked direct at "
-        "both ends before and after its measurements (the agent's UDP counters or the pod tailscaled's "
-        "entry for the router, and the router's entry for the pod); a row whose path is not direct fails "
-        "the run.", "",
-        f"Medians of {doc['rounds']} interleaved rounds of {doc['mib']} MiB, {doc['setups']} connections for "
-        f"setup. {load_average(doc['loadavg_before'], doc['loadavg_after'])}.", "",
-        table(doc), "",
-        f"Ratio agent / tailscaled: {ratios}; setup p50 {agent.setup_p50_ms / tailscaled.setup_p50_ms:.2f}, "
-        f"p99 {agent.setup_p99_ms / tailscaled.setup_p99_ms:.2f}.", "",
-        "Samples (MB/s, rounds in order):", "",
-        "| path | " + " | ".join(c.replace("_mbs", "").replace("_", " ") for c in COLUMNS) + " |",
-        "|---|---|---|---|---|"]
+def ratio_lines(results: dict[str, PathResult], agent: str, others: list[str]) -> list[str]:
+    """One line per other row: the agent's figure over its, per throughput column and setup time."""
+    lines = []
+    mine = results[agent]
+    for name in others:
+        theirs = results.get(name)
+        if theirs is None:
+            continue
+        columns = ", ".join(f"{c.replace('_mbs', '').replace('_', ' ')} {getattr(mine, c) / getattr(theirs, c):.2f}"
+                            for c in COLUMNS if getattr(theirs, c))
+        setup = (f"; setup p50 {mine.setup_p50_ms / theirs.setup_p50_ms:.2f}, "
+                 f"p99 {mine.setup_p99_ms / theirs.setup_p99_ms:.2f}" if theirs.setup_p50_ms else "")
+        rss = ""
+        if theirs.extra.get("rss_ready_kib") and theirs.extra.get("rss_after_kib"):
+            rss = (f"; pod RSS ready {mine.extra.get('rss_ready_kib', 0) / theirs.extra['rss_ready_kib']:.2f}, "
+                   f"after {mine.extra.get('rss_after_kib', 0) / theirs.extra['rss_after_kib']:.2f}")
+        lines.append(f"- agent / {name}: {columns}{setup}{rss}.")
+    return lines
+
+
+def samples_table(results: dict[str, PathResult]) -> list[str]:
+    lines = ["| path | " + " | ".join(c.replace("_mbs", "").replace("_", " ") for c in COLUMNS) + " |",
+             "|---|---|---|---|---|"]
     for r in results.values():
         lines.append(f"| {r.name} | " + " | ".join(", ".join(f"{v:.1f}" for v in r.samples.get(c, []))
                                                 for c in COLUMNS) + " |")
+    return lines
+
+
+def section(doc: dict[str, Any]) -> str:
+    """The docs/benchmarks.md section of one run: its conditions, the verified paths, the tables."""
+    results = {r["name"]: PathResult(**r) for r in doc["results"]}
+    lines = [
+        f"## Egress in the cluster, {doc['date']}, commit {doc['commit']} (local node, Headscale "
+        f"{doc['headscale']}, tailscaled {doc['tailscale']})", "",
+        "A client pod in a consumer namespace -> one of three egress pods -> the tailnet -> a tailscaled "
+        "subnet router on the node -> a sink/source server on a site host. The egress pods: the agent "
+        "(the TailnetEgress target's Service); a tailscaled pod in userspace networking that a user builds "
+        "by hand (the pinned tailscaled in a scratch image, `--tun=userspace-networking --socks5-server`, "
+        "joined with a config file, dialled through its SOCKS5 Service); and the shape of the Tailscale "
+        "operator's egress proxy: the same tailscaled in kernel mode (`--tun=tailscale0`, root with "
+        "`NET_ADMIN` only, the host's `/dev/net/tun`, `--netfilter-mode=off`), dialled through its Service, "
+        "with the rules containerboot sets for `TS_TAILNET_TARGET_IP` added by the benchmark in the pod's "
+        "network namespace (containerboot itself is not built here; IP forwarding turned on from the host, "
+        "as containerboot does):", ""]
+    lines += [f"    {rule}" for rule in doc.get("kernel_rules", [])]
+    lines += [
+        "", "The client runs `benchmarks/paths.py` in its pod, so the figures include the pod's own Python "
+        "client; the server runs in a process of its own on the site host.", "",
+        "All three egress pods have the same tag and resources "
+        f"(`{json.dumps(doc['resources'])}`, read back from every pod before measuring); both tailscaled pods "
+        f"also get `GOMEMLIMIT={doc['tailscaled_gomemlimit']}` (90% of the memory limit), so their garbage "
+        "collector works to stay under the limit as the agent's must. The agent and the userspace pod run "
+        "under the `restricted` security context; the kernel-mode pod cannot (root, `NET_ADMIN`, a host "
+        "device). Each row's tailnet hop was checked direct at both ends before and after its measurements "
+        "(the agent's UDP counters or the pod tailscaled's entry for the router, and the router's entry for "
+        "the pod); a row whose path is not direct fails the run.", "",
+        f"Medians of {doc['rounds']} interleaved rounds of {doc['mib']} MiB, {doc['setups']} connections for "
+        f"setup. {load_average(doc['loadavg_before'], doc['loadavg_after'])}.", "",
+        table(doc), ""]
+    lines += ratio_lines(results, AGENT, [KERNEL, TAILSCALED])
+    lines += ["", "Samples (MB/s, rounds in order):", "", *samples_table(results)]
     milestones_s = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in doc["first_byte_milestones_s"].items())
     lines += ["", f"**TailnetEgress created -> first byte echoed through it: {doc['first_byte_s']} s** "
               f"(on the way, s after creation, 1 s resolution: {milestones_s}).", "",
