@@ -18,6 +18,7 @@ Only the fields the agent uses are modelled; everything else is ignored.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -27,8 +28,23 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 LEGACY_DERP_PREFIX = "127.3.3.40:"
 
 
+PARSED_NETWORKS = 1 << 15
+"""Addresses and prefixes :func:`_network` keeps parsed, least recently used dropped first: two per
+peer (its IPv4 and IPv6 address, which its allowed IPs repeat) for 16,000 peers, or fewer peers
+with subnet routes."""
+
+
+@functools.lru_cache(maxsize=PARSED_NETWORKS)
+def _network(value: Any) -> IPNetwork:
+    """``value`` parsed once and shared: Headscale 0.29 sends every peer again in the message that
+    announces a new node, and parsing the addresses was three quarters of decoding a peer (38 ms
+    of a 1,000-peer message, 9 ms with them shared). A node's addresses and allowed IPs are then
+    one set of objects."""
+    return ipaddress.ip_network(value, strict=False)
+
+
 def _networks(values: Any) -> tuple[IPNetwork, ...]:
-    return tuple(ipaddress.ip_network(v, strict=False) for v in values or ())
+    return tuple(_network(v) for v in values or ())
 
 
 def _str_tuple(values: Any) -> tuple[str, ...]:

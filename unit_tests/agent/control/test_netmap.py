@@ -107,6 +107,23 @@ def test_allowed_ips_null_means_addresses_and_legacy_derp() -> None:
     assert n.allowed_ips is None and n.routable_ips == n.addresses and n.home_derp == 12
 
 
+def test_a_peer_sent_again_shares_the_address_objects_already_held() -> None:
+    """Headscale 0.29 resends every peer when one node joins; the addresses are parsed once."""
+    m = full()
+    after = nm.apply(m, {"PeersChanged": [node(2, 2), node(4, 4)]})
+    assert after is not None
+    assert all(a is b for a, b in zip(after.peers[2].addresses, m.peers[2].addresses, strict=True))
+    assert all(a is b for a, b in zip(after.peers[2].addresses, after.peers[2].routable_ips, strict=True))
+    assert after.peers[2].addresses != after.peers[4].addresses
+
+
+@pytest.mark.parametrize("addresses", [["100.64.0.999/32"], [["100.64.0.2/32"]], [{"a": 1}], ["::g/128"]])
+def test_an_address_that_does_not_parse_is_a_malformed_map_every_time(addresses: list[Any]) -> None:
+    for _ in range(2):
+        with pytest.raises(nm.MalformedMap):
+            nm.apply(full(), {"PeersChanged": [node(7, 7, Addresses=addresses)]})
+
+
 def test_packet_filter_rules() -> None:
     m = full()
     rule = {"SrcIPs": ["100.64.0.2"], "DstPorts": [{"IP": "100.64.0.1", "Ports": {"First": 80, "Last": 80}}],
