@@ -62,6 +62,7 @@ from tailnet_operator.policy import (
     Skipped,
     Verdict,
     diff_needed,
+    has_tests,
     judge,
     missing,
     render,
@@ -487,10 +488,12 @@ class PolicyReconciler:
         return "write"
 
     async def _write(self, run: Run, rendered: Rendered, hs: HeadscaleClient) -> Step | PolicyRejected:
-        """Check, write and read back the render: "written", "stored-differently" (Headscale keeps a
-        policy that means something else), or Headscale's refusal."""
+        """Check (when the render has tests), write and read back the render: "written",
+        "stored-differently" (Headscale keeps a policy that means something else), or Headscale's
+        refusal."""
         try:
-            await hs.check_policy(rendered.text)
+            if has_tests(rendered.document):
+                await hs.check_policy(rendered.text)
             await hs.set_policy(rendered.text)
             stored, _ = await hs.get_policy()
             if diff_needed(stored, rendered, parsed=self._policies):

@@ -30,7 +30,13 @@ from tailnet_operator.policy.derive import (
     TagOwner,
     derive,
 )
-from tailnet_operator.policy.hujson import PolicyParseError, canonical_text, parse_hujson, validate_structure
+from tailnet_operator.policy.hujson import (
+    PolicyParseError,
+    canonical_text,
+    has_tests,
+    parse_hujson,
+    validate_structure,
+)
 from tailnet_operator.policy.render import (
     Added,
     Missing,
@@ -66,6 +72,7 @@ __all__ = [
     "canonical_text",
     "derive",
     "diff_needed",
+    "has_tests",
     "judge",
     "missing",
     "parse_hujson",

@@ -290,6 +290,12 @@ def find_key(obj: Mapping[str, Any], name: str) -> str | None:
     return next((key for key in obj if key.casefold() == folded), None)
 
 
+def has_tests(document: JSONObject) -> bool:
+    """Whether the policy asserts anything of its own: a non-empty ``tests`` or ``sshTests`` block,
+    which Headscale (0.29+) evaluates against the live nodes before it accepts the policy."""
+    return any(document[key] for name in ("tests", "sshTests") if (key := find_key(document, name)) is not None)
+
+
 def _string_list(value: Any, path: str, source: str) -> None:
     if not isinstance(value, list):
         raise PolicyParseError(f"{source}: {path} must be an array of strings, got {_type_name(value)}")

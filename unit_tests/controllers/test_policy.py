@@ -129,6 +129,26 @@ async def test_a_rejected_render_keeps_the_live_policy_and_says_why() -> None:
     assert world.events.reasons[-1] == "PolicyRejected"
 
 
+TESTED_BASE = """{
+  "grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}],
+  "tests": [{"src": "tag:web", "accept": ["tag:db:5432"]}],
+}
+"""
+
+
+@pytest.mark.parametrize(("base", "checked"), [(OPEN_BASE, False), (TESTED_BASE, True)])
+async def test_only_a_render_with_tests_is_checked_before_it_is_written(base: str, checked: bool) -> None:
+    """Headscale's write refuses what its check would (a bad policy, a failing test) and stores
+    nothing; the check is a second full evaluation, so it runs only where the policy has tests."""
+    world = await ready_world(base=base)
+
+    await world.reconcile_policy()
+
+    assert world.condition("PolicyApplied")["reason"] == "Applied"
+    assert ("POST /api/v1/policy/check" in world.headscale.calls) is checked
+    assert world.headscale.policy_writes == 1
+
+
 async def test_without_spec_policy_it_reports_what_is_missing_and_then_nothing_missing() -> None:
     world = await ready_world(base=None, mode="")
     world.headscale.policy = json.dumps({"grants": [{"src": ["*"], "dst": ["*"], "ip": ["*"]}]})
