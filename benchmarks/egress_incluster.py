@@ -474,7 +474,12 @@ def section(doc: dict[str, Any]) -> str:
         "`NET_ADMIN` only, the host's `/dev/net/tun`, `--netfilter-mode=off`), dialled through its Service, "
         "with the rules containerboot sets for `TS_TAILNET_TARGET_IP` added by the benchmark in the pod's "
         "network namespace (containerboot itself is not built here; IP forwarding turned on from the host, "
-        "as containerboot does):", ""]
+        "as containerboot does), with one rule containerboot does not set: UDP to the pod tailscaled's own "
+        "port (`--port=41641`) is exempt from the DNAT. On the local node the site router reaches the pod "
+        "across the bridge from an address the pod never sent to, so without it the router's first "
+        "WireGuard and disco packets start new flows that the DNAT sends to the target, and the pod stays on "
+        "DERP (the first trial run); a peer elsewhere only answers the pod's own flows, which conntrack "
+        "takes past the DNAT. The rules as read back from the pod's namespace (`iptables-save`):", ""]
     lines += [f"    {rule}" for rule in doc.get("kernel_rules", [])]
     lines += [
         "", "The client runs `benchmarks/paths.py` in its pod, so the figures include the pod's own Python "

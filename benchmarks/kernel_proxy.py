@@ -37,6 +37,8 @@ __all__ = ["TUN", "egress_rules", "forwarding", "ingress_rules", "install", "ker
 TUN = "/dev/net/tun"
 TUN_NAME = "tailscale0"
 SOCKET = "/state/tailscaled.sock"
+WIREGUARD_PORT = 41641
+"""The kernel-mode pod's tailscaled listens here (``--port``), so that :func:`egress_rules` can leave it alone."""
 
 Rule = list[str]
 
@@ -47,12 +49,19 @@ def mss_clamp() -> Rule:
             "-j", "TCPMSS", "--clamp-mss-to-pmtu"]
 
 
-def egress_rules(tailnet_ip: str, target_ip: str) -> list[Rule]:
+def egress_rules(tailnet_ip: str, target_ip: str, wireguard_port: int = WIREGUARD_PORT) -> list[Rule]:
     """iptables arguments of containerboot's egress proxy to ``target_ip`` (``TS_TAILNET_TARGET_IP``):
-    ``DNATNonTailscaleTraffic``, ``EnsureSNATForDst`` and ``ClampMSSToPMTU``, in that order."""
+    ``DNATNonTailscaleTraffic``, ``EnsureSNATForDst`` and ``ClampMSSToPMTU``, in that order, then one
+    rule containerboot does not set, inserted ahead of its DNAT: UDP to tailscaled's own port is left
+    alone. The DNAT sends every new flow that does not come in on ``tailscale0`` to the target; a peer
+    elsewhere only ever answers the pod's own flows (conntrack takes those past the DNAT), but on the
+    local node the site router is a host process that reaches the pod across the bridge from an address
+    the pod never sent to, so its first WireGuard and disco packets would be sent to the target and the
+    pod would never go direct."""
     return [["-t", "nat", "-I", "PREROUTING", "1", "!", "-i", TUN_NAME, "-j", "DNAT", "--to-destination", target_ip],
             ["-t", "nat", "-A", "POSTROUTING", "-d", f"{target_ip}/32", "-j", "SNAT", "--to-source", tailnet_ip],
-            mss_clamp()]
+            mss_clamp(),
+            ["-t", "nat", "-I", "PREROUTING", "1", "-p", "udp", "--dport", str(wireguard_port), "-j", "RETURN"]]
 
 
 def ingress_rules(tailnet_ip: str, destination_ip: str) -> list[Rule]:
@@ -126,7 +135,7 @@ def kernel_objects(ns: str, name: str, ref: str, headscale: Headscale, authkey: 
              "metadata": {"labels": labels},
              "spec": {"automountServiceAccountToken": False, "containers": [{
                  "name": "tailscaled", "image": ref, "imagePullPolicy": "IfNotPresent",
-                 "args": [f"--tun={TUN_NAME}", "--statedir=/state", f"--socket={SOCKET}", "--port=0",
+                 "args": [f"--tun={TUN_NAME}", "--statedir=/state", f"--socket={SOCKET}", f"--port={WIREGUARD_PORT}",
                           "--no-logs-no-support", "--config=/config/tailscaled.json"],
                  "env": [{"name": "SSL_CERT_FILE", "value": "/ca/ca.crt"},
                          {"name": "TS_NO_LOGS_NO_SUPPORT", "value": "true"},
