@@ -22,7 +22,7 @@ help:
 	@echo "make conformance the Gateway API's conformance suite, every declared feature, on the local node (report: docs/conformance/)"
 	@echo "make fuzz       the fuzz targets at length: 10^6 inputs per Rust target, hypothesis at 2000 examples per property"
 	@echo "make chaos      kills (operator leader, apiserver, etcd, Headscale, an agent, DERP) for CHAOS_ROUNDS rounds; CHAOS_SEED repeats one"
-	@echo "make bench      egress (agent vs tailscaled, loopback and in-cluster); ingress vs tailscale serve; the cost of an HTTPRoute's rules; operator failover; runtime vs kopf vs controller-runtime; big cluster; policy; agent disruptions under load; the ingress name's hand-over between two nodes; the agent at 200 and 1,000 peers (docs/benchmarks.md)"
+	@echo "make bench      egress (agent vs tailscaled, loopback, against a kernel-mode peer and in-cluster, with the kernel-mode proxy); ingress in-cluster vs the kernel-mode proxy; ingress vs tailscale serve; the cost of an HTTPRoute's rules; operator failover; runtime vs kopf vs controller-runtime; big cluster; policy; agent disruptions under load; the ingress name's hand-over between two nodes; the agent at 200 and 1,000 peers (docs/benchmarks.md)"
 	@echo "make interop    the interop slice for every Headscale and tailscale version in range (docs/compatibility.md)"
 
 prereqs:
@@ -129,8 +129,12 @@ chaos: $(VENV)/.native binaries-chaos
 # BEFORE=DIR also measures an unpacked earlier tree in the big-cluster benchmark (e.g. git archive main).
 bench: $(VENV)/.native binaries-bench
 	$(PY) -m benchmarks.egress --json _artifacts/bench-egress.json --doc docs/benchmarks.md
+	$(PY) -m benchmarks.egress --kernel-peer --json _artifacts/bench-egress-kernel-peer.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.agent_profile --derp --json _artifacts/bench-agent-profile.json --doc docs/benchmarks.md
+	$(PY) -m benchmarks.agent_profile --kernel-peer --json _artifacts/bench-agent-profile-kernel-peer.json \
+	  --doc docs/benchmarks.md
 	$(PY) -m benchmarks.egress_incluster --json _artifacts/bench-egress-incluster.json --doc docs/benchmarks.md
+	$(PY) -m benchmarks.ingress_incluster --json _artifacts/bench-ingress-incluster.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.ingress_serve --json _artifacts/bench-ingress-serve.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.gateway_routing --json _artifacts/bench-gateway-routing.json --doc docs/benchmarks.md
 	$(PY) -m benchmarks.frontdoor_ready --json _artifacts/bench-frontdoor-ready.json --doc docs/benchmarks.md

@@ -25,8 +25,11 @@ The machine's limits are measured in the same run: one loopback TCP stream (two 
 writes), and ChaCha20-Poly1305 seal per core (``cryptography``, OpenSSL) on 1,420-byte and
 64 KiB messages. The load average is reported before and after: the machine is shared.
 
-    python -m benchmarks.agent_profile [--mib 64] [--derp] [--streams 1] [--direction both]
+    python -m benchmarks.agent_profile [--mib 64] [--derp] [--streams 1] [--direction both] [--kernel-peer]
                                        [--json results.json] [--tables results.json]
+
+``--kernel-peer`` profiles against the peer of ``benchmarks.egress --kernel-peer``: a tailscaled on
+a TUN device in a network namespace, which costs less per MiB than the userspace peer.
 """
 
 from __future__ import annotations
@@ -52,9 +55,10 @@ from typing import Any
 
 from benchmarks import pathcheck
 from benchmarks.egress import (
+    SERVER_TAG,
+    peer_side,
     pid_of,
     running_agent,
-    serving,
     socks5_dialer,
     tcp_dialer,
 )
@@ -297,16 +301,13 @@ def available_tools() -> dict[str, bool]:
 
 
 async def run(mib: int, derp: bool, tools: dict[str, bool], streams: int = 1,
-              directions: tuple[str, ...] = ("up", "down")) -> dict[str, Any]:
+              directions: tuple[str, ...] = ("up", "down"), kernel_peer: bool = False) -> dict[str, Any]:
     doc: dict[str, Any] = {"load_before": os.getloadavg(), "tools": tools, "mib": mib, "streams": streams,
-                           "limits": await asyncio.to_thread(limits), "paths": {}}
-    port = free_port()
+                           "limits": await asyncio.to_thread(limits), "paths": {}, "kernel_peer": kernel_peer}
     size = mib * MIB
-    with Environment() as env, serving(port, env.log_dir / "sink-source.log") as server:
-        headscale = env.headscale()
-        key = headscale.create_preauth_key(tags=["tag:bench-server"], reusable=True)
-        peer = env.tailscale_node("bench-server", headscale, authkey=key)
-        target = peer.ipv4()
+    with Environment() as env, peer_side(env, kernel=kernel_peer) as far:
+        headscale, peer, target, port = far.headscale, far.node, far.target, far.port
+        key = headscale.create_preauth_key(tags=[SERVER_TAG], reusable=True)
         clients = {"tailscaled, direct": (env.tailscale_node("bench-direct", headscale, authkey=key), pathcheck.DIRECT)}
         if derp:
             clients["tailscaled, DERP"] = (env.tailscale_node("bench-derp", headscale, authkey=key,
@@ -336,7 +337,7 @@ async def run(mib: int, derp: bool, tools: dict[str, bool], streams: int = 1,
             for _, dial, _, _ in measured:
                 await upload(dial, 4 * MIB)  # warm up
             doc["path_before"] = {name: await asyncio.to_thread(check) for name, check in checks.items()}
-            others = {"tailscaled peer": pid_of(peer), "client (this process)": os.getpid(), "sink": server.pid}
+            others = {"tailscaled peer": pid_of(peer), "client (this process)": os.getpid(), "sink": far.server_pid}
             doc["path_after"] = {}
             for name, dial, pid, metrics_url in measured:
                 doc["paths"][name] = {d: await profile_direction(name, d, dial, pid, others, metrics_url, size, tools,
@@ -412,10 +413,12 @@ def section(doc: dict[str, Any]) -> str:
     paths and the tables."""
     limit = doc["limits"]
     tools = ", ".join(name for name, present in doc["tools"].items() if present) or "none"
+    peer = ("the peer a tailscaled on a TUN device in a network namespace of its own, the sink/source server "
+            "there behind its kernel TCP; " if doc.get("kernel_peer") else "")
     lines = [
-        f"### Where the agent's time goes, {doc['date']}, commit {doc['commit']} (Headscale {doc['headscale']}, "
-        f"tailscaled {doc['tailscale']})", "",
-        f"{doc['mib']} MiB per transfer, {doc['streams']} stream(s); profilers present: {tools}. "
+        f"### Where the agent's time goes{', against a kernel-mode peer' if doc.get('kernel_peer') else ''}, "
+        f"{doc['date']}, commit {doc['commit']} (Headscale {doc['headscale']}, tailscaled {doc['tailscale']})", "",
+        f"{peer}{doc['mib']} MiB per transfer, {doc['streams']} stream(s); profilers present: {tools}. "
         f"{load_average(doc['load_before'], doc['load_after'])}. The machine's limits in the same run: one "
         f"loopback TCP stream {limit['loopback_tcp_one_stream_mbs']:,.0f} MB/s; ChaCha20-Poly1305 seal on one "
         f"core {limit['chacha20poly1305_1420b_mbs_per_core']:,.0f} MB/s for 1,420-byte messages, "
@@ -437,16 +440,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--direction", choices=("up", "down", "both"), default="both")
     parser.add_argument("--doc", type=Path, default=None, help="write the section into this markdown file")
     parser.add_argument("--tables", type=Path, default=None, help="print the tables of an earlier run's JSON")
+    parser.add_argument("--kernel-peer", action="store_true",
+                        help="the peer on a TUN device in a network namespace (benchmarks.egress --kernel-peer)")
     args = parser.parse_args(argv)
     if args.tables:
         print(tables(json.loads(args.tables.read_text())))
         return 0
     directions = ("up", "down") if args.direction == "both" else (args.direction,)
-    doc = asyncio.run(run(args.mib, args.derp, available_tools(), args.streams, directions))
+    doc = asyncio.run(run(args.mib, args.derp, available_tools(), args.streams, directions, args.kernel_peer))
     doc |= {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit(), "headscale": versions.HEADSCALE,
             "tailscale": versions.TAILSCALE}
     print(summary(doc))
-    publish(section(doc), doc, json_path=args.json, doc_path=args.doc, name="agent-profile")
+    publish(section(doc), doc, json_path=args.json, doc_path=args.doc,
+            name="agent-profile-kernel-peer" if args.kernel_peer else "agent-profile")
     return 0
 
 

@@ -13,7 +13,14 @@ process of its own, and every row's path (DERP or direct) is checked on both of 
 after the measurements (:mod:`benchmarks.pathcheck`). Everything runs on loopback; nothing leaves
 the machine. ``--doc`` writes the section between the ``bench:egress`` markers.
 
-    python -m benchmarks.egress [--mib 32] [--rounds 3] [--setups 200] [--json FILE] [--doc FILE]
+With ``--kernel-peer`` the peer is a tailscaled on a TUN device in a reachable network namespace
+(``site_host(reachable=True)``, inside 198.18.0.0/15) and the sink/source server runs there, on the
+peer's own TCP stack: the userspace peer costs more CPU per MiB than the agent, so against it no
+client can show how much faster it is. Headscale then listens on the namespace's gateway address,
+only the direct rows are measured, and the section goes between the ``bench:egress-kernel-peer``
+markers.
+
+    python -m benchmarks.egress [--mib 32] [--rounds 3] [--setups 200] [--kernel-peer] [--json FILE] [--doc FILE]
 """
 
 from __future__ import annotations
@@ -156,6 +163,53 @@ def serving(port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 
 @dataclass
+class Peer:
+    """The far end of every row: Headscale, the tailscaled peer, and the server behind it."""
+
+    headscale: Headscale
+    node: TailscaleNode
+    target: str
+    """The address the rows dial (the peer's tailnet address)."""
+    port: int
+    server_pid: int
+    kernel: bool
+
+
+SERVER_TAG = "tag:bench-server"
+
+
+@contextlib.contextmanager
+def peer_side(env: Environment, *, kernel: bool) -> Iterator[Peer]:
+    """Headscale, the peer and the sink/source server (a process of its own). In userspace (the
+    default) the server is on 127.0.0.1 and the peer forwards its tailnet address there; with
+    ``kernel`` the peer runs on a TUN device in a reachable network namespace and the server
+    listens there, reached through the peer's kernel TCP."""
+    if not kernel:
+        port = free_port()
+        with serving(port, env.log_dir / "sink-source.log") as server:
+            headscale = env.headscale()
+            node = env.tailscale_node("bench-server", headscale, authkey=headscale.create_preauth_key(
+                tags=[SERVER_TAG], reusable=True))
+            yield Peer(headscale, node, node.ipv4(), port, server.pid, kernel)
+        return
+    host = env.site_host(reachable=True)
+    headscale = env.headscale(address=host.gateway)
+    port = 9000
+    sink = host.run("sink-source", [sys.executable, "-u", str(Path(paths.__file__)), "serve", "0.0.0.0", str(port)])
+
+    def listening() -> bool:
+        sink.check_running()
+        return "listening" in sink.log_tail()
+
+    wait_until(listening, timeout=10, what="the sink/source server on the peer's host")
+    node = env.tailscale_node("bench-server", headscale, authkey=headscale.create_preauth_key(
+        tags=[SERVER_TAG], reusable=True), host=host)
+    if sink.pid is None:
+        raise RuntimeError("the sink/source server is not running")
+    yield Peer(headscale, node, node.ipv4(), port, sink.pid, kernel)
+
+
+@dataclass
 class Measured:
     """One row: its result, how it is dialled, and how its path is checked (both ends)."""
 
@@ -165,26 +219,30 @@ class Measured:
     pid: int
 
 
-async def run(mib: int, rounds: int, setups: int, *, agent: bool = True) -> list[PathResult]:
-    port = free_port()
-    with Environment() as env, serving(port, env.log_dir / "sink-source.log"):
-        headscale = env.headscale()
-        server_key = headscale.create_preauth_key(tags=["tag:bench-server"], reusable=True)
-        peer = env.tailscale_node("bench-server", headscale, authkey=server_key)
-        target = peer.ipv4()
-        derp_client = env.tailscale_node("bench-derp", headscale, authkey=server_key,
-                                         env={"TS_DEBUG_ALWAYS_USE_DERP": "true"})
+async def run(mib: int, rounds: int, setups: int, *, agent: bool = True,
+              kernel_peer: bool = False) -> list[PathResult]:
+    """Every row measured in one run; with ``kernel_peer`` only the direct ones, against a kernel-mode peer."""
+    with Environment() as env, peer_side(env, kernel=kernel_peer) as far:
+        headscale, peer, target, port = far.headscale, far.node, far.target, far.port
+        server_key = headscale.create_preauth_key(tags=[SERVER_TAG], reusable=True)
+        measured = []
+        if not kernel_peer:
+            derp_client = env.tailscale_node("bench-derp", headscale, authkey=server_key,
+                                             env={"TS_DEBUG_ALWAYS_USE_DERP": "true"})
+            measured.append(Measured(PathResult("tailscaled userspace, DERP"), socks5_dialer(derp_client, target, port),
+                                     pathcheck.tailscaled_check(derp_client, peer, pathcheck.DERP),
+                                     pid_of(derp_client)))
+            await upload(measured[0].dial, 64 * 1024)  # both ends learn of each other
         direct_client = env.tailscale_node("bench-direct", headscale, authkey=server_key)
-        measured = [
-            Measured(PathResult("tailscaled userspace, DERP"), socks5_dialer(derp_client, target, port),
-                     pathcheck.tailscaled_check(derp_client, peer, pathcheck.DERP), pid_of(derp_client)),
-            Measured(PathResult("tailscaled userspace, direct"), socks5_dialer(direct_client, target, port),
-                     pathcheck.tailscaled_check(direct_client, peer, pathcheck.DIRECT), pid_of(direct_client))]
-        await upload(measured[0].dial, 64 * 1024)  # both ends learn of each other
-        await pathcheck.until_direct_tailscaled(direct_client, peer.hostname, measured[1].dial)
+        measured.append(Measured(PathResult("tailscaled userspace, direct"), socks5_dialer(direct_client, target, port),
+                                 pathcheck.tailscaled_check(direct_client, peer, pathcheck.DIRECT),
+                                 pid_of(direct_client)))
+        await upload(measured[-1].dial, 64 * 1024)
+        await pathcheck.until_direct_tailscaled(direct_client, peer.hostname, measured[-1].dial)
         async with contextlib.AsyncExitStack() as stack:
             if agent:
-                for name, direct in (("agent, DERP", False), ("agent, direct", True)):
+                agents = [("agent, DERP", False), ("agent, direct", True)][1 if kernel_peer else 0:]
+                for name, direct in agents:
                     listen = free_port()
                     process, metrics = await stack.enter_async_context(
                         running_agent(env, headscale, target, port, listen, direct=direct))
@@ -232,16 +290,33 @@ RATIO_PAIRS = (("DERP", "agent, DERP", "tailscaled userspace, DERP"),
 def section(doc: dict[str, Any]) -> str:
     """The docs/benchmarks.md section of one run: its conditions, the verified paths, the tables."""
     results = [PathResult(**r) for r in doc["results"]]
-    lines = [
-        f"## Egress, {doc['date']}, commit {doc['commit']} (Headscale {doc['headscale']} with embedded DERP, "
-        f"tailscaled {doc['tailscale']})", "",
-        f"Medians of {doc['rounds']} rounds (each round takes every path in turn), {doc['mib']} MiB per "
-        f"measurement, {doc['setups']} connections for the setup times. "
-        f"{load_average(doc['loadavg_before'], doc['loadavg_after'])}. The sink/source server runs in a "
-        "process of its own; the measuring client in the benchmark's. No process has a CPU or memory "
-        "limit (none is set for tailscaled or the agent, and GOMEMLIMIT is unset), so the RSS columns "
-        "compare unlimited processes. The agent runs as two processes: one DERP only "
-        "(`TAILNET_UDP_PORT=off`), one with direct paths (`TAILNET_UDP_PORT=0`).", "",
+    if doc.get("kernel_peer"):
+        lines = [
+            f"### Egress against a kernel-mode peer, {doc['date']}, commit {doc['commit']} (Headscale "
+            f"{doc['headscale']}, tailscaled {doc['tailscale']})", "",
+            "The peer is the pinned tailscaled on a TUN device (`--tun=tailscale0`, `--netfilter-mode=off`) in a "
+            "network namespace of its own (198.18.0.0/15), and the sink/source server listens there, reached "
+            "through the peer's kernel TCP: the peer forwards nothing in userspace. Headscale listens on the "
+            "namespace's gateway address; the clients (tailscaled userspace through SOCKS5, the agent with "
+            "direct paths) run on this machine and reach the peer over direct UDP across the namespace's veth "
+            "pair. Only direct rows: over DERP the relay is the limit, not the peer.", "",
+            f"Medians of {doc['rounds']} rounds (each round takes every path in turn), {doc['mib']} MiB per "
+            f"measurement, {doc['setups']} connections for the setup times. "
+            f"{load_average(doc['loadavg_before'], doc['loadavg_after'])}. The sink/source server runs in a "
+            "process of its own; the measuring client in the benchmark's. No process has a CPU or memory "
+            "limit (GOMEMLIMIT unset), so the RSS columns compare unlimited processes.", ""]
+    else:
+        lines = [
+            f"## Egress, {doc['date']}, commit {doc['commit']} (Headscale {doc['headscale']} with embedded DERP, "
+            f"tailscaled {doc['tailscale']})", "",
+            f"Medians of {doc['rounds']} rounds (each round takes every path in turn), {doc['mib']} MiB per "
+            f"measurement, {doc['setups']} connections for the setup times. "
+            f"{load_average(doc['loadavg_before'], doc['loadavg_after'])}. The sink/source server runs in a "
+            "process of its own; the measuring client in the benchmark's. No process has a CPU or memory "
+            "limit (none is set for tailscaled or the agent, and GOMEMLIMIT is unset), so the RSS columns "
+            "compare unlimited processes. The agent runs as two processes: one DERP only "
+            "(`TAILNET_UDP_PORT=off`), one with direct paths (`TAILNET_UDP_PORT=0`).", ""]
+    lines += [
         "Each row's path was checked on both ends before and after its measurements (a row whose path "
         "differs from its name fails the run): the measuring tailscaled's entry for the peer "
         "(`CurAddr` for direct, a DERP `Relay` and no `CurAddr` for DERP) or the agent's UDP counters, "
@@ -274,16 +349,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     parser.add_argument("--doc", type=Path, default=None, help="write the section into this markdown file")
     parser.add_argument("--no-agent", action="store_true", help="measure only the tailscaled paths")
+    parser.add_argument("--kernel-peer", action="store_true",
+                        help="the peer on a TUN device in a network namespace; direct rows only")
     args = parser.parse_args(argv)
     loadavg_before = os.getloadavg()
-    results = asyncio.run(run(args.mib, args.rounds, args.setups, agent=not args.no_agent))
+    results = asyncio.run(run(args.mib, args.rounds, args.setups, agent=not args.no_agent,
+                              kernel_peer=args.kernel_peer))
     doc = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit(), "headscale": versions.HEADSCALE,
            "tailscale": versions.TAILSCALE, "rounds": args.rounds, "mib": args.mib, "setups": args.setups,
+           "kernel_peer": args.kernel_peer,
            "loadavg_before": loadavg_before, "loadavg_after": os.getloadavg(),
            "results": [asdict(r) for r in results]}
     for label, numerator, denominator in RATIO_PAIRS:
         doc[f"agent_over_tailscaled_{label.lower()}"] = ratios(results, numerator, denominator)
-    publish(section(doc), doc, json_path=args.json, doc_path=args.doc, name="egress")
+    publish(section(doc), doc, json_path=args.json, doc_path=args.doc,
+            name="egress-kernel-peer" if args.kernel_peer else "egress")
     return 0
 
 

@@ -61,3 +61,30 @@ def test_the_section_carries_conditions_limits_ratios_samples_and_checked_paths(
     assert "first byte echoed through it: 7.1 s** (on the way, s after creation, 1 s resolution: agent pod " \
         "ready 7.0)" in text
     assert f"- {egress_incluster.AGENT}: {egress_incluster.AGENT} checked" in text
+
+
+def test_the_section_sets_the_agent_beside_both_tailscaled_pods_and_prints_the_kernel_pods_rules() -> None:
+    results = []
+    for name, scale in ((egress_incluster.AGENT, 2.0), (egress_incluster.TAILSCALED, 1.0),
+                        (egress_incluster.KERNEL, 4.0)):
+        result = PathResult(name)
+        for column in COLUMNS:
+            result.add(column, 10.0 * scale)
+        result.setup_p50_ms, result.setup_p99_ms = 2.0 * scale, 4.0 * scale
+        result.extra = {"rss_ready_kib": 1024 * scale, "rss_after_kib": 2048 * scale, "path_after": "checked"}
+        results.append(result)
+    doc = {"date": "2026-12-08", "commit": "abc1234", "headscale": "0.29.2", "tailscale": "1.98.10",
+           "resources": DEFAULT_RESOURCES, "tailscaled_gomemlimit": "235929KiB", "rounds": 3, "mib": 32,
+           "setups": 200, "loadavg_before": (0.5, 0.4, 0.3), "loadavg_after": (1.5, 1.0, 0.6),
+           "first_byte_s": 7.1, "first_byte_milestones_s": {"agent_pod_ready": 7.0},
+           "kernel_rules": ["-A PREROUTING ! -i tailscale0 -j DNAT --to-destination 198.18.7.2"],
+           "results": [asdict(r) for r in results]}
+
+    text = egress_incluster.section(doc)
+
+    assert f"| {egress_incluster.KERNEL} | 40.0 | 40.0 | 40.0 | 40.0 | 8.0 | 16.0 | 4.0 | 8.0 |" in text
+    assert (f"- agent / {egress_incluster.KERNEL}: one stream up 0.50, one stream down 0.50, eight streams up "
+            "0.50, eight streams down 0.50; setup p50 0.50, p99 0.50; pod RSS ready 0.50, after 0.50.") in text
+    assert f"- agent / {egress_incluster.TAILSCALED}: one stream up 2.00" in text
+    assert "    -A PREROUTING ! -i tailscale0 -j DNAT --to-destination 198.18.7.2" in text
+    assert text.index(f"agent / {egress_incluster.KERNEL}") < text.index(f"agent / {egress_incluster.TAILSCALED}")
