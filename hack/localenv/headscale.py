@@ -59,7 +59,8 @@ class Headscale:
         self.stun_port = free_port()
         self.url = f"https://{address}:{self.port}"
         self.config_path = workdir / "config.yaml"
-        self._socket_dir = socket_dir("tnhs-")
+        self._socket_dir: Path | None = None
+        """Made by :meth:`start`, removed by :meth:`stop`: a server never started leaves none behind."""
         self.ca = ca or CertificateAuthority(workdir / "pki", "headscale")
         self.api_key = ""
         self.version = binaries.selected(binaries.HEADSCALE).version
@@ -80,7 +81,8 @@ class Headscale:
 
     def start(self) -> Headscale:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._socket_dir.mkdir(mode=0o700, exist_ok=True)
+        if self._socket_dir is None:
+            self._socket_dir = socket_dir("tnhs-")
         serving = self.ca.issue(f"{self.name}-serving", common_name="headscale",
                                 hosts=tuple(dict.fromkeys(("127.0.0.1", "localhost", self.address))))
         self._serving = serving
@@ -105,7 +107,9 @@ class Headscale:
 
     def stop(self) -> None:
         self.process.stop()
-        shutil.rmtree(self._socket_dir, ignore_errors=True)
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
 
     # -- the admin surfaces -----------------------------------------------------------------
 
@@ -173,6 +177,7 @@ class Headscale:
 
     def _config(self, cert: Path, key: Path) -> dict[str, Any]:
         state = self.workdir
+        assert self._socket_dir is not None, "configured by start()"
         return {
             "server_url": self.url,
             "listen_addr": f"{self.address}:{self.port}",
