@@ -2,9 +2,10 @@
 tailnet_agent``, egress) against a real Headscale and a real tailscaled peer, stopped with SIGTERM
 while a request is in flight.
 
-Expected order: ``/readyz`` turns 503, the listener closes (a new connection is refused), the
-request in flight completes, then the node logs out so Headscale deletes the ephemeral node at once
-(its inactivity timeout here is 70 s), and the process exits 0.
+Expected order: ``/readyz`` turns 503; a client that still connects (a kube-proxy with no other
+endpoint, or a late one, sends it) is served; once none has come for a while the listener closes (a
+new connection is refused); the requests in flight complete, then the node logs out so Headscale
+deletes the ephemeral node at once (its inactivity timeout here is 70 s), and the process exits 0.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from e2e.test_agent_egress import TAG, local_server, read_all, wait_peer_sees
 from e2e.test_agent_ingress import hello, tcp
 from hack.https_client import tunnel
 from hack.localenv import BASE_DOMAIN, Headscale, TailscaleNode, free_port
+from tailnet_agent.handover import QUIET
 from tailnet_operator.headscale import HeadscaleClient
 
 pytestmark = pytest.mark.integration
@@ -60,19 +62,26 @@ async def refused(port: int) -> bool:
     return False
 
 
-async def test_sigterm_drains_the_request_in_flight_then_logs_out(
+async def request(port: int, line: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(line)
+    await writer.drain()
+    return reader, writer
+
+
+async def test_sigterm_serves_who_still_comes_drains_the_requests_in_flight_then_logs_out(
         headscale: Headscale, tailscale_nodes: TailscaleFactory, tmp_path: Path) -> None:
     key = headscale.create_preauth_key(tags=[TAG], reusable=True, ephemeral=True)
     peer = tailscale_nodes("ts-drain", headscale, authkey=key)
-    arrived = asyncio.Event()
+    arrived: list[bytes] = []
     release = asyncio.Event()
 
     async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            await reader.readuntil(b"\n")
-        except asyncio.IncompleteReadError:  # the agent's reachability probe
+            arrived.append(await reader.readuntil(b"\n"))
+        except asyncio.IncompleteReadError:  # the agent's reachability probe, or a refusal check
+            writer.close()
             return
-        arrived.set()
         await release.wait()
         writer.write(REPLY)
         await writer.drain()
@@ -106,20 +115,24 @@ async def test_sigterm_drains_the_request_in_flight_then_logs_out(
             await wait_peer_sees(peer, "agent-drain")
             assert headscale.node_by_name("agent-drain") is not None
 
-            reader, writer = await asyncio.open_connection("127.0.0.1", listen)
-            writer.write(b"in flight\n")
-            await writer.drain()
-            await asyncio.wait_for(arrived.wait(), 30)
+            first = await request(listen, b"in flight\n")
+            await eventually(lambda: arrived == [b"in flight\n"], timeout=30, what="the first request at the server")
 
             agent.send_signal(signal.SIGTERM)
             await eventually(not_ready, timeout=10, what="/readyz 503 after SIGTERM")
-            await eventually(lambda: refused(listen), timeout=10, what="new connections refused")
-            assert agent.returncode is None, "the agent exited with a request in flight"
+            late = await request(listen, b"after SIGTERM\n")
+            await eventually(lambda: b"after SIGTERM\n" in arrived, timeout=30,
+                             what="a client that connected after SIGTERM forwarded, not refused")
+            # Looked for less often than the agent's quiet time: each look is a client too.
+            await eventually(lambda: refused(listen), timeout=30, interval=QUIET + 1,
+                             what="new connections refused once none came")
+            assert agent.returncode is None, "the agent exited with requests in flight"
 
             release.set()
-            answer = await asyncio.wait_for(read_all(reader), 30)
-            writer.close()
-            assert answer == REPLY, f"{len(answer)} of {len(REPLY)} bytes"
+            for reader, writer in (first, late):
+                answer = await asyncio.wait_for(read_all(reader), 30)
+                writer.close()
+                assert answer == REPLY, f"{len(answer)} of {len(REPLY)} bytes"
 
             assert await asyncio.wait_for(agent.wait(), 30) == 0, log.read_text()
             await eventually(lambda: headscale.node_by_name("agent-drain") is None, timeout=10,

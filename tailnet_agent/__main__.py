@@ -9,11 +9,12 @@ refuses the pre-auth key).
 Shutdown (SIGTERM or SIGINT), in this order: ``/readyz`` turns 503; an ingress whose node holds its
 hostname keeps accepting until control renames it (its successor took the name) or the drain
 share of the drain deadline passes, and one whose replicas share an address withdraws its route to
-it and keeps accepting until control has moved it to another replica (``tailnet_agent/handover.py``);
-every listener closes (no new connection), the open connections finish within what is left of
-``TAILNET_DRAIN_TIMEOUT`` (HTTP/1.1 after their current request, HTTP/2 once their streams are done;
-what is left then is reset), and the node logs out of control, so Headscale deletes the ephemeral
-node at once instead of ageing it out.
+it and keeps accepting until control has moved it to another replica, and an egress keeps accepting
+until no client has connected for a while (a kube-proxy with no other endpoint, or a late one,
+still sends here; ``tailnet_agent/handover.py``); every listener closes (no new connection), the
+open connections finish within what is left of ``TAILNET_DRAIN_TIMEOUT`` (HTTP/1.1 after their
+current request, HTTP/2 once their streams are done; what is left then is reset), and the node
+logs out of control, so Headscale deletes the ephemeral node at once instead of ageing it out.
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ async def run_agent(mode: str) -> int:
     from tailnet_agent.control import ControlOptions, RegistrationError
     from tailnet_agent.handover import (
         HOLD_SHARE,
-        SHARED_HOLD,
-        holding_shared,
+        MAX_HOLD,
         holds_name,
         serve_until_handed_over,
+        still_sought,
     )
     from tailnet_agent.health import AgentMetrics, HealthServer
     from tailnet_agent.limits import ConnectionGate
@@ -81,6 +82,8 @@ async def run_agent(mode: str) -> int:
     work: Coroutine[Any, Any, None]
     drain: Callable[[], Coroutine[Any, Any, None]]
     warmup: Callable[[], list[str]] | None = None
+    quiet_for: Callable[[], float] | None = None
+    """Egress: seconds since a client last connected, which decides how long a stopping agent accepts."""
     if mode == env_names.EGRESS:
         from tailnet_agent.forward import EgressForwarder
         from tailnet_agent.status import egress_status
@@ -93,7 +96,7 @@ async def run_agent(mode: str) -> int:
             watcher = TargetsWatcher(cfg.targets_file, forwarder.apply, clock=clock,
                                      initial_digest=cfg.targets_digest, report=metrics.targets_reload_outcome)
         work, status = forwarder.run(), lambda: egress_status(node, forwarder, watcher)
-        drain = forwarder.drain
+        drain, quiet_for = forwarder.drain, forwarder.quiet_for
     else:
         from tailnet_agent.contract.exposes import parse_exposes
         from tailnet_agent.forward.ingress import Ingress, LocalDialer
@@ -116,7 +119,7 @@ async def run_agent(mode: str) -> int:
     async def until_signal() -> None:
         await stop.wait()
         log = structlog.get_logger("agent")
-        log.info("stopping: not ready, no new connections, draining", drain_timeout=cfg.drain_timeout)
+        log.info("stopping: not ready, then draining", drain_timeout=cfg.drain_timeout)
         health.stopping = True
         budget = cfg.drain_timeout
         if mode == env_names.INGRESS and node.shared_routes:
@@ -124,8 +127,8 @@ async def run_agent(mode: str) -> int:
             await node.withdraw_shared()
             withdrawn_at = clock.now()
             held = await serve_until_handed_over(
-                lambda: holding_shared(withdrawn_at, clock.now(), node.shared_quiet_for()), clock,
-                min(SHARED_HOLD, budget * HOLD_SHARE))
+                lambda: still_sought(withdrawn_at, clock.now(), node.shared_quiet_for()), clock,
+                min(MAX_HOLD, budget * HOLD_SHARE))
             log.info("served until the shared address moved", seconds=round(held, 1),
                      quiet_for=round(node.shared_quiet_for(), 1), routes=list(node.shared_routes))
             budget -= held
@@ -135,6 +138,12 @@ async def run_agent(mode: str) -> int:
             if held > 0:
                 log.info("served until the name was handed over", seconds=round(held, 1),
                          handed_over=not holds_name(node.netmap, cfg.hostname))
+            budget -= held
+        elif quiet_for is not None:
+            stopping_at, quiet = clock.now(), quiet_for
+            held = await serve_until_handed_over(
+                lambda: still_sought(stopping_at, clock.now(), quiet()), clock, min(MAX_HOLD, budget * HOLD_SHARE))
+            log.info("served until no new connection came", seconds=round(held, 1), quiet_for=round(quiet(), 1))
             budget -= held
         if budget > 0:
             try:

@@ -39,8 +39,9 @@ Every problem is a :class:`ConfigError` with a one-line message naming the varia
 ``TAILNET_IDLE_TIMEOUT``       Seconds an HTTP connection with no request in progress stays open.
                                Default 120; ``0``: no timeout.
 ``TAILNET_DRAIN_TIMEOUT``      Seconds the open connections get to finish after SIGTERM (readiness is
-                               false and the listeners are closed meanwhile), before the rest are
-                               reset and the node logs out. Default 20 (below Kubernetes' default
+                               false; the listeners close once clients have stopped coming, see
+                               ``tailnet_agent/handover.py``), before the rest are reset and the node
+                               logs out. Default 20 (below Kubernetes' default
                                grace period of 30 s, leaving room for the logout); ``0``: none.
 ``TAILNET_SHARED_ADDRESS``     Ingress only: the address the ingress's replicas share, one IPv4 and/or
                                one IPv6 address (comma-separated), outside the tailnet's own ranges.

@@ -121,6 +121,13 @@ class Forwarder(Generic[F]):
         self._lock = asyncio.Lock()
         self.draining = asyncio.Event()
         """Set by :meth:`drain`: the listeners are closed and no target starts any more."""
+        self._last_sought: float | None = None
+
+    def quiet_for(self) -> float:
+        """Seconds since a client last connected (refused by a limit or not); infinite before any."""
+        if self._last_sought is None:
+            return float("inf")
+        return asyncio.get_running_loop().time() - self._last_sought
 
     async def drain(self) -> None:
         """Stop accepting (every listener closes at once) and wait until the open connections ended.
@@ -249,6 +256,7 @@ class Forwarder(Generic[F]):
             return splice.a, _peer_held(self.gate, splice, lambda: self.forward(target, mapping, splice)), splice.abort
 
         def accept() -> asyncio.Protocol:
+            self._last_sought = asyncio.get_running_loop().time()
             gate = self.gate
             if gate is not None and not gate.admit():
                 return Refused()

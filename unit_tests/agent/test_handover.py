@@ -9,7 +9,7 @@ import pytest
 from tailnet_agent.contract.clock import FakeClock
 from tailnet_agent.control import ControlOptions
 from tailnet_agent.control.netmap import NetMap, Node
-from tailnet_agent.handover import SHARED_MIN_HOLD, SHARED_QUIET, holding_shared, holds_name, serve_until_handed_over
+from tailnet_agent.handover import MIN_HOLD, QUIET, holds_name, serve_until_handed_over, still_sought
 from tailnet_agent.node import Node as AgentNode
 from tailnet_agent.node import NodeOptions
 
@@ -75,7 +75,7 @@ def test_a_replica_advertises_its_shared_address_from_its_first_registration() -
 def test_a_replica_holds_the_shared_address_for_the_minimum_then_until_it_is_quiet() -> None:
     """The primary keeps getting new connections until its peers have the move; one that was not
     the primary gets none. Neither is told by control which it was."""
-    assert holding_shared(100.0, 101.0, quiet_for=60.0), "within the minimum, however quiet"
-    assert not holding_shared(100.0, 100.0 + SHARED_MIN_HOLD, quiet_for=60.0), "not the primary: done"
-    assert holding_shared(100.0, 110.0, quiet_for=SHARED_QUIET / 2), "peers still arriving"
-    assert not holding_shared(100.0, 110.0, quiet_for=SHARED_QUIET), "quiet: they moved"
+    assert still_sought(100.0, 101.0, quiet_for=60.0), "within the minimum, however quiet"
+    assert not still_sought(100.0, 100.0 + MIN_HOLD, quiet_for=60.0), "not the primary: done"
+    assert still_sought(100.0, 110.0, quiet_for=QUIET / 2), "peers still arriving"
+    assert not still_sought(100.0, 110.0, quiet_for=QUIET), "quiet: they moved"
