@@ -323,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--subjects", default=",".join(SUBJECTS),
                         help=f"what to measure, of {', '.join(SUBJECTS)} (default all); a run of some is "
                              "written into its own section of the doc")
+    parser.add_argument("--section", default=None,
+                        help="the doc's section markers (bench:NAME) to write, instead of the one the subjects name")
     args = parser.parse_args(argv)
     subjects = tuple(s for s in args.subjects.split(",") if s)
     if unknown := [s for s in subjects if s not in SUBJECTS]:
@@ -343,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         name = "disruption-kind" if str(doc.get("where", "")).startswith("A kind") else "disruption"
         if chosen != SUBJECTS:
             name += ":" + "+".join(chosen)
+        name = args.section or name
         begin, end = (BEGIN, END) if name == "disruption" else (f"<!-- bench:{name}:begin -->",
                                                                  f"<!-- bench:{name}:end -->")
         write_section(args.doc, begin, end, text)
