@@ -160,43 +160,14 @@ def tailscaled_objects(ns: str, ref: str, headscale: Headscale, authkey: str,
                        resources: dict[str, Any]) -> list[dict[str, Any]]:
     """A tailscaled egress pod built by hand: config file, CA, Deployment, SOCKS5 Service. It gets
     the agent pod's ``resources`` and a GOMEMLIMIT under their memory limit."""
-    name = TAILSCALED_HOSTNAME
-    gomemlimit = go_memory_limit(resources)
-    config = {"Version": "alpha0", "ServerURL": headscale.url, "AuthKey": authkey, "Hostname": name,
-              "AcceptDNS": False, "AcceptRoutes": True}
-    labels = {"app": name}
     security = {"runAsNonRoot": True, "runAsUser": 65532, "allowPrivilegeEscalation": False,
                 "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
                 "seccompProfile": {"type": "RuntimeDefault"}}
-    return [
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns},
-         "stringData": {"tailscaled.json": json.dumps(config)}},
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-ca", "namespace": ns},
-         "data": {"ca.crt": headscale.ca_bundle.read_text()}},
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": ns},
-         "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
-             "metadata": {"labels": labels},
-             "spec": {"automountServiceAccountToken": False, "containers": [{
-                 "name": "tailscaled", "image": ref, "imagePullPolicy": "IfNotPresent",
-                 "args": ["--tun=userspace-networking", f"--socks5-server=0.0.0.0:{SOCKS_PORT}",
-                          "--statedir=/state", f"--socket={TAILSCALED_SOCKET}", "--port=0",
-                          "--no-logs-no-support", "--config=/config/tailscaled.json"],
-                 "env": [{"name": "SSL_CERT_FILE", "value": "/ca/ca.crt"},
-                         {"name": "TS_NO_LOGS_NO_SUPPORT", "value": "true"},
-                         {"name": "TS_DEBUG_OMIT_LOCAL_ADDRS", "value": "true"},
-                         *([{"name": "GOMEMLIMIT", "value": gomemlimit}] if gomemlimit else [])],
-                 "ports": [{"containerPort": SOCKS_PORT, "name": "socks5"}],
-                 "resources": resources,
-                 "securityContext": security,
-                 "volumeMounts": [{"name": "state", "mountPath": "/state"}, {"name": "tmp", "mountPath": "/tmp"},
-                                  {"name": "config", "mountPath": "/config", "readOnly": True},
-                                  {"name": "ca", "mountPath": "/ca", "readOnly": True}]}],
-                 "volumes": [{"name": "state", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}},
-                             {"name": "config", "secret": {"secretName": name}},
-                             {"name": "ca", "configMap": {"name": f"{name}-ca"}}]}}}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
-         "spec": {"selector": labels, "ports": [{"port": SOCKS_PORT, "name": "socks5"}]}},
-    ]
+    return kernel_proxy.tailscaled_pod(
+        ns, TAILSCALED_HOSTNAME, ref, headscale, authkey, resources, go_memory_limit(resources),
+        port=(SOCKS_PORT, "socks5"), security=security,
+        args=["--tun=userspace-networking", f"--socks5-server=0.0.0.0:{SOCKS_PORT}", "--statedir=/state",
+              f"--socket={TAILSCALED_SOCKET}", "--port=0"])
 
 
 @dataclass(frozen=True)
@@ -505,8 +476,11 @@ def section(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command(argv: list[str] | None, *, description: str, name: str,
+            measure: Callable[[int, int, int], dict[str, Any]], render: Callable[[dict[str, Any]], str]) -> int:
+    """The command line of the in-cluster throughput benchmarks: ``measure(mib, rounds, setups)``,
+    then its section, ``render``ed, written between the doc's ``name`` markers."""
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
     parser.add_argument("--mib", type=int, default=32, help="MiB per throughput measurement (default 32)")
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds; medians reported (default 3)")
     parser.add_argument("--setups", type=int, default=200, help="connections timed for setup (default 200)")
@@ -514,10 +488,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", type=Path, default=None, help="write the section into this markdown file")
     args = parser.parse_args(argv)
     loadavg_before = os.getloadavg()
-    doc = run(args.mib, args.rounds, args.setups)
+    doc = measure(args.mib, args.rounds, args.setups)
     doc |= {"loadavg_before": loadavg_before, "loadavg_after": os.getloadavg()}
-    publish(section(doc), doc, json_path=args.json, doc_path=args.doc, name="egress-incluster")
+    publish(render(doc), doc, json_path=args.json, doc_path=args.doc, name=name)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command(argv, description=__doc__ or "", name="egress-incluster", measure=run, render=section)
 
 
 if __name__ == "__main__":

@@ -21,21 +21,19 @@ echoed, p50 and p99), and each pod's RSS ready and after.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from benchmarks import kernel_proxy
 from benchmarks.egress_incluster import (
     KERNEL_HOSTNAME,
     PATHS_SOURCE,
+    command,
     container_resources,
     direct_check,
     go_memory_limit,
@@ -48,7 +46,7 @@ from benchmarks.egress_incluster import (
     table,
 )
 from benchmarks.paths import PathResult
-from benchmarks.record import commit, load_average, publish
+from benchmarks.record import commit, load_average
 from e2e.cluster import (
     OPEN_BASE,
     ClusterUnderTest,
@@ -234,18 +232,7 @@ def section(doc: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=32, help="MiB per throughput measurement (default 32)")
-    parser.add_argument("--rounds", type=int, default=3, help="throughput rounds; medians reported (default 3)")
-    parser.add_argument("--setups", type=int, default=200, help="connections timed for setup (default 200)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
-    parser.add_argument("--doc", type=Path, default=None, help="write the section into this markdown file")
-    args = parser.parse_args(argv)
-    loadavg_before = os.getloadavg()
-    doc = run(args.mib, args.rounds, args.setups)
-    doc |= {"loadavg_before": loadavg_before, "loadavg_after": os.getloadavg()}
-    publish(section(doc), doc, json_path=args.json, doc_path=args.doc, name="ingress-incluster")
-    return 0
+    return command(argv, description=__doc__ or "", name="ingress-incluster", measure=run, render=section)
 
 
 if __name__ == "__main__":

@@ -119,15 +119,30 @@ def kernel_objects(ns: str, name: str, ref: str, headscale: Headscale, authkey: 
     It gets ``resources`` and ``gomemlimit`` as the userspace pod does, so the rows compare under
     the same limits.
     """
-    config = {"Version": "alpha0", "ServerURL": headscale.url, "AuthKey": authkey, "Hostname": name,
-              "AcceptDNS": False, "AcceptRoutes": True, "NetfilterMode": "off"}
-    labels = {"app": name}
     security = {"privileged": False, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                 "runAsUser": 0, "runAsGroup": 0, "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]},
                 "seccompProfile": {"type": "RuntimeDefault"}}
+    return tailscaled_pod(
+        ns, name, ref, headscale, authkey, resources, gomemlimit, port=(port, "proxied"), security=security,
+        args=[f"--tun={TUN_NAME}", "--statedir=/state", f"--socket={SOCKET}", f"--port={WIREGUARD_PORT}"],
+        config={"NetfilterMode": "off"},
+        devices=[({"name": "tun", "mountPath": TUN}, {"name": "tun", "hostPath": {"path": TUN, "type": "CharDevice"}})])
+
+
+def tailscaled_pod(ns: str, name: str, ref: str, headscale: Headscale, authkey: str, resources: dict[str, Any],
+                   gomemlimit: str | None, *, port: tuple[int, str], security: dict[str, Any], args: list[str],
+                   config: dict[str, Any] | None = None,
+                   devices: Sequence[tuple[dict[str, Any], dict[str, Any]]] = ()) -> list[dict[str, Any]]:
+    """A tailscaled pod built by hand, as each benchmark's row needs it: its config file (``config``
+    added), the Headscale CA, a Deployment running ``args`` with ``security``, ``resources`` and
+    ``gomemlimit``, and a Service on ``port`` (number, name). ``devices`` are (mount, volume) pairs."""
+    labels = {"app": name}
+    settings = {"Version": "alpha0", "ServerURL": headscale.url, "AuthKey": authkey, "Hostname": name,
+                "AcceptDNS": False, "AcceptRoutes": True, **(config or {})}
+    number, port_name = port
     return [
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns},
-         "stringData": {"tailscaled.json": json.dumps(config)}},
+         "stringData": {"tailscaled.json": json.dumps(settings)}},
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-ca", "namespace": ns},
          "data": {"ca.crt": headscale.ca_bundle.read_text()}},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": ns},
@@ -135,23 +150,22 @@ def kernel_objects(ns: str, name: str, ref: str, headscale: Headscale, authkey: 
              "metadata": {"labels": labels},
              "spec": {"automountServiceAccountToken": False, "containers": [{
                  "name": "tailscaled", "image": ref, "imagePullPolicy": "IfNotPresent",
-                 "args": [f"--tun={TUN_NAME}", "--statedir=/state", f"--socket={SOCKET}", f"--port={WIREGUARD_PORT}",
-                          "--no-logs-no-support", "--config=/config/tailscaled.json"],
+                 "args": [*args, "--no-logs-no-support", "--config=/config/tailscaled.json"],
                  "env": [{"name": "SSL_CERT_FILE", "value": "/ca/ca.crt"},
                          {"name": "TS_NO_LOGS_NO_SUPPORT", "value": "true"},
                          {"name": "TS_DEBUG_OMIT_LOCAL_ADDRS", "value": "true"},
                          *([{"name": "GOMEMLIMIT", "value": gomemlimit}] if gomemlimit else [])],
-                 "ports": [{"containerPort": port, "name": "proxied"}],
+                 "ports": [{"containerPort": number, "name": port_name}],
                  "resources": resources,
                  "securityContext": security,
                  "volumeMounts": [{"name": "state", "mountPath": "/state"}, {"name": "tmp", "mountPath": "/tmp"},
-                                  {"name": "tun", "mountPath": TUN},
+                                  *(mount for mount, _ in devices),
                                   {"name": "config", "mountPath": "/config", "readOnly": True},
                                   {"name": "ca", "mountPath": "/ca", "readOnly": True}]}],
                  "volumes": [{"name": "state", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}},
-                             {"name": "tun", "hostPath": {"path": TUN, "type": "CharDevice"}},
+                             *(volume for _, volume in devices),
                              {"name": "config", "secret": {"secretName": name}},
                              {"name": "ca", "configMap": {"name": f"{name}-ca"}}]}}}},
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
-         "spec": {"selector": labels, "ports": [{"port": port, "targetPort": port, "name": "proxied"}]}},
+         "spec": {"selector": labels, "ports": [{"port": number, "targetPort": number, "name": port_name}]}},
     ]
