@@ -372,11 +372,7 @@ def run(mib: int, rounds: int, setups: int) -> dict[str, Any]:
             one = PathResult(**json.loads(in_pod(cluster, consumer, "client", "round", name, dial, "--mib", "0",
                                                  "--setups", str(setups))))
             results[name].merge(one)
-            results[name].extra["rss_after_kib"] = pod_rss_kib(pods[name]["metadata"]["uid"])
-            results[name].extra["path_after"] = checks[name]()
-            results[name].extra["restarts"] = sum(
-                c["restartCount"] for c in get_json(cluster, "-n", pods[name]["metadata"]["namespace"], "pod",
-                                                    pods[name]["metadata"]["name"])["status"]["containerStatuses"])
+            finish_row(cluster, results[name], pods[name], checks[name])
         ready = condition(get_json(cluster, "-n", ns, "tailnetegresses.tailnet.dev", "bench"), "Ready")
         return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit(),
                 "headscale": versions.HEADSCALE, "tailscale": versions.TAILSCALE,
@@ -386,6 +382,15 @@ def run(mib: int, rounds: int, setups: int) -> dict[str, Any]:
                 "kernel_rules": rules,
                 "mib": mib, "rounds": rounds, "setups": setups,
                 "results": [asdict(r) for r in results.values()]}
+
+
+def finish_row(cluster: ClusterUnderTest, result: PathResult, pod: dict[str, Any], check: Callable[[], str]) -> None:
+    """A row's figures after its rounds: its pod's RSS, the path at both ends, the pod's restarts."""
+    meta = pod["metadata"]
+    result.extra["rss_after_kib"] = pod_rss_kib(meta["uid"])
+    result.extra["path_after"] = check()
+    result.extra["restarts"] = sum(c["restartCount"] for c in get_json(
+        cluster, "-n", meta["namespace"], "pod", meta["name"])["status"]["containerStatuses"])
 
 
 def table(doc: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ from benchmarks.egress_incluster import (
     command,
     container_resources,
     direct_check,
+    finish_row,
     go_memory_limit,
     kernel_pod,
     only_pod,
@@ -182,11 +183,7 @@ def run(mib: int, rounds: int, setups: int) -> dict[str, Any]:
         for name, dial in dials.items():
             one = PathResult(**json.loads(on_host(host, "round", name, dial, "--mib", "0", "--setups", str(setups))))
             results[name].merge(one)
-            results[name].extra["rss_after_kib"] = pod_rss_kib(pods[name]["metadata"]["uid"])
-            results[name].extra["path_after"] = checks[name]()
-            results[name].extra["restarts"] = sum(
-                c["restartCount"] for c in get_json(cluster, "-n", pods[name]["metadata"]["namespace"], "pod",
-                                                    pods[name]["metadata"]["name"])["status"]["containerStatuses"])
+            finish_row(cluster, results[name], pods[name], checks[name])
         return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit(),
                 "headscale": versions.HEADSCALE, "tailscale": versions.TAILSCALE,
                 "resources": limits[AGENT], "tailscaled_gomemlimit": go_memory_limit(limits[AGENT]),
