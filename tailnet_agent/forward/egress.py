@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Generic, Protocol, TypeVar
@@ -79,6 +80,14 @@ class _Running(Generic[F]):
         self.task: asyncio.Task[None] | None = None
 
 
+async def listen_locally(bind_address: str, factory: Callable[[], asyncio.Protocol], port: int) -> Closable:
+    """A TCP listener on ``bind_address:port``, its error naming the address."""
+    try:
+        return await asyncio.get_running_loop().create_server(factory, bind_address, port, reuse_address=True)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot listen on {bind_address}:{port}: {exc.strerror or exc}") from None
+
+
 class Forwarder(Generic[F]):
     """Runs the listeners of ``targets``; ``run`` blocks until cancelled; :meth:`apply` changes the targets.
 
@@ -105,7 +114,7 @@ class Forwarder(Generic[F]):
         """Seconds for readiness plus the dial. Default 30."""
         self.metrics = metrics or AgentMetrics()
         self.prober = prober
-        self.listen: Listen = listen or self._listen_locally
+        self.listen: Listen = listen or functools.partial(listen_locally, bind_address)
         self.session = session
         self.kind = kind
         """``egress`` or ``ingress``: the log lines' and task names' prefix."""
@@ -121,12 +130,10 @@ class Forwarder(Generic[F]):
         self._lock = asyncio.Lock()
         self.draining = asyncio.Event()
         """Set by :meth:`drain`: the listeners are closed and no target starts any more."""
-        self._last_sought: float | None = None
+        self._last_sought = float("-inf")
 
     def quiet_for(self) -> float:
         """Seconds since a client last connected (refused by a limit or not); infinite before any."""
-        if self._last_sought is None:
-            return float("inf")
         return asyncio.get_running_loop().time() - self._last_sought
 
     async def drain(self) -> None:
@@ -201,13 +208,6 @@ class Forwarder(Generic[F]):
         running.task.cancel()
         await asyncio.wait([running.task])  # its ports are free after this; our own cancel still propagates
         log.info(f"{self.kind} entry stopped", target=name)
-
-    async def _listen_locally(self, factory: Callable[[], asyncio.Protocol], port: int) -> Closable:
-        try:
-            return await asyncio.get_running_loop().create_server(factory, self.bind_address, port,
-                                                                  reuse_address=True)
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot listen on {self.bind_address}:{port}: {exc.strerror or exc}") from None
 
     async def _serve(self, running: _Running[F]) -> None:
         """One target: bind its listeners, probe it, accept until cancelled."""
