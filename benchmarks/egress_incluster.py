@@ -26,6 +26,7 @@ its pod; the server runs the same file on the site host.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -33,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from benchmarks import kernel_proxy, pathcheck
 from benchmarks.paths import COLUMNS, PathResult
@@ -349,30 +350,8 @@ def run(mib: int, rounds: int, setups: int) -> dict[str, Any]:
             raise RuntimeError(f"the egress pods' resources differ: {limits}")
         hostnames = {AGENT: None, TAILSCALED: TAILSCALED_HOSTNAME, KERNEL: KERNEL_HOSTNAME}
         checks = {name: direct_check(cluster, pod, router, hostnames[name]) for name, pod in pods.items()}
-        results = {name: PathResult(name) for name in dials}
-        for name, dial in dials.items():
-            def connects(name: str = name, dial: str = dial) -> str:
-                return in_pod(cluster, consumer, "client", "round", name, dial, "--mib", "0", "--setups", "1",
-                              timeout=60)
-
-            def direct(name: str = name) -> str:
-                connects()
-                return checks[name]()
-
-            wait_until(connects, timeout=120, what=f"a first connection through the {name}")
-            results[name].extra["path_before"] = wait_until(direct, timeout=60, interval=0.5,
-                                                            what=f"a direct path at both ends of the {name}")
-            results[name].extra["rss_ready_kib"] = pod_rss_kib(pods[name]["metadata"]["uid"])
-        for _ in range(rounds):
-            for name, dial in dials.items():
-                one = PathResult(**json.loads(in_pod(cluster, consumer, "client", "round", name, dial,
-                                                     "--mib", str(mib))))
-                results[name].merge(one)
-        for name, dial in dials.items():
-            one = PathResult(**json.loads(in_pod(cluster, consumer, "client", "round", name, dial, "--mib", "0",
-                                                 "--setups", str(setups))))
-            results[name].merge(one)
-            finish_row(cluster, results[name], pods[name], checks[name])
+        results = measure_rows(cluster, pods, dials, checks, functools.partial(in_pod, cluster, consumer, "client"),
+                               mib=mib, rounds=rounds, setups=setups)
         ready = condition(get_json(cluster, "-n", ns, "tailnetegresses.tailnet.dev", "bench"), "Ready")
         return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit(),
                 "headscale": versions.HEADSCALE, "tailscale": versions.TAILSCALE,
@@ -382,6 +361,41 @@ def run(mib: int, rounds: int, setups: int) -> dict[str, Any]:
                 "kernel_rules": rules,
                 "mib": mib, "rounds": rounds, "setups": setups,
                 "results": [asdict(r) for r in results.values()]}
+
+
+class Paths(Protocol):
+    """``benchmarks/paths.py`` run with ``args`` where a benchmark's measuring client lives; its output."""
+
+    def __call__(self, *args: str, timeout: float = ...) -> str: ...
+
+
+def measure_rows(cluster: ClusterUnderTest, pods: dict[str, dict[str, Any]], dials: dict[str, str],
+                 checks: dict[str, Callable[[], str]], paths: Paths, *, mib: int, rounds: int,
+                 setups: int) -> dict[str, PathResult]:
+    """Every row measured the same way: a first connection, both ends of its path direct and its
+    pod's RSS when ready; ``rounds`` throughput rounds, the rows taking turns; the setup round; then
+    the figures after (:func:`finish_row`)."""
+    results = {name: PathResult(name) for name in dials}
+    for name, dial in dials.items():
+        def connects(name: str = name, dial: str = dial) -> str:
+            return paths("round", name, dial, "--mib", "0", "--setups", "1", timeout=60)
+
+        def direct(name: str = name) -> str:
+            connects()
+            return checks[name]()
+
+        wait_until(connects, timeout=120, what=f"a first connection through the {name}")
+        results[name].extra["path_before"] = wait_until(direct, timeout=60, interval=0.5,
+                                                        what=f"a direct path at both ends of the {name}")
+        results[name].extra["rss_ready_kib"] = pod_rss_kib(pods[name]["metadata"]["uid"])
+    for _ in range(rounds):
+        for name, dial in dials.items():
+            results[name].merge(PathResult(**json.loads(paths("round", name, dial, "--mib", str(mib)))))
+    for name, dial in dials.items():
+        results[name].merge(PathResult(**json.loads(paths("round", name, dial, "--mib", "0", "--setups",
+                                                          str(setups)))))
+        finish_row(cluster, results[name], pods[name], checks[name])
+    return results
 
 
 def finish_row(cluster: ClusterUnderTest, result: PathResult, pod: dict[str, Any], check: Callable[[], str]) -> None:

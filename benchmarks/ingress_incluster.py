@@ -21,6 +21,7 @@ echoed, p50 and p99), and each pod's RSS ready and after.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -36,11 +37,10 @@ from benchmarks.egress_incluster import (
     command,
     container_resources,
     direct_check,
-    finish_row,
     go_memory_limit,
     kernel_pod,
+    measure_rows,
     only_pod,
-    pod_rss_kib,
     proxy_namespace,
     ratio_lines,
     samples_table,
@@ -164,26 +164,8 @@ def run(mib: int, rounds: int, setups: int) -> dict[str, Any]:
         hostnames = {AGENT: None, KERNEL: KERNEL_HOSTNAME}
         checks: dict[str, Callable[[], str]] = {name: direct_check(cluster, pod, client, hostnames[name])
                                                 for name, pod in pods.items()}
-        results = {name: PathResult(name) for name in dials}
-        for name, dial in dials.items():
-            def connects(name: str = name, dial: str = dial) -> str:
-                return on_host(host, "round", name, dial, "--mib", "0", "--setups", "1", timeout=60)
-
-            def direct(name: str = name) -> str:
-                connects()
-                return checks[name]()
-
-            wait_until(connects, timeout=120, what=f"a first connection through the {name}")
-            results[name].extra["path_before"] = wait_until(direct, timeout=60, interval=0.5,
-                                                            what=f"a direct path at both ends of the {name}")
-            results[name].extra["rss_ready_kib"] = pod_rss_kib(pods[name]["metadata"]["uid"])
-        for _ in range(rounds):
-            for name, dial in dials.items():
-                results[name].merge(PathResult(**json.loads(on_host(host, "round", name, dial, "--mib", str(mib)))))
-        for name, dial in dials.items():
-            one = PathResult(**json.loads(on_host(host, "round", name, dial, "--mib", "0", "--setups", str(setups))))
-            results[name].merge(one)
-            finish_row(cluster, results[name], pods[name], checks[name])
+        results = measure_rows(cluster, pods, dials, checks, functools.partial(on_host, host),
+                               mib=mib, rounds=rounds, setups=setups)
         return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit(),
                 "headscale": versions.HEADSCALE, "tailscale": versions.TAILSCALE,
                 "resources": limits[AGENT], "tailscaled_gomemlimit": go_memory_limit(limits[AGENT]),
