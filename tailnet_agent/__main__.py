@@ -56,10 +56,9 @@ async def run_agent(mode: str) -> int:
     from tailnet_agent.control import ControlOptions, RegistrationError
     from tailnet_agent.handover import (
         HOLD_SHARE,
-        MAX_HOLD,
         holds_name,
         serve_until_handed_over,
-        still_sought,
+        serve_while_sought,
     )
     from tailnet_agent.health import AgentMetrics, HealthServer
     from tailnet_agent.limits import ConnectionGate
@@ -125,10 +124,7 @@ async def run_agent(mode: str) -> int:
         if mode == env_names.INGRESS and node.shared_routes:
             log.info("withdrawing the shared address", routes=list(node.shared_routes))
             await node.withdraw_shared()
-            withdrawn_at = clock.now()
-            held = await serve_until_handed_over(
-                lambda: still_sought(withdrawn_at, clock.now(), node.shared_quiet_for()), clock,
-                min(MAX_HOLD, budget * HOLD_SHARE))
+            held = await serve_while_sought(node.shared_quiet_for, clock, budget * HOLD_SHARE)
             log.info("served until the shared address moved", seconds=round(held, 1),
                      quiet_for=round(node.shared_quiet_for(), 1), routes=list(node.shared_routes))
             budget -= held
@@ -140,10 +136,8 @@ async def run_agent(mode: str) -> int:
                          handed_over=not holds_name(node.netmap, cfg.hostname))
             budget -= held
         elif quiet_for is not None:
-            stopping_at, quiet = clock.now(), quiet_for
-            held = await serve_until_handed_over(
-                lambda: still_sought(stopping_at, clock.now(), quiet()), clock, min(MAX_HOLD, budget * HOLD_SHARE))
-            log.info("served until no new connection came", seconds=round(held, 1), quiet_for=round(quiet(), 1))
+            held = await serve_while_sought(quiet_for, clock, budget * HOLD_SHARE)
+            log.info("served until no new connection came", seconds=round(held, 1), quiet_for=round(quiet_for(), 1))
             budget -= held
         if budget > 0:
             try:

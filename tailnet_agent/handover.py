@@ -66,3 +66,11 @@ async def serve_until_handed_over(named: Callable[[], bool], clock: Clock, budge
     while named() and clock.now() - started < budget:
         await clock.sleep(min(CHECK_INTERVAL, budget - (clock.now() - started)))
     return clock.now() - started
+
+
+async def serve_while_sought(quiet_for: Callable[[], float], clock: Clock, budget: float) -> float:
+    """Wait from now while :func:`still_sought` (``quiet_for``: seconds since the last new
+    connection), at most :data:`MAX_HOLD` and ``budget`` seconds; the seconds waited."""
+    since = clock.now()
+    return await serve_until_handed_over(lambda: still_sought(since, clock.now(), quiet_for()), clock,
+                                         min(MAX_HOLD, budget))
